@@ -1,0 +1,345 @@
+//! Configuration: the TOML file, parsed into typed, validated values before anything binds.
+//!
+//! - [`raw`] mirrors the file for serde (`deny_unknown_fields`: a typo is an error, never ignored);
+//! - [`validate`] turns it into [`Config`], applying defaults, `${VAR}` interpolation and units,
+//!   collecting every error with its file, line, key and what was expected;
+//! - [`units`] and [`interpolate`] are the pure parsers it uses.
+//!
+//! Policies (`[retry.*]`, `[circuit.*]`, `[idempotency.*]`) are validated here even where the
+//! pipeline does not use them yet, so that a config that loads today keeps loading.
+
+pub mod interpolate;
+pub mod raw;
+pub mod units;
+pub mod validate;
+
+mod error;
+mod summary;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+
+pub use error::{ConfigError, ConfigErrors};
+
+use crate::retry::backoff::Jitter;
+
+/// The whole validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file it came from (for messages).
+    pub source: PathBuf,
+    pub server: ServerConfig,
+    pub admin: AdminConfig,
+    pub log: LogConfig,
+    /// `None`: all state in memory (one replica).
+    pub redis: Option<RedisConfig>,
+    /// By name.
+    pub upstreams: BTreeMap<String, Arc<UpstreamConfig>>,
+    /// In file order (the route table sorts them by prefix length).
+    pub routes: Vec<RouteConfig>,
+    pub retry: BTreeMap<String, Arc<RetryPolicy>>,
+    pub circuit: BTreeMap<String, Arc<CircuitPolicy>>,
+    pub idempotency: BTreeMap<String, Arc<IdempotencyPolicy>>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub max_request_body: u64,
+    pub shutdown_grace: Duration,
+}
+
+#[derive(Clone)]
+pub struct AdminConfig {
+    pub listen: SocketAddr,
+    /// `None` when empty: `/admin/*` is disabled.
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for AdminConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AdminConfig")
+            .field("listen", &self.listen)
+            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    Json,
+    Text,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// One of error, warn, info, debug, trace: applies to rebound's own events (dependencies log
+    /// at warn, so that no library ever prints a header).
+    pub level: String,
+}
+
+#[derive(Clone)]
+pub struct RedisConfig {
+    /// May hold a password: never printed.
+    pub url: String,
+    pub key_prefix: String,
+    pub command_timeout: Duration,
+    pub sync_interval: Duration,
+}
+
+impl std::fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("url", &redact_url(&self.url))
+            .field("key_prefix", &self.key_prefix)
+            .field("command_timeout", &self.command_timeout)
+            .field("sync_interval", &self.sync_interval)
+            .finish()
+    }
+}
+
+/// `redis://user:secret@host/0` → `redis://***@host/0`.
+pub fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
+        _ => url.to_string(),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CooldownMode {
+    Wait,
+    Reject,
+    Off,
+}
+
+#[derive(Clone)]
+pub struct UpstreamConfig {
+    pub name: String,
+    /// `http` or `https`.
+    pub scheme: http::uri::Scheme,
+    pub authority: http::uri::Authority,
+    /// The URL's path without a trailing slash (`""` for none): prepended to forwarded paths.
+    pub base_path: String,
+    pub connect_timeout: Duration,
+    pub circuit: Option<String>,
+    pub cooldown: CooldownMode,
+    pub ca_file: Option<PathBuf>,
+    /// Set on every request to this upstream, replacing what the app sent. Values are secret.
+    pub set_headers: Vec<(HeaderName, HeaderValue)>,
+}
+
+impl UpstreamConfig {
+    /// The configured URL, for messages.
+    pub fn url(&self) -> String {
+        format!("{}://{}{}", self.scheme, self.authority, self.base_path)
+    }
+}
+
+impl std::fmt::Debug for UpstreamConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamConfig")
+            .field("name", &self.name)
+            .field("url", &self.url())
+            .field("connect_timeout", &self.connect_timeout)
+            .field("circuit", &self.circuit)
+            .field("cooldown", &self.cooldown)
+            .field("ca_file", &self.ca_file)
+            .field(
+                "set_headers",
+                &self
+                    .set_headers
+                    .iter()
+                    .map(|(k, _)| (k.as_str(), "<redacted>"))
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct RouteConfig {
+    pub name: String,
+    pub path_prefix: String,
+    pub upstream: String,
+    pub strip_prefix: bool,
+    pub retry: Option<String>,
+    pub idempotency: Option<String>,
+    pub fallback: Vec<String>,
+    pub dead_letters: bool,
+    pub dead_letter_bodies: bool,
+    pub async_jobs: bool,
+}
+
+/// What a retry policy may retry on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RetryOn {
+    ConnectFailure,
+    RefusedStream,
+    Reset,
+    Timeout,
+    Status(u16),
+}
+
+impl std::fmt::Display for RetryOn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RetryOn::ConnectFailure => f.write_str("connect-failure"),
+            RetryOn::RefusedStream => f.write_str("refused-stream"),
+            RetryOn::Reset => f.write_str("reset"),
+            RetryOn::Timeout => f.write_str("timeout"),
+            RetryOn::Status(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NonIdempotent {
+    /// Retry POST/PATCH only when the provider surely did not process the request.
+    SafeOnly,
+    /// Also retry timeouts, resets, 502 and 504 (may cost a second generation).
+    All,
+}
+
+#[derive(Debug, Clone)]
+pub struct RetryPolicy {
+    pub name: String,
+    pub max_attempts: u32,
+    pub base_delay: Duration,
+    pub max_delay: Duration,
+    pub jitter: Jitter,
+    pub per_try_timeout: Duration,
+    pub first_byte_timeout: Duration,
+    pub stream_idle_timeout: Duration,
+    pub deadline: Duration,
+    pub retry_on: Vec<RetryOn>,
+    pub retry_once_on: Vec<RetryOn>,
+    pub non_idempotent: NonIdempotent,
+    pub respect_retry_after: bool,
+    pub max_retry_after: Duration,
+    pub budget_ratio: f64,
+    pub budget_min_per_second: u32,
+}
+
+impl RetryPolicy {
+    /// The policy of a route that names none: one attempt, the default timeouts.
+    pub fn no_retries() -> RetryPolicy {
+        RetryPolicy {
+            name: "(none)".into(),
+            max_attempts: 1,
+            ..validate::default_retry("(none)")
+        }
+    }
+}
+
+/// What counts as a failure for a circuit breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailureOn {
+    ConnectFailure,
+    Reset,
+    Timeout,
+    AnyServerError,
+    Status(u16),
+}
+
+#[derive(Debug, Clone)]
+pub struct CircuitPolicy {
+    pub name: String,
+    pub consecutive_failures: u32,
+    pub failure_rate: f64,
+    pub minimum_requests: u32,
+    pub window: Duration,
+    pub open_for: Duration,
+    pub max_open_for: Duration,
+    pub half_open_probes: u32,
+    pub failure_on: Vec<FailureOn>,
+    pub shared: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnConcurrent {
+    Wait,
+    Conflict,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnStoreError {
+    FailClosed,
+    FailOpen,
+}
+
+/// A status or a class of statuses (`"2xx"`, `"201"`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StatusPattern {
+    Class(u16),
+    Exact(u16),
+}
+
+impl StatusPattern {
+    pub fn matches(&self, status: u16) -> bool {
+        match *self {
+            StatusPattern::Class(c) => status / 100 == c,
+            StatusPattern::Exact(s) => status == s,
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct IdempotencyPolicy {
+    pub name: String,
+    pub header: HeaderName,
+    pub require_key: bool,
+    pub ttl: Duration,
+    pub lease: Duration,
+    pub on_concurrent: OnConcurrent,
+    pub wait_timeout: Duration,
+    pub store_statuses: Vec<StatusPattern>,
+    pub scope_headers: Vec<HeaderName>,
+    pub max_stored_body: u64,
+    pub complete_on_disconnect: bool,
+    pub on_store_error: OnStoreError,
+}
+
+impl Config {
+    /// Reads, interpolates from the process environment and validates `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+        Self::load_with_env(path, &|name| std::env::var(name).ok())
+    }
+
+    /// As [`Config::load`], with the environment given (tests never touch the process's).
+    pub fn load_with_env(
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigErrors> {
+        let src = std::fs::read_to_string(path).map_err(|e| {
+            ConfigErrors(vec![ConfigError {
+                file: path.display().to_string(),
+                line: None,
+                column: None,
+                key: String::new(),
+                message: format!("cannot read the file: {e}"),
+            }])
+        })?;
+        Self::parse(&src, path, env)
+    }
+
+    /// Parses and validates `src`; `path` names it in errors.
+    pub fn parse(
+        src: &str,
+        path: &Path,
+        env: &dyn Fn(&str) -> Option<String>,
+    ) -> Result<Config, ConfigErrors> {
+        validate::parse(src, path, env)
+    }
+
+    /// The effective routes and policies, readable (for `rebound check`). Secrets are redacted.
+    pub fn summary(&self) -> String {
+        summary::render(self)
+    }
+}

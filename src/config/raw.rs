@@ -1,0 +1,134 @@
+//! The configuration file as TOML sees it: a serde mirror with `deny_unknown_fields`, every value
+//! optional (defaults are applied in `validate`), units still strings.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConfig {
+    pub server: Option<RawServer>,
+    pub admin: Option<RawAdmin>,
+    pub log: Option<RawLog>,
+    pub redis: Option<RawRedis>,
+    #[serde(default)]
+    pub upstreams: BTreeMap<String, RawUpstream>,
+    #[serde(default)]
+    pub routes: Vec<RawRoute>,
+    #[serde(default)]
+    pub retry: BTreeMap<String, RawRetry>,
+    #[serde(default)]
+    pub circuit: BTreeMap<String, RawCircuit>,
+    #[serde(default)]
+    pub idempotency: BTreeMap<String, RawIdempotency>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawServer {
+    pub listen: Option<String>,
+    pub max_request_body: Option<String>,
+    pub shutdown_grace: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawAdmin {
+    pub listen: Option<String>,
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLog {
+    pub format: Option<String>,
+    pub level: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRedis {
+    pub url: Option<String>,
+    pub key_prefix: Option<String>,
+    pub command_timeout: Option<String>,
+    pub sync_interval: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUpstream {
+    pub url: Option<String>,
+    pub connect_timeout: Option<String>,
+    pub circuit: Option<String>,
+    pub cooldown: Option<String>,
+    pub ca_file: Option<String>,
+    #[serde(default)]
+    pub set_headers: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRoute {
+    pub name: Option<String>,
+    pub path_prefix: Option<String>,
+    pub upstream: Option<String>,
+    pub strip_prefix: Option<bool>,
+    pub retry: Option<String>,
+    pub idempotency: Option<String>,
+    pub fallback: Option<Vec<String>>,
+    pub dead_letters: Option<bool>,
+    pub dead_letter_bodies: Option<bool>,
+    #[serde(rename = "async")]
+    pub async_jobs: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawRetry {
+    pub max_attempts: Option<i64>,
+    pub base_delay: Option<String>,
+    pub max_delay: Option<String>,
+    pub jitter: Option<String>,
+    pub per_try_timeout: Option<String>,
+    pub first_byte_timeout: Option<String>,
+    pub stream_idle_timeout: Option<String>,
+    pub deadline: Option<String>,
+    pub retry_on: Option<Vec<String>>,
+    pub retry_once_on: Option<Vec<String>>,
+    pub non_idempotent: Option<String>,
+    pub respect_retry_after: Option<bool>,
+    pub max_retry_after: Option<String>,
+    pub budget_ratio: Option<f64>,
+    pub budget_min_per_second: Option<i64>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCircuit {
+    pub consecutive_failures: Option<i64>,
+    pub failure_rate: Option<f64>,
+    pub minimum_requests: Option<i64>,
+    pub window: Option<String>,
+    pub open_for: Option<String>,
+    pub max_open_for: Option<String>,
+    pub half_open_probes: Option<i64>,
+    pub failure_on: Option<Vec<String>>,
+    pub shared: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawIdempotency {
+    pub header: Option<String>,
+    pub require_key: Option<bool>,
+    pub ttl: Option<String>,
+    pub lease: Option<String>,
+    pub on_concurrent: Option<String>,
+    pub wait_timeout: Option<String>,
+    pub store_statuses: Option<Vec<String>>,
+    pub scope_headers: Option<Vec<String>>,
+    pub max_stored_body: Option<String>,
+    pub complete_on_disconnect: Option<bool>,
+    pub on_store_error: Option<String>,
+}

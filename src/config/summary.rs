@@ -1,0 +1,177 @@
+//! The effective configuration, readable, for `rebound check`. Secrets are never printed.
+
+use std::fmt::Write;
+
+use super::units::{format_duration as d, format_size};
+use super::*;
+
+pub(super) fn render(c: &Config) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{}: valid", c.source.display());
+    let _ = writeln!(
+        out,
+        "listen {} (max_request_body {}, shutdown_grace {}), admin {} (/admin/* {})",
+        c.server.listen,
+        format_size(c.server.max_request_body),
+        d(c.server.shutdown_grace),
+        c.admin.listen,
+        if c.admin.token.is_some() {
+            "enabled"
+        } else {
+            "disabled: no token"
+        }
+    );
+    match &c.redis {
+        Some(r) => {
+            let _ = writeln!(
+                out,
+                "redis {} (prefix {:?}, command_timeout {}, sync_interval {})",
+                redact_url(&r.url),
+                r.key_prefix,
+                d(r.command_timeout),
+                d(r.sync_interval)
+            );
+        }
+        None => {
+            let _ = writeln!(out, "redis: none (state in memory, one replica)");
+        }
+    }
+
+    let _ = writeln!(out, "\nroutes (longest prefix wins):");
+    let mut routes: Vec<&RouteConfig> = c.routes.iter().collect();
+    routes.sort_by(|a, b| {
+        b.path_prefix
+            .len()
+            .cmp(&a.path_prefix.len())
+            .then(a.path_prefix.cmp(&b.path_prefix))
+    });
+    for r in routes {
+        let target = c
+            .upstreams
+            .get(&r.upstream)
+            .map(|u| u.url())
+            .unwrap_or_default();
+        let _ = write!(
+            out,
+            "  {:<16} {:<14} -> {} ({})",
+            r.path_prefix, r.name, r.upstream, target
+        );
+        if r.strip_prefix {
+            let _ = write!(out, ", strip_prefix");
+        }
+        let _ = write!(out, ", retry {}", r.retry.as_deref().unwrap_or("none"));
+        let _ = write!(
+            out,
+            ", idempotency {}",
+            r.idempotency.as_deref().unwrap_or("none")
+        );
+        if !r.fallback.is_empty() {
+            let _ = write!(out, ", fallback [{}]", r.fallback.join(", "));
+        }
+        if r.dead_letters {
+            let _ = write!(
+                out,
+                ", dead_letters{}",
+                if r.dead_letter_bodies {
+                    " (with bodies)"
+                } else {
+                    ""
+                }
+            );
+        }
+        if r.async_jobs {
+            let _ = write!(out, ", async");
+        }
+        out.push('\n');
+    }
+
+    let _ = writeln!(out, "\nupstreams:");
+    for u in c.upstreams.values() {
+        let _ = write!(
+            out,
+            "  {:<14} {} connect_timeout {}, circuit {}, cooldown {:?}",
+            u.name,
+            u.url(),
+            d(u.connect_timeout),
+            u.circuit.as_deref().unwrap_or("none"),
+            u.cooldown
+        );
+        if let Some(ca) = &u.ca_file {
+            let _ = write!(out, ", ca_file {}", ca.display());
+        }
+        if !u.set_headers.is_empty() {
+            let names: Vec<&str> = u.set_headers.iter().map(|(k, _)| k.as_str()).collect();
+            let _ = write!(out, ", sets {} (values hidden)", names.join(", "));
+        }
+        out.push('\n');
+    }
+
+    if !c.retry.is_empty() {
+        let _ = writeln!(out, "\nretry policies:");
+    }
+    for p in c.retry.values() {
+        let list = |l: &[RetryOn]| {
+            l.iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        let _ = writeln!(
+            out,
+            "  {:<14} {} attempts, backoff {}..{} ({} jitter), per_try {}, first_byte {}, idle {}, deadline {}, \
+             retry_on [{}], once [{}], non_idempotent {:?}, retry_after {} (max {}), budget {}% + {}/s",
+            p.name,
+            p.max_attempts,
+            d(p.base_delay),
+            d(p.max_delay),
+            p.jitter,
+            d(p.per_try_timeout),
+            d(p.first_byte_timeout),
+            d(p.stream_idle_timeout),
+            d(p.deadline),
+            list(&p.retry_on),
+            list(&p.retry_once_on),
+            p.non_idempotent,
+            if p.respect_retry_after { "obeyed" } else { "ignored" },
+            d(p.max_retry_after),
+            p.budget_ratio * 100.0,
+            p.budget_min_per_second
+        );
+    }
+    if !c.circuit.is_empty() {
+        let _ = writeln!(out, "\ncircuit breakers:");
+    }
+    for p in c.circuit.values() {
+        let _ = writeln!(
+            out,
+            "  {:<14} open after {} consecutive failures or {}% of >= {} calls in {}, open {}..{}, {} probe(s), {}",
+            p.name,
+            p.consecutive_failures,
+            p.failure_rate * 100.0,
+            p.minimum_requests,
+            d(p.window),
+            d(p.open_for),
+            d(p.max_open_for),
+            p.half_open_probes,
+            if p.shared { "shared" } else { "local" }
+        );
+    }
+    if !c.idempotency.is_empty() {
+        let _ = writeln!(out, "\nidempotency policies:");
+    }
+    for p in c.idempotency.values() {
+        let _ = writeln!(
+            out,
+            "  {:<14} header {}, {}, ttl {}, lease {}, on_concurrent {:?}, max_stored_body {}, on_store_error {:?}",
+            p.name,
+            p.header,
+            if p.require_key { "required" } else { "optional" },
+            d(p.ttl),
+            d(p.lease),
+            p.on_concurrent,
+            format_size(p.max_stored_body),
+            p.on_store_error
+        );
+    }
+    out
+}

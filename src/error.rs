@@ -1,0 +1,105 @@
+//! Errors rebound itself answers with, and their single mapping to status, code, message and
+//! `x-should-retry`. The body is both an RFC 9457 problem and the `{"error": {...}}` shape the
+//! OpenAI and Anthropic SDKs parse.
+
+use http::StatusCode;
+
+/// A failure rebound answers for itself (an upstream's own response is passed through instead).
+#[derive(Debug, thiserror::Error)]
+pub enum ProxyError {
+    #[error("no route matches {path:?}; configured prefixes: {prefixes}")]
+    NoRoute { path: String, prefixes: String },
+    #[error("the request body is larger than max_request_body ({limit} bytes)")]
+    BodyTooLarge { limit: u64 },
+    #[error("the request body could not be read: {0}")]
+    BadRequestBody(String),
+    #[error("absolute-form request targets are refused: rebound is a reverse proxy, not an open proxy; send the path only, e.g. POST /openai/v1/chat/completions")]
+    AbsoluteForm,
+    #[error("CONNECT is refused: rebound is a reverse proxy, not an open proxy")]
+    Connect,
+    #[error("upstream {upstream} could not be reached: {detail}")]
+    UpstreamUnreachable { upstream: String, detail: String },
+    #[error("upstream {upstream} did not answer within {timeout_ms} ms")]
+    Timeout { upstream: String, timeout_ms: u128 },
+}
+
+impl ProxyError {
+    /// The HTTP status rebound answers with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
+            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ProxyError::BadRequestBody(_) | ProxyError::AbsoluteForm => StatusCode::BAD_REQUEST,
+            ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The stable machine-readable code (`x-rebound-error`, `error.code`).
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProxyError::NoRoute { .. } => "no_route",
+            ProxyError::BodyTooLarge { .. } => "body_too_large",
+            ProxyError::BadRequestBody(_) => "bad_request_body",
+            ProxyError::AbsoluteForm | ProxyError::Connect => "forward_proxy_refused",
+            ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
+            ProxyError::Timeout { .. } => "deadline_exceeded",
+        }
+    }
+
+    /// A short title for the problem document.
+    fn title(&self) -> &'static str {
+        match self {
+            ProxyError::NoRoute { .. } => "No route",
+            ProxyError::BodyTooLarge { .. } => "Request body too large",
+            ProxyError::BadRequestBody(_) => "Unreadable request body",
+            ProxyError::AbsoluteForm | ProxyError::Connect => "Not a forward proxy",
+            ProxyError::UpstreamUnreachable { .. } => "Upstream unreachable",
+            ProxyError::Timeout { .. } => "Deadline exceeded",
+        }
+    }
+
+    /// Whether the client may usefully retry. Everything here is final: rebound already spent
+    /// its own retries, or the request cannot succeed as sent (so SDKs must not retry on top).
+    pub fn should_retry(&self) -> bool {
+        false
+    }
+
+    /// The JSON body: RFC 9457 fields plus the SDK-readable `error` object.
+    pub fn body(&self) -> String {
+        let message = self.to_string();
+        serde_json::json!({
+            "type": format!("https://rebound.dev/errors/{}", self.code()),
+            "title": self.title(),
+            "status": self.status().as_u16(),
+            "detail": message,
+            "error": {
+                "type": "rebound_error",
+                "code": self.code(),
+                "message": message,
+            }
+        })
+        .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn body_has_both_shapes() {
+        let e = ProxyError::NoRoute {
+            path: "/x".into(),
+            prefixes: "/openai/".into(),
+        };
+        let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
+        assert_eq!(v["status"], 404);
+        assert_eq!(v["error"]["code"], "no_route");
+        assert_eq!(v["error"]["type"], "rebound_error");
+        assert_eq!(v["type"], "https://rebound.dev/errors/no_route");
+        assert!(v["detail"].as_str().unwrap().contains("/openai/"));
+    }
+}

@@ -1,0 +1,30 @@
+//! rebound: an egress sidecar that forwards an app's calls to LLM and API providers and makes them
+//! survive what providers do.
+//!
+//! # Layout
+//! - [`config`]: the TOML file, typed and validated before anything binds;
+//! - [`server`]: listeners, accept loops, graceful shutdown ([`server::start`] is what tests call);
+//! - [`proxy`]: the request pipeline, top-down in one function, with header and body handling;
+//! - [`routing`]: the route table (longest prefix);
+//! - [`upstream`]: pooled hyper-util clients over rustls, and how an attempt failed;
+//! - [`retry`]: pure retry policy (backoff with jitter, Retry-After, budgets);
+//! - [`redis`]: the Redis connection, its health and command wrapper;
+//! - [`admin`]: `/healthz`, `/readyz`, `/metrics`;
+//! - [`metrics`]: every metric, defined once on an owned registry;
+//! - [`error`]: rebound's own errors and their one mapping to responses;
+//! - [`telemetry`]: the log subscriber.
+
+pub mod admin;
+pub mod config;
+pub mod error;
+pub mod metrics;
+pub mod proxy;
+pub mod redis;
+pub mod retry;
+pub mod routing;
+pub mod server;
+pub mod telemetry;
+pub mod upstream;
+
+pub use config::Config;
+pub use server::{start, Exit, Server};

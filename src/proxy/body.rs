@@ -1,0 +1,233 @@
+//! Bodies: the capped, replayable request body, and the response body that streams frames through
+//! as they come and closes the request's books (metrics, the access log line) when it ends.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use tokio::time::Instant;
+
+use crate::metrics::Metrics;
+
+/// The error type of bodies rebound streams.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Why a request body could not be taken.
+#[derive(Debug)]
+pub enum BodyError {
+    TooLarge,
+    Read(String),
+}
+
+/// Reads the whole request body (it is re-sent on retries), refusing at once a declared
+/// `content-length` over `limit` and stopping as soon as the bytes read pass it.
+pub async fn read_capped<B>(body: B, headers: &HeaderMap, limit: u64) -> Result<Bytes, BodyError>
+where
+    B: Body<Data = Bytes>,
+    B::Error: Into<BoxError>,
+{
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit) {
+        return Err(BodyError::TooLarge);
+    }
+    let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+    match Limited::new(body, limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(BodyError::TooLarge)
+        }
+        Err(e) => Err(BodyError::Read(e.to_string())),
+    }
+}
+
+/// How a response ended, for the access log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Completion {
+    /// Every byte was handed to the client connection.
+    Complete,
+    /// The upstream body failed mid-way: the client connection is aborted, never ended cleanly.
+    UpstreamAborted,
+    /// The client went away before the end.
+    ClientGone,
+}
+
+impl Completion {
+    fn as_str(self) -> &'static str {
+        match self {
+            Completion::Complete => "complete",
+            Completion::UpstreamAborted => "upstream_aborted",
+            Completion::ClientGone => "client_gone",
+        }
+    }
+}
+
+/// One request's books: counted in flight from its head, closed when its response ends.
+pub struct RequestLog {
+    metrics: Arc<Metrics>,
+    start: Instant,
+    method: http::Method,
+    /// The path only: a query may carry credentials.
+    path: String,
+    route: Arc<str>,
+    upstream: Option<Arc<str>>,
+    status: u16,
+    attempts: u32,
+}
+
+impl RequestLog {
+    /// Starts the books for a request (counts it in flight).
+    pub fn start(metrics: &Arc<Metrics>, method: &http::Method, path: &str) -> RequestLog {
+        metrics.inflight_requests.inc();
+        RequestLog {
+            metrics: metrics.clone(),
+            start: Instant::now(),
+            method: method.clone(),
+            path: path.to_string(),
+            route: Arc::from("none"),
+            upstream: None,
+            status: 0,
+            attempts: 0,
+        }
+    }
+
+    /// Names the route (a metric label from the config).
+    pub fn set_route(&mut self, route: &Arc<str>) {
+        self.route = route.clone();
+    }
+
+    /// Names the upstream that answered and the attempts made.
+    pub fn set_upstream(&mut self, upstream: &Arc<str>, attempts: u32) {
+        self.upstream = Some(upstream.clone());
+        self.attempts = attempts;
+    }
+
+    /// Records the response status (counted now, when the head goes out).
+    fn respond(&mut self, status: u16) {
+        self.status = status;
+        self.metrics
+            .requests_total
+            .with_label_values(&[&*self.route, &status.to_string()])
+            .inc();
+    }
+
+    fn finish(self, completion: Completion) {
+        let elapsed = self.start.elapsed();
+        self.metrics.inflight_requests.dec();
+        self.metrics
+            .request_duration_seconds
+            .with_label_values(&[&*self.route])
+            .observe(elapsed.as_secs_f64());
+        tracing::info!(
+            target: "rebound::access",
+            route = %self.route,
+            method = %self.method,
+            path = %self.path,
+            status = self.status,
+            attempts = self.attempts,
+            upstream = self.upstream.as_deref().unwrap_or("-"),
+            duration_ms = elapsed.as_secs_f64() * 1000.0,
+            completion = completion.as_str(),
+            "request"
+        );
+    }
+}
+
+/// The response body rebound sends: frames pass through untouched as they arrive (no
+/// buffering), and the request's books close when it ends, fails or is dropped.
+pub struct ProxyBody {
+    inner: UnsyncBoxBody<Bytes, BoxError>,
+    log: Option<RequestLog>,
+}
+
+impl ProxyBody {
+    /// Wraps a streaming body; `log` is closed when it ends.
+    pub fn new<B>(inner: B, mut log: RequestLog, status: u16) -> ProxyBody
+    where
+        B: Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<BoxError>,
+    {
+        log.respond(status);
+        ProxyBody {
+            inner: inner.map_err(Into::into).boxed_unsync(),
+            log: Some(log),
+        }
+    }
+
+    /// A complete body held in memory.
+    pub fn full(bytes: impl Into<Bytes>, log: RequestLog, status: u16) -> ProxyBody {
+        ProxyBody::new(
+            Full::new(bytes.into()).map_err(|never: Infallible| -> BoxError { match never {} }),
+            log,
+            status,
+        )
+    }
+
+    /// A body outside any request's books (admin responses).
+    pub fn plain(bytes: impl Into<Bytes>) -> ProxyBody {
+        ProxyBody {
+            inner: Full::new(bytes.into())
+                .map_err(|never: Infallible| -> BoxError { match never {} })
+                .boxed_unsync(),
+            log: None,
+        }
+    }
+}
+
+impl Body for ProxyBody {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => {
+                if let Some(log) = self.log.take() {
+                    log.finish(Completion::Complete);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => {
+                if let Some(log) = self.log.take() {
+                    log.finish(Completion::UpstreamAborted);
+                }
+            }
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for ProxyBody {
+    fn drop(&mut self) {
+        if let Some(log) = self.log.take() {
+            let completion = if self.inner.is_end_stream() {
+                Completion::Complete
+            } else {
+                Completion::ClientGone
+            };
+            log.finish(completion);
+        }
+    }
+}

@@ -1,0 +1,302 @@
+//! The request pipeline, top-down in one function ([`Proxy::handle`]):
+//!
+//! 1. refuse forward-proxy use (CONNECT, absolute-form targets);
+//! 2. route: the longest `path_prefix` wins, else 404 `no_route`;
+//! 3. WebSocket upgrades pass through untouched ([`websocket`]);
+//! 4. take the request body, capped at `max_request_body` (413 beyond it, nothing forwarded);
+//! 5. the attempt: build the upstream request (hop-by-hop headers out, `set_headers` in), send it,
+//!    wait for the head within `per_try_timeout`;
+//! 6. respond: the upstream's status, headers (minus hop-by-hop) and body, streamed frame by
+//!    frame, with `x-rebound-attempts`; or rebound's own error ([`crate::error`]).
+//!
+//! Later stages (idempotency, circuit and cooldown, the retry loop) slot in between 4 and 6.
+
+pub mod body;
+pub mod headers;
+mod websocket;
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{Config, RetryPolicy, RouteConfig};
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
+use crate::routing::{forwarded_path, RouteTable};
+use crate::upstream::{AttemptError, Upstream};
+use body::{BodyError, ProxyBody, RequestLog};
+
+/// A route with everything it refers to resolved.
+pub struct Route {
+    pub name: Arc<str>,
+    pub config: RouteConfig,
+    pub upstream: Arc<Upstream>,
+    pub upstream_name: Arc<str>,
+    pub retry: Arc<RetryPolicy>,
+}
+
+/// Why the proxy could not be built from a (valid) config.
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("upstream {name}: {source}")]
+    Upstream {
+        name: String,
+        source: crate::upstream::tls::TlsError,
+    },
+}
+
+/// Everything a request needs: routes, upstream pools, metrics.
+pub struct Proxy {
+    routes: RouteTable<Arc<Route>>,
+    prefixes: String,
+    max_request_body: u64,
+    metrics: Arc<Metrics>,
+    /// Tasks that outlive their request (upgraded connections), drained on shutdown.
+    tasks: TaskTracker,
+    /// Cancelled when the shutdown grace runs out.
+    hard_stop: CancellationToken,
+}
+
+impl Proxy {
+    /// Resolves routes against upstreams and policies and builds the connection pools.
+    pub fn new(
+        config: &Config,
+        metrics: Arc<Metrics>,
+        tasks: TaskTracker,
+        hard_stop: CancellationToken,
+    ) -> Result<Proxy, BuildError> {
+        let mut upstreams = std::collections::BTreeMap::new();
+        for (name, u) in &config.upstreams {
+            let built = Upstream::new(u.clone()).map_err(|source| BuildError::Upstream {
+                name: name.clone(),
+                source,
+            })?;
+            upstreams.insert(name.clone(), Arc::new(built));
+        }
+        let no_retries = Arc::new(RetryPolicy::no_retries());
+        let mut routes = Vec::new();
+        for r in &config.routes {
+            // Validation guarantees the references resolve; a miss would be a bug, so skip loudly.
+            let Some(upstream) = upstreams.get(&r.upstream) else {
+                tracing::error!(route = %r.name, upstream = %r.upstream, "route refers to an unknown upstream");
+                continue;
+            };
+            let retry = r
+                .retry
+                .as_ref()
+                .and_then(|p| config.retry.get(p).cloned())
+                .unwrap_or_else(|| no_retries.clone());
+            let route = Route {
+                name: Arc::from(r.name.as_str()),
+                config: r.clone(),
+                upstream: upstream.clone(),
+                upstream_name: Arc::from(r.upstream.as_str()),
+                retry,
+            };
+            routes.push((r.path_prefix.clone(), Arc::new(route)));
+        }
+        let routes = RouteTable::new(routes);
+        let prefixes = routes.prefixes().collect::<Vec<_>>().join(", ");
+        Ok(Proxy {
+            routes,
+            prefixes,
+            max_request_body: config.server.max_request_body,
+            metrics,
+            tasks,
+            hard_stop,
+        })
+    }
+
+    /// Answers one request. Never fails: every error becomes a response.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
+        let mut log = RequestLog::start(&self.metrics, req.method(), req.uri().path());
+
+        // 1. Not an open proxy.
+        if req.method() == Method::CONNECT {
+            return error_response(ProxyError::Connect, log);
+        }
+        if is_absolute_form(&req) {
+            return error_response(ProxyError::AbsoluteForm, log);
+        }
+
+        // 2. Route.
+        let Some((prefix, route)) = self.routes.find(req.uri().path()) else {
+            let err = ProxyError::NoRoute {
+                path: req.uri().path().to_string(),
+                prefixes: self.prefixes.clone(),
+            };
+            return error_response(err, log);
+        };
+        let route = route.clone();
+        let path = forwarded_path(req.uri().path(), prefix, route.config.strip_prefix).into_owned();
+        log.set_route(&route.name);
+
+        // 3. WebSocket upgrades pass through.
+        if headers::is_upgrade(req.headers()) {
+            return websocket::pass_through(&self, &route, &path, req, log).await;
+        }
+
+        // 4. The request body, capped.
+        let (parts, body) = req.into_parts();
+        let body = match body::read_capped(body, &parts.headers, self.max_request_body).await {
+            Ok(b) => b,
+            Err(BodyError::TooLarge) => {
+                return error_response(
+                    ProxyError::BodyTooLarge {
+                        limit: self.max_request_body,
+                    },
+                    log,
+                )
+            }
+            Err(BodyError::Read(e)) => return error_response(ProxyError::BadRequestBody(e), log),
+        };
+
+        // 5. The attempt.
+        let upstream_req = match build_upstream_request(&route, &parts, &path, body) {
+            Ok(r) => r,
+            Err(e) => return error_response(ProxyError::BadRequestBody(e.to_string()), log),
+        };
+        let started = Instant::now();
+        let result = route
+            .upstream
+            .send(upstream_req, route.retry.per_try_timeout)
+            .await;
+        self.metrics
+            .upstream_attempt_duration_seconds
+            .with_label_values(&[&*route.upstream_name])
+            .observe(started.elapsed().as_secs_f64());
+        let outcome = match &result {
+            Ok(resp) => status_outcome(resp.status()),
+            Err(e) => e.outcome_label(),
+        };
+        self.metrics
+            .upstream_attempts_total
+            .with_label_values(&[&*route.name, &*route.upstream_name, outcome])
+            .inc();
+        log.set_upstream(&route.upstream_name, 1);
+
+        // 6. Respond.
+        match result {
+            Ok(resp) => upstream_response(resp, 1, log),
+            Err(e) => {
+                tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upstream attempt failed");
+                error_response(attempt_error(&route, e), log)
+            }
+        }
+    }
+}
+
+/// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.
+/// HTTP/2 requests always carry scheme and authority, so only HTTP/1 is checked.
+fn is_absolute_form<B>(req: &Request<B>) -> bool {
+    req.version() <= http::Version::HTTP_11
+        && (req.uri().scheme().is_some() || req.uri().authority().is_some())
+}
+
+/// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
+/// `host` from the upstream URL, the upstream's `set_headers` in.
+fn build_upstream_request(
+    route: &Route,
+    parts: &http::request::Parts,
+    path: &str,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, http::Error> {
+    let uri = route.upstream.uri_for(path, parts.uri.query())?;
+    let mut req = Request::builder()
+        .method(parts.method.clone())
+        .uri(uri)
+        .body(Full::new(body.clone()))?;
+    let headers = req.headers_mut();
+    headers.clone_from(&parts.headers);
+    headers::strip_hop_by_hop(headers, false);
+    for name in headers::REBOUND_REQUEST_HEADERS {
+        headers.remove(name);
+    }
+    // The client sets `host` (HTTP/1.1) or `:authority` (HTTP/2) from the upstream URI.
+    headers.remove(http::header::HOST);
+    headers.remove(http::header::CONTENT_LENGTH);
+    if !body.is_empty() || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    }
+    for (name, value) in &route.upstream.config.set_headers {
+        headers.insert(name.clone(), value.clone());
+    }
+    Ok(req)
+}
+
+fn status_outcome(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        429 => "status_429",
+        400..=499 => "status_4xx",
+        500..=599 => "status_5xx",
+        _ => "ok",
+    }
+}
+
+fn attempt_error(route: &Route, e: AttemptError) -> ProxyError {
+    let upstream = route.upstream_name.to_string();
+    match e {
+        AttemptError::Timeout(t) => ProxyError::Timeout {
+            upstream,
+            timeout_ms: t.as_millis(),
+        },
+        AttemptError::Connect(detail) | AttemptError::Reset(detail) => {
+            ProxyError::UpstreamUnreachable { upstream, detail }
+        }
+    }
+}
+
+/// The upstream's response as it came, minus hop-by-hop headers, plus `x-rebound-attempts`.
+fn upstream_response(
+    resp: Response<Incoming>,
+    attempts: u32,
+    log: RequestLog,
+) -> Response<ProxyBody> {
+    let (mut parts, body) = resp.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers, false);
+    parts
+        .headers
+        .insert("x-rebound-attempts", HeaderValue::from(attempts));
+    let status = parts.status.as_u16();
+    Response::from_parts(parts, ProxyBody::new(body, log, status))
+}
+
+/// Rebound's own error: JSON body, `x-rebound-error`, `x-should-retry`.
+pub fn error_response(err: ProxyError, log: RequestLog) -> Response<ProxyBody> {
+    let status = err.status();
+    let mut resp = Response::new(ProxyBody::full(err.body(), log, status.as_u16()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    h.insert("x-rebound-error", HeaderValue::from_static(err.code()));
+    h.insert(
+        "x-should-retry",
+        HeaderValue::from_static(if err.should_retry() { "true" } else { "false" }),
+    );
+    resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_by_status() {
+        assert_eq!(status_outcome(StatusCode::OK), "ok");
+        assert_eq!(status_outcome(StatusCode::TOO_MANY_REQUESTS), "status_429");
+        assert_eq!(status_outcome(StatusCode::NOT_FOUND), "status_4xx");
+        assert_eq!(
+            status_outcome(StatusCode::SERVICE_UNAVAILABLE),
+            "status_5xx"
+        );
+    }
+}

@@ -1,0 +1,81 @@
+//! WebSocket (and any HTTP/1.1 `Upgrade`) pass-through for providers' realtime APIs: the handshake
+//! goes to the upstream over HTTP/1.1, and once both sides have switched protocols the two
+//! connections are spliced byte for byte. No retry: the session is stateful.
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+
+use super::body::{ProxyBody, RequestLog};
+use super::{attempt_error, error_response, headers, upstream_response, Proxy, Route};
+use crate::error::ProxyError;
+
+pub(super) async fn pass_through(
+    proxy: &Proxy,
+    route: &Route,
+    path: &str,
+    mut req: Request<Incoming>,
+    mut log: RequestLog,
+) -> Response<ProxyBody> {
+    let client_side = hyper::upgrade::on(&mut req);
+    let (parts, _) = req.into_parts();
+    let uri = match route.upstream.uri_for(path, parts.uri.query()) {
+        Ok(u) => u,
+        Err(e) => return error_response(ProxyError::BadRequestBody(e.to_string()), log),
+    };
+    let mut upstream_req = Request::new(Full::new(Bytes::new()));
+    *upstream_req.method_mut() = parts.method.clone();
+    *upstream_req.uri_mut() = uri;
+    let h = upstream_req.headers_mut();
+    h.clone_from(&parts.headers);
+    headers::strip_hop_by_hop(h, true);
+    for name in headers::REBOUND_REQUEST_HEADERS {
+        h.remove(name);
+    }
+    h.remove(http::header::HOST);
+    for (name, value) in &route.upstream.config.set_headers {
+        h.insert(name.clone(), value.clone());
+    }
+
+    let result = route
+        .upstream
+        .send_upgrade(upstream_req, route.retry.per_try_timeout)
+        .await;
+    log.set_upstream(&route.upstream_name, 1);
+    let mut resp = match result {
+        Ok(resp) => resp,
+        Err(e) => {
+            tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upgrade attempt failed");
+            return error_response(attempt_error(route, e), log);
+        }
+    };
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        // The upstream declined the upgrade: its answer goes back as it came.
+        return upstream_response(resp, 1, log);
+    }
+    let upstream_side = hyper::upgrade::on(&mut resp);
+    let hard_stop = proxy.hard_stop.clone();
+    let route_name = route.name.clone();
+    proxy.tasks.spawn(async move {
+        let (client, upstream) = match tokio::try_join!(client_side, upstream_side) {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::warn!(route = %route_name, error = %e, "upgrade did not complete");
+                return;
+            }
+        };
+        let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+        tokio::select! {
+            _ = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {}
+            _ = hard_stop.cancelled() => {}
+        }
+    });
+    let (mut parts, _) = resp.into_parts();
+    headers::strip_hop_by_hop(&mut parts.headers, true);
+    parts
+        .headers
+        .insert("x-rebound-attempts", http::HeaderValue::from(1u32));
+    Response::from_parts(parts, ProxyBody::full(Bytes::new(), log, 101))
+}

@@ -1,0 +1,194 @@
+//! The Redis connection: one multiplexed, self-reconnecting connection (redis-rs
+//! `ConnectionManager`) per process, a health signal, and the command wrapper every Redis-backed
+//! feature goes through (timeout, metrics).
+//!
+//! rebound starts and serves without Redis: a supervisor task keeps trying to connect in the
+//! background, and each feature decides how to degrade while [`RedisHandle::is_up`] is false.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::config::{redact_url, RedisConfig};
+use crate::metrics::Metrics;
+
+/// How often the supervisor pings Redis.
+const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why a Redis command produced no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum RedisError {
+    #[error("redis is not connected")]
+    NotConnected,
+    #[error("redis command {op} timed out after {timeout:?}")]
+    Timeout { op: &'static str, timeout: Duration },
+    #[error("redis command {op} failed: {source}")]
+    Command {
+        op: &'static str,
+        source: redis::RedisError,
+    },
+}
+
+/// A cheap-to-clone handle on the process's Redis connection.
+#[derive(Clone)]
+pub struct RedisHandle {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    config: RedisConfig,
+    conn: RwLock<Option<ConnectionManager>>,
+    up: AtomicBool,
+    metrics: Arc<Metrics>,
+}
+
+impl RedisHandle {
+    /// Starts the supervisor (connect, then ping every second) on `tasks`; it stops with `stop`.
+    pub fn start(
+        config: RedisConfig,
+        metrics: Arc<Metrics>,
+        tasks: &TaskTracker,
+        stop: CancellationToken,
+    ) -> RedisHandle {
+        metrics.redis_up.set(0);
+        let handle = RedisHandle {
+            inner: Arc::new(Inner {
+                config,
+                conn: RwLock::new(None),
+                up: AtomicBool::new(false),
+                metrics,
+            }),
+        };
+        let supervisor = handle.clone();
+        tasks.spawn(async move {
+            tokio::select! {
+                _ = supervisor.supervise() => {}
+                _ = stop.cancelled() => {}
+            }
+        });
+        handle
+    }
+
+    /// Whether the last health check answered.
+    pub fn is_up(&self) -> bool {
+        self.inner.up.load(Ordering::Relaxed)
+    }
+
+    /// `key_prefix` + `suffix`.
+    pub fn key(&self, suffix: &str) -> String {
+        format!("{}{suffix}", self.inner.config.key_prefix)
+    }
+
+    /// The configured command timeout.
+    pub fn command_timeout(&self) -> Duration {
+        self.inner.config.command_timeout
+    }
+
+    /// Runs one command (or pipeline / script) within `command_timeout`, counting failures under
+    /// `op`. Never waits longer than the timeout, connected or not.
+    pub async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, RedisError>
+    where
+        F: FnOnce(ConnectionManager) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
+        let conn = self
+            .inner
+            .conn
+            .read()
+            .map(|c| c.clone())
+            .unwrap_or_else(|e| e.into_inner().clone());
+        let Some(conn) = conn else {
+            self.inner
+                .metrics
+                .redis_errors_total
+                .with_label_values(&[op])
+                .inc();
+            return Err(RedisError::NotConnected);
+        };
+        let timeout = self.inner.config.command_timeout;
+        match tokio::time::timeout(timeout, f(conn)).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(source)) => {
+                self.inner
+                    .metrics
+                    .redis_errors_total
+                    .with_label_values(&[op])
+                    .inc();
+                Err(RedisError::Command { op, source })
+            }
+            Err(_) => {
+                self.inner
+                    .metrics
+                    .redis_errors_total
+                    .with_label_values(&[op])
+                    .inc();
+                Err(RedisError::Timeout { op, timeout })
+            }
+        }
+    }
+
+    async fn supervise(&self) {
+        let url = redact_url(&self.inner.config.url);
+        let mut announced_down = false;
+        loop {
+            if self.current().is_none() {
+                match self.connect().await {
+                    Ok(conn) => {
+                        if let Ok(mut slot) = self.inner.conn.write() {
+                            *slot = Some(conn);
+                        }
+                    }
+                    Err(e) => {
+                        if !announced_down {
+                            tracing::warn!(redis = %url, error = %e, "redis unreachable; serving without it and retrying");
+                            announced_down = true;
+                        }
+                        self.set_up(false);
+                        tokio::time::sleep(HEALTH_INTERVAL).await;
+                        continue;
+                    }
+                }
+            }
+            let healthy = self
+                .run("ping", |mut c| async move {
+                    redis::cmd("PING").query_async::<String>(&mut c).await
+                })
+                .await
+                .is_ok();
+            if healthy && !self.is_up() {
+                tracing::info!(redis = %url, "redis connected");
+                announced_down = false;
+            } else if !healthy && self.is_up() {
+                tracing::warn!(redis = %url, "redis stopped answering; reconnecting in the background");
+                announced_down = true;
+            }
+            self.set_up(healthy);
+            tokio::time::sleep(HEALTH_INTERVAL).await;
+        }
+    }
+
+    fn current(&self) -> Option<ConnectionManager> {
+        self.inner.conn.read().ok().and_then(|c| c.clone())
+    }
+
+    fn set_up(&self, up: bool) {
+        self.inner.up.store(up, Ordering::Relaxed);
+        self.inner.metrics.redis_up.set(i64::from(up));
+    }
+
+    async fn connect(&self) -> redis::RedisResult<ConnectionManager> {
+        let client = redis::Client::open(self.inner.config.url.as_str())?;
+        let timeout = self.inner.config.command_timeout;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(timeout.max(Duration::from_millis(500)))
+            .set_response_timeout(timeout)
+            .set_number_of_retries(2)
+            .set_max_delay(1000);
+        ConnectionManager::new_with_config(client, config).await
+    }
+}

@@ -1,0 +1,33 @@
+//! Retry policy: pure decisions about whether and when to try again.
+//!
+//! This module owns the arithmetic and the parsing that a retry loop needs, with no I/O, no clock
+//! reads and no global randomness: the current time and the random number generator are always
+//! parameters, so every decision is reproducible in a test.
+//! - [`backoff`]: the delay before retry `n` (`[retry.NAME] base_delay`, `max_delay`, `jitter`)
+//!   and the small upward jitter put on top of a server's Retry-After.
+//! - [`retry_after`]: the server-directed delay of a response (`retry-after-ms`, `retry-after`
+//!   per RFC 9110 §10.2.3, and the OpenAI and Anthropic rate-limit reset headers).
+//! - [`budget`]: the per-route retry budget (`budget_ratio`, `budget_min_per_second`), a
+//!   Linkerd/tower-style sliding window that caps how much retries add to a route's traffic.
+//!
+//! It does not own: the retry loop itself, the classification of an attempt's outcome, which
+//! outcomes are retryable for which methods (`retry_on`, `non_idempotent`), deadlines and
+//! timeouts, the cooldown that a 429's hint triggers, metrics, or reading the clock; those belong
+//! to the proxy pipeline, the upstream client and the circuit/cooldown modules, which call in
+//! here.
+//!
+//! How the pieces combine for one retry, as the design (section 2) specifies:
+//! 1. the attempt failed in a retryable way; [`RetryBudget::withdraw`] must say yes;
+//! 2. `backoff = Backoff::delay(n, prev, rng)`;
+//! 3. when `respect_retry_after` and [`parse_hint`] finds a hint: a hint over `max_retry_after`
+//!    or past the deadline means no retry (the response goes back as it came); otherwise wait
+//!    `max(backoff, hint) + retry_after_jitter(hint, rng)`, and pass `prev = None` to the next
+//!    `delay` call (a server-directed wait resets decorrelated jitter).
+
+pub mod backoff;
+pub mod budget;
+pub mod retry_after;
+
+pub use backoff::{retry_after_jitter, Backoff, InvalidBackoff, Jitter, UnknownJitter};
+pub use budget::{BudgetSnapshot, InvalidBudget, RetryBudget};
+pub use retry_after::{parse_hint, HintSource, RetryHint};

@@ -1,0 +1,232 @@
+//! Listeners, accept loops and graceful shutdown.
+//!
+//! [`start`] binds both listeners (port 0 works: tests read the bound addresses) and runs until
+//! [`Server::shutdown`]: then it stops accepting, turns `/readyz` to 503, lets in-flight requests
+//! and streams finish within `shutdown_grace`, and closes whatever is left after it.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::admin::{self, AdminState};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::proxy::{BuildError, Proxy};
+use crate::redis::RedisHandle;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot listen on {addr} ({key}): {source}")]
+    Bind {
+        key: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Build(#[from] BuildError),
+    #[error("metrics setup failed: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// How the server ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    /// Every in-flight request finished within the grace period.
+    Drained,
+    /// The grace period ran out; this many connections were closed unfinished.
+    GraceExpired { closed: usize },
+}
+
+/// A running rebound.
+pub struct Server {
+    /// Where the proxy listens.
+    pub proxy_addr: SocketAddr,
+    /// Where the admin endpoints listen.
+    pub admin_addr: SocketAddr,
+    /// The metrics this instance records.
+    pub metrics: Arc<Metrics>,
+    shutdown: CancellationToken,
+    done: JoinHandle<Exit>,
+}
+
+impl Server {
+    /// Starts draining (idempotent).
+    pub fn shutdown(&self) {
+        self.shutdown.cancel();
+    }
+
+    /// Waits for the end of the drain.
+    pub async fn wait(self) -> Exit {
+        self.done.await.unwrap_or(Exit::GraceExpired { closed: 0 })
+    }
+}
+
+/// Binds the listeners and starts serving.
+pub async fn start(config: Config) -> Result<Server, StartError> {
+    let metrics = Arc::new(Metrics::new()?);
+    let tasks = TaskTracker::new();
+    let hard_stop = CancellationToken::new();
+    let proxy = Arc::new(Proxy::new(
+        &config,
+        metrics.clone(),
+        tasks.clone(),
+        hard_stop.clone(),
+    )?);
+
+    let proxy_listener = TcpListener::bind(config.server.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            key: "server.listen",
+            addr: config.server.listen,
+            source,
+        })?;
+    let admin_listener = TcpListener::bind(config.admin.listen)
+        .await
+        .map_err(|source| StartError::Bind {
+            key: "admin.listen",
+            addr: config.admin.listen,
+            source,
+        })?;
+    let bound = |l: &TcpListener, fallback| l.local_addr().unwrap_or(fallback);
+    let proxy_addr = bound(&proxy_listener, config.server.listen);
+    let admin_addr = bound(&admin_listener, config.admin.listen);
+
+    let background = TaskTracker::new();
+    let background_stop = CancellationToken::new();
+    let redis = config
+        .redis
+        .clone()
+        .map(|r| RedisHandle::start(r, metrics.clone(), &background, background_stop.clone()));
+    let admin_state = Arc::new(AdminState {
+        metrics: metrics.clone(),
+        draining: false.into(),
+        redis,
+    });
+    let admin_stop = CancellationToken::new();
+    let admin_task = tokio::spawn(admin::serve(
+        admin_listener,
+        admin_state.clone(),
+        admin_stop.clone(),
+    ));
+
+    let shutdown = CancellationToken::new();
+    let drain = Drain {
+        tasks,
+        hard_stop,
+        grace: config.server.shutdown_grace,
+    };
+    let done = tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let exit = serve(proxy_listener, proxy, shutdown, drain, &admin_state).await;
+            background_stop.cancel();
+            background.close();
+            background.wait().await;
+            admin_stop.cancel();
+            let _ = admin_task.await;
+            exit
+        }
+    });
+    Ok(Server {
+        proxy_addr,
+        admin_addr,
+        metrics,
+        shutdown,
+        done,
+    })
+}
+
+struct Drain {
+    /// Every connection task and upgraded connection.
+    tasks: TaskTracker,
+    /// Cancelled when the grace runs out: closes what is left.
+    hard_stop: CancellationToken,
+    grace: Duration,
+}
+
+async fn serve(
+    listener: TcpListener,
+    proxy: Arc<Proxy>,
+    shutdown: CancellationToken,
+    drain: Drain,
+    admin: &AdminState,
+) -> Exit {
+    let graceful = GracefulShutdown::new();
+    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).keep_alive(true);
+    builder.http2().timer(TokioTimer::new());
+    loop {
+        let tcp = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    // Typically EMFILE: back off instead of spinning.
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let proxy = proxy.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let proxy = proxy.clone();
+            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+        });
+        let conn = graceful.watch(
+            builder
+                .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+                .into_owned(),
+        );
+        let hard_stop = drain.hard_stop.clone();
+        drain.tasks.spawn(async move {
+            tokio::select! {
+                result = conn => {
+                    if let Err(e) = result {
+                        tracing::debug!(error = %e, "client connection ended with an error");
+                    }
+                }
+                _ = hard_stop.cancelled() => {}
+            }
+        });
+    }
+
+    drop(listener);
+    admin.draining.store(true, Ordering::SeqCst);
+    let open = drain.tasks.len();
+    tracing::info!(
+        open_connections = open,
+        grace_ms = drain.grace.as_millis() as u64,
+        "draining"
+    );
+    drain.tasks.close();
+    let drained = tokio::time::timeout(drain.grace, async {
+        graceful.shutdown().await;
+        drain.tasks.wait().await;
+    })
+    .await
+    .is_ok();
+    if drained {
+        tracing::info!("drained; exiting");
+        return Exit::Drained;
+    }
+    let closed = drain.tasks.len();
+    tracing::warn!(
+        closed_connections = closed,
+        "shutdown grace expired; closing the remaining connections"
+    );
+    drain.hard_stop.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(1), drain.tasks.wait()).await;
+    Exit::GraceExpired { closed }
+}

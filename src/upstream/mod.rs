@@ -1,0 +1,166 @@
+//! Upstreams: a pooled hyper-util client per upstream (rustls, ALPN h2 where offered, plain
+//! `http://` too), how a forwarded request's URI is built, and how a failed attempt is named.
+//!
+//! The client's own replay of "canceled" requests stays on (hyper-util's default): it only re-sends
+//! a request whose pooled connection closed before a byte of it was written, which is safe for
+//! every method, and it is invisible to the retry engine by design.
+
+pub mod tls;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, Uri};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use std::sync::Arc;
+
+use crate::config::UpstreamConfig;
+
+type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+/// How long an idle pooled connection is kept.
+const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A configured upstream and its connection pools.
+pub struct Upstream {
+    pub config: Arc<UpstreamConfig>,
+    /// HTTP/1.1 and, over TLS, HTTP/2 when the server selects it by ALPN.
+    client: HttpsClient,
+    /// HTTP/1.1 only: for WebSocket upgrades, which HTTP/2 cannot carry as such.
+    upgrade_client: HttpsClient,
+}
+
+/// Why an attempt produced no response head.
+#[derive(Debug, thiserror::Error)]
+pub enum AttemptError {
+    /// The connection could not be established (DNS, refused, TLS, connect timeout): the request
+    /// was never sent.
+    #[error("connect failed: {0}")]
+    Connect(String),
+    /// The connection failed after the request may have been sent (reset, closed early).
+    #[error("connection failed: {0}")]
+    Reset(String),
+    /// No response head within the per-try timeout.
+    #[error("no response within {0:?}")]
+    Timeout(Duration),
+}
+
+impl AttemptError {
+    /// The `outcome` label of `upstream_attempts_total`.
+    pub fn outcome_label(&self) -> &'static str {
+        match self {
+            AttemptError::Connect(_) => "connect_failure",
+            AttemptError::Reset(_) => "reset",
+            AttemptError::Timeout(_) => "timeout",
+        }
+    }
+}
+
+impl Upstream {
+    /// Builds the pools. Fails only on TLS setup (an unreadable `ca_file`).
+    pub fn new(config: Arc<UpstreamConfig>) -> Result<Upstream, tls::TlsError> {
+        let tls = tls::client_config(config.ca_file.as_deref())?;
+        let client = build_client(&config, tls.clone(), true);
+        let upgrade_client = build_client(&config, tls, false);
+        Ok(Upstream {
+            config,
+            client,
+            upgrade_client,
+        })
+    }
+
+    /// The upstream URI for a forwarded path (already stripped) and query.
+    pub fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+        let mut pq = String::with_capacity(
+            self.config.base_path.len() + path.len() + 1 + query.map_or(0, str::len),
+        );
+        pq.push_str(&self.config.base_path);
+        pq.push_str(path);
+        if let Some(q) = query {
+            pq.push('?');
+            pq.push_str(q);
+        }
+        Uri::builder()
+            .scheme(self.config.scheme.clone())
+            .authority(self.config.authority.clone())
+            .path_and_query(pq)
+            .build()
+    }
+
+    /// Sends one attempt and waits for the response head, at most `timeout`.
+    pub async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, AttemptError> {
+        match tokio::time::timeout(timeout, self.client.request(req)).await {
+            Err(_) => Err(AttemptError::Timeout(timeout)),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(classify(&e)),
+        }
+    }
+
+    /// Sends an upgrade request (HTTP/1.1 only).
+    pub async fn send_upgrade(
+        &self,
+        req: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<Response<Incoming>, AttemptError> {
+        match tokio::time::timeout(timeout, self.upgrade_client.request(req)).await {
+            Err(_) => Err(AttemptError::Timeout(timeout)),
+            Ok(Ok(resp)) => Ok(resp),
+            Ok(Err(e)) => Err(classify(&e)),
+        }
+    }
+}
+
+fn build_client(config: &UpstreamConfig, tls: rustls::ClientConfig, allow_h2: bool) -> HttpsClient {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(config.connect_timeout));
+    http.set_keepalive(Some(Duration::from_secs(60)));
+    let builder = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http();
+    let connector = if allow_h2 {
+        builder.enable_http1().enable_http2().wrap_connector(http)
+    } else {
+        builder.enable_http1().wrap_connector(http)
+    };
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
+        .pool_timer(TokioTimer::new())
+        .timer(TokioTimer::new())
+        .build(connector)
+}
+
+/// Names a client error by hyper's predicates, not by message text.
+fn classify(e: &hyper_util::client::legacy::Error) -> AttemptError {
+    let detail = error_chain(e);
+    if e.is_connect() {
+        AttemptError::Connect(detail)
+    } else {
+        AttemptError::Reset(detail)
+    }
+}
+
+/// `outer: inner: innermost`, for logs and error messages (never contains headers).
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        let msg = s.to_string();
+        if !out.contains(&msg) {
+            out.push_str(": ");
+            out.push_str(&msg);
+        }
+        src = s.source();
+    }
+    out
+}

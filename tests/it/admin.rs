@@ -1,0 +1,107 @@
+//! The admin listener: health, readiness, metrics.
+
+use crate::support::sidecar::config_for;
+use crate::support::*;
+
+#[tokio::test]
+async fn health_ready_and_metrics() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    assert_eq!(get(&format!("{}/healthz", rebound.admin)).await.status, 200);
+    let ready = get(&format!("{}/readyz", rebound.admin)).await;
+    assert_eq!(ready.status, 200);
+    assert_eq!(get(&format!("{}/nope", rebound.admin)).await.status, 404);
+
+    for _ in 0..3 {
+        assert_eq!(
+            post_json(&format!("{}/fake/v1/chat/completions", rebound.url), "{}")
+                .await
+                .status,
+            200
+        );
+    }
+    provider.script("err", vec![Step::status(503)]);
+    let a = send(
+        "POST",
+        &format!("{}/fake/v1/chat/completions", rebound.url),
+        &[("x-fake-key", "err")],
+        "{}",
+    )
+    .await;
+    assert_eq!(a.status, 503);
+    assert_eq!(get(&format!("{}/none/x", rebound.url)).await.status, 404);
+
+    let page = rebound.metrics().await;
+    assert_eq!(
+        metric(&page, r#"rebound_requests_total{code="200",route="fake"}"#),
+        3.0,
+        "{page}"
+    );
+    assert_eq!(
+        metric(&page, r#"rebound_requests_total{code="503",route="fake"}"#),
+        1.0
+    );
+    assert_eq!(
+        metric(&page, r#"rebound_requests_total{code="404",route="none"}"#),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_request_duration_seconds_count{route="fake"}"#
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_upstream_attempts_total{outcome="ok",route="fake",upstream="fake"}"#
+        ),
+        3.0
+    );
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_upstream_attempts_total{outcome="status_5xx",route="fake",upstream="fake"}"#
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_upstream_attempt_duration_seconds_count{upstream="fake"}"#
+        ),
+        4.0
+    );
+    assert_eq!(metric(&page, "rebound_inflight_requests"), 0.0);
+    assert_eq!(
+        metric(
+            &page,
+            &format!(
+                r#"rebound_build_info{{version="{}"}}"#,
+                env!("CARGO_PKG_VERSION")
+            )
+        ),
+        1.0
+    );
+    assert!(page.contains("# TYPE rebound_request_duration_seconds histogram"));
+}
+
+#[tokio::test]
+async fn inflight_counts_open_streams() {
+    use http_body_util::BodyExt;
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let resp = send_streaming(
+        "POST",
+        &format!("{}/fake/v1/chat/completions", rebound.url),
+        &[("x-fake-chunks", "3"), ("x-fake-gap-ms", "300")],
+        r#"{"stream":true}"#,
+    )
+    .await;
+    let page = rebound.metrics().await;
+    assert_eq!(metric(&page, "rebound_inflight_requests"), 1.0, "{page}");
+    let _ = resp.into_body().collect().await.unwrap();
+    let page = rebound.metrics().await;
+    assert_eq!(metric(&page, "rebound_inflight_requests"), 0.0);
+}

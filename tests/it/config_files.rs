@@ -1,0 +1,182 @@
+//! Configuration: every shipped file parses; errors name file, line, key and expectation.
+
+use std::path::{Path, PathBuf};
+
+use rebound::Config;
+
+fn shipped_configs() -> Vec<PathBuf> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut out = Vec::new();
+    let mut dirs: Vec<PathBuf> = ["config", "bench", "deploy", "examples"]
+        .iter()
+        .map(|d| root.join(d))
+        .collect();
+    while let Some(dir) = dirs.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else if p.extension().is_some_and(|x| x == "toml") {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// Provider keys are "set"; everything else takes its default.
+fn env(name: &str) -> Option<String> {
+    (name.ends_with("_KEY") || name.ends_with("_TOKEN")).then(|| format!("test-{name}"))
+}
+
+#[test]
+fn every_shipped_config_parses() {
+    let files = shipped_configs();
+    assert!(
+        files.iter().any(|p| p.ends_with("config/rebound.toml")),
+        "{files:?}"
+    );
+    for f in &files {
+        if let Err(e) = Config::load_with_env(f, &env) {
+            panic!("{} does not load:\n{e}", f.display());
+        }
+    }
+}
+
+#[test]
+fn default_config_has_the_documented_shape() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let c = Config::load_with_env(&root.join("config/rebound.toml"), &|_| None).unwrap();
+    assert_eq!(c.server.listen.to_string(), "127.0.0.1:8080");
+    assert_eq!(c.admin.listen.to_string(), "127.0.0.1:9901");
+    assert!(c.redis.is_none(), "the default config needs no Redis");
+    assert!(c.admin.token.is_none());
+    let names: Vec<&str> = c.routes.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, ["openai", "anthropic"]);
+    assert_eq!(c.upstreams["openai"].url(), "https://api.openai.com");
+    assert!(c.retry["anthropic"]
+        .retry_on
+        .contains(&rebound::config::RetryOn::Status(529)));
+}
+
+fn errors(src: &str) -> Vec<String> {
+    match Config::parse(src, Path::new("t.toml"), &|name| {
+        (name == "SET").then(|| "value".to_string())
+    }) {
+        Ok(_) => vec![],
+        Err(e) => e.0.iter().map(ToString::to_string).collect(),
+    }
+}
+
+const BASE: &str = "[upstreams.u]\nurl = \"https://x\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n";
+
+#[test]
+fn errors_are_located_and_say_what_was_expected() {
+    assert!(errors(BASE).is_empty());
+    let e = errors(&format!("{BASE}[server]\nlisten = \"nowhere\"\n"));
+    assert_eq!(
+        e,
+        [
+            r#"t.toml:8:10: server.listen: expected an IP address and port such as "127.0.0.1:8080" or "[::1]:8080", found "nowhere""#
+        ]
+    );
+    let e = errors(&format!("{BASE}[retry.p]\nmax_attempts = \"3\"\n"));
+    assert_eq!(e.len(), 1);
+    assert!(
+        e[0].starts_with(
+            "t.toml:8:16: retry.p.max_attempts: invalid type: string \"3\", expected i64"
+        ),
+        "{e:?}"
+    );
+    let e = errors(&format!("{BASE}[retry.p]\nmax_attempts = 0\nbase_delay = \"2s\"\nmax_delay = \"1s\"\njitter = \"fuzzy\"\n"));
+    assert_eq!(e.len(), 3, "{e:?}");
+    assert!(
+        e[0].contains("retry.p.max_attempts: expected an integer from 1 to 20, found 0"),
+        "{e:?}"
+    );
+    assert!(
+        e[1].contains(
+            "t.toml:10:13: retry.p.max_delay: expected max_delay >= base_delay (2s), found 1s"
+        ),
+        "{e:?}"
+    );
+    assert!(e[2].contains("t.toml:11:10: retry.p.jitter: expected one of \"full\", \"equal\", \"decorrelated\", \"none\", found \"fuzzy\""), "{e:?}");
+    let e = errors(&format!("{BASE}[retry.p]\nretry_on = [\"429\", \"404\"]\n"));
+    assert!(e[0].starts_with("t.toml:8:20: retry.p.retry_on[1]: expected a transient condition; 404 is a client error"), "{e:?}");
+    let e = errors(&format!("{BASE}[circuit.c]\nfailure_on = [\"429\"]\n"));
+    assert!(
+        e[0].contains("circuit.c.failure_on[0]: expected a failure; 429 is not one"),
+        "{e:?}"
+    );
+}
+
+#[test]
+fn references_are_checked() {
+    let src = "[upstreams.u]\nurl = \"https://x\"\ncircuit = \"nope\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\nretry = \"x\"\nidempotency = \"y\"\nfallback = [\"u\", \"v\"]\n";
+    let e = errors(src);
+    assert_eq!(e.len(), 5, "{e:?}");
+    assert!(e[0].contains("upstreams.u.circuit: expected the name of a [circuit.*] table (none are defined), found \"nope\""));
+    assert!(e[1].contains("routes[0].retry:"));
+    assert!(e[2].contains("routes[0].idempotency:"));
+    assert!(
+        e[3].contains(
+            "t.toml:10:13: routes[0].fallback[0]: expected the name of another [upstreams.*] table"
+        ),
+        "{e:?}"
+    );
+    assert!(e[4].contains("routes[0].fallback[1]"));
+}
+
+#[test]
+fn duplicate_routes_and_missing_keys() {
+    let e = errors(&format!(
+        "{BASE}[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n"
+    ));
+    assert_eq!(e.len(), 2, "{e:?}");
+    assert!(e[0].contains("routes[1].name: expected a unique route name"));
+    assert!(e[1].contains("routes[1].path_prefix: expected a unique path_prefix"));
+    let e = errors(
+        "[upstreams.u]\nconnect_timeout = \"1s\"\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n",
+    );
+    assert!(
+        e.iter()
+            .any(|m| m.starts_with("t.toml:1:1: upstreams.u: expected a `url` key")),
+        "{e:?}"
+    );
+    assert!(
+        e.iter()
+            .any(|m| m.contains("routes[0]: expected a `path_prefix` key")),
+        "{e:?}"
+    );
+    let e = errors("");
+    assert_eq!(
+        e,
+        ["t.toml: routes: expected at least one [[routes]] table, found none"]
+    );
+}
+
+#[test]
+fn environment_interpolation() {
+    let src = format!("{BASE}[upstreams.k]\nurl = \"https://k\"\nset_headers = {{ authorization = \"Bearer ${{SET}}\" }}\n[server]\nshutdown_grace = \"${{GRACE:-7s}}\"\n");
+    let c = Config::parse(&src, Path::new("t.toml"), &|name| {
+        (name == "SET").then(|| "value".to_string())
+    })
+    .unwrap();
+    assert_eq!(c.server.shutdown_grace, std::time::Duration::from_secs(7));
+    assert_eq!(c.upstreams["k"].set_headers[0].1, "Bearer value");
+    let e = errors(&format!("{BASE}[upstreams.k]\nurl = \"https://k\"\nset_headers = {{ x-api-key = \"${{MISSING_KEY}}\" }}\n"));
+    assert_eq!(e.len(), 1);
+    assert!(e[0].contains("t.toml:9:29: upstreams.k.set_headers.x-api-key: expected the environment variable MISSING_KEY to be set"), "{e:?}");
+}
+
+#[test]
+fn secrets_never_appear_in_debug_or_summary() {
+    let src = format!("{BASE}[upstreams.k]\nurl = \"https://k\"\nset_headers = {{ authorization = \"Bearer sk-SECRET\" }}\n[admin]\ntoken = \"tok-SECRET\"\n[redis]\nurl = \"redis://:pw-SECRET@127.0.0.1:6379/0\"\n");
+    let c = Config::parse(&src, Path::new("t.toml"), &|_| None).unwrap();
+    let shown = format!("{c:?}\n{}", c.summary());
+    assert!(!shown.contains("SECRET"), "{shown}");
+    assert!(shown.contains("authorization"));
+}

@@ -1,0 +1,13 @@
+//! rebound's integration tests: one binary (one link), real sockets throughout.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and fixtures fail loudly by design
+
+mod support;
+
+mod admin;
+mod config_files;
+mod passthrough;
+mod process;
+mod redis_plumbing;
+mod shutdown;
+mod tls;

@@ -1,0 +1,215 @@
+//! The real binary: CLI, exit codes, signals, and logs that never carry a secret.
+
+use std::process::Command;
+use std::time::Duration;
+
+use http_body_util::BodyExt;
+
+use crate::support::fake_provider::sse_stream_bytes;
+use crate::support::sidecar::{config_for, ReboundProcess};
+use crate::support::*;
+
+fn rebound_cmd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_rebound"))
+}
+
+fn manifest(path: &str) -> String {
+    format!("{}/{path}", env!("CARGO_MANIFEST_DIR"))
+}
+
+#[test]
+fn version_and_check() {
+    let out = rebound_cmd().arg("--version").output().unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("rebound {}", env!("CARGO_PKG_VERSION"))
+    );
+
+    let out = rebound_cmd()
+        .args(["check", "--config", &manifest("config/rebound.toml")])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("valid"), "{text}");
+    assert!(
+        text.contains("/openai/") && text.contains("https://api.openai.com"),
+        "{text}"
+    );
+    assert!(
+        text.contains("/anthropic/") && text.contains("https://api.anthropic.com"),
+        "{text}"
+    );
+}
+
+#[test]
+fn check_names_file_line_key_and_expectation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bad.toml");
+    std::fs::write(
+        &path,
+        "[upstreams.u]\nurl = \"https://x\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"typo\"\n\n[retry.p]\nmax_attemps = 2\n",
+    )
+    .unwrap();
+    let out = rebound_cmd()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!(
+            "{}:10:1: retry.p.max_attemps: unknown field `max_attemps`",
+            path.display()
+        )),
+        "{err}"
+    );
+
+    std::fs::write(&path, "[upstreams.u]\nurl = \"https://x\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"typo\"\n").unwrap();
+    let out = rebound_cmd()
+        .args(["check", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("{}:7:12: routes[0].upstream: expected the name of an [upstreams.*] table (u), found \"typo\"", path.display())),
+        "{err}"
+    );
+    // Serving with an invalid config: EX_USAGE, nothing bound.
+    let out = rebound_cmd().arg("--config").arg(&path).output().unwrap();
+    assert_eq!(out.status.code(), Some(64));
+}
+
+#[tokio::test]
+async fn logs_never_carry_a_secret() {
+    const CANARY: &str = "CANARY-8c1f2e";
+    let provider = FakeProvider::start().await;
+    let extra = r#"
+[upstreams.injected]
+url = "http://127.0.0.1:1"
+set_headers = { authorization = "Bearer ${UPSTREAM_KEY}" }
+
+[[routes]]
+name = "injected"
+path_prefix = "/injected/"
+upstream = "injected"
+"#;
+    let toml = config_for(&provider.url(), extra).replace("level = \"debug\"", "level = \"trace\"");
+    let rebound = ReboundProcess::start(&toml, &[("UPSTREAM_KEY", &format!("{CANARY}-env"))]).await;
+    let secret_headers = [
+        ("authorization", format!("Bearer {CANARY}-auth")),
+        ("x-api-key", format!("{CANARY}-xapi")),
+        ("api-key", format!("{CANARY}-azure")),
+        ("cookie", format!("session={CANARY}-cookie")),
+        ("x-fake-key", "canary".to_string()),
+    ];
+    let headers: Vec<(&str, &str)> = secret_headers
+        .iter()
+        .map(|(k, v)| (*k, v.as_str()))
+        .collect();
+    let url = format!(
+        "{}/fake/v1/chat/completions?key={CANARY}-query",
+        rebound.proxy
+    );
+    assert_eq!(send("POST", &url, &headers, "{}").await.status, 200);
+    // Errors are logged too: an unreachable upstream with an injected credential, a 404.
+    let a = send(
+        "POST",
+        &format!("{}/injected/v1/x?key={CANARY}-query", rebound.proxy),
+        &headers,
+        "{}",
+    )
+    .await;
+    assert_eq!(a.status, 502);
+    assert_eq!(
+        send(
+            "GET",
+            &format!("{}/nope?token={CANARY}", rebound.proxy),
+            &headers,
+            ""
+        )
+        .await
+        .status,
+        404
+    );
+    // The provider did get the credentials: they were forwarded, just never logged.
+    let seen = provider.requests("canary").pop().unwrap();
+    assert!(seen.header("authorization").unwrap().contains(CANARY));
+
+    assert!(
+        eventually(Duration::from_secs(5), || rebound
+            .logs()
+            .matches("\"request\"")
+            .count()
+            >= 3)
+        .await,
+        "{}",
+        rebound.logs()
+    );
+    let logs = rebound.logs();
+    assert!(
+        logs.contains("\"route\":\"fake\""),
+        "one line per request with its route: {logs}"
+    );
+    assert!(!logs.contains(CANARY), "a secret reached the logs:\n{logs}");
+}
+
+#[tokio::test]
+async fn sigterm_drains_an_inflight_stream_then_exits_zero() {
+    let provider = FakeProvider::start().await;
+    let mut rebound = ReboundProcess::start(&config_for(&provider.url(), ""), &[]).await;
+    let resp = send_streaming(
+        "POST",
+        &format!("{}/fake/v1/chat/completions", rebound.proxy),
+        &[("x-fake-chunks", "5"), ("x-fake-gap-ms", "200")],
+        r#"{"stream":true}"#,
+    )
+    .await;
+    rebound.signal("TERM");
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .expect("stream completes during the drain")
+        .to_bytes();
+    assert_eq!(String::from_utf8_lossy(&body), sse_stream_bytes(5));
+    let status = tokio::time::timeout(Duration::from_secs(10), rebound.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "{}", rebound.logs());
+}
+
+#[tokio::test]
+async fn sigterm_past_the_grace_exits_three() {
+    let provider = FakeProvider::start().await;
+    provider.script("stall", vec![Step::Stall]);
+    let toml = config_for(&provider.url(), "")
+        .replace("shutdown_grace = \"5s\"", "shutdown_grace = \"200ms\"");
+    let mut rebound = ReboundProcess::start(&toml, &[]).await;
+    let resp = send_streaming(
+        "POST",
+        &format!("{}/fake/v1/chat/completions", rebound.proxy),
+        &[("x-fake-key", "stall")],
+        "{}",
+    )
+    .await;
+    rebound.signal("TERM");
+    let status = tokio::time::timeout(Duration::from_secs(10), rebound.child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(3), "{}", rebound.logs());
+    assert!(
+        resp.into_body().collect().await.is_err(),
+        "the client must see an abort, not a clean end"
+    );
+}

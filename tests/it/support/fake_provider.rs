@@ -1,0 +1,557 @@
+//! A fake LLM provider over real sockets: OpenAI- and Anthropic-shaped JSON and SSE, scriptable
+//! faults per key, per-key request counters and recorded requests.
+//!
+//! Tests start it in-process ([`FakeProvider::start`], [`FakeProvider::start_tls`]); the benchmark and
+//! the Python end-to-end tests run it as a process (`cargo run --example fake-provider`) and drive it
+//! over HTTP (`POST /_fake/script`, `GET /_fake/count`, `GET /_fake/requests`).
+//!
+//! Requests are keyed by the `x-fake-key` header (default `default`). Each key may carry a script: a
+//! list of [`Step`]s consumed one per request; when the script is exhausted the provider answers
+//! normally. Normal answers:
+//! - `POST .../chat/completions`: a ~1 KB chat completion, or SSE when the JSON body has
+//!   `"stream": true` (`x-fake-chunks` events, default 5, `x-fake-gap-ms` apart, default 0);
+//! - `POST .../messages`: the Anthropic equivalent;
+//! - `ANY /echo...`: JSON describing the request as received (method, path, query, headers, body size);
+//! - `GET /ws`: a WebSocket-style upgrade that echoes bytes back;
+//! - anything else: 404 with an OpenAI-shaped error body.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
+use hyper::body::{Frame, Incoming};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+type Body = BoxBody<Bytes, std::io::Error>;
+
+/// One scripted answer.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Step {
+    /// Answer with this status, headers and body (default body: an OpenAI-shaped error).
+    Status {
+        status: u16,
+        #[serde(default)]
+        headers: Vec<(String, String)>,
+        #[serde(default)]
+        body: Option<String>,
+    },
+    /// Close the connection without answering (the client sees a reset / incomplete message).
+    Reset,
+    /// Wait this long before answering normally.
+    Delay { ms: u64 },
+    /// Send the response head, then never send a body byte.
+    Stall,
+    /// Send the head and the first SSE chunk, then abort the stream.
+    CutAfterFirstChunk,
+}
+
+impl Step {
+    pub fn status(status: u16) -> Step {
+        Step::Status {
+            status,
+            headers: Vec::new(),
+            body: None,
+        }
+    }
+    pub fn status_with(status: u16, headers: &[(&str, &str)]) -> Step {
+        Step::Status {
+            status,
+            headers: headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            body: None,
+        }
+    }
+}
+
+/// A request as the provider received it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Recorded {
+    pub method: String,
+    pub path: String,
+    pub query: Option<String>,
+    pub version: String,
+    pub headers: Vec<(String, String)>,
+    pub body: Vec<u8>,
+}
+
+impl Recorded {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+#[derive(Default)]
+struct State {
+    scripts: Mutex<HashMap<String, Vec<Step>>>,
+    counts: Mutex<HashMap<String, usize>>,
+    recorded: Mutex<HashMap<String, Vec<Recorded>>>,
+    streams_completed: Mutex<HashMap<String, usize>>,
+    connections: AtomicUsize,
+    /// Keep recorded request bodies (off in the benchmark to stay flat in memory).
+    record: bool,
+}
+
+/// A running fake provider. Dropping it stops the accept loop.
+pub struct FakeProvider {
+    pub addr: SocketAddr,
+    scheme: &'static str,
+    state: Arc<State>,
+    _stop: watch::Sender<()>,
+}
+
+impl FakeProvider {
+    /// Plain HTTP (HTTP/1.1 and h2c) on 127.0.0.1, a free port.
+    pub async fn start() -> FakeProvider {
+        Self::start_on("127.0.0.1:0", None, true).await
+    }
+
+    /// TLS with ALPN `h2` and `http/1.1`, using the given server config.
+    pub async fn start_tls(mut tls: rustls::ServerConfig) -> FakeProvider {
+        if tls.alpn_protocols.is_empty() {
+            tls.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        }
+        Self::start_on("127.0.0.1:0", Some(tls), true).await
+    }
+
+    /// Listen on `addr`; `record` keeps every request for [`FakeProvider::requests`].
+    pub async fn start_on(
+        addr: &str,
+        tls: Option<rustls::ServerConfig>,
+        record: bool,
+    ) -> FakeProvider {
+        let listener = TcpListener::bind(addr).await.expect("bind fake provider");
+        let addr = listener.local_addr().expect("local addr");
+        let state = Arc::new(State {
+            record,
+            ..State::default()
+        });
+        let (stop_tx, stop_rx) = watch::channel(());
+        let acceptor = tls.map(|c| tokio_rustls::TlsAcceptor::from(Arc::new(c)));
+        let scheme = if acceptor.is_some() { "https" } else { "http" };
+        tokio::spawn(accept_loop(listener, acceptor, state.clone(), stop_rx));
+        FakeProvider {
+            addr,
+            scheme,
+            state,
+            _stop: stop_tx,
+        }
+    }
+
+    /// `http://127.0.0.1:PORT` or `https://localhost:PORT` (the TLS test certificate names localhost).
+    pub fn url(&self) -> String {
+        match self.scheme {
+            "https" => format!("https://localhost:{}", self.addr.port()),
+            _ => format!("http://{}", self.addr),
+        }
+    }
+
+    /// Replace the script for `key`.
+    pub fn script(&self, key: &str, steps: Vec<Step>) {
+        lock(&self.state.scripts).insert(key.to_string(), steps);
+    }
+
+    /// Requests received for `key` so far.
+    pub fn count(&self, key: &str) -> usize {
+        lock(&self.state.counts).get(key).copied().unwrap_or(0)
+    }
+
+    /// Requests received for `key`, in order (empty unless recording).
+    pub fn requests(&self, key: &str) -> Vec<Recorded> {
+        lock(&self.state.recorded)
+            .get(key)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// SSE streams for `key` whose last event has been sent.
+    pub fn streams_completed(&self, key: &str) -> usize {
+        lock(&self.state.streams_completed)
+            .get(key)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// TCP connections accepted so far.
+    pub fn connections(&self) -> usize {
+        self.state.connections.load(Ordering::SeqCst)
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: Option<tokio_rustls::TlsAcceptor>,
+    state: Arc<State>,
+    mut stop: watch::Receiver<()>,
+) {
+    loop {
+        let (tcp, _) = tokio::select! {
+            r = listener.accept() => match r { Ok(c) => c, Err(_) => continue },
+            _ = stop.changed() => return,
+        };
+        let _ = tcp.set_nodelay(true);
+        state.connections.fetch_add(1, Ordering::SeqCst);
+        let state = state.clone();
+        let acceptor = acceptor.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+            let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            match acceptor {
+                Some(acceptor) => {
+                    if let Ok(tls) = acceptor.accept(tcp).await {
+                        let _ = builder
+                            .serve_connection_with_upgrades(TokioIo::new(tls), svc)
+                            .await;
+                    }
+                }
+                None => {
+                    let _ = builder
+                        .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+                        .await;
+                }
+            }
+        });
+    }
+}
+
+#[derive(Debug)]
+struct ResetConnection;
+impl std::fmt::Display for ResetConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("scripted reset")
+    }
+}
+impl std::error::Error for ResetConnection {}
+
+async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ResetConnection> {
+    let path = req.uri().path().to_string();
+    if path.starts_with("/_fake/") {
+        return Ok(control(&state, req).await);
+    }
+    let key = header(req.headers(), "x-fake-key")
+        .unwrap_or("default")
+        .to_string();
+    let chunks: usize = header(req.headers(), "x-fake-chunks")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let gap = Duration::from_millis(
+        header(req.headers(), "x-fake-gap-ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
+    );
+    if req.headers().contains_key(http::header::UPGRADE) {
+        let mut req = req;
+        let up = hyper::upgrade::on(&mut req);
+        return Ok(websocket_echo(&state, &key, up));
+    }
+    let (parts, body) = req.into_parts();
+    let body = body
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+
+    *lock(&state.counts).entry(key.clone()).or_insert(0) += 1;
+    if state.record {
+        lock(&state.recorded)
+            .entry(key.clone())
+            .or_default()
+            .push(Recorded {
+                method: parts.method.to_string(),
+                path: path.clone(),
+                query: parts.uri.query().map(str::to_string),
+                version: format!("{:?}", parts.version),
+                headers: parts
+                    .headers
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.to_string(),
+                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
+                        )
+                    })
+                    .collect(),
+                body: body.to_vec(),
+            });
+    }
+
+    let step = {
+        let mut scripts = lock(&state.scripts);
+        match scripts.get_mut(&key) {
+            Some(steps) if !steps.is_empty() => Some(steps.remove(0)),
+            _ => None,
+        }
+    };
+    let wants_stream = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("stream").and_then(|s| s.as_bool()))
+        .unwrap_or(false);
+
+    match step {
+        Some(Step::Status {
+            status,
+            headers,
+            body,
+        }) => {
+            let mut resp = Response::builder()
+                .status(status)
+                .header("content-type", "application/json");
+            for (k, v) in headers {
+                resp = resp.header(k, v);
+            }
+            let body = body.unwrap_or_else(|| {
+                format!(
+                    r#"{{"error":{{"message":"scripted {status}","type":"fake_error","code":"{status}"}}}}"#
+                )
+            });
+            return Ok(resp.body(full(body)).unwrap_or_default());
+        }
+        Some(Step::Reset) => return Err(ResetConnection),
+        Some(Step::Delay { ms }) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        Some(Step::Stall) => {
+            let stream = futures_util::stream::pending::<Result<Frame<Bytes>, std::io::Error>>();
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
+        Some(Step::CutAfterFirstChunk) => {
+            let first = sse_chunk(0);
+            let stream = futures_util::stream::iter(vec![
+                Ok(Frame::data(Bytes::from(first))),
+                Err(std::io::Error::other("scripted cut")),
+            ]);
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
+        None => {}
+    }
+
+    if path == "/echo" || path.starts_with("/echo/") {
+        let echo = serde_json::json!({
+            "method": parts.method.as_str(),
+            "path": path,
+            "query": parts.uri.query(),
+            "version": format!("{:?}", parts.version),
+            "headers": parts.headers.iter().map(|(k, v)| (k.as_str().to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned())).collect::<Vec<_>>(),
+            "body_len": body.len(),
+        });
+        return Ok(json_response(StatusCode::OK, echo.to_string()));
+    }
+    if path.ends_with("/chat/completions") || path.ends_with("/messages") {
+        let anthropic = path.ends_with("/messages");
+        if wants_stream {
+            return Ok(sse_stream(state, key, chunks, gap, anthropic));
+        }
+        let body = if anthropic {
+            anthropic_message()
+        } else {
+            chat_completion()
+        };
+        return Ok(json_response(StatusCode::OK, body));
+    }
+    Ok(json_response(
+        StatusCode::NOT_FOUND,
+        r#"{"error":{"message":"unknown path","type":"invalid_request_error","code":"not_found"}}"#
+            .into(),
+    ))
+}
+
+fn websocket_echo(state: &Arc<State>, key: &str, up: hyper::upgrade::OnUpgrade) -> Response<Body> {
+    *lock(&state.counts).entry(key.to_string()).or_insert(0) += 1;
+    tokio::spawn(async move {
+        if let Ok(upgraded) = up.await {
+            let mut io = TokioIo::new(upgraded);
+            let mut buf = [0u8; 1024];
+            loop {
+                match io.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        if io.write_all(&buf[..n]).await.is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .body(full(String::new()))
+        .unwrap_or_default()
+}
+
+/// Control endpoints for out-of-process use.
+async fn control(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let key = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("key="))
+        .unwrap_or("default")
+        .to_string();
+    match path.as_str() {
+        "/_fake/script" => {
+            #[derive(Deserialize)]
+            struct Script {
+                key: String,
+                steps: Vec<Step>,
+            }
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            match serde_json::from_slice::<Script>(&body) {
+                Ok(s) => {
+                    lock(&state.scripts).insert(s.key, s.steps);
+                    json_response(StatusCode::OK, "{}".into())
+                }
+                Err(e) => json_response(
+                    StatusCode::BAD_REQUEST,
+                    serde_json::json!({"error": e.to_string()}).to_string(),
+                ),
+            }
+        }
+        "/_fake/count" => {
+            let n = lock(&state.counts).get(&key).copied().unwrap_or(0);
+            json_response(
+                StatusCode::OK,
+                serde_json::json!({"key": key, "count": n}).to_string(),
+            )
+        }
+        "/_fake/requests" => {
+            let r = lock(&state.recorded).get(&key).cloned().unwrap_or_default();
+            json_response(
+                StatusCode::OK,
+                serde_json::to_string(&r).unwrap_or_default(),
+            )
+        }
+        _ => json_response(StatusCode::NOT_FOUND, "{}".into()),
+    }
+}
+
+fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
+    h.get(name).and_then(|v| v.to_str().ok())
+}
+
+fn full(s: String) -> Body {
+    Full::new(Bytes::from(s))
+        .map_err(|never: Infallible| match never {})
+        .boxed()
+}
+
+fn json_response(status: StatusCode, body: String) -> Response<Body> {
+    Response::builder()
+        .status(status)
+        .header("content-type", "application/json")
+        .header("x-request-id", "req_fake_0001")
+        .body(full(body))
+        .unwrap_or_default()
+}
+
+fn sse_response(body: Body) -> Response<Body> {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(body)
+        .unwrap_or_default()
+}
+
+/// The `i`th event of a chat-completion stream.
+pub fn sse_chunk(i: usize) -> String {
+    format!(
+        "data: {{\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-fake\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"token{i} \"}},\"finish_reason\":null}}]}}\n\n"
+    )
+}
+
+fn anthropic_event(i: usize) -> String {
+    format!(
+        "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"token{i} \"}}}}\n\n"
+    )
+}
+
+/// The exact bytes of a full stream of `chunks` events (for byte-exact assertions).
+pub fn sse_stream_bytes(chunks: usize) -> String {
+    let mut s: String = (0..chunks).map(sse_chunk).collect();
+    s.push_str("data: [DONE]\n\n");
+    s
+}
+
+fn sse_stream(
+    state: Arc<State>,
+    key: String,
+    chunks: usize,
+    gap: Duration,
+    anthropic: bool,
+) -> Response<Body> {
+    let stream = futures_util::stream::unfold(0usize, move |i| {
+        let state = state.clone();
+        let key = key.clone();
+        async move {
+            if i > chunks {
+                return None;
+            }
+            if i > 0 && !gap.is_zero() {
+                tokio::time::sleep(gap).await;
+            }
+            let data = if i == chunks {
+                *lock(&state.streams_completed).entry(key).or_insert(0) += 1;
+                if anthropic {
+                    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".to_string()
+                } else {
+                    "data: [DONE]\n\n".to_string()
+                }
+            } else if anthropic {
+                anthropic_event(i)
+            } else {
+                sse_chunk(i)
+            };
+            Some((
+                Ok::<_, std::io::Error>(Frame::data(Bytes::from(data))),
+                i + 1,
+            ))
+        }
+    });
+    sse_response(BodyExt::boxed(StreamBody::new(stream)))
+}
+
+/// A ~1 KB OpenAI chat completion.
+pub fn chat_completion() -> String {
+    let content = "rebound ".repeat(96);
+    format!(
+        r#"{{"id":"chatcmpl-fake","object":"chat.completion","created":1700000000,"model":"gpt-fake","choices":[{{"index":0,"message":{{"role":"assistant","content":"{content}"}},"finish_reason":"stop"}}],"usage":{{"prompt_tokens":12,"completion_tokens":96,"total_tokens":108}}}}"#
+    )
+}
+
+/// An Anthropic message of similar size.
+pub fn anthropic_message() -> String {
+    let content = "rebound ".repeat(96);
+    format!(
+        r#"{{"id":"msg_fake","type":"message","role":"assistant","model":"claude-fake","content":[{{"type":"text","text":"{content}"}}],"stop_reason":"end_turn","usage":{{"input_tokens":12,"output_tokens":96}}}}"#
+    )
+}

@@ -1,0 +1,133 @@
+//! Test support: a fake provider, test certificates, a Redis fixture, rebound fixtures (in-process
+//! and as the real binary) and small HTTP helpers over real sockets.
+
+#![allow(dead_code)]
+
+pub mod certs;
+pub mod fake_provider;
+pub mod redis;
+pub mod sidecar;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub use fake_provider::{FakeProvider, Step};
+pub use sidecar::Rebound;
+
+/// A plain HTTP/1.1 client.
+pub fn client() -> Client<hyper_util::client::legacy::connect::HttpConnector, Full<Bytes>> {
+    Client::builder(TokioExecutor::new()).build_http()
+}
+
+/// A whole response.
+pub struct Answer {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+}
+
+impl Answer {
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// Sends a request and reads the whole response (10 s at most).
+pub async fn send(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    let resp = send_streaming(method, url, headers, body).await;
+    let (parts, body) = resp.into_parts();
+    let body = tokio::time::timeout(Duration::from_secs(10), body.collect())
+        .await
+        .expect("body within 10 s")
+        .expect("body read")
+        .to_bytes();
+    Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    }
+}
+
+/// Sends a request and returns the response with its body unread.
+pub async fn send_streaming(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Response<Incoming> {
+    let mut req = Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let req = req.body(Full::new(body.into())).expect("request");
+    tokio::time::timeout(Duration::from_secs(10), client().request(req))
+        .await
+        .expect("response within 10 s")
+        .expect("response")
+}
+
+pub async fn post_json(url: &str, body: &str) -> Answer {
+    send(
+        "POST",
+        url,
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await
+}
+
+pub async fn get(url: &str) -> Answer {
+    send("GET", url, &[], Bytes::new()).await
+}
+
+/// Writes raw bytes to `addr` and reads until the peer closes or 5 s pass.
+pub async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String {
+    let mut s = TcpStream::connect(addr).await.expect("connect");
+    s.write_all(request).await.expect("write");
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Polls `f` every 20 ms until it is true or `within` passes.
+pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + within;
+    while tokio::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f()
+}
+
+/// The value of a metric sample line `name{labels} value` in a Prometheus page (0 when absent).
+pub fn metric(page: &str, name_and_labels: &str) -> f64 {
+    page.lines()
+        .find_map(|l| {
+            l.strip_prefix(name_and_labels)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}

@@ -86,10 +86,7 @@ fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
             );
             resp
         }
-        _ => text(
-            StatusCode::NOT_FOUND,
-            "not found: try /healthz, /readyz or /metrics\n",
-        ),
+        _ => text(StatusCode::NOT_FOUND, "not found: try /healthz, /readyz or /metrics\n"),
     }
 }
 

@@ -24,6 +24,7 @@ pub mod retry;
 pub mod routing;
 pub mod server;
 pub mod telemetry;
+pub mod time;
 pub mod upstream;
 
 pub use config::Config;

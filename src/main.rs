@@ -34,7 +34,9 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let Some(path) = cli.config else {
-        eprintln!("rebound: no configuration given: use --config PATH (or REBOUND_CONFIG), e.g. --config config/rebound.toml");
+        eprintln!(
+            "rebound: no configuration given: use --config PATH (or REBOUND_CONFIG), e.g. --config config/rebound.toml"
+        );
         return ExitCode::from(EXIT_CONFIG);
     };
     match cli.command {
@@ -61,10 +63,7 @@ fn serve(path: PathBuf) -> ExitCode {
         }
     };
     telemetry::init(&config.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rebound: cannot start the runtime: {e}");
@@ -109,10 +108,7 @@ async fn shutdown_signal() -> &'static str {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) else {
+        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
             let _ = tokio::signal::ctrl_c().await;
             return "SIGINT";
         };

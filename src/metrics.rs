@@ -5,8 +5,7 @@
 //! sets. No label ever holds a path, a key or a credential.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Request-latency buckets (seconds): sub-millisecond proxy errors up to multi-minute generations.
@@ -28,6 +27,14 @@ pub struct Metrics {
     pub upstream_attempts_total: IntCounterVec,
     /// From sending an attempt to its response head, by upstream.
     pub upstream_attempt_duration_seconds: HistogramVec,
+    /// Retries by route and reason (the `retry_on` entry that matched: `503`, `timeout`, ...).
+    pub retries_total: IntCounterVec,
+    /// Waits before retries, by route and source (`backoff` or `retry_after`).
+    pub retry_wait_seconds: HistogramVec,
+    /// Requests whose failure was delivered because their attempts were used up.
+    pub retries_exhausted_total: IntCounterVec,
+    /// Retries refused because the route's retry budget was spent.
+    pub retry_budget_exhausted_total: IntCounterVec,
     /// Redis command failures by operation.
     pub redis_errors_total: IntCounterVec,
     /// 1 while the Redis connection answers its health check, 0 otherwise (absent without Redis).
@@ -42,10 +49,7 @@ impl Metrics {
         let registry = Registry::new_custom(Some("rebound".into()), None)?;
         let m = Metrics {
             requests_total: IntCounterVec::new(
-                Opts::new(
-                    "requests_total",
-                    "Requests answered, by route and status code.",
-                ),
+                Opts::new("requests_total", "Requests answered, by route and status code."),
                 &["route", "code"],
             )?,
             request_duration_seconds: HistogramVec::new(
@@ -56,10 +60,7 @@ impl Metrics {
                 .buckets(REQUEST_BUCKETS.to_vec()),
                 &["route"],
             )?,
-            inflight_requests: IntGauge::new(
-                "inflight_requests",
-                "Requests whose response has not ended yet.",
-            )?,
+            inflight_requests: IntGauge::new("inflight_requests", "Requests whose response has not ended yet.")?,
             upstream_attempts_total: IntCounterVec::new(
                 Opts::new(
                     "upstream_attempts_total",
@@ -75,35 +76,53 @@ impl Metrics {
                 .buckets(REQUEST_BUCKETS.to_vec()),
                 &["upstream"],
             )?,
+            retries_total: IntCounterVec::new(
+                Opts::new(
+                    "retries_total",
+                    "Retries by route and reason (the retry_on entry that matched).",
+                ),
+                &["route", "reason"],
+            )?,
+            retry_wait_seconds: HistogramVec::new(
+                HistogramOpts::new(
+                    "retry_wait_seconds",
+                    "Waits before retries, by route and source (backoff, retry_after).",
+                )
+                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]),
+                &["route", "source"],
+            )?,
+            retries_exhausted_total: IntCounterVec::new(
+                Opts::new(
+                    "retries_exhausted_total",
+                    "Failures delivered because the attempts were used up.",
+                ),
+                &["route"],
+            )?,
+            retry_budget_exhausted_total: IntCounterVec::new(
+                Opts::new(
+                    "retry_budget_exhausted_total",
+                    "Retries refused because the route's retry budget was spent.",
+                ),
+                &["route"],
+            )?,
             redis_errors_total: IntCounterVec::new(
                 Opts::new("redis_errors_total", "Redis command failures by operation."),
                 &["op"],
             )?,
-            redis_up: IntGauge::new(
-                "redis_up",
-                "1 while Redis answers the health check, else 0.",
-            )?,
-            build_info: IntGaugeVec::new(
-                Opts::new("build_info", "Build information; always 1."),
-                &["version"],
-            )?,
+            redis_up: IntGauge::new("redis_up", "1 while Redis answers the health check, else 0.")?,
+            build_info: IntGaugeVec::new(Opts::new("build_info", "Build information; always 1."), &["version"])?,
             registry,
         };
         m.registry.register(Box::new(m.requests_total.clone()))?;
-        m.registry
-            .register(Box::new(m.request_duration_seconds.clone()))?;
+        m.registry.register(Box::new(m.request_duration_seconds.clone()))?;
         m.registry.register(Box::new(m.inflight_requests.clone()))?;
-        m.registry
-            .register(Box::new(m.upstream_attempts_total.clone()))?;
+        m.registry.register(Box::new(m.upstream_attempts_total.clone()))?;
         m.registry
             .register(Box::new(m.upstream_attempt_duration_seconds.clone()))?;
-        m.registry
-            .register(Box::new(m.redis_errors_total.clone()))?;
+        m.registry.register(Box::new(m.redis_errors_total.clone()))?;
         m.registry.register(Box::new(m.redis_up.clone()))?;
         m.registry.register(Box::new(m.build_info.clone()))?;
-        m.build_info
-            .with_label_values(&[env!("CARGO_PKG_VERSION")])
-            .set(1);
+        m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         Ok(m)
     }
 

@@ -21,9 +21,7 @@ impl<T> RouteTable<T> {
             .iter()
             .find(|(prefix, _)| {
                 path.starts_with(prefix.as_str())
-                    || (prefix.ends_with('/')
-                        && prefix.len() > 1
-                        && path == &prefix[..prefix.len() - 1])
+                    || (prefix.ends_with('/') && prefix.len() > 1 && path == &prefix[..prefix.len() - 1])
             })
             .map(|(p, t)| (p.as_str(), t))
     }
@@ -39,9 +37,7 @@ pub fn forwarded_path<'a>(path: &'a str, prefix: &str, strip: bool) -> std::borr
     if !strip {
         return path.into();
     }
-    let rest = path
-        .strip_prefix(prefix.trim_end_matches('/'))
-        .unwrap_or(path);
+    let rest = path.strip_prefix(prefix.trim_end_matches('/')).unwrap_or(path);
     if rest.starts_with('/') {
         rest.into()
     } else {
@@ -84,14 +80,8 @@ mod tests {
 
     #[test]
     fn strips_prefixes() {
-        assert_eq!(
-            forwarded_path("/openai/v1/chat", "/openai/", true),
-            "/v1/chat"
-        );
-        assert_eq!(
-            forwarded_path("/openai/v1/chat", "/openai/", false),
-            "/openai/v1/chat"
-        );
+        assert_eq!(forwarded_path("/openai/v1/chat", "/openai/", true), "/v1/chat");
+        assert_eq!(forwarded_path("/openai/v1/chat", "/openai/", false), "/openai/v1/chat");
         assert_eq!(forwarded_path("/openai", "/openai/", true), "/");
         assert_eq!(forwarded_path("/openai/", "/openai/", true), "/");
         assert_eq!(forwarded_path("/x/y", "/", true), "/x/y");

@@ -76,12 +76,7 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
     let metrics = Arc::new(Metrics::new()?);
     let tasks = TaskTracker::new();
     let hard_stop = CancellationToken::new();
-    let proxy = Arc::new(Proxy::new(
-        &config,
-        metrics.clone(),
-        tasks.clone(),
-        hard_stop.clone(),
-    )?);
+    let proxy = Arc::new(Proxy::new(&config, metrics.clone(), tasks.clone(), hard_stop.clone())?);
 
     let proxy_listener = TcpListener::bind(config.server.listen)
         .await
@@ -113,11 +108,7 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         redis,
     });
     let admin_stop = CancellationToken::new();
-    let admin_task = tokio::spawn(admin::serve(
-        admin_listener,
-        admin_state.clone(),
-        admin_stop.clone(),
-    ));
+    let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state.clone(), admin_stop.clone()));
 
     let shutdown = CancellationToken::new();
     let drain = Drain {

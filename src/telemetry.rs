@@ -13,11 +13,7 @@ pub fn init(log: &LogConfig) {
         .with_env_filter(filter)
         .with_writer(std::io::stdout);
     let _ = match log.format {
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).with_current_span(false).try_init(),
         LogFormat::Text => builder.compact().try_init(),
     };
 }

@@ -139,10 +139,7 @@ fn walk_table(t: &Table, offset: usize, path: &mut String) {
                 push_key(path, k);
                 let mut inner = path.clone();
                 walk_table(child, offset, &mut inner);
-                if inner.len() > path.len()
-                    || contains(child.span(), offset)
-                    || contains(key_span, offset)
-                {
+                if inner.len() > path.len() || contains(child.span(), offset) || contains(key_span, offset) {
                     *path = inner;
                     return;
                 }

@@ -26,16 +26,16 @@ pub fn interpolate(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Stri
                 None => (inner, None),
             };
             if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
-                return Err(format!(
-                    "a variable name of letters, digits and '_' in ${{{inner}}}"
-                ));
+                return Err(format!("a variable name of letters, digits and '_' in ${{{inner}}}"));
             }
             match (env(name), default) {
                 (Some(v), _) => out.push_str(&v),
                 (None, Some(d)) => out.push_str(d),
-                (None, None) => return Err(format!(
-                    "the environment variable {name} to be set (or a default: ${{{name}:-value}})"
-                )),
+                (None, None) => {
+                    return Err(format!(
+                        "the environment variable {name} to be set (or a default: ${{{name}:-value}})"
+                    ))
+                }
             }
             rest = &tail[end + 1..];
         } else {
@@ -72,9 +72,7 @@ mod tests {
 
     #[test]
     fn errors_name_the_variable() {
-        assert!(interpolate("${MISSING}", &env)
-            .unwrap_err()
-            .contains("MISSING"));
+        assert!(interpolate("${MISSING}", &env).unwrap_err().contains("MISSING"));
         assert!(interpolate("${KEY", &env).is_err());
         assert!(interpolate("${BAD-NAME}", &env).is_err());
         assert!(interpolate("${}", &env).is_err());

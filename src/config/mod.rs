@@ -313,10 +313,7 @@ impl Config {
     }
 
     /// As [`Config::load`], with the environment given (tests never touch the process's).
-    pub fn load_with_env(
-        path: &Path,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Config, ConfigErrors> {
+    pub fn load_with_env(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
         let src = std::fs::read_to_string(path).map_err(|e| {
             ConfigErrors(vec![ConfigError {
                 file: path.display().to_string(),
@@ -330,11 +327,7 @@ impl Config {
     }
 
     /// Parses and validates `src`; `path` names it in errors.
-    pub fn parse(
-        src: &str,
-        path: &Path,
-        env: &dyn Fn(&str) -> Option<String>,
-    ) -> Result<Config, ConfigErrors> {
+    pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
         validate::parse(src, path, env)
     }
 

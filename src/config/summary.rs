@@ -46,11 +46,7 @@ pub(super) fn render(c: &Config) -> String {
             .then(a.path_prefix.cmp(&b.path_prefix))
     });
     for r in routes {
-        let target = c
-            .upstreams
-            .get(&r.upstream)
-            .map(|u| u.url())
-            .unwrap_or_default();
+        let target = c.upstreams.get(&r.upstream).map(|u| u.url()).unwrap_or_default();
         let _ = write!(
             out,
             "  {:<16} {:<14} -> {} ({})",
@@ -60,11 +56,7 @@ pub(super) fn render(c: &Config) -> String {
             let _ = write!(out, ", strip_prefix");
         }
         let _ = write!(out, ", retry {}", r.retry.as_deref().unwrap_or("none"));
-        let _ = write!(
-            out,
-            ", idempotency {}",
-            r.idempotency.as_deref().unwrap_or("none")
-        );
+        let _ = write!(out, ", idempotency {}", r.idempotency.as_deref().unwrap_or("none"));
         if !r.fallback.is_empty() {
             let _ = write!(out, ", fallback [{}]", r.fallback.join(", "));
         }
@@ -72,11 +64,7 @@ pub(super) fn render(c: &Config) -> String {
             let _ = write!(
                 out,
                 ", dead_letters{}",
-                if r.dead_letter_bodies {
-                    " (with bodies)"
-                } else {
-                    ""
-                }
+                if r.dead_letter_bodies { " (with bodies)" } else { "" }
             );
         }
         if r.async_jobs {
@@ -110,12 +98,7 @@ pub(super) fn render(c: &Config) -> String {
         let _ = writeln!(out, "\nretry policies:");
     }
     for p in c.retry.values() {
-        let list = |l: &[RetryOn]| {
-            l.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        };
+        let list = |l: &[RetryOn]| l.iter().map(ToString::to_string).collect::<Vec<_>>().join(",");
         let _ = writeln!(
             out,
             "  {:<14} {} attempts, backoff {}..{} ({} jitter), per_try {}, first_byte {}, idle {}, deadline {}, \

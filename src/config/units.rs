@@ -6,9 +6,7 @@ use std::time::Duration;
 /// Parses a duration: a non-negative decimal number followed by `ms`, `s`, `m` or `h`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
+    let split = s.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);
     let factor_ms: f64 = match unit.trim() {
         "ms" => 1.0,
@@ -46,8 +44,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "GB" => 1_000_000_000,
         _ => return Err(expected()),
     };
-    n.checked_mul(factor)
-        .ok_or_else(|| "a size below 16 EiB".to_string())
+    n.checked_mul(factor).ok_or_else(|| "a size below 16 EiB".to_string())
 }
 
 /// Formats a duration the way the config writes it (for `rebound check`).
@@ -89,16 +86,7 @@ mod tests {
         assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
         assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86_400));
         assert_eq!(parse_duration("0s").unwrap(), Duration::ZERO);
-        for bad in [
-            "",
-            "5",
-            "s",
-            "-1s",
-            "1.2.3s",
-            "5 minutes",
-            "1e3s",
-            "9999999h",
-        ] {
+        for bad in ["", "5", "s", "-1s", "1.2.3s", "5 minutes", "1e3s", "9999999h"] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
     }

@@ -16,11 +16,7 @@ use super::units::{parse_duration, parse_size};
 use super::*;
 
 /// Parses and validates a whole file.
-pub fn parse(
-    src: &str,
-    path: &Path,
-    env: &dyn Fn(&str) -> Option<String>,
-) -> Result<Config, ConfigErrors> {
+pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
     let file = path.display().to_string();
     let loc = Locator::new(src);
     let raw: RawConfig = match toml::from_str(src) {
@@ -55,8 +51,7 @@ pub fn parse(
         Ok(config)
     } else {
         // In file order, as an editor would walk them.
-        v.errors
-            .sort_by_key(|e| (e.line.is_none(), e.line, e.column));
+        v.errors.sort_by_key(|e| (e.line.is_none(), e.line, e.column));
         Err(ConfigErrors(v.errors))
     }
 }
@@ -118,13 +113,7 @@ impl Validator<'_> {
         }
     }
 
-    fn parsed<T>(
-        &mut self,
-        key: &str,
-        raw: Option<&str>,
-        default: T,
-        parse: impl Fn(&str) -> Result<T, String>,
-    ) -> T {
+    fn parsed<T>(&mut self, key: &str, raw: Option<&str>, default: T, parse: impl Fn(&str) -> Result<T, String>) -> T {
         let Some(s) = self.string(key, raw) else {
             return default;
         };
@@ -142,12 +131,7 @@ impl Validator<'_> {
     }
 
     /// A duration that must be above zero.
-    fn positive_duration(
-        &mut self,
-        key: &str,
-        raw: &Option<String>,
-        default: Duration,
-    ) -> Duration {
+    fn positive_duration(&mut self, key: &str, raw: &Option<String>, default: Duration) -> Duration {
         let d = self.duration(key, raw, default);
         if d.is_zero() {
             self.err(key, "expected a duration above zero, found 0");
@@ -165,34 +149,23 @@ impl Validator<'_> {
             .parse()
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
         self.parsed(key, raw.as_deref().or(Some(default)), fallback, |s| {
-            s.parse::<SocketAddr>().map_err(|_| {
-                "an IP address and port such as \"127.0.0.1:8080\" or \"[::1]:8080\"".to_string()
-            })
+            s.parse::<SocketAddr>()
+                .map_err(|_| "an IP address and port such as \"127.0.0.1:8080\" or \"[::1]:8080\"".to_string())
         })
     }
 
-    fn choice<T: Copy>(
-        &mut self,
-        key: &str,
-        raw: &Option<String>,
-        default: T,
-        choices: &[(&str, T)],
-    ) -> T {
+    fn choice<T: Copy>(&mut self, key: &str, raw: &Option<String>, default: T, choices: &[(&str, T)]) -> T {
         self.parsed(key, raw.as_deref(), default, |s| {
-            choices
-                .iter()
-                .find(|(n, _)| *n == s)
-                .map(|(_, v)| *v)
-                .ok_or_else(|| {
-                    format!(
-                        "one of {}",
-                        choices
-                            .iter()
-                            .map(|(n, _)| format!("\"{n}\""))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                })
+            choices.iter().find(|(n, _)| *n == s).map(|(_, v)| *v).ok_or_else(|| {
+                format!(
+                    "one of {}",
+                    choices
+                        .iter()
+                        .map(|(n, _)| format!("\"{n}\""))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
         })
     }
 
@@ -201,10 +174,7 @@ impl Validator<'_> {
             None => default,
             Some(n) if n >= i64::from(min) && n <= i64::from(max) => n as u32,
             Some(n) => {
-                self.err(
-                    key,
-                    format!("expected an integer from {min} to {max}, found {n}"),
-                );
+                self.err(key, format!("expected an integer from {min} to {max}, found {n}"));
                 default
             }
         }
@@ -225,16 +195,8 @@ impl Validator<'_> {
         let server = raw.server.unwrap_or_default();
         let server = ServerConfig {
             listen: self.addr("server.listen", &server.listen, "127.0.0.1:8080"),
-            max_request_body: self.size(
-                "server.max_request_body",
-                &server.max_request_body,
-                8 << 20,
-            ),
-            shutdown_grace: self.duration(
-                "server.shutdown_grace",
-                &server.shutdown_grace,
-                Duration::from_secs(30),
-            ),
+            max_request_body: self.size("server.max_request_body", &server.max_request_body, 8 << 20),
+            shutdown_grace: self.duration("server.shutdown_grace", &server.shutdown_grace, Duration::from_secs(30)),
         };
         let admin_raw = raw.admin.unwrap_or_default();
         let admin = AdminConfig {
@@ -246,10 +208,7 @@ impl Validator<'_> {
         if server.listen == admin.listen && server.listen.port() != 0 {
             self.err(
                 "admin.listen",
-                format!(
-                    "expected an address other than server.listen, found {}",
-                    admin.listen
-                ),
+                format!("expected an address other than server.listen, found {}", admin.listen),
             );
         }
         let log = raw.log.unwrap_or_default();
@@ -295,10 +254,7 @@ impl Validator<'_> {
         let upstreams: BTreeMap<_, _> = raw
             .upstreams
             .iter()
-            .filter_map(|(name, u)| {
-                self.upstream(name, u, &circuit)
-                    .map(|u| (name.clone(), Arc::new(u)))
-            })
+            .filter_map(|(name, u)| self.upstream(name, u, &circuit).map(|u| (name.clone(), Arc::new(u))))
             .collect();
         let mut routes = Vec::new();
         let mut names = BTreeSet::new();
@@ -314,20 +270,14 @@ impl Validator<'_> {
                 if !prefixes.insert(route.path_prefix.clone()) {
                     self.err(
                         &format!("routes[{i}].path_prefix"),
-                        format!(
-                            "expected a unique path_prefix, found {:?} twice",
-                            route.path_prefix
-                        ),
+                        format!("expected a unique path_prefix, found {:?} twice", route.path_prefix),
                     );
                 }
                 routes.push(route);
             }
         }
         if raw.routes.is_empty() {
-            self.err(
-                "routes",
-                "expected at least one [[routes]] table, found none",
-            );
+            self.err("routes", "expected at least one [[routes]] table, found none");
         }
         Config {
             source: path.to_path_buf(),
@@ -370,11 +320,7 @@ impl Validator<'_> {
                 &r.command_timeout,
                 Duration::from_millis(100),
             ),
-            sync_interval: self.positive_duration(
-                "redis.sync_interval",
-                &r.sync_interval,
-                Duration::from_millis(250),
-            ),
+            sync_interval: self.positive_duration("redis.sync_interval", &r.sync_interval, Duration::from_millis(250)),
         }
     }
 
@@ -404,8 +350,7 @@ impl Validator<'_> {
                 return None;
             }
         };
-        let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned())
-        else {
+        let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
             self.err(
                 &key("url"),
                 format!("expected an absolute http:// or https:// URL, found {url:?}"),
@@ -461,10 +406,7 @@ impl Validator<'_> {
             if !p.is_file() {
                 self.err(
                     &key("ca_file"),
-                    format!(
-                        "expected a readable PEM file, found {:?} (no such file)",
-                        p.display()
-                    ),
+                    format!("expected a readable PEM file, found {:?} (no such file)", p.display()),
                 );
             }
         }
@@ -472,10 +414,7 @@ impl Validator<'_> {
         for (h, raw_value) in &u.set_headers {
             let k = format!("upstreams.{name}.set_headers.{h}");
             let Ok(header) = HeaderName::from_bytes(h.as_bytes()) else {
-                self.err(
-                    &k,
-                    format!("expected a valid HTTP header name, found {h:?}"),
-                );
+                self.err(&k, format!("expected a valid HTTP header name, found {h:?}"));
                 continue;
             };
             let Some(value) = self.string(&k, Some(raw_value)) else {
@@ -540,14 +479,16 @@ impl Validator<'_> {
             return None;
         }
         if !path_prefix.starts_with('/') || path_prefix.contains(['?', '#', ' ']) {
-            self.err(&key("path_prefix"), format!("expected a path starting with '/', such as \"/openai/\", found {path_prefix:?}"));
+            self.err(
+                &key("path_prefix"),
+                format!("expected a path starting with '/', such as \"/openai/\", found {path_prefix:?}"),
+            );
         }
-        if !name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
-            || name.is_empty()
-        {
-            self.err(&key("name"), format!("expected a name of letters, digits, '-' and '_' (it is a metric label), found {name:?}"));
+        if !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') || name.is_empty() {
+            self.err(
+                &key("name"),
+                format!("expected a name of letters, digits, '-' and '_' (it is a metric label), found {name:?}"),
+            );
         }
         let known = |n: &str| upstreams.contains_key(n);
         if !known(&upstream) {
@@ -563,10 +504,7 @@ impl Validator<'_> {
             if !retry.contains_key(p) {
                 self.err(
                     &key("retry"),
-                    format!(
-                        "expected the name of a [retry.*] table ({}), found {p:?}",
-                        names(retry)
-                    ),
+                    format!("expected the name of a [retry.*] table ({}), found {p:?}", names(retry)),
                 );
             }
         }
@@ -607,12 +545,7 @@ impl Validator<'_> {
         })
     }
 
-    fn retry_on_list(
-        &mut self,
-        key: &str,
-        raw: &Option<Vec<String>>,
-        default: Vec<RetryOn>,
-    ) -> Vec<RetryOn> {
+    fn retry_on_list(&mut self, key: &str, raw: &Option<Vec<String>>, default: Vec<RetryOn>) -> Vec<RetryOn> {
         let Some(list) = raw else { return default };
         let mut out = Vec::new();
         for (j, item) in list.iter().enumerate() {
@@ -656,11 +589,7 @@ impl Validator<'_> {
             base_delay: self.duration(&key("base_delay"), &r.base_delay, d.base_delay),
             max_delay: self.duration(&key("max_delay"), &r.max_delay, d.max_delay),
             jitter,
-            per_try_timeout: self.positive_duration(
-                &key("per_try_timeout"),
-                &r.per_try_timeout,
-                d.per_try_timeout,
-            ),
+            per_try_timeout: self.positive_duration(&key("per_try_timeout"), &r.per_try_timeout, d.per_try_timeout),
             first_byte_timeout: self.positive_duration(
                 &key("first_byte_timeout"),
                 &r.first_byte_timeout,
@@ -673,26 +602,15 @@ impl Validator<'_> {
             ),
             deadline: self.positive_duration(&key("deadline"), &r.deadline, d.deadline),
             retry_on: self.retry_on_list(&key("retry_on"), &r.retry_on, d.retry_on.clone()),
-            retry_once_on: self.retry_on_list(
-                &key("retry_once_on"),
-                &r.retry_once_on,
-                d.retry_once_on.clone(),
-            ),
+            retry_once_on: self.retry_on_list(&key("retry_once_on"), &r.retry_once_on, d.retry_once_on.clone()),
             non_idempotent: self.choice(
                 &key("non_idempotent"),
                 &r.non_idempotent,
                 d.non_idempotent,
-                &[
-                    ("all", NonIdempotent::All),
-                    ("safe-only", NonIdempotent::SafeOnly),
-                ],
+                &[("all", NonIdempotent::All), ("safe-only", NonIdempotent::SafeOnly)],
             ),
             respect_retry_after: r.respect_retry_after.unwrap_or(d.respect_retry_after),
-            max_retry_after: self.duration(
-                &key("max_retry_after"),
-                &r.max_retry_after,
-                d.max_retry_after,
-            ),
+            max_retry_after: self.duration(&key("max_retry_after"), &r.max_retry_after, d.max_retry_after),
             budget_ratio: self.ratio(&key("budget_ratio"), r.budget_ratio, d.budget_ratio),
             budget_min_per_second: self.int(
                 &key("budget_min_per_second"),
@@ -738,24 +656,23 @@ impl Validator<'_> {
                         "reset" => Some(FailureOn::Reset),
                         "timeout" => Some(FailureOn::Timeout),
                         "5xx" => Some(FailureOn::AnyServerError),
-                        s => {
-                            match s.parse::<u16>() {
-                                Ok(code) if (500..=599).contains(&code) => {
-                                    Some(FailureOn::Status(code))
-                                }
-                                Ok(429) => {
-                                    self.err(&format!("{}[{j}]", key("failure_on")), "expected a failure; 429 is not one (it feeds the cooldown)");
-                                    None
-                                }
-                                _ => {
-                                    self.err(
+                        s => match s.parse::<u16>() {
+                            Ok(code) if (500..=599).contains(&code) => Some(FailureOn::Status(code)),
+                            Ok(429) => {
+                                self.err(
+                                    &format!("{}[{j}]", key("failure_on")),
+                                    "expected a failure; 429 is not one (it feeds the cooldown)",
+                                );
+                                None
+                            }
+                            _ => {
+                                self.err(
                                     &format!("{}[{j}]", key("failure_on")),
                                     format!("expected connect-failure, reset, timeout, \"5xx\" or a 5xx status, found {item:?}"),
                                 );
-                                    None
-                                }
+                                None
                             }
-                        }
+                        },
                     };
                     out.extend(parsed);
                 }
@@ -764,28 +681,12 @@ impl Validator<'_> {
         };
         let policy = CircuitPolicy {
             name: name.to_string(),
-            consecutive_failures: self.int(
-                &key("consecutive_failures"),
-                c.consecutive_failures,
-                5,
-                1,
-                1_000_000,
-            ),
+            consecutive_failures: self.int(&key("consecutive_failures"), c.consecutive_failures, 5, 1, 1_000_000),
             failure_rate: self.ratio(&key("failure_rate"), c.failure_rate, 0.5),
-            minimum_requests: self.int(
-                &key("minimum_requests"),
-                c.minimum_requests,
-                20,
-                1,
-                1_000_000,
-            ),
+            minimum_requests: self.int(&key("minimum_requests"), c.minimum_requests, 20, 1, 1_000_000),
             window: self.positive_duration(&key("window"), &c.window, Duration::from_secs(30)),
             open_for: self.positive_duration(&key("open_for"), &c.open_for, Duration::from_secs(5)),
-            max_open_for: self.positive_duration(
-                &key("max_open_for"),
-                &c.max_open_for,
-                Duration::from_secs(300),
-            ),
+            max_open_for: self.positive_duration(&key("max_open_for"), &c.max_open_for, Duration::from_secs(300)),
             half_open_probes: self.int(&key("half_open_probes"), c.half_open_probes, 1, 1, 1000),
             failure_on,
             shared: c.shared.unwrap_or(true),
@@ -802,10 +703,7 @@ impl Validator<'_> {
             &key("header"),
             r.header.as_deref(),
             HeaderName::from_static("idempotency-key"),
-            |s| {
-                HeaderName::from_bytes(s.as_bytes())
-                    .map_err(|_| "a valid HTTP header name".to_string())
-            },
+            |s| HeaderName::from_bytes(s.as_bytes()).map_err(|_| "a valid HTTP header name".to_string()),
         );
         let store_statuses = match &r.store_statuses {
             None => vec![StatusPattern::Class(2)],
@@ -826,7 +724,10 @@ impl Validator<'_> {
                     };
                     match p {
                         Some(p) => out.push(p),
-                        None => self.err(&format!("{}[{j}]", key("store_statuses")), format!("expected a status such as \"201\" or a class such as \"2xx\", found {s:?}")),
+                        None => self.err(
+                            &format!("{}[{j}]", key("store_statuses")),
+                            format!("expected a status such as \"201\" or a class such as \"2xx\", found {s:?}"),
+                        ),
                     }
                 }
                 out
@@ -861,16 +762,9 @@ impl Validator<'_> {
                 &key("on_concurrent"),
                 &r.on_concurrent,
                 OnConcurrent::Wait,
-                &[
-                    ("wait", OnConcurrent::Wait),
-                    ("conflict", OnConcurrent::Conflict),
-                ],
+                &[("wait", OnConcurrent::Wait), ("conflict", OnConcurrent::Conflict)],
             ),
-            wait_timeout: self.positive_duration(
-                &key("wait_timeout"),
-                &r.wait_timeout,
-                Duration::from_secs(120),
-            ),
+            wait_timeout: self.positive_duration(&key("wait_timeout"), &r.wait_timeout, Duration::from_secs(120)),
             store_statuses,
             scope_headers,
             max_stored_body: self.size(&key("max_stored_body"), &r.max_stored_body, 16 << 20),
@@ -899,9 +793,6 @@ fn names<V>(map: &BTreeMap<String, V>) -> String {
     if map.is_empty() {
         "none are defined".to_string()
     } else {
-        map.keys()
-            .map(String::as_str)
-            .collect::<Vec<_>>()
-            .join(", ")
+        map.keys().map(String::as_str).collect::<Vec<_>>().join(", ")
     }
 }

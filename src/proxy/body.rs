@@ -42,12 +42,7 @@ where
     let limit = usize::try_from(limit).unwrap_or(usize::MAX);
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            Err(BodyError::TooLarge)
-        }
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(BodyError::TooLarge),
         Err(e) => Err(BodyError::Read(e.to_string())),
     }
 }
@@ -100,6 +95,11 @@ impl RequestLog {
             status: 0,
             attempts: 0,
         }
+    }
+
+    /// When the request arrived.
+    pub fn started(&self) -> Instant {
+        self.start
     }
 
     /// Names the route (a metric label from the config).
@@ -189,10 +189,7 @@ impl Body for ProxyBody {
     type Data = Bytes;
     type Error = BoxError;
 
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => {

@@ -13,24 +13,33 @@
 
 pub mod body;
 pub mod headers;
+pub mod stream;
 mod websocket;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response};
+use http_body::Body as _;
+use http_body_util::BodyExt as _;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use std::time::Duration;
+
 use crate::config::{Config, RetryPolicy, RouteConfig};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
+use crate::retry::{self, Backoff, RetryBudget};
 use crate::routing::{forwarded_path, RouteTable};
+use crate::time;
 use crate::upstream::{AttemptError, Upstream};
 use body::{BodyError, ProxyBody, RequestLog};
+use stream::{IdleTimeout, Primed};
 
 /// A route with everything it refers to resolved.
 pub struct Route {
@@ -39,17 +48,24 @@ pub struct Route {
     pub upstream: Arc<Upstream>,
     pub upstream_name: Arc<str>,
     pub retry: Arc<RetryPolicy>,
+    /// Whether the route names a retry policy (rebound is then the retry layer).
+    pub retries: bool,
+    pub backoff: Backoff,
+    /// Bounds what retries add to this route's traffic.
+    pub budget: RetryBudget,
 }
 
 /// Why the proxy could not be built from a (valid) config.
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error("upstream {name}: {source}")]
-    Upstream {
-        name: String,
-        source: crate::upstream::tls::TlsError,
-    },
+    Upstream { name: String, source: crate::upstream::tls::TlsError },
+    #[error("retry policy {name}: {detail}")]
+    Retry { name: String, detail: String },
 }
+
+/// The retry budget's sliding window (Linkerd's and Finagle's `ttl`).
+const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 
 /// Everything a request needs: routes, upstream pools, metrics.
 pub struct Proxy {
@@ -92,12 +108,23 @@ impl Proxy {
                 .as_ref()
                 .and_then(|p| config.retry.get(p).cloned())
                 .unwrap_or_else(|| no_retries.clone());
+            let invalid = |detail: String| BuildError::Retry {
+                name: retry.name.clone(),
+                detail,
+            };
+            let backoff = Backoff::try_new(retry.base_delay, retry.max_delay, retry.jitter)
+                .map_err(|e| invalid(e.to_string()))?;
+            let budget = RetryBudget::try_new(retry.budget_ratio, retry.budget_min_per_second, BUDGET_WINDOW)
+                .map_err(|e| invalid(e.to_string()))?;
             let route = Route {
                 name: Arc::from(r.name.as_str()),
                 config: r.clone(),
                 upstream: upstream.clone(),
                 upstream_name: Arc::from(r.upstream.as_str()),
+                retries: r.retry.is_some(),
                 retry,
+                backoff,
+                budget,
             };
             routes.push((r.path_prefix.clone(), Arc::new(route)));
         }
@@ -157,46 +184,140 @@ impl Proxy {
             Err(BodyError::Read(e)) => return error_response(ProxyError::BadRequestBody(e), log),
         };
 
-        // 5. The attempt.
-        let upstream_req = match build_upstream_request(&route, &parts, &path, body) {
-            Ok(r) => r,
-            Err(e) => return error_response(ProxyError::BadRequestBody(e.to_string()), log),
-        };
+        // 5. The retry loop: attempt, classify, decide, wait.
+        let policy = &route.retry;
+        let (max_attempts, deadline) = retry::policy::request_limits(&parts.headers, policy);
+        let mut state = RetryState::new(max_attempts, log.started() + deadline);
+        if retry::policy::is_sdk_retry(&parts.headers) {
+            route.budget.record_external_retry(Instant::now());
+        } else {
+            route.budget.deposit(Instant::now());
+        }
+        loop {
+            let now = Instant::now();
+            let Some(remaining) = state.deadline.checked_duration_since(now).filter(|d| !d.is_zero()) else {
+                let err = ProxyError::Timeout {
+                    upstream: route.upstream_name.to_string(),
+                    timeout_ms: deadline.as_millis(),
+                };
+                return error_response(err, log);
+            };
+            let req = match build_upstream_request(&route, &parts, &path, body.clone()) {
+                Ok(r) => r,
+                Err(e) => return error_response(ProxyError::BadRequestBody(e.to_string()), log),
+            };
+            state.attempts += 1;
+            let result = self.attempt(&route, req, remaining).await;
+            let outcome = match &result {
+                Ok(resp) => Outcome::Status(resp.status()),
+                Err(e) => e.outcome(),
+            };
+            self.metrics
+                .upstream_attempts_total
+                .with_label_values(&[&*route.name, &*route.upstream_name, outcome.label()])
+                .inc();
+            let hint = match &result {
+                Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
+                _ => None,
+            };
+            let decision = {
+                let mut rng = rand::rng();
+                state.decide(
+                    policy,
+                    &route.backoff,
+                    &parts.method,
+                    outcome,
+                    hint,
+                    &route.budget,
+                    Instant::now(),
+                    &mut rng,
+                )
+            };
+            match decision {
+                Decision::Retry { wait, source, reason } => {
+                    let reason = reason.to_string();
+                    self.metrics
+                        .retries_total
+                        .with_label_values(&[&*route.name, &reason])
+                        .inc();
+                    self.metrics
+                        .retry_wait_seconds
+                        .with_label_values(&[&*route.name, source.as_str()])
+                        .observe(wait.as_secs_f64());
+                    tracing::debug!(route = %route.name, attempt = state.attempts, reason, wait_ms = wait.as_millis() as u64, source = source.as_str(), "retrying");
+                    drop(result);
+                    tokio::time::sleep(wait).await;
+                }
+                // 6. Respond.
+                Decision::Deliver(stop) => {
+                    match stop {
+                        Stop::Exhausted => self
+                            .metrics
+                            .retries_exhausted_total
+                            .with_label_values(&[&*route.name])
+                            .inc(),
+                        Stop::BudgetExhausted => self
+                            .metrics
+                            .retry_budget_exhausted_total
+                            .with_label_values(&[&*route.name])
+                            .inc(),
+                        _ => {}
+                    }
+                    if outcome.is_failure() && state.attempts > 1 || stop == Stop::BudgetExhausted {
+                        tracing::info!(route = %route.name, attempts = state.attempts, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
+                    }
+                    log.set_upstream(&route.upstream_name, state.attempts);
+                    return match result {
+                        Ok(resp) => upstream_response(resp, &route, state.attempts, outcome, log),
+                        Err(e) => {
+                            tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upstream attempt failed");
+                            let mut resp = error_response(attempt_error(&route, e), log);
+                            resp.headers_mut()
+                                .insert("x-rebound-attempts", HeaderValue::from(state.attempts));
+                            resp
+                        }
+                    };
+                }
+            }
+        }
+    }
+
+    /// One attempt: send, wait for the response head (`per_try_timeout`), then for a successful
+    /// response's first body byte (`first_byte_timeout`): the commit point. Until then a stalled
+    /// response is still retryable; after it, nothing is.
+    async fn attempt(
+        &self,
+        route: &Route,
+        req: Request<Full<Bytes>>,
+        remaining: Duration,
+    ) -> Result<Response<Primed<Incoming>>, AttemptError> {
+        let policy = &route.retry;
         let started = Instant::now();
-        let result = route
-            .upstream
-            .send(upstream_req, route.retry.per_try_timeout)
-            .await;
+        let sent = route.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
         self.metrics
             .upstream_attempt_duration_seconds
             .with_label_values(&[&*route.upstream_name])
             .observe(started.elapsed().as_secs_f64());
-        let outcome = match &result {
-            Ok(resp) => status_outcome(resp.status()),
-            Err(e) => e.outcome_label(),
-        };
-        self.metrics
-            .upstream_attempts_total
-            .with_label_values(&[&*route.name, &*route.upstream_name, outcome])
-            .inc();
-        log.set_upstream(&route.upstream_name, 1);
-
-        // 6. Respond.
-        match result {
-            Ok(resp) => upstream_response(resp, 1, log),
-            Err(e) => {
-                tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upstream attempt failed");
-                error_response(attempt_error(&route, e), log)
-            }
+        let (parts, mut body) = sent?.into_parts();
+        let mut first = None;
+        if parts.status.is_success() && !body.is_end_stream() {
+            let left = remaining.saturating_sub(started.elapsed());
+            let wait = policy.first_byte_timeout.min(left);
+            first = match tokio::time::timeout(wait, body.frame()).await {
+                Err(_) => return Err(AttemptError::Timeout(wait)),
+                Ok(Some(Err(e))) => return Err(AttemptError::Reset(crate::upstream::error_chain(&e))),
+                Ok(Some(Ok(frame))) => Some(frame),
+                Ok(None) => None,
+            };
         }
+        Ok(Response::from_parts(parts, Primed::new(first, body)))
     }
 }
 
 /// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.
 /// HTTP/2 requests always carry scheme and authority, so only HTTP/1 is checked.
 fn is_absolute_form<B>(req: &Request<B>) -> bool {
-    req.version() <= http::Version::HTTP_11
-        && (req.uri().scheme().is_some() || req.uri().authority().is_some())
+    req.version() <= http::Version::HTTP_11 && (req.uri().scheme().is_some() || req.uri().authority().is_some())
 }
 
 /// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
@@ -230,15 +351,6 @@ fn build_upstream_request(
     Ok(req)
 }
 
-fn status_outcome(status: StatusCode) -> &'static str {
-    match status.as_u16() {
-        429 => "status_429",
-        400..=499 => "status_4xx",
-        500..=599 => "status_5xx",
-        _ => "ok",
-    }
-}
-
 fn attempt_error(route: &Route, e: AttemptError) -> ProxyError {
     let upstream = route.upstream_name.to_string();
     match e {
@@ -246,24 +358,33 @@ fn attempt_error(route: &Route, e: AttemptError) -> ProxyError {
             upstream,
             timeout_ms: t.as_millis(),
         },
-        AttemptError::Connect(detail) | AttemptError::Reset(detail) => {
+        AttemptError::Connect(detail) | AttemptError::RefusedStream(detail) | AttemptError::Reset(detail) => {
             ProxyError::UpstreamUnreachable { upstream, detail }
         }
     }
 }
 
-/// The upstream's response as it came, minus hop-by-hop headers, plus `x-rebound-attempts`.
-fn upstream_response(
-    resp: Response<Incoming>,
+/// The upstream's response as it came, minus hop-by-hop headers, plus `x-rebound-attempts`. A
+/// failure on a route that retries also gets `x-should-retry: false`: rebound is the retry layer,
+/// the SDK must not retry on top. The body streams through under `stream_idle_timeout`.
+fn upstream_response<B>(
+    resp: Response<B>,
+    route: &Route,
     attempts: u32,
+    outcome: Outcome,
     log: RequestLog,
-) -> Response<ProxyBody> {
+) -> Response<ProxyBody>
+where
+    B: http_body::Body<Data = Bytes, Error = body::BoxError> + Send + Unpin + 'static,
+{
     let (mut parts, body) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers, false);
-    parts
-        .headers
-        .insert("x-rebound-attempts", HeaderValue::from(attempts));
+    parts.headers.insert("x-rebound-attempts", HeaderValue::from(attempts));
+    if outcome.is_failure() && route.retries {
+        parts.headers.insert("x-should-retry", HeaderValue::from_static("false"));
+    }
     let status = parts.status.as_u16();
+    let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
     Response::from_parts(parts, ProxyBody::new(body, log, status))
 }
 
@@ -273,30 +394,11 @@ pub fn error_response(err: ProxyError, log: RequestLog) -> Response<ProxyBody> {
     let mut resp = Response::new(ProxyBody::full(err.body(), log, status.as_u16()));
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    h.insert(
-        http::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
     h.insert("x-rebound-error", HeaderValue::from_static(err.code()));
     h.insert(
         "x-should-retry",
         HeaderValue::from_static(if err.should_retry() { "true" } else { "false" }),
     );
     resp
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn outcomes_by_status() {
-        assert_eq!(status_outcome(StatusCode::OK), "ok");
-        assert_eq!(status_outcome(StatusCode::TOO_MANY_REQUESTS), "status_429");
-        assert_eq!(status_outcome(StatusCode::NOT_FOUND), "status_4xx");
-        assert_eq!(
-            status_outcome(StatusCode::SERVICE_UNAVAILABLE),
-            "status_5xx"
-        );
-    }
 }

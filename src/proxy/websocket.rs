@@ -4,6 +4,7 @@
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
+use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
@@ -53,7 +54,9 @@ pub(super) async fn pass_through(
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The upstream declined the upgrade: its answer goes back as it came.
-        return upstream_response(resp, 1, log);
+        let outcome = crate::retry::policy::Outcome::Status(resp.status());
+        let resp = resp.map(|b| b.map_err(Into::into));
+        return upstream_response(resp, route, 1, outcome, log);
     }
     let upstream_side = hyper::upgrade::on(&mut resp);
     let hard_stop = proxy.hard_stop.clone();

@@ -103,30 +103,18 @@ impl RedisHandle {
             .map(|c| c.clone())
             .unwrap_or_else(|e| e.into_inner().clone());
         let Some(conn) = conn else {
-            self.inner
-                .metrics
-                .redis_errors_total
-                .with_label_values(&[op])
-                .inc();
+            self.inner.metrics.redis_errors_total.with_label_values(&[op]).inc();
             return Err(RedisError::NotConnected);
         };
         let timeout = self.inner.config.command_timeout;
         match tokio::time::timeout(timeout, f(conn)).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => {
-                self.inner
-                    .metrics
-                    .redis_errors_total
-                    .with_label_values(&[op])
-                    .inc();
+                self.inner.metrics.redis_errors_total.with_label_values(&[op]).inc();
                 Err(RedisError::Command { op, source })
             }
             Err(_) => {
-                self.inner
-                    .metrics
-                    .redis_errors_total
-                    .with_label_values(&[op])
-                    .inc();
+                self.inner.metrics.redis_errors_total.with_label_values(&[op]).inc();
                 Err(RedisError::Timeout { op, timeout })
             }
         }

@@ -44,12 +44,7 @@ pub enum Jitter {
 
 impl Jitter {
     /// Every variant, in the order they are documented.
-    pub const ALL: [Jitter; 4] = [
-        Jitter::Full,
-        Jitter::Equal,
-        Jitter::Decorrelated,
-        Jitter::None,
-    ];
+    pub const ALL: [Jitter; 4] = [Jitter::Full, Jitter::Equal, Jitter::Decorrelated, Jitter::None];
 
     /// The configuration name: `full`, `equal`, `decorrelated` or `none`.
     pub const fn as_str(self) -> &'static str {
@@ -70,9 +65,7 @@ impl fmt::Display for Jitter {
 
 /// A `jitter` value that is not one of the known names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "unknown jitter {given:?}: expected one of \"full\", \"equal\", \"decorrelated\", \"none\""
-)]
+#[error("unknown jitter {given:?}: expected one of \"full\", \"equal\", \"decorrelated\", \"none\"")]
 pub struct UnknownJitter {
     /// The rejected input, as given.
     pub given: String,
@@ -87,9 +80,7 @@ impl FromStr for Jitter {
         Jitter::ALL
             .into_iter()
             .find(|j| j.as_str() == s)
-            .ok_or_else(|| UnknownJitter {
-                given: s.to_owned(),
-            })
+            .ok_or_else(|| UnknownJitter { given: s.to_owned() })
     }
 }
 
@@ -138,11 +129,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Builds a schedule; rejects `max == 0` and `base > max`.
-    pub fn try_new(
-        base: Duration,
-        max: Duration,
-        jitter: Jitter,
-    ) -> Result<Backoff, InvalidBackoff> {
+    pub fn try_new(base: Duration, max: Duration, jitter: Jitter) -> Result<Backoff, InvalidBackoff> {
         if max.is_zero() {
             return Err(InvalidBackoff::ZeroMax);
         }
@@ -172,10 +159,7 @@ impl Backoff {
     pub fn cap(&self, retry: u32) -> Duration {
         let exponent = retry.saturating_sub(1);
         match 1u32.checked_shl(exponent) {
-            Some(factor) => self
-                .base
-                .checked_mul(factor)
-                .map_or(self.max, |d| d.min(self.max)),
+            Some(factor) => self.base.checked_mul(factor).map_or(self.max, |d| d.min(self.max)),
             // 2^32 or more: any non-zero base is past every representable max.
             None if self.base.is_zero() => Duration::ZERO,
             None => self.max,
@@ -190,12 +174,7 @@ impl Backoff {
     ///
     /// The result is always `<= max`; for `full` it is in `[0, cap(retry)]`, for `equal` in
     /// `[cap/2, cap]`, for `decorrelated` in `[min(base, max), max]`, for `none` exactly `cap`.
-    pub fn delay<R: Rng + ?Sized>(
-        &self,
-        retry: u32,
-        prev: Option<Duration>,
-        rng: &mut R,
-    ) -> Duration {
+    pub fn delay<R: Rng + ?Sized>(&self, retry: u32, prev: Option<Duration>, rng: &mut R) -> Duration {
         match self.jitter {
             Jitter::None => self.cap(retry),
             Jitter::Full => {
@@ -307,30 +286,19 @@ mod tests {
         );
         assert_eq!(
             Backoff::try_new(MS * 2, MS, Jitter::None),
-            Err(InvalidBackoff::BaseAboveMax {
-                base: MS * 2,
-                max: MS
-            })
+            Err(InvalidBackoff::BaseAboveMax { base: MS * 2, max: MS })
         );
         assert!(Backoff::try_new(MS, MS, Jitter::Equal).is_ok());
         assert!(Backoff::try_new(Duration::ZERO, MS, Jitter::Full).is_ok());
-        let err = Backoff::try_new(MS * 2, MS, Jitter::None)
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("base_delay") && err.contains("max_delay"),
-            "{err}"
-        );
+        let err = Backoff::try_new(MS * 2, MS, Jitter::None).unwrap_err().to_string();
+        assert!(err.contains("base_delay") && err.contains("max_delay"), "{err}");
     }
 
     #[test]
     fn cap_doubles_then_saturates() {
         let b = backoff(500, 30_000, Jitter::None);
         let caps: Vec<u64> = (0..=8).map(|n| b.cap(n).as_millis() as u64).collect();
-        assert_eq!(
-            caps,
-            [500, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]
-        );
+        assert_eq!(caps, [500, 500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
         for n in [31, 32, 33, 63, 64, 65, 1000, u32::MAX] {
             assert_eq!(b.cap(n), b.max(), "retry {n}");
         }
@@ -345,9 +313,7 @@ mod tests {
     fn none_is_the_documented_table() {
         let b = backoff(500, 30_000, Jitter::None);
         let mut rng = StdRng::seed_from_u64(1);
-        let got: Vec<u64> = (1..=8)
-            .map(|n| b.delay(n, None, &mut rng).as_millis() as u64)
-            .collect();
+        let got: Vec<u64> = (1..=8).map(|n| b.delay(n, None, &mut rng).as_millis() as u64).collect();
         assert_eq!(got, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
     }
 
@@ -368,15 +334,10 @@ mod tests {
         let b = backoff(100, 10_000, Jitter::Full);
         let mut rng = StdRng::seed_from_u64(42);
         let cap = b.cap(4).as_secs_f64(); // 800ms
-        let draws: Vec<f64> = (0..20_000)
-            .map(|_| b.delay(4, None, &mut rng).as_secs_f64())
-            .collect();
+        let draws: Vec<f64> = (0..20_000).map(|_| b.delay(4, None, &mut rng).as_secs_f64()).collect();
         let mean = draws.iter().sum::<f64>() / draws.len() as f64;
         // Standard error of the mean is cap/sqrt(12 n) ~ 0.2% of cap: 2% is a wide margin.
-        assert!(
-            (mean - cap / 2.0).abs() < cap * 0.02,
-            "mean {mean} cap {cap}"
-        );
+        assert!((mean - cap / 2.0).abs() < cap * 0.02, "mean {mean} cap {cap}");
         let low = draws.iter().filter(|d| **d < cap * 0.1).count();
         let high = draws.iter().filter(|d| **d > cap * 0.9).count();
         assert!(low > 1_500 && high > 1_500, "low {low} high {high}");
@@ -397,15 +358,9 @@ mod tests {
             assert!(saw_upper_half);
         }
         // An odd number of nanoseconds: the cap itself is reachable (no off-by-one).
-        let odd = Backoff::try_new(
-            Duration::from_nanos(3),
-            Duration::from_nanos(3),
-            Jitter::Equal,
-        )
-        .unwrap();
-        let seen: std::collections::BTreeSet<u128> = (0..200)
-            .map(|_| odd.delay(1, None, &mut rng).as_nanos())
-            .collect();
+        let odd = Backoff::try_new(Duration::from_nanos(3), Duration::from_nanos(3), Jitter::Equal).unwrap();
+        let seen: std::collections::BTreeSet<u128> =
+            (0..200).map(|_| odd.delay(1, None, &mut rng).as_nanos()).collect();
         assert_eq!(seen.into_iter().collect::<Vec<_>>(), [1, 2, 3]);
     }
 
@@ -422,10 +377,7 @@ mod tests {
             let high = (prev * 3).max(MS * 500);
             for _ in 0..2_000 {
                 let d = b.delay(5, Some(prev), &mut rng);
-                assert!(
-                    d >= MS * 500 && d <= high.min(b.max()),
-                    "prev {prev:?}: {d:?}"
-                );
+                assert!(d >= MS * 500 && d <= high.min(b.max()), "prev {prev:?}: {d:?}");
             }
         }
         // Chained the way a caller uses it: every value within bounds, reaching the cap.
@@ -458,9 +410,7 @@ mod tests {
         let b = backoff(100, 5_000, Jitter::Full);
         let seq = |seed| {
             let mut rng = StdRng::seed_from_u64(seed);
-            (1..10)
-                .map(|n| b.delay(n, None, &mut rng))
-                .collect::<Vec<_>>()
+            (1..10).map(|n| b.delay(n, None, &mut rng)).collect::<Vec<_>>()
         };
         assert_eq!(seq(9), seq(9));
         assert_ne!(seq(9), seq(10));
@@ -479,9 +429,7 @@ mod tests {
             (Duration::MAX, Duration::from_secs(1)),
         ];
         for (hint, spread) in cases {
-            let draws: Vec<Duration> = (0..3_000)
-                .map(|_| retry_after_jitter(hint, &mut rng))
-                .collect();
+            let draws: Vec<Duration> = (0..3_000).map(|_| retry_after_jitter(hint, &mut rng)).collect();
             for d in &draws {
                 assert!(*d >= RETRY_AFTER_MIN_EXTRA && *d <= RETRY_AFTER_MIN_EXTRA + spread);
             }

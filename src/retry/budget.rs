@@ -112,11 +112,7 @@ impl RetryBudget {
     /// the sliding `window` (normally [`DEFAULT_WINDOW`]).
     ///
     /// Rejects a `ratio` outside `0..=MAX_RATIO` (or NaN) and a window below [`MIN_WINDOW`].
-    pub fn try_new(
-        ratio: f64,
-        min_per_second: u32,
-        window: Duration,
-    ) -> Result<RetryBudget, InvalidBudget> {
+    pub fn try_new(ratio: f64, min_per_second: u32, window: Duration) -> Result<RetryBudget, InvalidBudget> {
         if !(0.0..=MAX_RATIO).contains(&ratio) {
             return Err(InvalidBudget::Ratio(ratio));
         }
@@ -234,10 +230,7 @@ fn ring(index: u64) -> usize {
 
 fn totals(state: &State) -> (u64, u64) {
     state.slots.iter().fold((0u64, 0u64), |(req, ret), s| {
-        (
-            req.saturating_add(s.requests),
-            ret.saturating_add(s.retries),
-        )
+        (req.saturating_add(s.requests), ret.saturating_add(s.retries))
     })
 }
 
@@ -283,9 +276,7 @@ mod tests {
         );
         assert!(RetryBudget::try_new(0.0, 0, MIN_WINDOW).is_ok());
         assert!(RetryBudget::try_new(MAX_RATIO, u32::MAX, Duration::MAX).is_ok());
-        let msg = RetryBudget::try_new(-1.0, 10, DEFAULT_WINDOW)
-            .unwrap_err()
-            .to_string();
+        let msg = RetryBudget::try_new(-1.0, 10, DEFAULT_WINDOW).unwrap_err().to_string();
         assert!(msg.contains("budget_ratio"), "{msg}");
     }
 
@@ -455,10 +446,7 @@ mod tests {
         // bucket's worth of slack because the window slides in 1 s steps.
         for start in 0..=20 {
             let in_window: u64 = granted_per_second[start..start + 10].iter().sum();
-            assert!(
-                in_window <= 2_000 + 100 + 200,
-                "window from {start}s: {in_window}"
-            );
+            assert!(in_window <= 2_000 + 100 + 200, "window from {start}s: {in_window}");
         }
         // Every second gets its 20% (200) and none more than 20% plus the whole window's floor
         // (100). The floor is not spread at 10 per second: it is spent as a burst whenever the

@@ -26,6 +26,7 @@
 
 pub mod backoff;
 pub mod budget;
+pub mod policy;
 pub mod retry_after;
 
 pub use backoff::{retry_after_jitter, Backoff, InvalidBackoff, Jitter, UnknownJitter};

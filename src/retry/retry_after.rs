@@ -91,12 +91,8 @@ impl HintSource {
             HintSource::OpenAiResetTokens => Some("x-ratelimit-remaining-tokens"),
             HintSource::AnthropicRequestsReset => Some("anthropic-ratelimit-requests-remaining"),
             HintSource::AnthropicTokensReset => Some("anthropic-ratelimit-tokens-remaining"),
-            HintSource::AnthropicInputTokensReset => {
-                Some("anthropic-ratelimit-input-tokens-remaining")
-            }
-            HintSource::AnthropicOutputTokensReset => {
-                Some("anthropic-ratelimit-output-tokens-remaining")
-            }
+            HintSource::AnthropicInputTokensReset => Some("anthropic-ratelimit-input-tokens-remaining"),
+            HintSource::AnthropicOutputTokensReset => Some("anthropic-ratelimit-output-tokens-remaining"),
         }
     }
 }
@@ -156,8 +152,7 @@ pub fn parse_hint(headers: &HeaderMap, now: SystemTime) -> Option<RetryHint> {
     let reference = single_value(headers, DATE.as_str())
         .and_then(|v| httpdate::parse_http_date(v).ok())
         .unwrap_or(now);
-    if let Some(delay) = single_value(headers, RETRY_AFTER.as_str())
-        .and_then(|v| parse_retry_after_value(v, reference))
+    if let Some(delay) = single_value(headers, RETRY_AFTER.as_str()).and_then(|v| parse_retry_after_value(v, reference))
     {
         return Some(RetryHint {
             delay,
@@ -171,9 +166,7 @@ pub fn parse_hint(headers: &HeaderMap, now: SystemTime) -> Option<RetryHint> {
             continue;
         };
         let delay = match source {
-            HintSource::OpenAiResetRequests | HintSource::OpenAiResetTokens => {
-                parse_go_duration(value)
-            }
+            HintSource::OpenAiResetRequests | HintSource::OpenAiResetTokens => parse_go_duration(value),
             _ => parse_rfc3339(value).map(|at| until(at, reference)),
         };
         let Some(delay) = delay else {
@@ -187,9 +180,7 @@ pub fn parse_hint(headers: &HeaderMap, now: SystemTime) -> Option<RetryHint> {
         let candidate = (exhausted, RetryHint { delay, source });
         // Exhausted limits outrank the others; then the longer delay; ties keep the first.
         best = match best {
-            Some(current) if (current.0, current.1.delay) >= (candidate.0, candidate.1.delay) => {
-                Some(current)
-            }
+            Some(current) if (current.0, current.1.delay) >= (candidate.0, candidate.1.delay) => Some(current),
             _ => Some(candidate),
         };
     }
@@ -396,16 +387,12 @@ fn saturating_duration(nanos: u128) -> Duration {
         return MAX_HINT;
     }
     // Below 2^31 seconds, so the seconds fit in a u64.
-    Duration::new(
-        (nanos / NANOS_PER_SEC) as u64,
-        (nanos % NANOS_PER_SEC) as u32,
-    )
+    Duration::new((nanos / NANOS_PER_SEC) as u64, (nanos % NANOS_PER_SEC) as u32)
 }
 
 /// Time from `reference` until `at`: zero when `at` is not in the future; at most [`MAX_HINT`].
 fn until(at: SystemTime, reference: SystemTime) -> Duration {
-    at.duration_since(reference)
-        .map_or(Duration::ZERO, |d| d.min(MAX_HINT))
+    at.duration_since(reference).map_or(Duration::ZERO, |d| d.min(MAX_HINT))
 }
 
 /// Exactly `N` ASCII digits as a number.
@@ -468,10 +455,7 @@ mod tests {
 
     #[test]
     fn t0_is_what_it_says() {
-        assert_eq!(
-            httpdate::fmt_http_date(t0()),
-            "Sun, 29 Nov 2026 10:00:00 GMT"
-        );
+        assert_eq!(httpdate::fmt_http_date(t0()), "Sun, 29 Nov 2026 10:00:00 GMT");
     }
 
     #[test]
@@ -493,8 +477,7 @@ mod tests {
             assert_eq!(parse_retry_after_ms(input), Some(*want), "{input:?}");
         }
         let bad = [
-            "", " ", ".", "-1", "+5", "NaN", "nan", "inf", "1e3", "1,5", "1 5", "1.5.5", "0x10",
-            "５", "1ms", "١",
+            "", " ", ".", "-1", "+5", "NaN", "nan", "inf", "1e3", "1,5", "1 5", "1.5.5", "0x10", "５", "1ms", "١",
         ];
         for input in bad {
             assert_eq!(parse_retry_after_ms(input), None, "{input:?}");
@@ -528,11 +511,7 @@ mod tests {
             ("Fri, 31 Dec 9999 23:59:59 GMT", MAX_HINT),
         ];
         for (input, want) in ok {
-            assert_eq!(
-                parse_retry_after_value(input, now),
-                Some(*want),
-                "{input:?}"
-            );
+            assert_eq!(parse_retry_after_value(input, now), Some(*want), "{input:?}");
         }
         let bad = [
             "",
@@ -586,8 +565,8 @@ mod tests {
             assert_eq!(parse_go_duration(input), Some(*want), "{input:?}");
         }
         let bad = [
-            "", "+", "-1s", "-0s", "1", "10", "s", ".s", "1.5.5s", "1x", "1S", "1 s", "1d", "1hh",
-            "1h-1m", "h1", "NaN", "infs", "1e3s", "1sec",
+            "", "+", "-1s", "-0s", "1", "10", "s", ".s", "1.5.5s", "1x", "1S", "1 s", "1d", "1hh", "1h-1m", "h1",
+            "NaN", "infs", "1e3s", "1sec",
         ];
         for input in bad {
             assert_eq!(parse_go_duration(input), None, "{input:?}");
@@ -601,10 +580,7 @@ mod tests {
             ("2026-11-29T10:00:00Z", t),
             ("2026-11-29t10:00:00z", t),
             ("2026-11-29T10:00:00.5Z", t + MS * 500),
-            (
-                "2026-11-29T10:00:00.123456789Z",
-                t + Duration::from_nanos(123_456_789),
-            ),
+            ("2026-11-29T10:00:00.123456789Z", t + Duration::from_nanos(123_456_789)),
             (
                 "2026-11-29T10:00:00.1234567891234Z",
                 t + Duration::from_nanos(123_456_789),
@@ -704,11 +680,7 @@ mod tests {
             // Several different values: ambiguous, ignored.
             (vec![("retry-after", "3"), ("retry-after", "30")], None),
             (
-                vec![
-                    ("retry-after-ms", "1"),
-                    ("retry-after-ms", "2"),
-                    ("retry-after", "3"),
-                ],
+                vec![("retry-after-ms", "1"), ("retry-after-ms", "2"), ("retry-after", "3")],
                 hint(SEC * 3, HintSource::RetryAfter),
             ),
             // The same value twice is not ambiguous.
@@ -739,10 +711,7 @@ mod tests {
         );
         assert_eq!(parse_hint(&map, t0()), None);
         map.insert("x-ratelimit-reset-tokens", HeaderValue::from_static("1s"));
-        assert_eq!(
-            parse_hint(&map, t0()),
-            hint(SEC, HintSource::OpenAiResetTokens)
-        );
+        assert_eq!(parse_hint(&map, t0()), hint(SEC, HintSource::OpenAiResetTokens));
     }
 
     #[test]
@@ -760,14 +729,8 @@ mod tests {
                 vec![
                     ("anthropic-ratelimit-requests-reset", "2026-11-29T10:00:20Z"),
                     ("anthropic-ratelimit-tokens-reset", "2026-11-29T10:00:05Z"),
-                    (
-                        "anthropic-ratelimit-input-tokens-reset",
-                        "2026-11-29T10:00:30.5Z",
-                    ),
-                    (
-                        "anthropic-ratelimit-output-tokens-reset",
-                        "2026-11-29T10:00:01Z",
-                    ),
+                    ("anthropic-ratelimit-input-tokens-reset", "2026-11-29T10:00:30.5Z"),
+                    ("anthropic-ratelimit-output-tokens-reset", "2026-11-29T10:00:01Z"),
                 ],
                 hint(SEC * 30 + MS * 500, HintSource::AnthropicInputTokensReset),
             ),
@@ -781,10 +744,7 @@ mod tests {
             ),
             // Ties keep the first in the documented order.
             (
-                vec![
-                    ("x-ratelimit-reset-tokens", "5s"),
-                    ("x-ratelimit-reset-requests", "5s"),
-                ],
+                vec![("x-ratelimit-reset-tokens", "5s"), ("x-ratelimit-reset-requests", "5s")],
                 hint(SEC * 5, HintSource::OpenAiResetRequests),
             ),
             // A limit known to be exhausted wins over a longer one that still has quota.
@@ -804,10 +764,7 @@ mod tests {
                     ("anthropic-ratelimit-requests-remaining", "0"),
                     ("anthropic-ratelimit-tokens-reset", "2026-11-29T10:00:09Z"),
                     ("anthropic-ratelimit-tokens-remaining", "0"),
-                    (
-                        "anthropic-ratelimit-output-tokens-reset",
-                        "2026-11-29T10:01:00Z",
-                    ),
+                    ("anthropic-ratelimit-output-tokens-reset", "2026-11-29T10:01:00Z"),
                     ("anthropic-ratelimit-output-tokens-remaining", "10"),
                 ],
                 hint(SEC * 9, HintSource::AnthropicTokensReset),
@@ -842,25 +799,16 @@ mod tests {
                 hint(Duration::ZERO, HintSource::RetryAfter),
             ),
             (
-                vec![
-                    date,
-                    ("anthropic-ratelimit-requests-reset", "2026-11-29T10:00:12Z"),
-                ],
+                vec![date, ("anthropic-ratelimit-requests-reset", "2026-11-29T10:00:12Z")],
                 hint(SEC * 12, HintSource::AnthropicRequestsReset),
             ),
             // A garbage Date falls back to our clock.
             (
-                vec![
-                    ("date", "yesterday"),
-                    ("retry-after", "Sun, 29 Nov 2026 10:02:00 GMT"),
-                ],
+                vec![("date", "yesterday"), ("retry-after", "Sun, 29 Nov 2026 10:02:00 GMT")],
                 hint(SEC * 20, HintSource::RetryAfter),
             ),
             // delay-seconds is relative: Date plays no part.
-            (
-                vec![date, ("retry-after", "4")],
-                hint(SEC * 4, HintSource::RetryAfter),
-            ),
+            (vec![date, ("retry-after", "4")], hint(SEC * 4, HintSource::RetryAfter)),
         ];
         for (pairs, want) in cases {
             assert_eq!(parse_hint(&headers(&pairs), now), want, "{pairs:?}");
@@ -897,12 +845,7 @@ mod tests {
             "Dec" => 12,
             other => panic!("{other}"),
         };
-        format!(
-            "{}-{month:02}-{}T{}Z",
-            &imf[12..16],
-            &imf[5..7],
-            &imf[17..25]
-        )
+        format!("{}-{month:02}-{}T{}Z", &imf[12..16], &imf[5..7], &imf[17..25])
     }
 
     const HEADER_NAMES: [&str; 14] = [

@@ -20,6 +20,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use std::sync::Arc;
 
 use crate::config::UpstreamConfig;
+use crate::retry::policy::Outcome;
 
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
@@ -42,6 +43,9 @@ pub enum AttemptError {
     /// was never sent.
     #[error("connect failed: {0}")]
     Connect(String),
+    /// HTTP/2 REFUSED_STREAM: the server did not process the request.
+    #[error("stream refused: {0}")]
+    RefusedStream(String),
     /// The connection failed after the request may have been sent (reset, closed early).
     #[error("connection failed: {0}")]
     Reset(String),
@@ -51,12 +55,13 @@ pub enum AttemptError {
 }
 
 impl AttemptError {
-    /// The `outcome` label of `upstream_attempts_total`.
-    pub fn outcome_label(&self) -> &'static str {
+    /// The retry engine's name for this failure.
+    pub fn outcome(&self) -> Outcome {
         match self {
-            AttemptError::Connect(_) => "connect_failure",
-            AttemptError::Reset(_) => "reset",
-            AttemptError::Timeout(_) => "timeout",
+            AttemptError::Connect(_) => Outcome::ConnectFailure,
+            AttemptError::RefusedStream(_) => Outcome::RefusedStream,
+            AttemptError::Reset(_) => Outcome::Reset,
+            AttemptError::Timeout(_) => Outcome::Timeout,
         }
     }
 }
@@ -76,9 +81,7 @@ impl Upstream {
 
     /// The upstream URI for a forwarded path (already stripped) and query.
     pub fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-        let mut pq = String::with_capacity(
-            self.config.base_path.len() + path.len() + 1 + query.map_or(0, str::len),
-        );
+        let mut pq = String::with_capacity(self.config.base_path.len() + path.len() + 1 + query.map_or(0, str::len));
         pq.push_str(&self.config.base_path);
         pq.push_str(path);
         if let Some(q) = query {
@@ -93,11 +96,7 @@ impl Upstream {
     }
 
     /// Sends one attempt and waits for the response head, at most `timeout`.
-    pub async fn send(
-        &self,
-        req: Request<Full<Bytes>>,
-        timeout: Duration,
-    ) -> Result<Response<Incoming>, AttemptError> {
+    pub async fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Response<Incoming>, AttemptError> {
         match tokio::time::timeout(timeout, self.client.request(req)).await {
             Err(_) => Err(AttemptError::Timeout(timeout)),
             Ok(Ok(resp)) => Ok(resp),
@@ -145,9 +144,24 @@ fn classify(e: &hyper_util::client::legacy::Error) -> AttemptError {
     let detail = error_chain(e);
     if e.is_connect() {
         AttemptError::Connect(detail)
+    } else if refused_stream(e) {
+        AttemptError::RefusedStream(detail)
     } else {
         AttemptError::Reset(detail)
     }
+}
+
+/// Whether an HTTP/2 stream was refused (RST_STREAM or GOAWAY with REFUSED_STREAM): RFC 9113
+/// §8.7 guarantees the server did not process it.
+fn refused_stream(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// `outer: inner: innermost`, for logs and error messages (never contains headers).

@@ -7,10 +7,7 @@ use std::sync::Arc;
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("cannot read ca_file {path}: {source}")]
-    Read {
-        path: String,
-        source: std::io::Error,
-    },
+    Read { path: String, source: std::io::Error },
     #[error("ca_file {path} holds no usable PEM certificate")]
     NoCertificate { path: String },
     #[error("TLS setup failed: {0}")]

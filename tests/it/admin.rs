@@ -37,19 +37,10 @@ async fn health_ready_and_metrics() {
         3.0,
         "{page}"
     );
+    assert_eq!(metric(&page, r#"rebound_requests_total{code="503",route="fake"}"#), 1.0);
+    assert_eq!(metric(&page, r#"rebound_requests_total{code="404",route="none"}"#), 1.0);
     assert_eq!(
-        metric(&page, r#"rebound_requests_total{code="503",route="fake"}"#),
-        1.0
-    );
-    assert_eq!(
-        metric(&page, r#"rebound_requests_total{code="404",route="none"}"#),
-        1.0
-    );
-    assert_eq!(
-        metric(
-            &page,
-            r#"rebound_request_duration_seconds_count{route="fake"}"#
-        ),
+        metric(&page, r#"rebound_request_duration_seconds_count{route="fake"}"#),
         4.0
     );
     assert_eq!(
@@ -77,10 +68,7 @@ async fn health_ready_and_metrics() {
     assert_eq!(
         metric(
             &page,
-            &format!(
-                r#"rebound_build_info{{version="{}"}}"#,
-                env!("CARGO_PKG_VERSION")
-            )
+            &format!(r#"rebound_build_info{{version="{}"}}"#, env!("CARGO_PKG_VERSION"))
         ),
         1.0
     );

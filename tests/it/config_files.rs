@@ -35,10 +35,7 @@ fn env(name: &str) -> Option<String> {
 #[test]
 fn every_shipped_config_parses() {
     let files = shipped_configs();
-    assert!(
-        files.iter().any(|p| p.ends_with("config/rebound.toml")),
-        "{files:?}"
-    );
+    assert!(files.iter().any(|p| p.ends_with("config/rebound.toml")), "{files:?}");
     for f in &files {
         if let Err(e) = Config::load_with_env(f, &env) {
             panic!("{} does not load:\n{e}", f.display());
@@ -71,7 +68,8 @@ fn errors(src: &str) -> Vec<String> {
     }
 }
 
-const BASE: &str = "[upstreams.u]\nurl = \"https://x\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n";
+const BASE: &str =
+    "[upstreams.u]\nurl = \"https://x\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n";
 
 #[test]
 fn errors_are_located_and_say_what_was_expected() {
@@ -86,26 +84,27 @@ fn errors_are_located_and_say_what_was_expected() {
     let e = errors(&format!("{BASE}[retry.p]\nmax_attempts = \"3\"\n"));
     assert_eq!(e.len(), 1);
     assert!(
-        e[0].starts_with(
-            "t.toml:8:16: retry.p.max_attempts: invalid type: string \"3\", expected i64"
-        ),
+        e[0].starts_with("t.toml:8:16: retry.p.max_attempts: invalid type: string \"3\", expected i64"),
         "{e:?}"
     );
-    let e = errors(&format!("{BASE}[retry.p]\nmax_attempts = 0\nbase_delay = \"2s\"\nmax_delay = \"1s\"\njitter = \"fuzzy\"\n"));
+    let e = errors(&format!(
+        "{BASE}[retry.p]\nmax_attempts = 0\nbase_delay = \"2s\"\nmax_delay = \"1s\"\njitter = \"fuzzy\"\n"
+    ));
     assert_eq!(e.len(), 3, "{e:?}");
     assert!(
         e[0].contains("retry.p.max_attempts: expected an integer from 1 to 20, found 0"),
         "{e:?}"
     );
     assert!(
-        e[1].contains(
-            "t.toml:10:13: retry.p.max_delay: expected max_delay >= base_delay (2s), found 1s"
-        ),
+        e[1].contains("t.toml:10:13: retry.p.max_delay: expected max_delay >= base_delay (2s), found 1s"),
         "{e:?}"
     );
     assert!(e[2].contains("t.toml:11:10: retry.p.jitter: expected one of \"full\", \"equal\", \"decorrelated\", \"none\", found \"fuzzy\""), "{e:?}");
     let e = errors(&format!("{BASE}[retry.p]\nretry_on = [\"429\", \"404\"]\n"));
-    assert!(e[0].starts_with("t.toml:8:20: retry.p.retry_on[1]: expected a transient condition; 404 is a client error"), "{e:?}");
+    assert!(
+        e[0].starts_with("t.toml:8:20: retry.p.retry_on[1]: expected a transient condition; 404 is a client error"),
+        "{e:?}"
+    );
     let e = errors(&format!("{BASE}[circuit.c]\nfailure_on = [\"429\"]\n"));
     assert!(
         e[0].contains("circuit.c.failure_on[0]: expected a failure; 429 is not one"),
@@ -118,13 +117,12 @@ fn references_are_checked() {
     let src = "[upstreams.u]\nurl = \"https://x\"\ncircuit = \"nope\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\nretry = \"x\"\nidempotency = \"y\"\nfallback = [\"u\", \"v\"]\n";
     let e = errors(src);
     assert_eq!(e.len(), 5, "{e:?}");
-    assert!(e[0].contains("upstreams.u.circuit: expected the name of a [circuit.*] table (none are defined), found \"nope\""));
+    assert!(e[0]
+        .contains("upstreams.u.circuit: expected the name of a [circuit.*] table (none are defined), found \"nope\""));
     assert!(e[1].contains("routes[0].retry:"));
     assert!(e[2].contains("routes[0].idempotency:"));
     assert!(
-        e[3].contains(
-            "t.toml:10:13: routes[0].fallback[0]: expected the name of another [upstreams.*] table"
-        ),
+        e[3].contains("t.toml:10:13: routes[0].fallback[0]: expected the name of another [upstreams.*] table"),
         "{e:?}"
     );
     assert!(e[4].contains("routes[0].fallback[1]"));
@@ -138,17 +136,14 @@ fn duplicate_routes_and_missing_keys() {
     assert_eq!(e.len(), 2, "{e:?}");
     assert!(e[0].contains("routes[1].name: expected a unique route name"));
     assert!(e[1].contains("routes[1].path_prefix: expected a unique path_prefix"));
-    let e = errors(
-        "[upstreams.u]\nconnect_timeout = \"1s\"\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n",
-    );
+    let e = errors("[upstreams.u]\nconnect_timeout = \"1s\"\n[[routes]]\nname = \"r\"\nupstream = \"u\"\n");
     assert!(
         e.iter()
             .any(|m| m.starts_with("t.toml:1:1: upstreams.u: expected a `url` key")),
         "{e:?}"
     );
     assert!(
-        e.iter()
-            .any(|m| m.contains("routes[0]: expected a `path_prefix` key")),
+        e.iter().any(|m| m.contains("routes[0]: expected a `path_prefix` key")),
         "{e:?}"
     );
     let e = errors("");
@@ -167,9 +162,16 @@ fn environment_interpolation() {
     .unwrap();
     assert_eq!(c.server.shutdown_grace, std::time::Duration::from_secs(7));
     assert_eq!(c.upstreams["k"].set_headers[0].1, "Bearer value");
-    let e = errors(&format!("{BASE}[upstreams.k]\nurl = \"https://k\"\nset_headers = {{ x-api-key = \"${{MISSING_KEY}}\" }}\n"));
+    let e = errors(&format!(
+        "{BASE}[upstreams.k]\nurl = \"https://k\"\nset_headers = {{ x-api-key = \"${{MISSING_KEY}}\" }}\n"
+    ));
     assert_eq!(e.len(), 1);
-    assert!(e[0].contains("t.toml:9:29: upstreams.k.set_headers.x-api-key: expected the environment variable MISSING_KEY to be set"), "{e:?}");
+    assert!(
+        e[0].contains(
+            "t.toml:9:29: upstreams.k.set_headers.x-api-key: expected the environment variable MISSING_KEY to be set"
+        ),
+        "{e:?}"
+    );
 }
 
 #[test]

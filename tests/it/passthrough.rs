@@ -144,10 +144,7 @@ async fn unknown_route_is_404_listing_prefixes() {
     assert_eq!(v["error"]["code"], "no_route");
     assert_eq!(v["error"]["type"], "rebound_error");
     assert_eq!(v["status"], 404);
-    assert!(
-        v["error"]["message"].as_str().unwrap().contains("/fake/"),
-        "{v}"
-    );
+    assert!(v["error"]["message"].as_str().unwrap().contains("/fake/"), "{v}");
 }
 
 #[tokio::test]
@@ -157,18 +154,17 @@ async fn absolute_form_and_connect_are_refused() {
     let target = provider.addr;
     let out = raw_exchange(
         addr,
-        format!("GET http://{target}/fake/echo HTTP/1.1\r\nhost: {target}\r\nx-fake-key: abs\r\nconnection: close\r\n\r\n").as_bytes(),
+        format!(
+            "GET http://{target}/fake/echo HTTP/1.1\r\nhost: {target}\r\nx-fake-key: abs\r\nconnection: close\r\n\r\n"
+        )
+        .as_bytes(),
     )
     .await;
     assert!(out.starts_with("HTTP/1.1 400"), "{out}");
-    assert!(
-        out.contains("x-rebound-error: forward_proxy_refused"),
-        "{out}"
-    );
+    assert!(out.contains("x-rebound-error: forward_proxy_refused"), "{out}");
     let out = raw_exchange(
         addr,
-        format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\nconnection: close\r\n\r\n")
-            .as_bytes(),
+        format!("CONNECT {target} HTTP/1.1\r\nhost: {target}\r\nconnection: close\r\n\r\n").as_bytes(),
     )
     .await;
     assert!(out.starts_with("HTTP/1.1 405"), "{out}");
@@ -193,11 +189,7 @@ async fn hop_by_hop_headers_are_stripped_and_host_is_the_upstreams() {
         "proxy-authorization",
         "x-rebound-max-attempts",
     ] {
-        assert!(
-            req.header(gone).is_none(),
-            "{gone} was forwarded: {:?}",
-            req.headers
-        );
+        assert!(req.header(gone).is_none(), "{gone} was forwarded: {:?}", req.headers);
     }
     assert_eq!(req.header("x-end-to-end"), Some("kept"));
     assert_eq!(req.header("host"), Some(provider.addr.to_string().as_str()));
@@ -268,10 +260,7 @@ upstream = "fake"
     let a = send(
         "POST",
         &format!("{}/fake/v1/special/thing?x=1", rebound.url),
-        &[
-            ("authorization", "Bearer app-placeholder"),
-            ("x-fake-key", "nested"),
-        ],
+        &[("authorization", "Bearer app-placeholder"), ("x-fake-key", "nested")],
         "{}",
     )
     .await;
@@ -350,10 +339,8 @@ async fn unreachable_upstream_is_502_and_slow_one_is_504() {
 max_attempts = 1
 per_try_timeout = "200ms"
 "#;
-    let toml = config_for(&provider.url(), extra).replace(
-        "strip_prefix = true\n",
-        "strip_prefix = true\nretry = \"short\"\n",
-    );
+    let toml =
+        config_for(&provider.url(), extra).replace("strip_prefix = true\n", "strip_prefix = true\nretry = \"short\"\n");
     let rebound = Rebound::start(&toml).await;
     provider.script("slow", vec![Step::Delay { ms: 2000 }]);
     let started = std::time::Instant::now();
@@ -424,12 +411,7 @@ async fn websocket_upgrades_pass_through() {
             .await
             .unwrap()
             .unwrap();
-        assert_eq!(
-            n,
-            1,
-            "closed during the handshake: {}",
-            String::from_utf8_lossy(&head)
-        );
+        assert_eq!(n, 1, "closed during the handshake: {}", String::from_utf8_lossy(&head));
         head.push(byte[0]);
     }
     let head = String::from_utf8_lossy(&head).to_lowercase();

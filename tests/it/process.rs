@@ -30,11 +30,7 @@ fn version_and_check() {
         .args(["check", "--config", &manifest("config/rebound.toml")])
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains("valid"), "{text}");
     assert!(
@@ -56,11 +52,7 @@ fn check_names_file_line_key_and_expectation() {
         "[upstreams.u]\nurl = \"https://x\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"typo\"\n\n[retry.p]\nmax_attemps = 2\n",
     )
     .unwrap();
-    let out = rebound_cmd()
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    let out = rebound_cmd().args(["check", "--config"]).arg(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
@@ -71,16 +63,19 @@ fn check_names_file_line_key_and_expectation() {
         "{err}"
     );
 
-    std::fs::write(&path, "[upstreams.u]\nurl = \"https://x\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"typo\"\n").unwrap();
-    let out = rebound_cmd()
-        .args(["check", "--config"])
-        .arg(&path)
-        .output()
-        .unwrap();
+    std::fs::write(
+        &path,
+        "[upstreams.u]\nurl = \"https://x\"\n\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"typo\"\n",
+    )
+    .unwrap();
+    let out = rebound_cmd().args(["check", "--config"]).arg(&path).output().unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains(&format!("{}:7:12: routes[0].upstream: expected the name of an [upstreams.*] table (u), found \"typo\"", path.display())),
+        err.contains(&format!(
+            "{}:7:12: routes[0].upstream: expected the name of an [upstreams.*] table (u), found \"typo\"",
+            path.display()
+        )),
         "{err}"
     );
     // Serving with an invalid config: EX_USAGE, nothing bound.
@@ -111,14 +106,8 @@ upstream = "injected"
         ("cookie", format!("session={CANARY}-cookie")),
         ("x-fake-key", "canary".to_string()),
     ];
-    let headers: Vec<(&str, &str)> = secret_headers
-        .iter()
-        .map(|(k, v)| (*k, v.as_str()))
-        .collect();
-    let url = format!(
-        "{}/fake/v1/chat/completions?key={CANARY}-query",
-        rebound.proxy
-    );
+    let headers: Vec<(&str, &str)> = secret_headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let url = format!("{}/fake/v1/chat/completions?key={CANARY}-query", rebound.proxy);
     assert_eq!(send("POST", &url, &headers, "{}").await.status, 200);
     // Errors are logged too: an unreachable upstream with an injected credential, a 404.
     let a = send(
@@ -130,14 +119,9 @@ upstream = "injected"
     .await;
     assert_eq!(a.status, 502);
     assert_eq!(
-        send(
-            "GET",
-            &format!("{}/nope?token={CANARY}", rebound.proxy),
-            &headers,
-            ""
-        )
-        .await
-        .status,
+        send("GET", &format!("{}/nope?token={CANARY}", rebound.proxy), &headers, "")
+            .await
+            .status,
         404
     );
     // The provider did get the credentials: they were forwarded, just never logged.
@@ -145,10 +129,7 @@ upstream = "injected"
     assert!(seen.header("authorization").unwrap().contains(CANARY));
 
     assert!(
-        eventually(Duration::from_secs(5), || rebound
-            .logs()
-            .matches("\"request\"")
-            .count()
+        eventually(Duration::from_secs(5), || rebound.logs().matches("\"request\"").count()
             >= 3)
         .await,
         "{}",
@@ -191,9 +172,8 @@ async fn sigterm_drains_an_inflight_stream_then_exits_zero() {
 #[tokio::test]
 async fn sigterm_past_the_grace_exits_three() {
     let provider = FakeProvider::start().await;
-    provider.script("stall", vec![Step::Stall]);
-    let toml = config_for(&provider.url(), "")
-        .replace("shutdown_grace = \"5s\"", "shutdown_grace = \"200ms\"");
+    provider.script("stall", vec![Step::StallAfterFirstChunk]);
+    let toml = config_for(&provider.url(), "").replace("shutdown_grace = \"5s\"", "shutdown_grace = \"200ms\"");
     let mut rebound = ReboundProcess::start(&toml, &[]).await;
     let resp = send_streaming(
         "POST",

@@ -12,10 +12,7 @@ async fn serves_without_redis_and_connects_when_it_appears() {
     let mut redis = RedisServer::start();
     redis.stop();
     let provider = FakeProvider::start().await;
-    let extra = format!(
-        "\n[redis]\nurl = \"{}\"\ncommand_timeout = \"200ms\"\n",
-        redis.url()
-    );
+    let extra = format!("\n[redis]\nurl = \"{}\"\ncommand_timeout = \"200ms\"\n", redis.url());
     let rebound = Rebound::start(&config_for(&provider.url(), &extra)).await;
 
     // Redis down from the start: the proxy serves, readiness stays green, the gauge says 0.

@@ -22,8 +22,7 @@ async fn drain_keeps_an_inflight_stream_alive_to_its_end() {
     )
     .await;
     assert_eq!(resp.status(), 200);
-    let reader =
-        tokio::spawn(async move { resp.into_body().collect().await.map(|b| b.to_bytes()) });
+    let reader = tokio::spawn(async move { resp.into_body().collect().await.map(|b| b.to_bytes()) });
 
     let admin = rebound.admin.clone();
     let server = rebound.server.take().unwrap();
@@ -48,10 +47,9 @@ async fn drain_keeps_an_inflight_stream_alive_to_its_end() {
 #[tokio::test]
 async fn grace_expiry_closes_what_is_left() {
     let provider = FakeProvider::start().await;
-    let toml = config_for(&provider.url(), "")
-        .replace("shutdown_grace = \"5s\"", "shutdown_grace = \"300ms\"");
+    let toml = config_for(&provider.url(), "").replace("shutdown_grace = \"5s\"", "shutdown_grace = \"300ms\"");
     let mut rebound = Rebound::start(&toml).await;
-    provider.script("stall", vec![Step::Stall]);
+    provider.script("stall", vec![Step::StallAfterFirstChunk]);
     let resp = send_streaming(
         "POST",
         &format!("{}/fake/v1/chat/completions", rebound.url),
@@ -59,8 +57,7 @@ async fn grace_expiry_closes_what_is_left() {
         "{}",
     )
     .await;
-    let reader =
-        tokio::spawn(async move { resp.into_body().collect().await.map(|b| b.to_bytes()) });
+    let reader = tokio::spawn(async move { resp.into_body().collect().await.map(|b| b.to_bytes()) });
     let started = std::time::Instant::now();
     let exit = rebound.shutdown().await;
     assert_eq!(exit, Exit::GraceExpired { closed: 1 });
@@ -85,9 +82,5 @@ async fn idle_keepalive_connections_do_not_hold_the_drain() {
     let _ = s.read(&mut buf).await.unwrap();
     let started = std::time::Instant::now();
     assert_eq!(rebound.shutdown().await, Exit::Drained);
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "{:?}",
-        started.elapsed()
-    );
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
 }

@@ -23,22 +23,16 @@ pub fn test_pki() -> TestPki {
 
     let leaf_key = rcgen::KeyPair::generate().expect("leaf key");
     let leaf_params =
-        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
-            .expect("leaf params");
-    let leaf = leaf_params
-        .signed_by(&leaf_key, &ca, &ca_key)
-        .expect("leaf cert");
+        rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).expect("leaf params");
+    let leaf = leaf_params.signed_by(&leaf_key, &ca, &ca_key).expect("leaf cert");
 
-    let key_der =
-        rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).expect("key der");
-    let server = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .expect("protocol versions")
-    .with_no_client_auth()
-    .with_single_cert(vec![leaf.der().clone(), ca.der().clone()], key_der)
-    .expect("server config");
+    let key_der = rustls::pki_types::PrivateKeyDer::try_from(leaf_key.serialize_der()).expect("key der");
+    let server = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .expect("protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(vec![leaf.der().clone(), ca.der().clone()], key_der)
+        .expect("server config");
     TestPki {
         ca_pem: ca.pem(),
         server,

@@ -56,6 +56,8 @@ pub enum Step {
     Stall,
     /// Send the head and the first SSE chunk, then abort the stream.
     CutAfterFirstChunk,
+    /// Send the head and the first SSE chunk, then nothing more (the connection stays open).
+    StallAfterFirstChunk,
 }
 
 impl Step {
@@ -69,10 +71,7 @@ impl Step {
     pub fn status_with(status: u16, headers: &[(&str, &str)]) -> Step {
         Step::Status {
             status,
-            headers: headers
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
+            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             body: None,
         }
     }
@@ -87,6 +86,9 @@ pub struct Recorded {
     pub version: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// When it arrived.
+    #[serde(skip)]
+    pub at: Option<std::time::Instant>,
 }
 
 impl Recorded {
@@ -132,11 +134,7 @@ impl FakeProvider {
     }
 
     /// Listen on `addr`; `record` keeps every request for [`FakeProvider::requests`].
-    pub async fn start_on(
-        addr: &str,
-        tls: Option<rustls::ServerConfig>,
-        record: bool,
-    ) -> FakeProvider {
+    pub async fn start_on(addr: &str, tls: Option<rustls::ServerConfig>, record: bool) -> FakeProvider {
         let listener = TcpListener::bind(addr).await.expect("bind fake provider");
         let addr = listener.local_addr().expect("local addr");
         let state = Arc::new(State {
@@ -175,18 +173,12 @@ impl FakeProvider {
 
     /// Requests received for `key`, in order (empty unless recording).
     pub fn requests(&self, key: &str) -> Vec<Recorded> {
-        lock(&self.state.recorded)
-            .get(key)
-            .cloned()
-            .unwrap_or_default()
+        lock(&self.state.recorded).get(key).cloned().unwrap_or_default()
     }
 
     /// SSE streams for `key` whose last event has been sent.
     pub fn streams_completed(&self, key: &str) -> usize {
-        lock(&self.state.streams_completed)
-            .get(key)
-            .copied()
-            .unwrap_or(0)
+        lock(&self.state.streams_completed).get(key).copied().unwrap_or(0)
     }
 
     /// TCP connections accepted so far.
@@ -220,15 +212,11 @@ async fn accept_loop(
             match acceptor {
                 Some(acceptor) => {
                     if let Ok(tls) = acceptor.accept(tcp).await {
-                        let _ = builder
-                            .serve_connection_with_upgrades(TokioIo::new(tls), svc)
-                            .await;
+                        let _ = builder.serve_connection_with_upgrades(TokioIo::new(tls), svc).await;
                     }
                 }
                 None => {
-                    let _ = builder
-                        .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
-                        .await;
+                    let _ = builder.serve_connection_with_upgrades(TokioIo::new(tcp), svc).await;
                 }
             }
         });
@@ -244,17 +232,12 @@ impl std::fmt::Display for ResetConnection {
 }
 impl std::error::Error for ResetConnection {}
 
-async fn handle(
-    state: Arc<State>,
-    req: Request<Incoming>,
-) -> Result<Response<Body>, ResetConnection> {
+async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, ResetConnection> {
     let path = req.uri().path().to_string();
     if path.starts_with("/_fake/") {
         return Ok(control(&state, req).await);
     }
-    let key = header(req.headers(), "x-fake-key")
-        .unwrap_or("default")
-        .to_string();
+    let key = header(req.headers(), "x-fake-key").unwrap_or("default").to_string();
     let chunks: usize = header(req.headers(), "x-fake-chunks")
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
@@ -269,34 +252,23 @@ async fn handle(
         return Ok(websocket_echo(&state, &key, up));
     }
     let (parts, body) = req.into_parts();
-    let body = body
-        .collect()
-        .await
-        .map(|b| b.to_bytes())
-        .unwrap_or_default();
+    let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
 
     *lock(&state.counts).entry(key.clone()).or_insert(0) += 1;
     if state.record {
-        lock(&state.recorded)
-            .entry(key.clone())
-            .or_default()
-            .push(Recorded {
-                method: parts.method.to_string(),
-                path: path.clone(),
-                query: parts.uri.query().map(str::to_string),
-                version: format!("{:?}", parts.version),
-                headers: parts
-                    .headers
-                    .iter()
-                    .map(|(k, v)| {
-                        (
-                            k.to_string(),
-                            String::from_utf8_lossy(v.as_bytes()).into_owned(),
-                        )
-                    })
-                    .collect(),
-                body: body.to_vec(),
-            });
+        lock(&state.recorded).entry(key.clone()).or_default().push(Recorded {
+            method: parts.method.to_string(),
+            path: path.clone(),
+            query: parts.uri.query().map(str::to_string),
+            version: format!("{:?}", parts.version),
+            headers: parts
+                .headers
+                .iter()
+                .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
+                .collect(),
+            body: body.to_vec(),
+            at: Some(std::time::Instant::now()),
+        });
     }
 
     let step = {
@@ -312,11 +284,7 @@ async fn handle(
         .unwrap_or(false);
 
     match step {
-        Some(Step::Status {
-            status,
-            headers,
-            body,
-        }) => {
+        Some(Step::Status { status, headers, body }) => {
             let mut resp = Response::builder()
                 .status(status)
                 .header("content-type", "application/json");
@@ -324,9 +292,7 @@ async fn handle(
                 resp = resp.header(k, v);
             }
             let body = body.unwrap_or_else(|| {
-                format!(
-                    r#"{{"error":{{"message":"scripted {status}","type":"fake_error","code":"{status}"}}}}"#
-                )
+                format!(r#"{{"error":{{"message":"scripted {status}","type":"fake_error","code":"{status}"}}}}"#)
             });
             return Ok(resp.body(full(body)).unwrap_or_default());
         }
@@ -342,6 +308,11 @@ async fn handle(
                 Ok(Frame::data(Bytes::from(first))),
                 Err(std::io::Error::other("scripted cut")),
             ]);
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
+        Some(Step::StallAfterFirstChunk) => {
+            let first = futures_util::stream::iter(vec![Ok(Frame::data(Bytes::from(sse_chunk(0))))]);
+            let stream = futures_util::StreamExt::chain(first, futures_util::stream::pending());
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         None => {}
@@ -372,8 +343,7 @@ async fn handle(
     }
     Ok(json_response(
         StatusCode::NOT_FOUND,
-        r#"{"error":{"message":"unknown path","type":"invalid_request_error","code":"not_found"}}"#
-            .into(),
+        r#"{"error":{"message":"unknown path","type":"invalid_request_error","code":"not_found"}}"#.into(),
     ))
 }
 
@@ -438,17 +408,11 @@ async fn control(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
         }
         "/_fake/count" => {
             let n = lock(&state.counts).get(&key).copied().unwrap_or(0);
-            json_response(
-                StatusCode::OK,
-                serde_json::json!({"key": key, "count": n}).to_string(),
-            )
+            json_response(StatusCode::OK, serde_json::json!({"key": key, "count": n}).to_string())
         }
         "/_fake/requests" => {
             let r = lock(&state.recorded).get(&key).cloned().unwrap_or_default();
-            json_response(
-                StatusCode::OK,
-                serde_json::to_string(&r).unwrap_or_default(),
-            )
+            json_response(StatusCode::OK, serde_json::to_string(&r).unwrap_or_default())
         }
         _ => json_response(StatusCode::NOT_FOUND, "{}".into()),
     }
@@ -502,13 +466,7 @@ pub fn sse_stream_bytes(chunks: usize) -> String {
     s
 }
 
-fn sse_stream(
-    state: Arc<State>,
-    key: String,
-    chunks: usize,
-    gap: Duration,
-    anthropic: bool,
-) -> Response<Body> {
+fn sse_stream(state: Arc<State>, key: String, chunks: usize, gap: Duration, anthropic: bool) -> Response<Body> {
     let stream = futures_util::stream::unfold(0usize, move |i| {
         let state = state.clone();
         let key = key.clone();
@@ -531,10 +489,7 @@ fn sse_stream(
             } else {
                 sse_chunk(i)
             };
-            Some((
-                Ok::<_, std::io::Error>(Frame::data(Bytes::from(data))),
-                i + 1,
-            ))
+            Some((Ok::<_, std::io::Error>(Frame::data(Bytes::from(data))), i + 1))
         }
     });
     sse_response(BodyExt::boxed(StreamBody::new(stream)))

@@ -39,8 +39,7 @@ impl Answer {
         String::from_utf8_lossy(&self.body).into_owned()
     }
     pub fn json(&self) -> serde_json::Value {
-        serde_json::from_slice(&self.body)
-            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
     pub fn header(&self, name: &str) -> Option<&str> {
         self.headers.get(name).and_then(|v| v.to_str().ok())
@@ -48,12 +47,7 @@ impl Answer {
 }
 
 /// Sends a request and reads the whole response (10 s at most).
-pub async fn send(
-    method: &str,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: impl Into<Bytes>,
-) -> Answer {
+pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Answer {
     let resp = send_streaming(method, url, headers, body).await;
     let (parts, body) = resp.into_parts();
     let body = tokio::time::timeout(Duration::from_secs(10), body.collect())
@@ -87,13 +81,7 @@ pub async fn send_streaming(
 }
 
 pub async fn post_json(url: &str, body: &str) -> Answer {
-    send(
-        "POST",
-        url,
-        &[("content-type", "application/json")],
-        body.to_string(),
-    )
-    .await
+    send("POST", url, &[("content-type", "application/json")], body.to_string()).await
 }
 
 pub async fn get(url: &str) -> Answer {
@@ -124,10 +112,7 @@ pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
 /// The value of a metric sample line `name{labels} value` in a Prometheus page (0 when absent).
 pub fn metric(page: &str, name_and_labels: &str) -> f64 {
     page.lines()
-        .find_map(|l| {
-            l.strip_prefix(name_and_labels)
-                .and_then(|rest| rest.strip_prefix(' '))
-        })
+        .find_map(|l| l.strip_prefix(name_and_labels).and_then(|rest| rest.strip_prefix(' ')))
         .and_then(|v| v.trim().parse().ok())
         .unwrap_or(0.0)
 }

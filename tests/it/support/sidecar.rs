@@ -40,8 +40,7 @@ strip_prefix = true
 
 /// Parses a config from text (no environment).
 pub fn parse(toml: &str) -> Config {
-    Config::parse(toml, Path::new("test.toml"), &|_| None)
-        .unwrap_or_else(|e| panic!("test config invalid:\n{e}"))
+    Config::parse(toml, Path::new("test.toml"), &|_| None).unwrap_or_else(|e| panic!("test config invalid:\n{e}"))
 }
 
 /// rebound running in this process.

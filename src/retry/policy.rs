@@ -1,0 +1,641 @@
+//! The retry decision for one finished attempt: deliver what we have, or wait and try again.
+//! Pure: the caller passes the time, the RNG and the budget, and applies the decision.
+//!
+//! Order of checks (the first that applies wins):
+//! 1. a success, or an outcome that `retry_on` / `retry_once_on` do not name, is delivered;
+//! 2. a POST/PATCH whose failure may have been processed (reset after send, timeout, 500, 502,
+//!    504) is delivered under `non_idempotent = "safe-only"`;
+//! 3. a `retry_once_on` outcome already retried once, or the last allowed attempt, is delivered
+//!    (`Exhausted`);
+//! 4. the wait is `backoff`, or with a Retry-After hint `max(backoff, hint) + jitter`; a hint over
+//!    `max_retry_after`, or a wait that would end past the deadline, delivers at once;
+//! 5. the route's retry budget must grant the retry, else the failure is delivered.
+
+use std::time::Duration;
+
+use http::{Method, StatusCode};
+use rand::Rng;
+
+use super::backoff::{retry_after_jitter, Backoff};
+use super::budget::RetryBudget;
+use super::retry_after::RetryHint;
+use crate::config::{NonIdempotent, RetryOn, RetryPolicy};
+use crate::time::Instant;
+
+/// What one attempt produced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A response head with this status (for 2xx, its first body byte arrived too).
+    Status(StatusCode),
+    /// No connection: the request was never sent.
+    ConnectFailure,
+    /// HTTP/2 REFUSED_STREAM: the server did not process the request.
+    RefusedStream,
+    /// The connection failed after the request may have been sent.
+    Reset,
+    /// No response head within the per-try timeout, or no first body byte within
+    /// `first_byte_timeout`.
+    Timeout,
+}
+
+/// How safe it is to send the request again (RFC 9110 §9.2.2 for non-idempotent methods).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Safety {
+    /// The provider surely did not process it: connect failure, refused stream, 429, 503, 529.
+    NotProcessed,
+    /// The provider may have processed it: reset after send, timeouts, other 5xx.
+    MaybeProcessed,
+    /// A success or a permanent failure: never retried.
+    Final,
+}
+
+impl Outcome {
+    /// The `retry_on` entry this outcome matches.
+    pub fn token(self) -> Option<RetryOn> {
+        match self {
+            Outcome::ConnectFailure => Some(RetryOn::ConnectFailure),
+            Outcome::RefusedStream => Some(RetryOn::RefusedStream),
+            Outcome::Reset => Some(RetryOn::Reset),
+            Outcome::Timeout => Some(RetryOn::Timeout),
+            Outcome::Status(s) if s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error() => {
+                Some(RetryOn::Status(s.as_u16()))
+            }
+            Outcome::Status(_) => None,
+        }
+    }
+
+    /// Whether a retry could process the request twice.
+    pub fn safety(self) -> Safety {
+        match self {
+            Outcome::ConnectFailure | Outcome::RefusedStream => Safety::NotProcessed,
+            Outcome::Status(s) if matches!(s.as_u16(), 429 | 503 | 529) => Safety::NotProcessed,
+            Outcome::Status(s) if s.is_server_error() => Safety::MaybeProcessed,
+            Outcome::Reset | Outcome::Timeout => Safety::MaybeProcessed,
+            Outcome::Status(_) => Safety::Final,
+        }
+    }
+
+    /// Whether this is a failure (anything but a 1xx-3xx response).
+    pub fn is_failure(self) -> bool {
+        !matches!(self, Outcome::Status(s) if !(s.is_client_error() || s.is_server_error()))
+    }
+
+    /// The `outcome` label of `rebound_upstream_attempts_total`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Status(s) if s.as_u16() == 429 => "status_429",
+            Outcome::Status(s) if s.is_client_error() => "status_4xx",
+            Outcome::Status(s) if s.is_server_error() => "status_5xx",
+            Outcome::Status(_) => "ok",
+            Outcome::ConnectFailure => "connect_failure",
+            Outcome::RefusedStream | Outcome::Reset => "reset",
+            Outcome::Timeout => "timeout",
+        }
+    }
+}
+
+/// Methods RFC 9110 §9.2.2 calls idempotent: safe to repeat whatever happened.
+pub fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
+    )
+}
+
+/// Why an outcome is delivered rather than retried.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stop {
+    /// A success.
+    Success,
+    /// Not retryable: a permanent failure, or not named by the policy.
+    NotRetryable,
+    /// `non_idempotent = "safe-only"` and the provider may have processed the request.
+    UnsafeToReplay,
+    /// The attempts (or the single retry of a `retry_once_on` outcome) are used up.
+    Exhausted,
+    /// The provider's Retry-After is longer than `max_retry_after`.
+    HintTooLong,
+    /// The wait would end past the deadline.
+    Deadline,
+    /// The route's retry budget is spent.
+    BudgetExhausted,
+}
+
+impl Stop {
+    /// The `reason` given in logs.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stop::Success => "success",
+            Stop::NotRetryable => "not_retryable",
+            Stop::UnsafeToReplay => "unsafe_to_replay",
+            Stop::Exhausted => "attempts_exhausted",
+            Stop::HintTooLong => "retry_after_too_long",
+            Stop::Deadline => "deadline",
+            Stop::BudgetExhausted => "budget_exhausted",
+        }
+    }
+}
+
+/// Where a wait came from (the `source` label of `rebound_retry_wait_seconds`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitSource {
+    Backoff,
+    RetryAfter,
+}
+
+impl WaitSource {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WaitSource::Backoff => "backoff",
+            WaitSource::RetryAfter => "retry_after",
+        }
+    }
+}
+
+/// What to do after an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Deliver(Stop),
+    Retry {
+        wait: Duration,
+        source: WaitSource,
+        reason: RetryOn,
+    },
+}
+
+/// The retry state of one request across its attempts.
+#[derive(Debug, Clone)]
+pub struct RetryState {
+    /// Attempts allowed (the policy's, tightened by `x-rebound-max-attempts`).
+    pub max_attempts: u32,
+    /// The whole request must be answered by then.
+    pub deadline: Instant,
+    /// Attempts made so far.
+    pub attempts: u32,
+    /// `retry_once_on` entries already retried.
+    once_used: Vec<RetryOn>,
+    /// The previous backoff (decorrelated jitter); reset by a server-directed wait.
+    prev_backoff: Option<Duration>,
+}
+
+impl RetryState {
+    pub fn new(max_attempts: u32, deadline: Instant) -> RetryState {
+        RetryState {
+            max_attempts: max_attempts.max(1),
+            deadline,
+            attempts: 0,
+            once_used: Vec::new(),
+            prev_backoff: None,
+        }
+    }
+
+    /// Decides after attempt number `self.attempts` produced `outcome`. A `Retry` is committed:
+    /// the budget was withdrawn and the state advanced.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide<R: Rng + ?Sized>(
+        &mut self,
+        policy: &RetryPolicy,
+        backoff: &Backoff,
+        method: &Method,
+        outcome: Outcome,
+        hint: Option<RetryHint>,
+        budget: &RetryBudget,
+        now: Instant,
+        rng: &mut R,
+    ) -> Decision {
+        if !outcome.is_failure() {
+            return Decision::Deliver(Stop::Success);
+        }
+        let Some(token) = outcome.token() else {
+            return Decision::Deliver(Stop::NotRetryable);
+        };
+        let once = policy.retry_once_on.contains(&token);
+        if !once && !policy.retry_on.contains(&token) {
+            return Decision::Deliver(Stop::NotRetryable);
+        }
+        if policy.non_idempotent == NonIdempotent::SafeOnly
+            && !is_idempotent(method)
+            && outcome.safety() != Safety::NotProcessed
+        {
+            return Decision::Deliver(Stop::UnsafeToReplay);
+        }
+        if self.attempts >= self.max_attempts || (once && self.once_used.contains(&token)) {
+            return Decision::Deliver(Stop::Exhausted);
+        }
+
+        let retry_number = self.attempts; // the first retry follows attempt 1
+        let backoff_wait = backoff.delay(retry_number, self.prev_backoff, rng);
+        // Reset headers (x-ratelimit-reset-*) come on every response; only a 429 makes them a hint.
+        let hint = hint.filter(|h| {
+            policy.respect_retry_after
+                && (h.source.is_explicit() || outcome == Outcome::Status(StatusCode::TOO_MANY_REQUESTS))
+        });
+        let (wait, source) = match hint {
+            Some(h) if h.delay > policy.max_retry_after => return Decision::Deliver(Stop::HintTooLong),
+            Some(h) => {
+                let wait = backoff_wait.max(h.delay) + retry_after_jitter(h.delay, rng);
+                (
+                    wait,
+                    if h.delay >= backoff_wait {
+                        WaitSource::RetryAfter
+                    } else {
+                        WaitSource::Backoff
+                    },
+                )
+            }
+            None => (backoff_wait, WaitSource::Backoff),
+        };
+        // An attempt must fit after the wait: a wait that ends at the deadline is a wasted wait.
+        if now + wait >= self.deadline {
+            return Decision::Deliver(Stop::Deadline);
+        }
+        if !budget.withdraw(now) {
+            return Decision::Deliver(Stop::BudgetExhausted);
+        }
+        self.prev_backoff = if source == WaitSource::RetryAfter {
+            None
+        } else {
+            Some(backoff_wait)
+        };
+        if once {
+            self.once_used.push(token);
+        }
+        Decision::Retry {
+            wait,
+            source,
+            reason: token,
+        }
+    }
+}
+
+/// The request's own limits: the policy's, tightened (never loosened) by what the app sent:
+/// `x-rebound-max-attempts`, `x-rebound-deadline-ms`, and the SDKs' `x-stainless-timeout` /
+/// `x-stainless-read-timeout` (seconds: the SDK gives up then, so retrying past it is waste).
+/// Unparseable values are ignored.
+pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> (u32, Duration) {
+    let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    let mut attempts = policy.max_attempts;
+    if let Some(n) = value("x-rebound-max-attempts").and_then(|v| v.parse::<u32>().ok()) {
+        attempts = attempts.min(n.max(1));
+    }
+    let mut deadline = policy.deadline;
+    if let Some(ms) = value("x-rebound-deadline-ms").and_then(|v| v.parse::<u64>().ok()) {
+        deadline = deadline.min(Duration::from_millis(ms));
+    }
+    for name in ["x-stainless-timeout", "x-stainless-read-timeout"] {
+        let secs = value(name)
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|s| s.is_finite() && *s > 0.0);
+        if let Some(s) = secs {
+            deadline = deadline.min(Duration::from_secs_f64(s.min(86_400.0)));
+        }
+    }
+    (attempts, deadline)
+}
+
+/// Whether the app's SDK says this request is itself a retry (`x-stainless-retry-count` > 0):
+/// it then counts against the retry budget, so that two layers cannot multiply an outage.
+pub fn is_sdk_retry(headers: &http::HeaderMap) -> bool {
+    headers
+        .get("x-stainless-retry-count")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u32>().ok())
+        .is_some_and(|n| n > 0)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::config::validate::default_retry;
+    use crate::retry::retry_after::HintSource;
+    use crate::retry::Jitter;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    struct Case {
+        policy: RetryPolicy,
+        backoff: Backoff,
+        budget: RetryBudget,
+        rng: StdRng,
+        now: Instant,
+    }
+
+    fn case(edit: impl FnOnce(&mut RetryPolicy)) -> Case {
+        let mut policy = default_retry("t");
+        policy.jitter = Jitter::None;
+        policy.base_delay = Duration::from_millis(100);
+        edit(&mut policy);
+        let backoff = Backoff::try_new(policy.base_delay, policy.max_delay, policy.jitter).unwrap();
+        let budget = RetryBudget::try_new(
+            policy.budget_ratio,
+            policy.budget_min_per_second,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        Case {
+            policy,
+            backoff,
+            budget,
+            rng: StdRng::seed_from_u64(7),
+            now: Instant::now(),
+        }
+    }
+
+    impl Case {
+        fn decide(
+            &mut self,
+            st: &mut RetryState,
+            method: Method,
+            outcome: Outcome,
+            hint: Option<RetryHint>,
+        ) -> Decision {
+            st.attempts += 1;
+            st.decide(
+                &self.policy,
+                &self.backoff,
+                &method,
+                outcome,
+                hint,
+                &self.budget,
+                self.now,
+                &mut self.rng,
+            )
+        }
+    }
+
+    fn status(s: u16) -> Outcome {
+        Outcome::Status(StatusCode::from_u16(s).unwrap())
+    }
+
+    fn state(c: &Case) -> RetryState {
+        RetryState::new(c.policy.max_attempts, c.now + Duration::from_secs(300))
+    }
+
+    #[test]
+    fn classes() {
+        assert_eq!(status(200).safety(), Safety::Final);
+        assert_eq!(status(429).safety(), Safety::NotProcessed);
+        assert_eq!(status(529).safety(), Safety::NotProcessed);
+        assert_eq!(status(502).safety(), Safety::MaybeProcessed);
+        assert_eq!(Outcome::ConnectFailure.safety(), Safety::NotProcessed);
+        assert_eq!(Outcome::Timeout.safety(), Safety::MaybeProcessed);
+        assert_eq!(status(404).token(), None);
+        assert!(!status(200).is_failure() && !status(304).is_failure() && status(400).is_failure());
+        assert_eq!(status(503).label(), "status_5xx");
+        assert_eq!(Outcome::RefusedStream.label(), "reset");
+    }
+
+    #[test]
+    fn success_and_permanent_failures_are_delivered() {
+        let mut c = case(|_| {});
+        let mut st = state(&c);
+        for s in [200, 201, 400, 401, 403, 404, 409, 422] {
+            let mut st2 = st.clone();
+            let want = if s < 300 { Stop::Success } else { Stop::NotRetryable };
+            assert_eq!(
+                c.decide(&mut st2, Method::POST, status(s), None),
+                Decision::Deliver(want),
+                "{s}"
+            );
+        }
+        // 529 is not in the default retry_on.
+        assert_eq!(
+            c.decide(&mut st, Method::POST, status(529), None),
+            Decision::Deliver(Stop::NotRetryable)
+        );
+    }
+
+    #[test]
+    fn retries_until_attempts_are_used_up() {
+        let mut c = case(|p| p.max_attempts = 3);
+        let mut st = state(&c);
+        let first = c.decide(&mut st, Method::POST, status(503), None);
+        assert_eq!(
+            first,
+            Decision::Retry {
+                wait: Duration::from_millis(100),
+                source: WaitSource::Backoff,
+                reason: RetryOn::Status(503)
+            }
+        );
+        let second = c.decide(&mut st, Method::POST, status(503), None);
+        assert_eq!(
+            second,
+            Decision::Retry {
+                wait: Duration::from_millis(200),
+                source: WaitSource::Backoff,
+                reason: RetryOn::Status(503)
+            }
+        );
+        assert_eq!(
+            c.decide(&mut st, Method::POST, status(503), None),
+            Decision::Deliver(Stop::Exhausted)
+        );
+    }
+
+    #[test]
+    fn retry_once_on_retries_once() {
+        let mut c = case(|p| p.max_attempts = 5);
+        let mut st = state(&c);
+        assert!(matches!(
+            c.decide(&mut st, Method::POST, status(500), None),
+            Decision::Retry { .. }
+        ));
+        assert_eq!(
+            c.decide(&mut st, Method::POST, status(500), None),
+            Decision::Deliver(Stop::Exhausted)
+        );
+    }
+
+    #[test]
+    fn safe_only_replays_only_what_was_not_processed() {
+        let mut c = case(|p| p.non_idempotent = NonIdempotent::SafeOnly);
+        for (outcome, retried) in [
+            (Outcome::Timeout, false),
+            (Outcome::Reset, false),
+            (status(502), false),
+            (status(504), false),
+            (status(503), true),
+            (status(429), true),
+            (Outcome::ConnectFailure, true),
+            (Outcome::RefusedStream, true),
+        ] {
+            let mut st = state(&c);
+            let d = c.decide(&mut st, Method::POST, outcome, None);
+            assert_eq!(matches!(d, Decision::Retry { .. }), retried, "{outcome:?}: {d:?}");
+            if !retried {
+                assert_eq!(d, Decision::Deliver(Stop::UnsafeToReplay));
+            }
+            // Idempotent methods are replayed whatever happened.
+            let mut st = state(&c);
+            assert!(
+                matches!(c.decide(&mut st, Method::GET, outcome, None), Decision::Retry { .. }),
+                "{outcome:?}"
+            );
+        }
+    }
+
+    fn hint(secs: f64, source: HintSource) -> Option<RetryHint> {
+        Some(RetryHint {
+            delay: Duration::from_secs_f64(secs),
+            source,
+        })
+    }
+
+    #[test]
+    fn retry_after_is_a_floor_with_upward_jitter() {
+        let mut c = case(|_| {});
+        let mut st = state(&c);
+        match c.decide(&mut st, Method::POST, status(429), hint(2.0, HintSource::RetryAfter)) {
+            Decision::Retry { wait, source, .. } => {
+                assert_eq!(source, WaitSource::RetryAfter);
+                assert!(
+                    wait >= Duration::from_secs(2) && wait <= Duration::from_millis(2_310),
+                    "{wait:?}"
+                );
+            }
+            d => panic!("{d:?}"),
+        }
+        // A backoff longer than the hint wins.
+        let mut c = case(|p| p.base_delay = Duration::from_secs(5));
+        let mut st = state(&c);
+        match c.decide(&mut st, Method::POST, status(503), hint(1.0, HintSource::RetryAfter)) {
+            Decision::Retry { wait, source, .. } => {
+                assert_eq!(source, WaitSource::Backoff);
+                assert!(wait >= Duration::from_secs(5), "{wait:?}");
+            }
+            d => panic!("{d:?}"),
+        }
+    }
+
+    #[test]
+    fn long_hints_and_deadlines_deliver_at_once() {
+        let mut c = case(|p| p.max_retry_after = Duration::from_secs(60));
+        let mut st = state(&c);
+        assert_eq!(
+            c.decide(&mut st, Method::POST, status(429), hint(120.0, HintSource::RetryAfter)),
+            Decision::Deliver(Stop::HintTooLong)
+        );
+        let mut st = RetryState::new(3, c.now + Duration::from_secs(1));
+        assert_eq!(
+            c.decide(&mut st, Method::POST, status(429), hint(2.0, HintSource::RetryAfterMs)),
+            Decision::Deliver(Stop::Deadline)
+        );
+        let mut st = RetryState::new(3, c.now + Duration::from_millis(50));
+        assert_eq!(
+            c.decide(&mut st, Method::POST, status(503), None),
+            Decision::Deliver(Stop::Deadline)
+        );
+        // Ignored entirely when the policy says so.
+        let mut c = case(|p| p.respect_retry_after = false);
+        let mut st = state(&c);
+        assert!(matches!(
+            c.decide(&mut st, Method::POST, status(429), hint(120.0, HintSource::RetryAfter)),
+            Decision::Retry {
+                source: WaitSource::Backoff,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn reset_headers_count_only_on_a_429() {
+        let mut c = case(|_| {});
+        let mut st = state(&c);
+        let d = c.decide(
+            &mut st,
+            Method::POST,
+            status(503),
+            hint(30.0, HintSource::OpenAiResetTokens),
+        );
+        assert_eq!(
+            d,
+            Decision::Retry {
+                wait: Duration::from_millis(100),
+                source: WaitSource::Backoff,
+                reason: RetryOn::Status(503)
+            }
+        );
+        let mut st = state(&c);
+        assert!(matches!(
+            c.decide(
+                &mut st,
+                Method::POST,
+                status(429),
+                hint(3.0, HintSource::OpenAiResetRequests)
+            ),
+            Decision::Retry {
+                source: WaitSource::RetryAfter,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn request_limits_only_tighten() {
+        let p = default_retry("t");
+        let h = |pairs: &[(&'static str, &'static str)]| {
+            let mut m = http::HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, v.parse().unwrap());
+            }
+            m
+        };
+        assert_eq!(request_limits(&h(&[]), &p), (3, Duration::from_secs(300)));
+        assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "1")]), &p).0, 1);
+        assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "9")]), &p).0, 3);
+        assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "0")]), &p).0, 1);
+        assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "x")]), &p).0, 3);
+        assert_eq!(
+            request_limits(&h(&[("x-rebound-deadline-ms", "1500")]), &p).1,
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            request_limits(&h(&[("x-rebound-deadline-ms", "999999999")]), &p).1,
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            request_limits(&h(&[("x-stainless-timeout", "2.5")]), &p).1,
+            Duration::from_millis(2500)
+        );
+        assert_eq!(
+            request_limits(&h(&[("x-stainless-read-timeout", "600")]), &p).1,
+            Duration::from_secs(300)
+        );
+        assert_eq!(
+            request_limits(&h(&[("x-stainless-timeout", "-1")]), &p).1,
+            Duration::from_secs(300)
+        );
+        assert!(is_sdk_retry(&h(&[("x-stainless-retry-count", "1")])));
+        assert!(!is_sdk_retry(&h(&[("x-stainless-retry-count", "0")])));
+        assert!(!is_sdk_retry(&h(&[])));
+    }
+
+    #[test]
+    fn budget_stops_retries() {
+        let mut c = case(|p| {
+            p.budget_ratio = 0.0;
+            p.budget_min_per_second = 0;
+        });
+        let mut st = state(&c);
+        assert_eq!(
+            c.decide(&mut st, Method::POST, status(503), None),
+            Decision::Deliver(Stop::BudgetExhausted)
+        );
+        let mut c = case(|p| {
+            p.budget_ratio = 0.0;
+            p.budget_min_per_second = 1; // 10 retries per 10 s window
+        });
+        let granted = (0..20)
+            .filter(|_| {
+                let mut st = state(&c);
+                matches!(
+                    c.decide(&mut st, Method::POST, status(503), None),
+                    Decision::Retry { .. }
+                )
+            })
+            .count();
+        assert_eq!(granted, 10);
+    }
+}

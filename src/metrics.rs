@@ -4,6 +4,7 @@
 //! Labels are bounded: route and upstream names from the config, outcomes and codes from fixed
 //! sets. No label ever holds a path, a key or a credential.
 
+use prometheus::core::Collector;
 use prometheus::{
     Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
@@ -12,6 +13,15 @@ use prometheus::{
 const REQUEST_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
+
+/// Retry-wait buckets (seconds).
+const WAIT_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
+
+/// Registers `metric` and hands it back: a family cannot be defined without being exported.
+fn reg<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> Result<M, prometheus::Error> {
+    registry.register(Box::new(metric.clone()))?;
+    Ok(metric)
+}
 
 /// The metric families, with handles for the components that record them.
 pub struct Metrics {
@@ -47,81 +57,74 @@ impl Metrics {
     /// Creates every family on a fresh registry.
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new_custom(Some("rebound".into()), None)?;
+        let r = &registry;
+        let counter =
+            |name: &str, help: &str, labels: &[&str]| reg(r, IntCounterVec::new(Opts::new(name, help), labels)?);
+        let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
+            reg(
+                r,
+                HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)?,
+            )
+        };
         let m = Metrics {
-            requests_total: IntCounterVec::new(
-                Opts::new("requests_total", "Requests answered, by route and status code."),
+            requests_total: counter(
+                "requests_total",
+                "Requests answered, by route and status code.",
                 &["route", "code"],
             )?,
-            request_duration_seconds: HistogramVec::new(
-                HistogramOpts::new(
-                    "request_duration_seconds",
-                    "Time from request head to the end of the response body, by route.",
-                )
-                .buckets(REQUEST_BUCKETS.to_vec()),
+            request_duration_seconds: histogram(
+                "request_duration_seconds",
+                "Time from request head to the end of the response body, by route.",
                 &["route"],
+                REQUEST_BUCKETS,
             )?,
-            inflight_requests: IntGauge::new("inflight_requests", "Requests whose response has not ended yet.")?,
-            upstream_attempts_total: IntCounterVec::new(
-                Opts::new(
-                    "upstream_attempts_total",
-                    "Upstream attempts by route, upstream and outcome.",
-                ),
+            inflight_requests: reg(
+                r,
+                IntGauge::new("inflight_requests", "Requests whose response has not ended yet.")?,
+            )?,
+            upstream_attempts_total: counter(
+                "upstream_attempts_total",
+                "Upstream attempts by route, upstream and outcome.",
                 &["route", "upstream", "outcome"],
             )?,
-            upstream_attempt_duration_seconds: HistogramVec::new(
-                HistogramOpts::new(
-                    "upstream_attempt_duration_seconds",
-                    "Time from sending an attempt to its response head, by upstream.",
-                )
-                .buckets(REQUEST_BUCKETS.to_vec()),
+            upstream_attempt_duration_seconds: histogram(
+                "upstream_attempt_duration_seconds",
+                "Time from sending an attempt to its response head, by upstream.",
                 &["upstream"],
+                REQUEST_BUCKETS,
             )?,
-            retries_total: IntCounterVec::new(
-                Opts::new(
-                    "retries_total",
-                    "Retries by route and reason (the retry_on entry that matched).",
-                ),
+            retries_total: counter(
+                "retries_total",
+                "Retries by route and reason (the retry_on entry that matched).",
                 &["route", "reason"],
             )?,
-            retry_wait_seconds: HistogramVec::new(
-                HistogramOpts::new(
-                    "retry_wait_seconds",
-                    "Waits before retries, by route and source (backoff, retry_after).",
-                )
-                .buckets(vec![0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0]),
+            retry_wait_seconds: histogram(
+                "retry_wait_seconds",
+                "Waits before retries, by route and source (backoff, retry_after).",
                 &["route", "source"],
+                WAIT_BUCKETS,
             )?,
-            retries_exhausted_total: IntCounterVec::new(
-                Opts::new(
-                    "retries_exhausted_total",
-                    "Failures delivered because the attempts were used up.",
-                ),
+            retries_exhausted_total: counter(
+                "retries_exhausted_total",
+                "Failures delivered because the attempts were used up.",
                 &["route"],
             )?,
-            retry_budget_exhausted_total: IntCounterVec::new(
-                Opts::new(
-                    "retry_budget_exhausted_total",
-                    "Retries refused because the route's retry budget was spent.",
-                ),
+            retry_budget_exhausted_total: counter(
+                "retry_budget_exhausted_total",
+                "Retries refused because the route's retry budget was spent.",
                 &["route"],
             )?,
-            redis_errors_total: IntCounterVec::new(
-                Opts::new("redis_errors_total", "Redis command failures by operation."),
-                &["op"],
+            redis_errors_total: counter("redis_errors_total", "Redis command failures by operation.", &["op"])?,
+            redis_up: reg(
+                r,
+                IntGauge::new("redis_up", "1 while Redis answers the health check, else 0.")?,
             )?,
-            redis_up: IntGauge::new("redis_up", "1 while Redis answers the health check, else 0.")?,
-            build_info: IntGaugeVec::new(Opts::new("build_info", "Build information; always 1."), &["version"])?,
+            build_info: reg(
+                r,
+                IntGaugeVec::new(Opts::new("build_info", "Build information; always 1."), &["version"])?,
+            )?,
             registry,
         };
-        m.registry.register(Box::new(m.requests_total.clone()))?;
-        m.registry.register(Box::new(m.request_duration_seconds.clone()))?;
-        m.registry.register(Box::new(m.inflight_requests.clone()))?;
-        m.registry.register(Box::new(m.upstream_attempts_total.clone()))?;
-        m.registry
-            .register(Box::new(m.upstream_attempt_duration_seconds.clone()))?;
-        m.registry.register(Box::new(m.redis_errors_total.clone()))?;
-        m.registry.register(Box::new(m.redis_up.clone()))?;
-        m.registry.register(Box::new(m.build_info.clone()))?;
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         Ok(m)
     }

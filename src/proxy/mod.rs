@@ -59,7 +59,10 @@ pub struct Route {
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error("upstream {name}: {source}")]
-    Upstream { name: String, source: crate::upstream::tls::TlsError },
+    Upstream {
+        name: String,
+        source: crate::upstream::tls::TlsError,
+    },
     #[error("retry policy {name}: {detail}")]
     Retry { name: String, detail: String },
 }
@@ -381,7 +384,9 @@ where
     headers::strip_hop_by_hop(&mut parts.headers, false);
     parts.headers.insert("x-rebound-attempts", HeaderValue::from(attempts));
     if outcome.is_failure() && route.retries {
-        parts.headers.insert("x-should-retry", HeaderValue::from_static("false"));
+        parts
+            .headers
+            .insert("x-should-retry", HeaderValue::from_static("false"));
     }
     let status = parts.status.as_u16();
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);

@@ -46,7 +46,11 @@ where
 
     fn size_hint(&self) -> SizeHint {
         let inner = self.inner.size_hint();
-        let n = self.first.as_ref().and_then(Frame::data_ref).map_or(0, |d| d.len() as u64);
+        let n = self
+            .first
+            .as_ref()
+            .and_then(Frame::data_ref)
+            .map_or(0, |d| d.len() as u64);
         // Upper first: `set_lower` asserts lower <= upper.
         let mut hint = SizeHint::new();
         if let Some(upper) = inner.upper() {

@@ -9,5 +9,6 @@ mod config_files;
 mod passthrough;
 mod process;
 mod redis_plumbing;
+mod retry;
 mod shutdown;
 mod tls;

@@ -303,11 +303,13 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         Some(Step::CutAfterFirstChunk) => {
-            let first = sse_chunk(0);
-            let stream = futures_util::stream::iter(vec![
-                Ok(Frame::data(Bytes::from(first))),
-                Err(std::io::Error::other("scripted cut")),
-            ]);
+            // Let the head and first chunk reach the wire before the abort.
+            let first = futures_util::stream::iter(vec![Ok(Frame::data(Bytes::from(sse_chunk(0))))]);
+            let cut = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(std::io::Error::other("scripted cut"))
+            });
+            let stream = futures_util::StreamExt::chain(first, cut);
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         Some(Step::StallAfterFirstChunk) => {

@@ -21,6 +21,18 @@ pub enum ProxyError {
     UpstreamUnreachable { upstream: String, detail: String },
     #[error("upstream {upstream} did not answer within {timeout_ms} ms")]
     Timeout { upstream: String, timeout_ms: u128 },
+    #[error("this route requires an idempotency key: send the {header} header")]
+    IdempotencyKeyRequired { header: String },
+    #[error("invalid idempotency key: {detail}; use 1 to 255 visible ASCII characters, e.g. a UUID")]
+    InvalidIdempotencyKey { detail: String },
+    #[error("a request with this idempotency key is still in progress; retry after the retry-after delay to get its response")]
+    IdempotencyInProgress { retry_after: std::time::Duration },
+    #[error("this idempotency key was already used for a request with a different method, path or body; use a new key for a new request")]
+    IdempotencyKeyReused,
+    #[error("the request with this idempotency key completed, but its response was too large to keep (max_stored_body); it will not run again")]
+    IdempotencyResponseNotKept,
+    #[error("the idempotency store (Redis) cannot be reached, and this route fails closed; nothing was sent upstream")]
+    StoreUnavailable,
 }
 
 impl ProxyError {
@@ -33,6 +45,12 @@ impl ProxyError {
             ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
             ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
             ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            ProxyError::IdempotencyKeyRequired { .. } | ProxyError::InvalidIdempotencyKey { .. } => {
+                StatusCode::BAD_REQUEST
+            }
+            ProxyError::IdempotencyInProgress { .. } | ProxyError::IdempotencyResponseNotKept => StatusCode::CONFLICT,
+            ProxyError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ProxyError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 
@@ -45,6 +63,12 @@ impl ProxyError {
             ProxyError::AbsoluteForm | ProxyError::Connect => "forward_proxy_refused",
             ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
             ProxyError::Timeout { .. } => "deadline_exceeded",
+            ProxyError::IdempotencyKeyRequired { .. } => "idempotency_key_required",
+            ProxyError::InvalidIdempotencyKey { .. } => "invalid_idempotency_key",
+            ProxyError::IdempotencyInProgress { .. } => "idempotency_in_progress",
+            ProxyError::IdempotencyKeyReused => "idempotency_key_reused",
+            ProxyError::IdempotencyResponseNotKept => "idempotency_response_not_kept",
+            ProxyError::StoreUnavailable => "store_unavailable",
         }
     }
 
@@ -57,13 +81,29 @@ impl ProxyError {
             ProxyError::AbsoluteForm | ProxyError::Connect => "Not a forward proxy",
             ProxyError::UpstreamUnreachable { .. } => "Upstream unreachable",
             ProxyError::Timeout { .. } => "Deadline exceeded",
+            ProxyError::IdempotencyKeyRequired { .. } => "Idempotency key required",
+            ProxyError::InvalidIdempotencyKey { .. } => "Invalid idempotency key",
+            ProxyError::IdempotencyInProgress { .. } => "Request in progress",
+            ProxyError::IdempotencyKeyReused => "Idempotency key reused",
+            ProxyError::IdempotencyResponseNotKept => "Response not kept",
+            ProxyError::StoreUnavailable => "Idempotency store unavailable",
         }
     }
 
-    /// Whether the client may usefully retry. Everything here is final: rebound already spent
-    /// its own retries, or the request cannot succeed as sent (so SDKs must not retry on top).
+    /// Whether the client may usefully retry. Only an in-progress idempotent request is worth
+    /// coming back for (the same key then gets the replay); everything else is final: rebound
+    /// already spent its own retries, or the request cannot succeed as sent.
     pub fn should_retry(&self) -> bool {
-        false
+        matches!(self, ProxyError::IdempotencyInProgress { .. })
+    }
+
+    /// When to come back (`retry-after`), where that is known.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            ProxyError::IdempotencyInProgress { retry_after } => Some(*retry_after),
+            ProxyError::StoreUnavailable => Some(std::time::Duration::from_secs(1)),
+            _ => None,
+        }
     }
 
     /// The JSON body: RFC 9457 fields plus the SDK-readable `error` object.

@@ -17,6 +17,7 @@
 pub mod admin;
 pub mod config;
 pub mod error;
+pub mod idempotency;
 pub mod metrics;
 pub mod proxy;
 pub mod redis;

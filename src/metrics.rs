@@ -14,6 +14,9 @@ const REQUEST_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
 ];
 
+/// Redis command buckets (seconds).
+const REDIS_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0];
+
 /// Retry-wait buckets (seconds).
 const WAIT_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
@@ -45,6 +48,11 @@ pub struct Metrics {
     pub retries_exhausted_total: IntCounterVec,
     /// Retries refused because the route's retry budget was spent.
     pub retry_budget_exhausted_total: IntCounterVec,
+    /// Idempotency outcomes by route and result (`stored`, `replayed`, `conflict`, `mismatch`,
+    /// `invalid`, `store_error`, `not_stored`).
+    pub idempotency_requests_total: IntCounterVec,
+    /// Redis command latency by operation.
+    pub redis_command_duration_seconds: HistogramVec,
     /// Redis command failures by operation.
     pub redis_errors_total: IntCounterVec,
     /// 1 while the Redis connection answers its health check, 0 otherwise (absent without Redis).
@@ -113,6 +121,17 @@ impl Metrics {
                 "retry_budget_exhausted_total",
                 "Retries refused because the route's retry budget was spent.",
                 &["route"],
+            )?,
+            idempotency_requests_total: counter(
+                "idempotency_requests_total",
+                "Idempotency outcomes by route and result.",
+                &["route", "result"],
+            )?,
+            redis_command_duration_seconds: histogram(
+                "redis_command_duration_seconds",
+                "Redis command latency by operation.",
+                &["op"],
+                REDIS_BUCKETS,
             )?,
             redis_errors_total: counter("redis_errors_total", "Redis command failures by operation.", &["op"])?,
             redis_up: reg(

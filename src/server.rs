@@ -23,6 +23,9 @@ use crate::metrics::Metrics;
 use crate::proxy::{BuildError, Proxy};
 use crate::redis::RedisHandle;
 
+/// How long startup waits for Redis before serving without it.
+const REDIS_STARTUP_WAIT: Duration = Duration::from_secs(2);
+
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -76,7 +79,6 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
     let metrics = Arc::new(Metrics::new()?);
     let tasks = TaskTracker::new();
     let hard_stop = CancellationToken::new();
-    let proxy = Arc::new(Proxy::new(&config, metrics.clone(), tasks.clone(), hard_stop.clone())?);
 
     let proxy_listener = TcpListener::bind(config.server.listen)
         .await
@@ -102,6 +104,17 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         .redis
         .clone()
         .map(|r| RedisHandle::start(r, metrics.clone(), &background, background_stop.clone()));
+    let proxy = Arc::new(Proxy::new(
+        &config,
+        metrics.clone(),
+        tasks.clone(),
+        hard_stop.clone(),
+        redis.clone(),
+    )?);
+    if let Some(r) = &redis {
+        // Bounded: rebound serves without Redis, each feature degrading as configured.
+        r.wait_connected(REDIS_STARTUP_WAIT).await;
+    }
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
         draining: false.into(),

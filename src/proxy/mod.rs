@@ -19,7 +19,7 @@ mod websocket;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use http_body_util::Full;
@@ -32,7 +32,9 @@ use std::time::Duration;
 
 use crate::config::{Config, RetryPolicy, RouteConfig};
 use crate::error::ProxyError;
+use crate::idempotency::{AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, RedisStore, Start, StoredResponse};
 use crate::metrics::Metrics;
+use crate::redis::RedisHandle;
 use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
 use crate::retry::{self, Backoff, RetryBudget};
 use crate::routing::{forwarded_path, RouteTable};
@@ -53,6 +55,8 @@ pub struct Route {
     pub backoff: Backoff,
     /// Bounds what retries add to this route's traffic.
     pub budget: RetryBudget,
+    /// The route's idempotency policy and the store, when it names one.
+    pub idempotency: Option<Idempotency>,
 }
 
 /// Why the proxy could not be built from a (valid) config.
@@ -89,7 +93,14 @@ impl Proxy {
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
         hard_stop: CancellationToken,
+        redis: Option<RedisHandle>,
     ) -> Result<Proxy, BuildError> {
+        // One idempotency store for the process: Redis when configured (any replica answers),
+        // else a bounded map in memory (one replica).
+        let store = match redis {
+            Some(r) => AnyStore::Redis(RedisStore::new(r)),
+            None => AnyStore::Memory(MemoryStore::new(MemoryLimits::default())),
+        };
         let mut upstreams = std::collections::BTreeMap::new();
         for (name, u) in &config.upstreams {
             let built = Upstream::new(u.clone()).map_err(|source| BuildError::Upstream {
@@ -128,6 +139,19 @@ impl Proxy {
                 retry,
                 backoff,
                 budget,
+                idempotency: r
+                    .idempotency
+                    .as_ref()
+                    .and_then(|p| config.idempotency.get(p))
+                    .map(|policy| {
+                        Idempotency::new(
+                            policy.clone(),
+                            store.clone(),
+                            metrics.clone(),
+                            tasks.clone(),
+                            Arc::from(r.name.as_str()),
+                        )
+                    }),
             };
             routes.push((r.path_prefix.clone(), Arc::new(route)));
         }
@@ -187,7 +211,28 @@ impl Proxy {
             Err(BodyError::Read(e)) => return error_response(ProxyError::BadRequestBody(e), log),
         };
 
-        // 5. The retry loop: attempt, classify, decide, wait.
+        // 5. Idempotency: replay a completed original, refuse, or claim the key.
+        let mut claim = None;
+        let mut bypassed = false;
+        if let Some(idem) = &route.idempotency {
+            match idem
+                .start(
+                    &parts.method,
+                    parts.uri.path(),
+                    parts.uri.query(),
+                    &parts.headers,
+                    &body,
+                )
+                .await
+            {
+                Start::Forward { bypassed: b } => bypassed = b,
+                Start::Claimed(c) => claim = Some(c),
+                Start::Replay(stored) => return replay_response(stored, log),
+                Start::Refuse(err) => return error_response(err, log),
+            }
+        }
+
+        // 6. The retry loop: attempt, classify, decide, wait.
         let policy = &route.retry;
         let (max_attempts, deadline) = retry::policy::request_limits(&parts.headers, policy);
         let mut state = RetryState::new(max_attempts, log.started() + deadline);
@@ -270,8 +315,18 @@ impl Proxy {
                         tracing::info!(route = %route.name, attempts = state.attempts, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
                     }
                     log.set_upstream(&route.upstream_name, state.attempts);
-                    return match result {
-                        Ok(resp) => upstream_response(resp, &route, state.attempts, outcome, log),
+                    // An outcome the store keeps is recorded as it streams; any other frees the
+                    // key first, so that the app's retry runs instead of waiting for the lease.
+                    let claim = match claim {
+                        Some(c) if matches!(&result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
+                        Some(c) => {
+                            c.release().await;
+                            None
+                        }
+                        None => None,
+                    };
+                    let mut resp = match result {
+                        Ok(resp) => upstream_response(resp, &route, state.attempts, outcome, claim, log),
                         Err(e) => {
                             tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upstream attempt failed");
                             let mut resp = error_response(attempt_error(&route, e), log);
@@ -280,6 +335,11 @@ impl Proxy {
                             resp
                         }
                     };
+                    if bypassed {
+                        resp.headers_mut()
+                            .insert("x-rebound-idempotency", HeaderValue::from_static("bypassed"));
+                    }
+                    return resp;
                 }
             }
         }
@@ -375,6 +435,7 @@ fn upstream_response<B>(
     route: &Route,
     attempts: u32,
     outcome: Outcome,
+    claim: Option<Claim>,
     log: RequestLog,
 ) -> Response<ProxyBody>
 where
@@ -390,7 +451,27 @@ where
     }
     let status = parts.status.as_u16();
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
-    Response::from_parts(parts, ProxyBody::new(body, log, status))
+    let body = match claim {
+        Some(claim) => ProxyBody::new(claim.record(status, &parts.headers, body), log, status),
+        None => ProxyBody::new(body, log, status),
+    };
+    Response::from_parts(parts, body)
+}
+
+/// A completed original's stored response: no upstream call.
+fn replay_response(stored: StoredResponse, log: RequestLog) -> Response<ProxyBody> {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let mut resp = Response::new(ProxyBody::full(stored.body, log, status.as_u16()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    for (name, value) in &stored.headers {
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+            h.append(name, value);
+        }
+    }
+    h.insert("idempotent-replayed", HeaderValue::from_static("true"));
+    h.insert("x-rebound-attempts", HeaderValue::from(0u32));
+    resp
 }
 
 /// Rebound's own error: JSON body, `x-rebound-error`, `x-should-retry`.
@@ -405,5 +486,8 @@ pub fn error_response(err: ProxyError, log: RequestLog) -> Response<ProxyBody> {
         "x-should-retry",
         HeaderValue::from_static(if err.should_retry() { "true" } else { "false" }),
     );
+    if let Some(after) = err.retry_after() {
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
+    }
     resp
 }

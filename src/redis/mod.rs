@@ -74,6 +74,19 @@ impl RedisHandle {
         handle
     }
 
+    /// Waits until the first health check answers, at most `bound` (startup: so that a fleet
+    /// whose Redis is up does not answer its first requests as if it were down).
+    pub async fn wait_connected(&self, bound: Duration) -> bool {
+        let end = tokio::time::Instant::now() + bound;
+        while !self.is_up() {
+            if tokio::time::Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        true
+    }
+
     /// Whether the last health check answered.
     pub fn is_up(&self) -> bool {
         self.inner.up.load(Ordering::Relaxed)
@@ -107,7 +120,14 @@ impl RedisHandle {
             return Err(RedisError::NotConnected);
         };
         let timeout = self.inner.config.command_timeout;
-        match tokio::time::timeout(timeout, f(conn)).await {
+        let started = tokio::time::Instant::now();
+        let result = tokio::time::timeout(timeout, f(conn)).await;
+        self.inner
+            .metrics
+            .redis_command_duration_seconds
+            .with_label_values(&[op])
+            .observe(started.elapsed().as_secs_f64());
+        match result {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => {
                 self.inner.metrics.redis_errors_total.with_label_values(&[op]).inc();

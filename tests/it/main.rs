@@ -6,6 +6,8 @@ mod support;
 
 mod admin;
 mod config_files;
+mod idempotency;
+mod idempotency_store;
 mod passthrough;
 mod process;
 mod redis_plumbing;

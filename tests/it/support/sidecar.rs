@@ -166,3 +166,23 @@ impl ReboundProcess {
         assert!(status.success());
     }
 }
+
+/// A connected `RedisHandle` on `url` (for store tests), once it answers.
+pub async fn redis_handle(url: &str) -> rebound::redis::RedisHandle {
+    let config = rebound::config::RedisConfig {
+        url: url.to_string(),
+        key_prefix: "rebound:".into(),
+        command_timeout: Duration::from_millis(500),
+        sync_interval: Duration::from_millis(250),
+    };
+    let metrics = std::sync::Arc::new(rebound::metrics::Metrics::new().unwrap());
+    let tasks = tokio_util::task::TaskTracker::new();
+    let handle =
+        rebound::redis::RedisHandle::start(config, metrics, &tasks, tokio_util::sync::CancellationToken::new());
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !handle.is_up() && tokio::time::Instant::now() < end {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(handle.is_up(), "redis at {url} did not answer");
+    handle
+}

@@ -1,0 +1,338 @@
+//! What makes two requests "the same request": the record key (who and which key) and the
+//! fingerprint (what was asked). Pure; SHA-256 throughout, so no raw key or credential is stored.
+
+use http::{HeaderMap, HeaderName, Method};
+use sha2::{Digest, Sha256};
+
+/// Hex SHA-256 of the parts, each length-prefixed (so `("ab","c")` and `("a","bc")` differ).
+pub fn digest(parts: &[&[u8]]) -> String {
+    let mut h = Sha256::new();
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p);
+    }
+    hex(&h.finalize())
+}
+
+fn hex(bytes: &[u8]) -> String {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 0xf) as usize] as char);
+    }
+    s
+}
+
+/// The hash of a tenant's identity: the values of the `scope_headers` it sent. Two credentials
+/// never share a record; a request without any of them has an empty scope.
+pub fn scope_hash(headers: &HeaderMap, scope_headers: &[HeaderName]) -> String {
+    let mut parts: Vec<&[u8]> = Vec::new();
+    for name in scope_headers {
+        parts.push(name.as_str().as_bytes());
+        for v in headers.get_all(name) {
+            parts.push(v.as_bytes());
+        }
+    }
+    digest(&parts)[..32].to_string()
+}
+
+/// Why an `Idempotency-Key` value is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum KeyError {
+    Empty,
+    TooLong,
+    NotPrintable,
+    Several,
+}
+
+impl std::fmt::Display for KeyError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            KeyError::Empty => "the idempotency key is empty",
+            KeyError::TooLong => "the idempotency key is longer than 255 characters",
+            KeyError::NotPrintable => "the idempotency key must be visible ASCII characters",
+            KeyError::Several => "the idempotency key header must appear once, with one value",
+        })
+    }
+}
+
+/// The key a request carries under `header`: `None` without one, an error when malformed.
+/// Accepts a bare token or an RFC 8941 quoted string (`"abc"`, unescaped).
+pub fn request_key(headers: &HeaderMap, header: &HeaderName) -> Option<Result<String, KeyError>> {
+    let mut values = headers.get_all(header).iter();
+    let first = values.next()?;
+    if values.next().is_some() {
+        return Some(Err(KeyError::Several));
+    }
+    Some(parse_key(first.as_bytes()))
+}
+
+fn parse_key(raw: &[u8]) -> Result<String, KeyError> {
+    let raw = trim(raw);
+    let key: Vec<u8> = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
+        let mut out = Vec::with_capacity(raw.len());
+        let mut escaped = false;
+        for &b in &raw[1..raw.len() - 1] {
+            match (escaped, b) {
+                (false, b'\\') => escaped = true,
+                (false, b'"') => return Err(KeyError::Several),
+                (_, b) => {
+                    out.push(b);
+                    escaped = false;
+                }
+            }
+        }
+        if escaped {
+            return Err(KeyError::NotPrintable);
+        }
+        out
+    } else {
+        if raw.contains(&b',') {
+            return Err(KeyError::Several);
+        }
+        raw.to_vec()
+    };
+    if key.is_empty() {
+        return Err(KeyError::Empty);
+    }
+    if key.len() > 255 {
+        return Err(KeyError::TooLong);
+    }
+    if !key.iter().all(|b| (0x21..=0x7e).contains(b)) {
+        return Err(KeyError::NotPrintable);
+    }
+    String::from_utf8(key).map_err(|_| KeyError::NotPrintable)
+}
+
+fn trim(mut b: &[u8]) -> &[u8] {
+    while let [first, rest @ ..] = b {
+        if first.is_ascii_whitespace() {
+            b = rest;
+        } else {
+            break;
+        }
+    }
+    while let [rest @ .., last] = b {
+        if last.is_ascii_whitespace() {
+            b = rest;
+        } else {
+            break;
+        }
+    }
+    b
+}
+
+/// The fingerprint of a request: method, path, query (parameters sorted) and body. JSON bodies
+/// are canonicalised (key order and whitespace do not matter), multipart bodies are taken part by
+/// part (the boundary does not matter), anything else byte for byte.
+pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> String {
+    let mut params: Vec<&str> = query
+        .map(|q| q.split('&').filter(|p| !p.is_empty()).collect())
+        .unwrap_or_default();
+    params.sort_unstable();
+    let query = params.join("&");
+    let content_type = headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let body = canonical_body(content_type, body);
+    digest(&[method.as_str().as_bytes(), path.as_bytes(), query.as_bytes(), &body])
+}
+
+fn canonical_body(content_type: &str, body: &[u8]) -> Vec<u8> {
+    let mime = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    if mime == "multipart/form-data" {
+        if let Some(parts) = boundary(content_type).and_then(|b| multipart_parts(body, &b)) {
+            let mut out = b"multipart".to_vec();
+            for p in parts {
+                out.extend_from_slice(digest(&[p.headers.as_bytes(), p.body]).as_bytes());
+            }
+            return out;
+        }
+    }
+    if mime.is_empty() || mime == "application/json" || mime.ends_with("+json") {
+        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
+            // serde_json's map is ordered by key: this is a canonical form.
+            if let Ok(canonical) = serde_json::to_vec(&value) {
+                let mut out = b"json".to_vec();
+                out.extend_from_slice(&canonical);
+                return out;
+            }
+        }
+    }
+    let mut out = b"raw".to_vec();
+    out.extend_from_slice(body);
+    out
+}
+
+fn boundary(content_type: &str) -> Option<String> {
+    content_type.split(';').skip(1).find_map(|p| {
+        let (k, v) = p.split_once('=')?;
+        (k.trim().eq_ignore_ascii_case("boundary")).then(|| v.trim().trim_matches('"').to_string())
+    })
+}
+
+struct Part<'a> {
+    /// The part's headers, normalised (lower-case names, in order).
+    headers: String,
+    body: &'a [u8],
+}
+
+/// Splits a multipart body (RFC 7578) into parts; `None` if it is not well formed.
+fn multipart_parts<'a>(body: &'a [u8], boundary: &str) -> Option<Vec<Part<'a>>> {
+    let delim = format!("--{boundary}");
+    let delim = delim.as_bytes();
+    let mut parts = Vec::new();
+    let mut rest = &body[find(body, delim)? + delim.len()..];
+    loop {
+        if rest.starts_with(b"--") {
+            return Some(parts);
+        }
+        rest = rest.strip_prefix(b"\r\n")?;
+        let head_end = find(rest, b"\r\n\r\n")?;
+        let head = std::str::from_utf8(&rest[..head_end]).ok()?;
+        let after_head = &rest[head_end + 4..];
+        let mut close = b"\r\n".to_vec();
+        close.extend_from_slice(delim);
+        let end = find(after_head, &close)?;
+        let headers = head
+            .split("\r\n")
+            .map(|l| match l.split_once(':') {
+                Some((k, v)) => format!("{}:{}", k.trim().to_ascii_lowercase(), v.trim()),
+                None => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        parts.push(Part {
+            headers,
+            body: &after_head[..end],
+        });
+        rest = &after_head[end + close.len()..];
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn keys() {
+        let name = HeaderName::from_static("idempotency-key");
+        let key = |v: &str| request_key(&headers(&[("idempotency-key", v)]), &name).unwrap();
+        assert_eq!(key("abc-123"), Ok("abc-123".into()));
+        assert_eq!(key("\"abc-123\""), Ok("abc-123".into()));
+        assert_eq!(key("\"a\\\"b\""), Ok("a\"b".into()));
+        assert_eq!(key(""), Err(KeyError::Empty));
+        assert_eq!(key("\"\""), Err(KeyError::Empty));
+        assert_eq!(key(&"x".repeat(256)), Err(KeyError::TooLong));
+        assert_eq!(key(&"x".repeat(255)).unwrap().len(), 255);
+        assert_eq!(key("a b"), Err(KeyError::NotPrintable));
+        assert_eq!(key("a,b"), Err(KeyError::Several));
+        assert!(request_key(&headers(&[]), &name).is_none());
+        let two = headers(&[("idempotency-key", "a"), ("idempotency-key", "b")]);
+        assert_eq!(request_key(&two, &name).unwrap(), Err(KeyError::Several));
+    }
+
+    #[test]
+    fn json_fingerprints_ignore_order_and_whitespace() {
+        let h = headers(&[("content-type", "application/json")]);
+        let a = fingerprint(
+            &Method::POST,
+            "/v1/x",
+            None,
+            &h,
+            br#"{"a":1,"b":[1,2],"c":{"y":1,"x":2}}"#,
+        );
+        let b = fingerprint(
+            &Method::POST,
+            "/v1/x",
+            None,
+            &h,
+            b"{ \"c\": {\"x\":2, \"y\":1},\n \"b\":[1, 2], \"a\":1 }",
+        );
+        assert_eq!(a, b);
+        assert_ne!(
+            a,
+            fingerprint(
+                &Method::POST,
+                "/v1/x",
+                None,
+                &h,
+                br#"{"a":2,"b":[1,2],"c":{"y":1,"x":2}}"#
+            )
+        );
+        assert_ne!(
+            a,
+            fingerprint(
+                &Method::POST,
+                "/v1/y",
+                None,
+                &h,
+                br#"{"a":1,"b":[1,2],"c":{"y":1,"x":2}}"#
+            )
+        );
+        assert_ne!(
+            a,
+            fingerprint(
+                &Method::PUT,
+                "/v1/x",
+                None,
+                &h,
+                br#"{"a":1,"b":[1,2],"c":{"y":1,"x":2}}"#
+            )
+        );
+        assert_eq!(
+            fingerprint(&Method::POST, "/v1/x", Some("b=2&a=1"), &h, b"{}"),
+            fingerprint(&Method::POST, "/v1/x", Some("a=1&b=2"), &h, b"{}")
+        );
+        assert_ne!(
+            fingerprint(&Method::POST, "/v1/x", Some("a=1"), &h, b"{}"),
+            fingerprint(&Method::POST, "/v1/x", None, &h, b"{}")
+        );
+    }
+
+    #[test]
+    fn multipart_fingerprints_ignore_the_boundary() {
+        let body = |b: &str, content: &str| {
+            format!(
+                "--{b}\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nwhisper-1\r\n--{b}\r\ncontent-disposition: form-data; name=\"file\"; filename=\"a.wav\"\r\nContent-Type: audio/wav\r\n\r\n{content}\r\n--{b}--\r\n"
+            )
+        };
+        let fp = |b: &str, content: &str| {
+            let h = headers(&[("content-type", &format!("multipart/form-data; boundary={b}"))]);
+            fingerprint(&Method::POST, "/v1/audio", None, &h, body(b, content).as_bytes())
+        };
+        assert_eq!(fp("XYZ", "RIFFdata"), fp("----other-boundary-123", "RIFFdata"));
+        assert_ne!(fp("XYZ", "RIFFdata"), fp("XYZ", "RIFFdatb"));
+    }
+
+    #[test]
+    fn scopes_differ_by_credential() {
+        let names = [
+            HeaderName::from_static("authorization"),
+            HeaderName::from_static("x-api-key"),
+        ];
+        let a = scope_hash(&headers(&[("authorization", "Bearer a")]), &names);
+        let b = scope_hash(&headers(&[("authorization", "Bearer b")]), &names);
+        let none = scope_hash(&headers(&[]), &names);
+        assert_ne!(a, b);
+        assert_ne!(a, none);
+        assert_eq!(a, scope_hash(&headers(&[("authorization", "Bearer a")]), &names));
+        assert!(!a.contains("Bearer"));
+        assert_eq!(a.len(), 32);
+    }
+}

@@ -1,0 +1,530 @@
+//! Idempotency keys: a request that repeats a completed `Idempotency-Key` gets the stored response,
+//! never a second upstream call. The semantics, in order of checks (DESIGN.md section 2):
+//!
+//! 1. Only POST and PATCH are covered. No key: forwarded unprotected (400 where `require_key`).
+//!    A malformed key: 400, nothing stored.
+//! 2. The record key hashes the route, the `scope_headers` values (the tenant) and the key.
+//! 3. The fingerprint covers method, path, query and canonical body; the same key with another
+//!    fingerprint is 422, whatever state the record is in.
+//! 4. Completed: replayed with `idempotent-replayed: true`, no upstream call.
+//! 5. In progress: held until the original completes (`on_concurrent = "wait"`, bounded backoff,
+//!    409 after `wait_timeout`) or 409 at once (`"conflict"`). The claim is a lease renewed while
+//!    the original runs.
+//! 6. Outcomes outside `store_statuses` release the key so that a retry can run.
+//!
+//! [`Idempotency::start`] is step 1-5 (one store round trip for a fresh key); [`Claim`] carries a
+//! fresh request's ownership to its end, where [`Recorder`] tees the response into the store as it
+//! streams to the client.
+
+pub mod fingerprint;
+pub mod redis_store;
+pub mod store;
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Method};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::BodyExt;
+use rand::Rng;
+use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::task::TaskTracker;
+
+use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
+use crate::error::ProxyError;
+use crate::metrics::Metrics;
+use crate::proxy::body::BoxError;
+pub use redis_store::RedisStore;
+pub use store::{Begin, Completion, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};
+
+/// Response headers kept with a stored response (and replayed). Never `set-cookie`, rate-limit
+/// or hop-by-hop headers: they describe the original exchange, not the result.
+const KEPT_HEADERS: [&str; 9] = [
+    "content-type",
+    "content-encoding",
+    "content-language",
+    "x-request-id",
+    "request-id",
+    "openai-model",
+    "openai-organization",
+    "openai-processing-ms",
+    "openai-version",
+];
+
+/// The longest pause between two looks at an in-progress record while waiting.
+const MAX_WAIT_STEP: Duration = Duration::from_millis(500);
+
+/// One store for the whole process: in memory, or Redis when `[redis]` is configured.
+#[derive(Clone)]
+pub enum AnyStore {
+    Memory(MemoryStore),
+    Redis(RedisStore),
+}
+
+impl Store for AnyStore {
+    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.begin(key, fingerprint, owner, lease).await,
+            AnyStore::Redis(s) => s.begin(key, fingerprint, owner, lease).await,
+        }
+    }
+    async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.renew(key, owner, lease).await,
+            AnyStore::Redis(s) => s.renew(key, owner, lease).await,
+        }
+    }
+    async fn complete(
+        &self,
+        key: &str,
+        owner: &str,
+        completion: &Completion,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.complete(key, owner, completion, ttl).await,
+            AnyStore::Redis(s) => s.complete(key, owner, completion, ttl).await,
+        }
+    }
+    async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(s) => s.release(key, owner).await,
+            AnyStore::Redis(s) => s.release(key, owner).await,
+        }
+    }
+}
+
+/// A route's idempotency: its policy and the process's store.
+pub struct Idempotency {
+    pub policy: Arc<IdempotencyPolicy>,
+    store: AnyStore,
+    metrics: Arc<Metrics>,
+    tasks: TaskTracker,
+    route: Arc<str>,
+}
+
+/// What to do with a request after the idempotency check.
+pub enum Start {
+    /// Forward it; nothing is recorded (no key, a method that is not covered, or the store was
+    /// unreachable under `on_store_error = "fail_open"`: `bypassed`).
+    Forward { bypassed: bool },
+    /// This request owns the key: run it, then record or release.
+    Claimed(Claim),
+    /// The stored response of a completed original.
+    Replay(StoredResponse),
+    /// Rebound answers (400, 409, 422, 503).
+    Refuse(ProxyError),
+}
+
+impl Idempotency {
+    pub fn new(
+        policy: Arc<IdempotencyPolicy>,
+        store: AnyStore,
+        metrics: Arc<Metrics>,
+        tasks: TaskTracker,
+        route: Arc<str>,
+    ) -> Idempotency {
+        Idempotency {
+            policy,
+            store,
+            metrics,
+            tasks,
+            route,
+        }
+    }
+
+    fn count(&self, result: &str) {
+        self.metrics
+            .idempotency_requests_total
+            .with_label_values(&[&*self.route, result])
+            .inc();
+    }
+
+    /// Checks a request against the store: claim, replay, hold, or refuse.
+    pub async fn start(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> Start {
+        let p = &self.policy;
+        if !matches!(*method, Method::POST | Method::PATCH) {
+            return Start::Forward { bypassed: false };
+        }
+        let key = match fingerprint::request_key(headers, &p.header) {
+            None if p.require_key => {
+                self.count("invalid");
+                return Start::Refuse(ProxyError::IdempotencyKeyRequired {
+                    header: p.header.to_string(),
+                });
+            }
+            None => return Start::Forward { bypassed: false },
+            Some(Err(e)) => {
+                self.count("invalid");
+                return Start::Refuse(ProxyError::InvalidIdempotencyKey { detail: e.to_string() });
+            }
+            Some(Ok(k)) => k,
+        };
+        let scope = fingerprint::scope_hash(headers, &p.scope_headers);
+        let key_hash = &fingerprint::digest(&[key.as_bytes()])[..32];
+        // One hash tag per record: every script touches this one key.
+        let record = format!("idem:{{{}:{scope}:{key_hash}}}", self.route);
+        let fp = fingerprint::fingerprint(method, path, query, headers, body);
+        let owner = owner_token();
+
+        let waited_until = tokio::time::Instant::now() + p.wait_timeout;
+        let mut step = Duration::from_millis(20);
+        loop {
+            let begin = self.store.begin(&record, &fp, &owner, p.lease).await;
+            match begin {
+                Err(e) => {
+                    self.count("store_error");
+                    tracing::warn!(route = %self.route, error = %e, "idempotency store unavailable");
+                    return match p.on_store_error {
+                        OnStoreError::FailClosed => Start::Refuse(ProxyError::StoreUnavailable),
+                        OnStoreError::FailOpen => Start::Forward { bypassed: true },
+                    };
+                }
+                Ok(Begin::Claimed) => return Start::Claimed(self.claim(record, owner)),
+                Ok(Begin::Completed(r)) => {
+                    self.count("replayed");
+                    return Start::Replay(r);
+                }
+                Ok(Begin::Mismatch) => {
+                    self.count("mismatch");
+                    return Start::Refuse(ProxyError::IdempotencyKeyReused);
+                }
+                Ok(Begin::NotKept) => {
+                    self.count("conflict");
+                    return Start::Refuse(ProxyError::IdempotencyResponseNotKept);
+                }
+                Ok(Begin::InProgress { lease_left }) => {
+                    let now = tokio::time::Instant::now();
+                    if p.on_concurrent == OnConcurrent::Conflict || now + step > waited_until {
+                        self.count("conflict");
+                        let retry_after = lease_left.clamp(Duration::from_secs(1), Duration::from_secs(30));
+                        return Start::Refuse(ProxyError::IdempotencyInProgress { retry_after });
+                    }
+                    // Bounded backoff: duplicates look again at most every 500 ms, never in a
+                    // tight loop; the original's completion (or release) ends the wait.
+                    tokio::time::sleep(step).await;
+                    step = (step * 2).min(MAX_WAIT_STEP);
+                }
+            }
+        }
+    }
+
+    /// Takes ownership of a fresh claim: renews its lease until it is recorded or released.
+    fn claim(&self, record: String, owner: String) -> Claim {
+        let stop = CancellationToken::new();
+        let (store, lease, route) = (self.store.clone(), self.policy.lease, self.route.clone());
+        let (key, who, token) = (record.clone(), owner.clone(), stop.clone());
+        self.tasks.spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = token.cancelled() => return,
+                    _ = tokio::time::sleep(lease / 3) => {}
+                }
+                match store.renew(&key, &who, lease).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        tracing::warn!(route = %route, "idempotency lease lost while the request ran: a duplicate may run");
+                        return;
+                    }
+                    Err(e) => tracing::warn!(route = %route, error = %e, "idempotency lease renewal failed"),
+                }
+            }
+        });
+        Claim {
+            inner: Some(ClaimInner {
+                record,
+                owner,
+                store: self.store.clone(),
+                policy: self.policy.clone(),
+                metrics: self.metrics.clone(),
+                tasks: self.tasks.clone(),
+                route: self.route.clone(),
+                _renewal: stop.drop_guard(),
+            }),
+        }
+    }
+}
+
+fn owner_token() -> String {
+    let n: u128 = rand::rng().random();
+    format!("{n:032x}")
+}
+
+/// Ownership of a claimed key until the request ends. Dropped without an outcome (the client went
+/// away before the response), it releases the key so that a retry can run.
+pub struct Claim {
+    inner: Option<ClaimInner>,
+}
+
+struct ClaimInner {
+    record: String,
+    owner: String,
+    store: AnyStore,
+    policy: Arc<IdempotencyPolicy>,
+    metrics: Arc<Metrics>,
+    tasks: TaskTracker,
+    route: Arc<str>,
+    /// Stops the lease renewal when the claim ends.
+    _renewal: DropGuard,
+}
+
+impl ClaimInner {
+    fn count(&self, result: &str) {
+        self.metrics
+            .idempotency_requests_total
+            .with_label_values(&[&*self.route, result])
+            .inc();
+    }
+
+    async fn release(self) {
+        self.count("not_stored");
+        if let Err(e) = self.store.release(&self.record, &self.owner).await {
+            // The lease lapses by itself: a retry waits at most `lease`.
+            tracing::warn!(route = %self.route, error = %e, "idempotency release failed; the key frees when its lease ends");
+        }
+    }
+
+    async fn complete(self, completion: Completion) {
+        match self
+            .store
+            .complete(&self.record, &self.owner, &completion, self.policy.ttl)
+            .await
+        {
+            Ok(true) => self.count(if matches!(completion, Completion::Kept(_)) {
+                "stored"
+            } else {
+                "not_stored"
+            }),
+            Ok(false) => {
+                self.count("not_stored");
+                tracing::warn!(route = %self.route, "idempotency key lost before completion: the response was not stored");
+            }
+            Err(e) => {
+                self.count("store_error");
+                tracing::warn!(route = %self.route, error = %e, "idempotency completion failed; the key frees when its lease ends");
+            }
+        }
+    }
+}
+
+impl Claim {
+    /// Whether a response with this status is stored (per `store_statuses`).
+    pub fn stores(&self, status: u16) -> bool {
+        self.inner
+            .as_ref()
+            .is_some_and(|c| c.policy.store_statuses.iter().any(|p| p.matches(status)))
+    }
+
+    /// Frees the key now (an outcome outside `store_statuses`, or rebound's own error).
+    pub async fn release(mut self) {
+        if let Some(inner) = self.inner.take() {
+            inner.release().await;
+        }
+    }
+
+    /// Wraps a response body to be stored as it streams to the client.
+    pub fn record<B>(mut self, status: u16, headers: &HeaderMap, body: B) -> Recorder
+    where
+        B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
+    {
+        let kept = headers
+            .iter()
+            .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
+            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
+            .collect();
+        let inner = self.inner.take();
+        let limit = inner
+            .as_ref()
+            .map_or(0, |c| usize::try_from(c.policy.max_stored_body).unwrap_or(usize::MAX));
+        Recorder {
+            body: Some(body.boxed_unsync()),
+            claim: inner,
+            status,
+            headers: kept,
+            buf: BytesMut::new(),
+            limit,
+            over: false,
+        }
+    }
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            let tasks = inner.tasks.clone();
+            tasks.spawn(inner.release());
+        }
+    }
+}
+
+/// Tees a response into the idempotency store while it streams to the client, frame by frame,
+/// with no added delay. At the end the response is completed in the store (or marked "not kept"
+/// when it outgrew `max_stored_body`); a failed stream releases the key. With
+/// `complete_on_disconnect`, a client that goes away mid-stream does not stop the upstream read:
+/// the rest is read and stored, so the app's retry replays the generation it already paid for.
+pub struct Recorder {
+    body: Option<UnsyncBoxBody<Bytes, BoxError>>,
+    claim: Option<ClaimInner>,
+    status: u16,
+    headers: Vec<(String, String)>,
+    buf: BytesMut,
+    limit: usize,
+    over: bool,
+}
+
+impl Recorder {
+    fn keep(&mut self, data: &Bytes) {
+        if self.over {
+            return;
+        }
+        if self.buf.len() + data.len() > self.limit {
+            self.over = true;
+            self.buf = BytesMut::new();
+        } else {
+            self.buf.extend_from_slice(data);
+        }
+    }
+
+    fn completion(&mut self) -> Completion {
+        if self.over {
+            Completion::NotKept
+        } else {
+            let body = std::mem::take(&mut self.buf).freeze();
+            Completion::Kept(StoredResponse {
+                status: self.status,
+                headers: std::mem::take(&mut self.headers),
+                body,
+            })
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            let completion = self.completion();
+            let tasks = claim.tasks.clone();
+            tasks.spawn(claim.complete(completion));
+        }
+    }
+
+    fn fail(&mut self) {
+        if let Some(claim) = self.claim.take() {
+            let tasks = claim.tasks.clone();
+            tasks.spawn(claim.release());
+        }
+    }
+}
+
+impl Body for Recorder {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let Some(body) = self.body.as_mut() else {
+            return Poll::Ready(None);
+        };
+        let polled = Pin::new(body).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    self.keep(&data);
+                }
+            }
+            Poll::Ready(None) => self.finish(),
+            Poll::Ready(Some(Err(_))) => self.fail(),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.as_ref().map(Body::size_hint).unwrap_or_default()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        let Some(claim) = self.claim.take() else { return };
+        let tasks = claim.tasks.clone();
+        let body = self.body.take();
+        if !claim.policy.complete_on_disconnect {
+            tasks.spawn(claim.release());
+            return;
+        }
+        let Some(body) = body else {
+            tasks.spawn(claim.release());
+            return;
+        };
+        // The client went away mid-stream: read the upstream to its end and store it. The body
+        // is wrapped in the stream idle timeout, so this read cannot hang.
+        let state = self.take_state();
+        tasks.spawn(drain_and_store(body, state, claim));
+    }
+}
+
+impl Recorder {
+    fn take_state(&mut self) -> RecorderState {
+        RecorderState {
+            status: self.status,
+            headers: std::mem::take(&mut self.headers),
+            buf: std::mem::take(&mut self.buf),
+            limit: self.limit,
+            over: self.over,
+        }
+    }
+}
+
+struct RecorderState {
+    status: u16,
+    headers: Vec<(String, String)>,
+    buf: BytesMut,
+    limit: usize,
+    over: bool,
+}
+
+async fn drain_and_store(body: UnsyncBoxBody<Bytes, BoxError>, state: RecorderState, claim: ClaimInner) {
+    let mut rec = Recorder {
+        body: Some(body),
+        claim: Some(claim),
+        status: state.status,
+        headers: state.headers,
+        buf: state.buf,
+        limit: state.limit,
+        over: state.over,
+    };
+    tracing::debug!("client went away mid-stream; reading the rest for the idempotency store");
+    loop {
+        let Some(body) = rec.body.as_mut() else { return };
+        match body.frame().await {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    let data = data.clone();
+                    rec.keep(&data);
+                }
+            }
+            Some(Err(_)) => {
+                rec.fail();
+                return;
+            }
+            None => {
+                rec.finish();
+                return;
+            }
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The Redis idempotency store: any replica answers. One Lua script per operation, each one round
+//! trip, each checking the owner token (compare-and-set). A record is one hash (state,
+//! fingerprint, owner, response metadata, body), so every script touches one key and the key's
+//! hash tag keeps it valid on Redis Cluster. TTLs are Redis's own (PEXPIRE): no replica's clock is
+//! trusted.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use redis::{Script, Value};
+use serde::{Deserialize, Serialize};
+
+use super::store::{Begin, Completion, Store, StoreError, StoredResponse};
+use crate::redis::RedisHandle;
+
+/// The Redis-backed store.
+#[derive(Clone)]
+pub struct RedisStore {
+    redis: RedisHandle,
+    scripts: std::sync::Arc<Scripts>,
+}
+
+struct Scripts {
+    begin: Script,
+    renew: Script,
+    complete: Script,
+    release: Script,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    status: u16,
+    headers: Vec<(String, String)>,
+}
+
+impl RedisStore {
+    pub fn new(redis: RedisHandle) -> RedisStore {
+        let scripts = Scripts {
+            begin: Script::new(include_str!("../redis/scripts/idem_begin_v1.lua")),
+            renew: Script::new(include_str!("../redis/scripts/idem_renew_v1.lua")),
+            complete: Script::new(include_str!("../redis/scripts/idem_complete_v1.lua")),
+            release: Script::new(include_str!("../redis/scripts/idem_release_v1.lua")),
+        };
+        RedisStore {
+            redis,
+            scripts: std::sync::Arc::new(scripts),
+        }
+    }
+
+    fn full_key(&self, key: &str) -> String {
+        self.redis.key(key)
+    }
+}
+
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+fn err(e: crate::redis::RedisError) -> StoreError {
+    StoreError(e.to_string())
+}
+
+fn text(v: Option<&Value>) -> Option<String> {
+    match v? {
+        Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
+        Value::SimpleString(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
+    let bad = || StoreError("unexpected reply from idem_begin_v1".into());
+    match text(reply.first()).as_deref() {
+        Some("claimed") => Ok(Begin::Claimed),
+        Some("mismatch") => Ok(Begin::Mismatch),
+        Some("not_kept") => Ok(Begin::NotKept),
+        Some("in_progress") => {
+            let pttl = match reply.get(1) {
+                Some(Value::Int(n)) => (*n).max(0) as u64,
+                _ => 0,
+            };
+            Ok(Begin::InProgress {
+                lease_left: Duration::from_millis(pttl),
+            })
+        }
+        Some("completed") => {
+            let meta: Meta = text(reply.get(1))
+                .and_then(|m| serde_json::from_str(&m).ok())
+                .ok_or_else(bad)?;
+            let body = match reply.get(2) {
+                Some(Value::BulkString(b)) => Bytes::from(b.clone()),
+                _ => Bytes::new(),
+            };
+            Ok(Begin::Completed(StoredResponse {
+                status: meta.status,
+                headers: meta.headers,
+                body,
+            }))
+        }
+        _ => Err(bad()),
+    }
+}
+
+impl Store for RedisStore {
+    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
+        let key = self.full_key(key);
+        let script = &self.scripts.begin;
+        let reply: Vec<Value> = self
+            .redis
+            .run("idem_begin", |mut c| async move {
+                script
+                    .key(&key)
+                    .arg(fingerprint)
+                    .arg(owner)
+                    .arg(ms(lease))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await
+            .map_err(err)?;
+        parse_begin(reply)
+    }
+
+    async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let script = &self.scripts.renew;
+        let n: i64 = self
+            .redis
+            .run("idem_renew", |mut c| async move {
+                script.key(&key).arg(owner).arg(ms(lease)).invoke_async(&mut c).await
+            })
+            .await
+            .map_err(err)?;
+        Ok(n == 1)
+    }
+
+    async fn complete(
+        &self,
+        key: &str,
+        owner: &str,
+        completion: &Completion,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let script = &self.scripts.complete;
+        let (state, meta, body) = match completion {
+            Completion::Kept(r) => {
+                let meta = Meta {
+                    status: r.status,
+                    headers: r.headers.clone(),
+                };
+                ("C", serde_json::to_string(&meta).unwrap_or_default(), r.body.clone())
+            }
+            Completion::NotKept => ("U", String::new(), Bytes::new()),
+        };
+        let n: i64 = self
+            .redis
+            .run("idem_complete", |mut c| async move {
+                script
+                    .key(&key)
+                    .arg(owner)
+                    .arg(state)
+                    .arg(meta)
+                    .arg(body.as_ref())
+                    .arg(ms(ttl))
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await
+            .map_err(err)?;
+        Ok(n == 1)
+    }
+
+    async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let script = &self.scripts.release;
+        let n: i64 = self
+            .redis
+            .run("idem_release", |mut c| async move {
+                script.key(&key).arg(owner).invoke_async(&mut c).await
+            })
+            .await
+            .map_err(err)?;
+        Ok(n == 1)
+    }
+}

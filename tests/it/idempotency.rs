@@ -1,0 +1,441 @@
+//! Idempotency keys through real sockets: one provider call per key, replays, conflicts, tenants,
+//! streams, and a Redis that goes away.
+
+use std::time::{Duration, Instant};
+
+use http_body_util::BodyExt;
+
+use crate::support::fake_provider::{chat_completion, sse_stream_bytes};
+use crate::support::redis::RedisServer;
+use crate::support::sidecar::{config_for, ReboundProcess};
+use crate::support::*;
+
+/// The `fake` route with `[idempotency.idem]` (`policy` appended) and a fast retry policy.
+fn config(provider: &str, redis: Option<&str>, policy: &str) -> String {
+    let mut extra = format!(
+        "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n[idempotency.idem]\nwait_timeout = \"5s\"\n{policy}\n"
+    );
+    if !policy.contains("lease") {
+        extra.push_str("lease = \"1s\"\n");
+    }
+    if let Some(url) = redis {
+        extra.push_str(&format!("\n[redis]\nurl = \"{url}\"\ncommand_timeout = \"200ms\"\n"));
+    }
+    config_for(provider, &extra).replace(
+        "strip_prefix = true\n",
+        "strip_prefix = true\nretry = \"fast\"\nidempotency = \"idem\"\n",
+    )
+}
+
+async fn call(url: &str, fake_key: &str, idem_key: Option<&str>, body: &str, extra: &[(&str, &str)]) -> Answer {
+    let mut h = vec![
+        ("x-fake-key", fake_key),
+        ("content-type", "application/json"),
+        ("authorization", "Bearer tenant-a"),
+    ];
+    if let Some(k) = idem_key {
+        h.push(("idempotency-key", k));
+    }
+    h.extend_from_slice(extra);
+    send("POST", &format!("{url}/fake/v1/chat/completions"), &h, body.to_string()).await
+}
+
+async fn redis_keys(url: &str) -> Vec<(String, Vec<u8>)> {
+    let client = ::redis::Client::open(url).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
+    let mut out = Vec::new();
+    for k in keys {
+        let fields: Vec<Vec<u8>> = ::redis::cmd("HGETALL")
+            .arg(&k)
+            .query_async(&mut c)
+            .await
+            .unwrap_or_default();
+        out.push((k, fields.concat()));
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_completed_key_is_replayed_by_another_instance_without_a_second_call() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let toml = config(&provider.url(), Some(&redis.url()), "");
+    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let first = call(&a.url, "k", Some("key-1"), r#"{"model":"m"}"#, &[]).await;
+    assert_eq!(first.status, 200);
+    assert!(first.header("idempotent-replayed").is_none());
+    assert!(eventually(Duration::from_secs(2), || !provider.requests("k").is_empty()).await);
+
+    let again = call(&b.url, "k", Some("key-1"), r#"{"model":"m"}"#, &[]).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.body, first.body, "byte-exact replay");
+    assert_eq!(again.text(), chat_completion());
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.header("content-type"), Some("application/json"));
+    assert_eq!(again.header("x-request-id"), Some("req_fake_0001"));
+    assert_eq!(again.header("x-rebound-attempts"), Some("0"));
+    assert_eq!(provider.count("k"), 1, "exactly one provider call");
+    // The key is still forwarded upstream, for providers that honour it.
+    assert_eq!(provider.requests("k")[0].header("idempotency-key"), Some("key-1"));
+    let page = b.metrics().await;
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_idempotency_requests_total{result="replayed",route="fake"}"#
+        ),
+        1.0,
+        "{page}"
+    );
+    let page = a.metrics().await;
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#
+        ),
+        1.0,
+        "{page}"
+    );
+}
+
+async fn burst(provider: &FakeProvider, urls: [String; 2], key: &str) -> Vec<Answer> {
+    provider.script(key, vec![Step::Delay { ms: 400 }]);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let url = urls[i % 2].clone();
+        let key = key.to_string();
+        set.spawn(async move { call(&url, &key, Some(&key), r#"{"n":1}"#, &[]).await });
+    }
+    let mut out = Vec::new();
+    while let Some(a) = set.join_next().await {
+        out.push(a.unwrap());
+    }
+    out
+}
+
+#[tokio::test]
+async fn fifty_concurrent_duplicates_make_one_call_and_all_get_the_original() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let toml = config(&provider.url(), Some(&redis.url()), "on_concurrent = \"wait\"\n");
+    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let answers = burst(&provider, [a.url.clone(), b.url.clone()], "burst-wait").await;
+    assert_eq!(provider.count("burst-wait"), 1);
+    for ans in &answers {
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.text(), chat_completion());
+    }
+    let replayed = answers
+        .iter()
+        .filter(|a| a.header("idempotent-replayed") == Some("true"))
+        .count();
+    assert_eq!(replayed, 49);
+}
+
+#[tokio::test]
+async fn fifty_concurrent_duplicates_in_conflict_mode_get_409() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let toml = config(&provider.url(), Some(&redis.url()), "on_concurrent = \"conflict\"\n");
+    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let answers = burst(&provider, [a.url.clone(), b.url.clone()], "burst-conflict").await;
+    assert_eq!(provider.count("burst-conflict"), 1);
+    let ok = answers.iter().filter(|a| a.status == 200).count();
+    let conflicts: Vec<&Answer> = answers.iter().filter(|a| a.status == 409).collect();
+    assert_eq!(ok + conflicts.len(), 50);
+    assert!(ok >= 1);
+    for c in conflicts {
+        assert_eq!(c.header("x-rebound-error"), Some("idempotency_in_progress"));
+        assert_eq!(c.header("x-should-retry"), Some("true"));
+        assert!(c.header("retry-after").is_some());
+    }
+}
+
+#[tokio::test]
+async fn key_reuse_with_another_body_is_422_and_json_order_does_not_matter() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "")).await;
+    let a = call(
+        &rebound.url,
+        "k",
+        Some("reuse"),
+        r#"{"model":"m","messages":[1,2]}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert!(eventually(Duration::from_secs(2), || provider.count("k") == 1).await);
+    let same = call(
+        &rebound.url,
+        "k",
+        Some("reuse"),
+        "{ \"messages\": [1, 2],\n  \"model\": \"m\" }",
+        &[],
+    )
+    .await;
+    assert_eq!(same.status, 200);
+    assert_eq!(same.header("idempotent-replayed"), Some("true"));
+    let other = call(&rebound.url, "k", Some("reuse"), r#"{"model":"other"}"#, &[]).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(other.header("x-rebound-error"), Some("idempotency_key_reused"));
+    assert_eq!(other.json()["error"]["code"], "idempotency_key_reused");
+    assert_eq!(provider.count("k"), 1);
+}
+
+#[tokio::test]
+async fn a_failed_outcome_releases_the_key_and_the_retry_runs() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "")).await;
+    provider.script("k", vec![Step::status(503), Step::status(503)]);
+    let a = call(&rebound.url, "k", Some("released"), "{}", &[]).await;
+    assert_eq!(a.status, 503);
+    assert_eq!(provider.count("k"), 2);
+    let b = call(&rebound.url, "k", Some("released"), "{}", &[]).await;
+    assert_eq!(b.status, 200, "the retry runs: the 503 was not stored");
+    assert!(b.header("idempotent-replayed").is_none());
+    assert_eq!(provider.count("k"), 3);
+    let c = call(&rebound.url, "k", Some("released"), "{}", &[]).await;
+    assert_eq!(c.header("idempotent-replayed"), Some("true"), "the 200 was stored");
+    assert_eq!(provider.count("k"), 3);
+}
+
+#[tokio::test]
+async fn a_killed_instance_frees_the_key_after_the_lease() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let toml = config(
+        &provider.url(),
+        Some(&redis.url()),
+        "on_concurrent = \"conflict\"\nlease = \"2s\"\n",
+    );
+    let mut doomed = ReboundProcess::start(&toml, &[]).await;
+    provider.script("k", vec![Step::Delay { ms: 30_000 }]);
+    let url = doomed.proxy.clone();
+    let inflight = tokio::spawn(async move { call(&url, "k", Some("killed"), "{}", &[]).await });
+    assert!(eventually(Duration::from_secs(5), || provider.count("k") == 1).await);
+    doomed.child.start_kill().unwrap();
+    let _ = doomed.child.wait().await;
+    let killed_at = Instant::now();
+    inflight.abort();
+
+    let survivor = Rebound::start(&toml).await;
+    let during = call(&survivor.url, "k", Some("killed"), "{}", &[]).await;
+    assert_eq!(during.status, 409, "the dead owner's lease still holds");
+    let mut ran = None;
+    while killed_at.elapsed() < Duration::from_secs(6) {
+        let a = call(&survivor.url, "k", Some("killed"), "{}", &[]).await;
+        if a.status == 200 {
+            ran = Some(killed_at.elapsed());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let ran = ran.expect("the key is claimable again after the lease, not after the 24 h TTL");
+    assert!(ran <= Duration::from_millis(3500), "freed after {ran:?}");
+    assert_eq!(provider.count("k"), 2);
+}
+
+#[tokio::test]
+async fn streams_are_replayed_byte_for_byte_and_completed_after_a_disconnect() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "")).await;
+    let stream = |key: &'static str, url: String| async move {
+        send_streaming(
+            "POST",
+            &format!("{url}/fake/v1/chat/completions"),
+            &[
+                ("x-fake-key", key),
+                ("idempotency-key", key),
+                ("x-fake-chunks", "8"),
+                ("x-fake-gap-ms", "50"),
+            ],
+            r#"{"stream":true}"#,
+        )
+        .await
+    };
+    let first = stream("sse", rebound.url.clone())
+        .await
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(String::from_utf8_lossy(&first), sse_stream_bytes(8));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let replay = stream("sse", rebound.url.clone()).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.headers()["content-type"], "text/event-stream");
+    let replay = replay.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(replay, first);
+    assert_eq!(provider.count("sse"), 1);
+
+    // The client goes away after the first chunk: rebound reads the rest and stores it.
+    let resp = stream("gone", rebound.url.clone()).await;
+    let mut body = resp.into_body();
+    let _first = body.frame().await.unwrap().unwrap();
+    drop(body);
+    assert!(eventually(Duration::from_secs(5), || provider.streams_completed("gone") == 1).await);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let retry = stream("gone", rebound.url.clone()).await;
+    assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    let all = retry.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(
+        String::from_utf8_lossy(&all),
+        sse_stream_bytes(8),
+        "the whole generation, already paid for"
+    );
+    assert_eq!(provider.count("gone"), 1);
+}
+
+#[tokio::test]
+async fn redis_outage_fails_closed_or_open_and_recovers_without_restart() {
+    let mut redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let closed = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let open = Rebound::start(&config(
+        &provider.url(),
+        Some(&redis.url()),
+        "on_store_error = \"fail_open\"\n",
+    ))
+    .await;
+    assert!(eventually(Duration::from_secs(5), || true).await);
+    let warm = call(&closed.url, "k", Some("warm"), "{}", &[]).await;
+    assert_eq!(warm.status, 200);
+
+    redis.stop();
+    let started = Instant::now();
+    let a = call(&closed.url, "down", Some("while-down"), "{}", &[]).await;
+    assert_eq!(a.status, 503, "{}", a.text());
+    assert_eq!(a.header("x-rebound-error"), Some("store_unavailable"));
+    assert!(
+        started.elapsed() < Duration::from_millis(200 + 500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(provider.count("down"), 0, "fail_closed sends nothing upstream");
+
+    let b = call(&open.url, "down", Some("while-down"), "{}", &[]).await;
+    assert_eq!(b.status, 200);
+    assert_eq!(b.header("x-rebound-idempotency"), Some("bypassed"));
+    assert_eq!(provider.count("down"), 1);
+    // Requests without a key never touch the store.
+    assert_eq!(call(&closed.url, "nokey", None, "{}", &[]).await.status, 200);
+
+    redis.restart();
+    let mut recovered = false;
+    for _ in 0..50 {
+        let a = call(&closed.url, "after", Some("after-restart"), "{}", &[]).await;
+        if a.status == 200 {
+            recovered = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(recovered, "idempotency works again without restarting rebound");
+    let mut replayed = false;
+    for _ in 0..50 {
+        let replay = call(&open.url, "after", Some("after-restart"), "{}", &[]).await;
+        if replay.header("idempotent-replayed") == Some("true") {
+            replayed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(replayed, "the fail-open instance rejoins the store too");
+    let page = closed.metrics().await;
+    assert!(
+        metric(
+            &page,
+            r#"rebound_idempotency_requests_total{result="store_error",route="fake"}"#
+        ) >= 1.0
+    );
+}
+
+#[tokio::test]
+async fn tenants_never_share_records_and_redis_holds_no_secret() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let key = "tenant-key-CANARY-3f9a";
+    for tenant in ["Bearer sk-CANARY-tenant-one", "Bearer sk-CANARY-tenant-two"] {
+        let a = call(&rebound.url, "t", Some(key), "{}", &[("authorization", tenant)]).await;
+        assert_eq!(a.status, 200);
+        assert!(
+            a.header("idempotent-replayed").is_none(),
+            "another tenant's record must not answer"
+        );
+    }
+    assert_eq!(provider.count("t"), 2);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let keys = redis_keys(&redis.url()).await;
+    let records: Vec<&String> = keys.iter().map(|(k, _)| k).filter(|k| k.contains("idem:")).collect();
+    assert_eq!(records.len(), 2, "{keys:?}");
+    for (k, v) in &keys {
+        assert!(!k.contains("CANARY"), "raw key or credential in a Redis key: {k}");
+        assert!(
+            !String::from_utf8_lossy(v).contains("CANARY"),
+            "raw key or credential in a Redis value of {k}"
+        );
+        assert!(k.starts_with("rebound:idem:{fake:"), "{k}");
+    }
+}
+
+#[tokio::test]
+async fn malformed_and_missing_keys() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "")).await;
+    for bad in ["", "has space", &"x".repeat(256)] {
+        let a = call(&rebound.url, "bad", Some(bad), "{}", &[]).await;
+        assert_eq!(a.status, 400, "{bad:?}");
+        assert_eq!(a.header("x-rebound-error"), Some("invalid_idempotency_key"));
+    }
+    let two = send(
+        "POST",
+        &format!("{}/fake/v1/chat/completions", rebound.url),
+        &[
+            ("x-fake-key", "bad"),
+            ("idempotency-key", "a"),
+            ("idempotency-key", "b"),
+        ],
+        "{}",
+    )
+    .await;
+    assert_eq!(two.status, 400);
+    assert_eq!(provider.count("bad"), 0);
+    // A quoted structured-field string is accepted and means the same key.
+    let q = call(&rebound.url, "q", Some("\"quoted-1\""), "{}", &[]).await;
+    assert_eq!(q.status, 200);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let plain = call(&rebound.url, "q", Some("quoted-1"), "{}", &[]).await;
+    assert_eq!(plain.header("idempotent-replayed"), Some("true"));
+
+    let required = Rebound::start(&config(&provider.url(), None, "require_key = true\n")).await;
+    let a = call(&required.url, "req", None, "{}", &[]).await;
+    assert_eq!(a.status, 400);
+    assert_eq!(a.header("x-rebound-error"), Some("idempotency_key_required"));
+    assert_eq!(provider.count("req"), 0);
+    // GET is not covered: forwarded without a key.
+    let g = send(
+        "GET",
+        &format!("{}/fake/echo", required.url),
+        &[("x-fake-key", "get")],
+        "",
+    )
+    .await;
+    assert_eq!(g.status, 200);
+}
+
+#[tokio::test]
+async fn an_oversized_response_is_completed_but_not_kept() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "max_stored_body = \"100B\"\n")).await;
+    let a = call(&rebound.url, "big", Some("too-big"), "{}", &[]).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.text(), chat_completion(), "the live client gets it all");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let b = call(&rebound.url, "big", Some("too-big"), "{}", &[]).await;
+    assert_eq!(b.status, 409);
+    assert_eq!(b.header("x-rebound-error"), Some("idempotency_response_not_kept"));
+    assert_eq!(b.header("x-should-retry"), Some("false"));
+    assert_eq!(provider.count("big"), 1, "never a re-run");
+}

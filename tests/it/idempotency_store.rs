@@ -1,0 +1,168 @@
+//! One contract suite, run against both idempotency stores.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use rebound::idempotency::{Begin, Completion, MemoryLimits, MemoryStore, RedisStore, Store, StoredResponse};
+
+use crate::support::redis::RedisServer;
+
+fn response(body: &str) -> StoredResponse {
+    StoredResponse {
+        status: 200,
+        headers: vec![("content-type".into(), "application/json".into())],
+        body: Bytes::from(body.to_string()),
+    }
+}
+
+const LEASE: Duration = Duration::from_millis(300);
+const TTL: Duration = Duration::from_secs(60);
+
+async fn contract<S: Store>(s: &S, ns: &str) {
+    let k = |name: &str| format!("{ns}:{name}");
+    // Absent → claimed; the same owner may claim again (an ambiguous timeout is safe).
+    assert_eq!(s.begin(&k("a"), "fp1", "owner1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&k("a"), "fp1", "owner1", LEASE).await.unwrap(), Begin::Claimed);
+    // Another owner sees it in progress; another fingerprint is a mismatch, whatever the state.
+    assert!(
+        matches!(s.begin(&k("a"), "fp1", "owner2", LEASE).await.unwrap(), Begin::InProgress { lease_left } if lease_left <= LEASE)
+    );
+    assert_eq!(s.begin(&k("a"), "fp2", "owner2", LEASE).await.unwrap(), Begin::Mismatch);
+    // Only the owner completes.
+    assert!(!s
+        .complete(&k("a"), "owner2", &Completion::Kept(response("x")), TTL)
+        .await
+        .unwrap());
+    assert!(s
+        .complete(&k("a"), "owner1", &Completion::Kept(response("{\"ok\":1}")), TTL)
+        .await
+        .unwrap());
+    assert_eq!(
+        s.begin(&k("a"), "fp1", "owner3", LEASE).await.unwrap(),
+        Begin::Completed(response("{\"ok\":1}"))
+    );
+    assert_eq!(s.begin(&k("a"), "fp2", "owner3", LEASE).await.unwrap(), Begin::Mismatch);
+    // A completed record cannot be completed or released again, even by its old owner.
+    assert!(!s.complete(&k("a"), "owner1", &Completion::NotKept, TTL).await.unwrap());
+    assert!(!s.release(&k("a"), "owner1").await.unwrap());
+
+    // Release frees the key for the next claim; only the owner releases.
+    assert_eq!(s.begin(&k("b"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert!(!s.release(&k("b"), "o2").await.unwrap());
+    assert!(s.release(&k("b"), "o1").await.unwrap());
+    assert_eq!(s.begin(&k("b"), "fp", "o2", LEASE).await.unwrap(), Begin::Claimed);
+
+    // Not kept.
+    assert_eq!(s.begin(&k("c"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert!(s.complete(&k("c"), "o1", &Completion::NotKept, TTL).await.unwrap());
+    assert_eq!(s.begin(&k("c"), "fp", "o2", LEASE).await.unwrap(), Begin::NotKept);
+
+    // A lease that is not renewed lapses; a renewed one holds; a stale owner cannot renew.
+    assert_eq!(s.begin(&k("d"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&k("e"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    for _ in 0..4 {
+        tokio::time::sleep(LEASE / 3).await;
+        assert!(s.renew(&k("e"), "o1", LEASE).await.unwrap());
+        assert!(!s.renew(&k("e"), "o2", LEASE).await.unwrap());
+    }
+    assert_eq!(
+        s.begin(&k("d"), "fp", "o2", LEASE).await.unwrap(),
+        Begin::Claimed,
+        "lapsed"
+    );
+    assert!(
+        matches!(
+            s.begin(&k("e"), "fp", "o2", LEASE).await.unwrap(),
+            Begin::InProgress { .. }
+        ),
+        "renewed"
+    );
+    // The stale owner of d cannot complete over the new owner.
+    assert!(!s
+        .complete(&k("d"), "o1", &Completion::Kept(response("stale")), TTL)
+        .await
+        .unwrap());
+    assert!(s
+        .complete(&k("d"), "o2", &Completion::Kept(response("fresh")), TTL)
+        .await
+        .unwrap());
+    assert_eq!(
+        s.begin(&k("d"), "fp", "o3", LEASE).await.unwrap(),
+        Begin::Completed(response("fresh"))
+    );
+
+    // Binary bodies survive.
+    let bin = StoredResponse {
+        status: 201,
+        headers: vec![],
+        body: Bytes::from(vec![0u8, 159, 146, 150, 255]),
+    };
+    assert_eq!(s.begin(&k("f"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert!(s
+        .complete(&k("f"), "o1", &Completion::Kept(bin.clone()), TTL)
+        .await
+        .unwrap());
+    assert_eq!(
+        s.begin(&k("f"), "fp", "o2", LEASE).await.unwrap(),
+        Begin::Completed(bin)
+    );
+}
+
+async fn concurrent_claims<S: Store>(s: Arc<S>, ns: &str) {
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..50 {
+        let s = s.clone();
+        let key = format!("{ns}:race");
+        set.spawn(async move {
+            s.begin(&key, "fp", &format!("owner{i}"), Duration::from_secs(5))
+                .await
+                .unwrap()
+        });
+    }
+    let mut claimed = 0;
+    while let Some(r) = set.join_next().await {
+        if r.unwrap() == Begin::Claimed {
+            claimed += 1;
+        }
+    }
+    assert_eq!(claimed, 1, "exactly one winner");
+}
+
+#[tokio::test]
+async fn memory_store_contract() {
+    let s = MemoryStore::new(MemoryLimits::default());
+    contract(&s, "m").await;
+    concurrent_claims(Arc::new(s), "m").await;
+}
+
+#[tokio::test]
+async fn redis_store_contract() {
+    let redis = RedisServer::start();
+    let handle = crate::support::sidecar::redis_handle(&redis.url()).await;
+    let s = RedisStore::new(handle);
+    contract(&s, "r").await;
+    concurrent_claims(Arc::new(s), "r").await;
+}
+
+#[tokio::test]
+async fn memory_store_stays_within_its_bounds() {
+    let s = MemoryStore::new(MemoryLimits {
+        max_entries: 100,
+        max_bytes: 1 << 20,
+    });
+    for i in 0..1000 {
+        let key = format!("k{i}");
+        assert_eq!(s.begin(&key, "fp", "o", TTL).await.unwrap(), Begin::Claimed);
+        assert!(s
+            .complete(&key, "o", &Completion::Kept(response("body")), TTL)
+            .await
+            .unwrap());
+    }
+    assert!(s.len() <= 100, "{}", s.len());
+    // The newest records survive eviction.
+    assert!(matches!(
+        s.begin("k999", "fp", "o2", TTL).await.unwrap(),
+        Begin::Completed(_)
+    ));
+}

@@ -21,6 +21,7 @@ pub mod idempotency;
 pub mod metrics;
 pub mod proxy;
 pub mod redis;
+pub mod reload;
 pub mod retry;
 pub mod routing;
 pub mod server;

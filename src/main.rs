@@ -86,7 +86,10 @@ fn serve(path: PathBuf) -> ExitCode {
             version = env!("CARGO_PKG_VERSION"),
             "rebound listening"
         );
-        let signal = shutdown_signal().await;
+        let signal = tokio::select! {
+            signal = shutdown_signal() => signal,
+            () = reload_on_sighup(&server) => "SIGHUP",
+        };
         tracing::info!(signal, "shutting down");
         server.shutdown();
         let exit = tokio::select! {
@@ -101,6 +104,22 @@ fn serve(path: PathBuf) -> ExitCode {
             Exit::GraceExpired { .. } => ExitCode::from(EXIT_GRACE_EXPIRED),
         }
     })
+}
+
+/// Reloads the configuration on every SIGHUP (never returns, unless SIGHUP cannot be watched).
+async fn reload_on_sighup(server: &rebound::Server) {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let Ok(mut hup) = signal(SignalKind::hangup()) else {
+            return std::future::pending().await;
+        };
+        while hup.recv().await.is_some() {
+            // The outcome is logged and counted by the reloader.
+            let _ = server.reload();
+        }
+    }
+    std::future::pending().await
 }
 
 /// Waits for SIGTERM or SIGINT and names it.

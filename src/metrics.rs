@@ -53,6 +53,8 @@ pub struct Metrics {
     pub idempotency_requests_total: IntCounterVec,
     /// Redis command latency by operation.
     pub redis_command_duration_seconds: HistogramVec,
+    /// Configuration reloads by result (`success`, `failure`).
+    pub config_reloads_total: IntCounterVec,
     /// Redis command failures by operation.
     pub redis_errors_total: IntCounterVec,
     /// 1 while the Redis connection answers its health check, 0 otherwise (absent without Redis).
@@ -133,6 +135,7 @@ impl Metrics {
                 &["op"],
                 REDIS_BUCKETS,
             )?,
+            config_reloads_total: counter("config_reloads_total", "Configuration reloads by result.", &["result"])?,
             redis_errors_total: counter("redis_errors_total", "Redis command failures by operation.", &["op"])?,
             redis_up: reg(
                 r,

@@ -20,8 +20,10 @@ use tokio_util::task::TaskTracker;
 use crate::admin::{self, AdminState};
 use crate::config::Config;
 use crate::metrics::Metrics;
-use crate::proxy::{BuildError, Proxy};
+use crate::proxy::{BuildError, Proxy, Shared};
 use crate::redis::RedisHandle;
+use crate::reload::{ReloadError, Reloader};
+use arc_swap::ArcSwap;
 
 /// How long startup waits for Redis before serving without it.
 const REDIS_STARTUP_WAIT: Duration = Duration::from_secs(2);
@@ -58,6 +60,7 @@ pub struct Server {
     pub admin_addr: SocketAddr,
     /// The metrics this instance records.
     pub metrics: Arc<Metrics>,
+    reloader: Arc<Reloader>,
     shutdown: CancellationToken,
     done: JoinHandle<Exit>,
 }
@@ -66,6 +69,12 @@ impl Server {
     /// Starts draining (idempotent).
     pub fn shutdown(&self) {
         self.shutdown.cancel();
+    }
+
+    /// Reloads the configuration file now (SIGHUP). An invalid file is refused, logged and
+    /// counted; the running configuration stays in force.
+    pub fn reload(&self) -> Result<(), ReloadError> {
+        self.reloader.reload("signal")
     }
 
     /// Waits for the end of the drain.
@@ -80,41 +89,38 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
     let tasks = TaskTracker::new();
     let hard_stop = CancellationToken::new();
 
-    let proxy_listener = TcpListener::bind(config.server.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            key: "server.listen",
-            addr: config.server.listen,
-            source,
-        })?;
-    let admin_listener = TcpListener::bind(config.admin.listen)
-        .await
-        .map_err(|source| StartError::Bind {
-            key: "admin.listen",
-            addr: config.admin.listen,
-            source,
-        })?;
+    let bind = |key, addr| async move {
+        TcpListener::bind(addr)
+            .await
+            .map_err(|source| StartError::Bind { key, addr, source })
+    };
+    let proxy_listener = bind("server.listen", config.server.listen).await?;
+    let admin_listener = bind("admin.listen", config.admin.listen).await?;
     let bound = |l: &TcpListener, fallback| l.local_addr().unwrap_or(fallback);
     let proxy_addr = bound(&proxy_listener, config.server.listen);
     let admin_addr = bound(&admin_listener, config.admin.listen);
 
+    // Background tasks live as long as the process, not as one configuration.
     let background = TaskTracker::new();
     let background_stop = CancellationToken::new();
     let redis = config
         .redis
         .clone()
         .map(|r| RedisHandle::start(r, metrics.clone(), &background, background_stop.clone()));
-    let proxy = Arc::new(Proxy::new(
-        &config,
-        metrics.clone(),
-        tasks.clone(),
-        hard_stop.clone(),
-        redis.clone(),
-    )?);
+    let shared = Shared {
+        metrics: metrics.clone(),
+        tasks: tasks.clone(),
+        hard_stop: hard_stop.clone(),
+        store: Shared::store_for(redis.clone()),
+    };
+    let proxy = Arc::new(ArcSwap::from_pointee(Proxy::new(&config, &shared)?));
     if let Some(r) = &redis {
         // Bounded: rebound serves without Redis, each feature degrading as configured.
         r.wait_connected(REDIS_STARTUP_WAIT).await;
     }
+    let reloader = Arc::new(Reloader::new(&config, proxy.clone(), shared));
+    background.spawn(reloader.clone().watch(background_stop.clone()));
+
     let admin_state = Arc::new(AdminState {
         metrics: metrics.clone(),
         draining: false.into(),
@@ -145,6 +151,7 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         proxy_addr,
         admin_addr,
         metrics,
+        reloader,
         shutdown,
         done,
     })
@@ -160,7 +167,7 @@ struct Drain {
 
 async fn serve(
     listener: TcpListener,
-    proxy: Arc<Proxy>,
+    proxy: Arc<ArcSwap<Proxy>>,
     shutdown: CancellationToken,
     drain: Drain,
     admin: &AdminState,
@@ -185,7 +192,8 @@ async fn serve(
         let _ = tcp.set_nodelay(true);
         let proxy = proxy.clone();
         let svc = hyper::service::service_fn(move |req| {
-            let proxy = proxy.clone();
+            // Each request runs to its end on the configuration it started with.
+            let proxy = proxy.load_full();
             async move { Ok::<_, Infallible>(proxy.handle(req).await) }
         });
         let conn = graceful.watch(

@@ -74,6 +74,30 @@ pub enum BuildError {
 /// The retry budget's sliding window (Linkerd's and Finagle's `ttl`).
 const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 
+/// What outlives one configuration: a reload builds a new [`Proxy`] around the same metrics,
+/// tasks and idempotency store (in-memory records survive a reload).
+#[derive(Clone)]
+pub struct Shared {
+    pub metrics: Arc<Metrics>,
+    /// Tasks that outlive their request (upgraded connections, idempotency writes), drained on
+    /// shutdown.
+    pub tasks: TaskTracker,
+    /// Cancelled when the shutdown grace runs out.
+    pub hard_stop: CancellationToken,
+    /// The idempotency store: Redis when configured (any replica answers), else in memory.
+    pub store: AnyStore,
+}
+
+impl Shared {
+    /// The store for `redis`: Redis when configured, else a bounded map in memory (one replica).
+    pub fn store_for(redis: Option<RedisHandle>) -> AnyStore {
+        match redis {
+            Some(r) => AnyStore::Redis(RedisStore::new(r)),
+            None => AnyStore::Memory(MemoryStore::new(MemoryLimits::default())),
+        }
+    }
+}
+
 /// Everything a request needs: routes, upstream pools, metrics.
 pub struct Proxy {
     routes: RouteTable<Arc<Route>>,
@@ -88,19 +112,13 @@ pub struct Proxy {
 
 impl Proxy {
     /// Resolves routes against upstreams and policies and builds the connection pools.
-    pub fn new(
-        config: &Config,
-        metrics: Arc<Metrics>,
-        tasks: TaskTracker,
-        hard_stop: CancellationToken,
-        redis: Option<RedisHandle>,
-    ) -> Result<Proxy, BuildError> {
-        // One idempotency store for the process: Redis when configured (any replica answers),
-        // else a bounded map in memory (one replica).
-        let store = match redis {
-            Some(r) => AnyStore::Redis(RedisStore::new(r)),
-            None => AnyStore::Memory(MemoryStore::new(MemoryLimits::default())),
-        };
+    pub fn new(config: &Config, shared: &Shared) -> Result<Proxy, BuildError> {
+        let Shared {
+            metrics,
+            tasks,
+            hard_stop,
+            store,
+        } = shared.clone();
         let mut upstreams = std::collections::BTreeMap::new();
         for (name, u) in &config.upstreams {
             let built = Upstream::new(u.clone()).map_err(|source| BuildError::Upstream {

@@ -11,6 +11,7 @@ mod idempotency_store;
 mod passthrough;
 mod process;
 mod redis_plumbing;
+mod reload;
 mod retry;
 mod shutdown;
 mod tls;

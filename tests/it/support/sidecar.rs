@@ -151,6 +151,11 @@ impl ReboundProcess {
         }
     }
 
+    /// The config file it runs on (tests may rewrite it).
+    pub fn config_path(&self) -> PathBuf {
+        self._dir.path().join("rebound.toml")
+    }
+
     pub fn logs(&self) -> String {
         self.logs.lock().unwrap().join("\n")
     }

@@ -1,0 +1,135 @@
+//! Hot reload: SIGHUP, or a change of the configuration file's contents (a mounted ConfigMap
+//! changes by symlink swap; the file is re-read and compared, so any kind of update is seen),
+//! builds a new [`Proxy`] and swaps it in. Requests in flight finish on the configuration they
+//! started with. An invalid file is refused with its precise errors, counted in
+//! `rebound_config_reloads_total{result="failure"}`, and the running configuration stays.
+//!
+//! What a reload cannot change without a restart: the listen addresses, `[redis]`, and `[log]`
+//! (a reload that changes them applies everything else and says so in a warning).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Config, ConfigErrors};
+use crate::idempotency::fingerprint::digest;
+use crate::proxy::{BuildError, Proxy, Shared};
+
+/// How often the configuration file is looked at.
+pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Why a reload was refused (the running configuration stays).
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{0}")]
+    Invalid(#[from] ConfigErrors),
+    #[error("{0}")]
+    Build(#[from] BuildError),
+}
+
+/// Reloads one configuration file into the running proxy.
+pub struct Reloader {
+    path: PathBuf,
+    proxy: Arc<ArcSwap<Proxy>>,
+    shared: Shared,
+    /// What needs a restart to change, as first loaded.
+    fixed: Fixed,
+    /// The digest of the contents last applied or refused (so one bad edit is reported once).
+    seen: Mutex<Option<String>>,
+}
+
+#[derive(PartialEq, Eq)]
+struct Fixed {
+    listen: SocketAddr,
+    admin: SocketAddr,
+    redis: Option<(String, String)>,
+    log: (String, String),
+}
+
+impl Fixed {
+    fn of(c: &Config) -> Fixed {
+        Fixed {
+            listen: c.server.listen,
+            admin: c.admin.listen,
+            redis: c.redis.as_ref().map(|r| (r.url.clone(), r.key_prefix.clone())),
+            log: (format!("{:?}", c.log.format), c.log.level.clone()),
+        }
+    }
+}
+
+impl Reloader {
+    pub fn new(config: &Config, proxy: Arc<ArcSwap<Proxy>>, shared: Shared) -> Reloader {
+        let seen = std::fs::read(&config.source).ok().map(|b| digest(&[&b]));
+        Reloader {
+            path: config.source.clone(),
+            proxy,
+            shared,
+            fixed: Fixed::of(config),
+            seen: Mutex::new(seen),
+        }
+    }
+
+    /// Loads, validates and swaps in the file's current contents.
+    pub fn reload(&self, trigger: &str) -> Result<(), ReloadError> {
+        if let Ok(bytes) = std::fs::read(&self.path) {
+            if let Ok(mut seen) = self.seen.lock() {
+                *seen = Some(digest(&[&bytes]));
+            }
+        }
+        let result = self.try_reload();
+        let label = if result.is_ok() { "success" } else { "failure" };
+        self.shared
+            .metrics
+            .config_reloads_total
+            .with_label_values(&[label])
+            .inc();
+        match &result {
+            Ok(()) => tracing::info!(config = %self.path.display(), trigger, "configuration reloaded"),
+            Err(e) => tracing::error!(
+                config = %self.path.display(),
+                trigger,
+                error = %e,
+                "configuration reload refused; the running configuration stays in force"
+            ),
+        }
+        result
+    }
+
+    fn try_reload(&self) -> Result<(), ReloadError> {
+        let config = Config::load(&self.path)?;
+        if Fixed::of(&config) != self.fixed {
+            tracing::warn!(
+                "listen addresses, [redis] and [log] changes take effect only after a restart; the rest of the new configuration is applied"
+            );
+        }
+        let proxy = Proxy::new(&config, &self.shared)?;
+        self.proxy.store(Arc::new(proxy));
+        Ok(())
+    }
+
+    /// Reloads whenever the file's contents change, until `stop`.
+    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(WATCH_INTERVAL) => {}
+            }
+            let Ok(bytes) = tokio::fs::read(&self.path).await else {
+                continue;
+            };
+            let current = digest(&[&bytes]);
+            let changed = self
+                .seen
+                .lock()
+                .map(|seen| seen.as_deref() != Some(current.as_str()))
+                .unwrap_or(false);
+            if changed {
+                let _ = self.reload("file change");
+            }
+        }
+    }
+}

@@ -1,0 +1,130 @@
+//! Hot reload under load: no request lost, invalid configs refused, the last valid one in force.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::support::sidecar::{config_for, ReboundProcess};
+use crate::support::*;
+
+fn versioned(provider: &str, version: &str) -> String {
+    config_for(provider, "").replace(
+        "connect_timeout = \"1s\"\n",
+        &format!("connect_timeout = \"1s\"\nset_headers = {{ x-config-version = \"{version}\" }}\n"),
+    )
+}
+
+#[tokio::test]
+async fn reload_under_load_loses_nothing_and_refuses_an_invalid_config() {
+    let provider = FakeProvider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.toml");
+    std::fs::write(&path, versioned(&provider.url(), "1")).unwrap();
+    let config = rebound::Config::load_with_env(&path, &|_| None).unwrap();
+    let rebound = Rebound::start_config(config).await;
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, failed) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+    let mut clients = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (url, stop, ok, failed) = (rebound.url.clone(), stop.clone(), ok.clone(), failed.clone());
+        clients.spawn(async move {
+            // Bounded: at most 20 s or 5000 requests per client.
+            for _ in 0..5000 {
+                if stop.load(Ordering::SeqCst) {
+                    break;
+                }
+                let a = send("GET", &format!("{url}/fake/echo"), &[("x-fake-key", "load")], "").await;
+                if a.status == 200 { &ok } else { &failed }.fetch_add(1, Ordering::SeqCst);
+            }
+        });
+    }
+    let version_seen = |v: &str| {
+        provider
+            .requests("load")
+            .last()
+            .and_then(|r| r.header("x-config-version").map(|h| h == v))
+            .unwrap_or(false)
+    };
+    assert!(eventually(Duration::from_secs(5), || version_seen("1")).await);
+
+    // A valid change: picked up from the file, no signal needed.
+    std::fs::write(&path, versioned(&provider.url(), "2")).unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || version_seen("2")).await,
+        "the new config is in force"
+    );
+
+    // An invalid change: refused, counted, the running config stays.
+    std::fs::write(
+        &path,
+        versioned(&provider.url(), "3").replace("[server]", "[server]\nmax_attemps = 1"),
+    )
+    .unwrap();
+    let failures = || async {
+        metric(
+            &rebound.metrics().await,
+            r#"rebound_config_reloads_total{result="failure"}"#,
+        )
+    };
+    let mut refused = false;
+    for _ in 0..50 {
+        if failures().await == 1.0 {
+            refused = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(refused, "the invalid config is refused and counted");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(version_seen("2"), "the last valid config stays in force");
+
+    stop.store(true, Ordering::SeqCst);
+    while clients.join_next().await.is_some() {}
+    assert_eq!(failed.load(Ordering::SeqCst), 0, "no request lost during reloads");
+    assert!(ok.load(Ordering::SeqCst) > 20);
+    let page = rebound.metrics().await;
+    assert_eq!(metric(&page, r#"rebound_config_reloads_total{result="success"}"#), 1.0);
+}
+
+#[tokio::test]
+async fn sighup_reloads_and_a_bad_file_is_logged_precisely() {
+    let provider = FakeProvider::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rebound = ReboundProcess::start(&versioned(&provider.url(), "1"), &[]).await;
+    let _ = dir;
+    let path = rebound.config_path();
+    std::fs::write(
+        &path,
+        versioned(&provider.url(), "2").replace("upstream = \"fake\"", "upstream = \"typo\""),
+    )
+    .unwrap();
+    rebound.signal("HUP");
+    assert!(
+        eventually(Duration::from_secs(5), || rebound
+            .logs()
+            .contains("configuration reload refused"))
+        .await,
+        "{}",
+        rebound.logs()
+    );
+    let logs = rebound.logs();
+    assert!(
+        logs.contains("routes[0].upstream: expected the name of an [upstreams.*] table (fake), found \\\"typo\\\""),
+        "{logs}"
+    );
+    assert!(
+        logs.contains("\"trigger\":\"signal\"") || logs.contains("\"trigger\":\"file change\""),
+        "{logs}"
+    );
+    // Still serving on the old config.
+    let a = send(
+        "GET",
+        &format!("{}/fake/echo", rebound.proxy),
+        &[("x-fake-key", "hup")],
+        "",
+    )
+    .await;
+    assert_eq!(a.status, 200);
+    assert_eq!(provider.requests("hup")[0].header("x-config-version"), Some("1"));
+}

@@ -102,6 +102,11 @@ impl RedisHandle {
         self.inner.config.command_timeout
     }
 
+    /// A client for connections of their own (pub/sub cannot share the multiplexed one).
+    pub fn client(&self) -> redis::RedisResult<redis::Client> {
+        redis::Client::open(self.inner.config.url.as_str())
+    }
+
     /// Runs one command (or pipeline / script) within `command_timeout`, counting failures under
     /// `op`. Never waits longer than the timeout, connected or not.
     pub async fn run<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, RedisError>

@@ -1,0 +1,324 @@
+//! Rate-limit cooldowns: "no calls before T" per credential, for one upstream. Pure: the caller
+//! passes the time and the RNG.
+//!
+//! A provider's 429 with a reset hint applies to the credential that made the call (API keys are
+//! rate-limited per account), so the table is keyed by a [`CredentialHash`] of the credential
+//! headers the request carried to the upstream: never the credential itself. The hash is SHA-256
+//! (stable across processes and versions, unlike std's `DefaultHasher`, since replicas exchange
+//! it through Redis), domain-separated and truncated to 128 bits. API keys carry far more entropy
+//! than that, so the hash cannot be reversed by guessing.
+//!
+//! The table keeps the latest deadline per credential (a shorter hint never shortens a cooldown),
+//! drops expired entries as it goes and holds at most `capacity` entries: when full, the entry
+//! that expires soonest makes room (it is the one whose loss costs least).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use http::header::{HeaderMap, HeaderName};
+use rand::Rng;
+use sha2::{Digest, Sha256};
+
+use crate::time::Instant;
+
+/// The credential headers hashed by default (the idempotency `scope_headers` default too).
+pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
+
+/// Entries per upstream at most.
+pub const DEFAULT_CAPACITY: usize = 10_000;
+
+/// Domain separation: a hash made here never equals one made for another purpose.
+const DOMAIN: &[u8] = b"rebound/cooldown-credential/v1\0";
+
+/// A stable, non-reversible name for a credential (128 bits of SHA-256), shown as 32 hex digits.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CredentialHash(pub [u8; 16]);
+
+impl fmt::Display for CredentialHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for CredentialHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "CredentialHash({self})")
+    }
+}
+
+impl FromStr for CredentialHash {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<CredentialHash, ()> {
+        let bytes = s.as_bytes();
+        if bytes.len() != 32 {
+            return Err(());
+        }
+        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8).ok_or(());
+        let mut out = [0u8; 16];
+        for (i, pair) in bytes.chunks_exact(2).enumerate() {
+            out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
+        }
+        Ok(CredentialHash(out))
+    }
+}
+
+/// Hashes the values of the `names` headers in `headers` (each name in the order given, each of
+/// its values in order; absent headers count as absent, so requests without any credential share
+/// one hash). Pass the headers as they go to the upstream (after `set_headers`).
+pub fn credential_hash(headers: &HeaderMap, names: &[HeaderName]) -> CredentialHash {
+    let mut h = Sha256::new();
+    h.update(DOMAIN);
+    for name in names {
+        let values: Vec<_> = headers.get_all(name).iter().collect();
+        if values.is_empty() {
+            continue;
+        }
+        h.update((name.as_str().len() as u32).to_be_bytes());
+        h.update(name.as_str().as_bytes());
+        h.update((values.len() as u32).to_be_bytes());
+        for v in values {
+            h.update((v.as_bytes().len() as u32).to_be_bytes());
+            h.update(v.as_bytes());
+        }
+    }
+    let digest = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&digest[..16]);
+    CredentialHash(out)
+}
+
+/// [`credential_hash`] over [`CREDENTIAL_HEADERS`].
+pub fn default_credential_hash(headers: &HeaderMap) -> CredentialHash {
+    let names = CREDENTIAL_HEADERS.map(HeaderName::from_static);
+    credential_hash(headers, &names)
+}
+
+/// How long a request held by a cooldown (`cooldown = "wait"`) should sleep: the time left plus
+/// an upward jitter of `U(0, clamp(left / 5, 50 ms, 2 s))`, so that the requests that piled up do
+/// not all hit the provider in the same millisecond when the window reopens.
+pub fn release_delay(left: Duration, rng: &mut impl Rng) -> Duration {
+    let spread = (left / 5).clamp(Duration::from_millis(50), Duration::from_secs(2));
+    let extra = rng.random_range(0..=u64::try_from(spread.as_micros()).unwrap_or(u64::MAX));
+    left + Duration::from_micros(extra)
+}
+
+/// One upstream's cooldowns.
+#[derive(Debug, Clone)]
+pub struct CooldownTable {
+    entries: HashMap<CredentialHash, Instant>,
+    capacity: usize,
+}
+
+impl Default for CooldownTable {
+    fn default() -> Self {
+        CooldownTable::new(DEFAULT_CAPACITY)
+    }
+}
+
+impl CooldownTable {
+    pub fn new(capacity: usize) -> CooldownTable {
+        CooldownTable {
+            entries: HashMap::new(),
+            capacity: capacity.max(1),
+        }
+    }
+
+    /// No calls with `cred` before `until`. Keeps the later deadline; returns whether this one
+    /// extended it (false when it was already as long, or in the past).
+    pub fn note(&mut self, cred: CredentialHash, until: Instant, now: Instant) -> bool {
+        if until <= now {
+            return false;
+        }
+        if let Some(t) = self.entries.get_mut(&cred) {
+            if *t >= until {
+                return false;
+            }
+            *t = until;
+            return true;
+        }
+        if self.entries.len() >= self.capacity {
+            self.prune(now);
+        }
+        if self.entries.len() >= self.capacity {
+            let soonest = self.entries.iter().min_by_key(|(_, t)| **t).map(|(k, t)| (*k, *t));
+            match soonest {
+                // The newcomer expires sooner than anything held: it is the one to lose.
+                Some((_, t)) if t >= until => return false,
+                Some((k, _)) => {
+                    self.entries.remove(&k);
+                }
+                None => {}
+            }
+        }
+        self.entries.insert(cred, until);
+        true
+    }
+
+    /// The time left before calls with `cred` may go out, if any.
+    pub fn check(&self, cred: &CredentialHash, now: Instant) -> Option<Duration> {
+        self.entries
+            .get(cred)
+            .and_then(|t| t.checked_duration_since(now))
+            .filter(|d| !d.is_zero())
+    }
+
+    /// The deadline held for `cred`, if it is still ahead.
+    pub fn until(&self, cred: &CredentialHash, now: Instant) -> Option<Instant> {
+        self.entries.get(cred).copied().filter(|t| *t > now)
+    }
+
+    /// Drops expired entries.
+    pub fn prune(&mut self, now: Instant) {
+        self.entries.retain(|_, t| *t > now);
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+    use http::HeaderValue;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    const SEC: Duration = Duration::from_secs(1);
+
+    fn cred(n: u8) -> CredentialHash {
+        CredentialHash([n; 16])
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn keeps_the_latest_deadline() {
+        let now = Instant::now();
+        let mut t = CooldownTable::default();
+        assert!(t.note(cred(1), now + 3 * SEC, now));
+        assert_eq!(t.check(&cred(1), now), Some(3 * SEC));
+        assert!(!t.note(cred(1), now + SEC, now), "a shorter hint never shortens it");
+        assert_eq!(t.check(&cred(1), now + SEC), Some(2 * SEC));
+        assert!(t.note(cred(1), now + 5 * SEC, now));
+        assert_eq!(t.check(&cred(1), now), Some(5 * SEC));
+        assert_eq!(t.check(&cred(2), now), None, "another credential is unaffected");
+        assert!(!t.note(cred(3), now, now), "a deadline in the past is no cooldown");
+        assert_eq!(t.check(&cred(1), now + 5 * SEC), None);
+        assert_eq!(t.until(&cred(1), now), Some(now + 5 * SEC));
+    }
+
+    #[test]
+    fn expired_entries_are_pruned() {
+        let now = Instant::now();
+        let mut t = CooldownTable::default();
+        t.note(cred(1), now + SEC, now);
+        t.note(cred(2), now + 3 * SEC, now);
+        t.prune(now + 2 * SEC);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t.check(&cred(2), now + 2 * SEC), Some(SEC));
+    }
+
+    #[test]
+    fn bounded_and_evicts_the_soonest_expiring() {
+        let now = Instant::now();
+        let mut t = CooldownTable::new(3);
+        t.note(cred(1), now + 10 * SEC, now);
+        t.note(cred(2), now + 2 * SEC, now);
+        t.note(cred(3), now + 30 * SEC, now);
+        assert!(t.note(cred(4), now + 20 * SEC, now));
+        assert_eq!(t.len(), 3);
+        assert_eq!(t.check(&cred(2), now), None, "the soonest-expiring made room");
+        assert!(
+            !t.note(cred(5), now + SEC, now),
+            "a newcomer sooner than all is dropped"
+        );
+        assert_eq!(t.len(), 3);
+        // Expired entries make room first.
+        assert!(t.note(cred(6), now + 40 * SEC + SEC, now + 15 * SEC));
+        assert_eq!(t.check(&cred(1), now + 15 * SEC), None);
+        assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn credential_hash_is_stable_and_distinguishes() {
+        let names = CREDENTIAL_HEADERS.map(HeaderName::from_static);
+        let a = credential_hash(&headers(&[("authorization", "Bearer sk-a")]), &names);
+        // Pinned: replicas of different builds must agree.
+        assert_eq!(
+            a.to_string(),
+            credential_hash(&headers(&[("Authorization", "Bearer sk-a")]), &names).to_string()
+        );
+        assert_eq!(
+            a,
+            default_credential_hash(&headers(&[("authorization", "Bearer sk-a")]))
+        );
+        let b = credential_hash(&headers(&[("authorization", "Bearer sk-b")]), &names);
+        assert_ne!(a, b);
+        // The same value under another header is another credential.
+        let c = credential_hash(&headers(&[("x-api-key", "Bearer sk-a")]), &names);
+        assert_ne!(a, c);
+        // Other headers do not matter.
+        let d = credential_hash(
+            &headers(&[("authorization", "Bearer sk-a"), ("content-type", "application/json")]),
+            &names,
+        );
+        assert_eq!(a, d);
+        // No credential: one shared hash.
+        assert_eq!(
+            credential_hash(&HeaderMap::new(), &names),
+            credential_hash(&headers(&[("accept", "*/*")]), &names)
+        );
+        // Concatenation ambiguity is ruled out by length prefixes.
+        let e = credential_hash(&headers(&[("x-api-key", "ab"), ("api-key", "c")]), &names);
+        let f = credential_hash(&headers(&[("x-api-key", "a"), ("api-key", "bc")]), &names);
+        assert_ne!(e, f);
+        assert!(!a.to_string().contains("sk-a"));
+        assert_eq!(a.to_string().len(), 32);
+    }
+
+    #[test]
+    fn credential_hash_is_pinned() {
+        // A change here breaks mixed-version fleets: bump the DOMAIN version instead.
+        let h = default_credential_hash(&headers(&[("authorization", "Bearer test")]));
+        // SHA-256("rebound/cooldown-credential/v1\0" || u32be(13) "authorization" || u32be(1) ||
+        // u32be(11) "Bearer test"), first 16 bytes (checked independently with Python's hashlib).
+        assert_eq!(h.to_string(), "7cdb1810be83ef94a5650d60389790f5");
+        assert_eq!(h.to_string().parse::<CredentialHash>(), Ok(h));
+        assert_eq!("zz".parse::<CredentialHash>(), Err(()));
+        assert_eq!("g".repeat(32).parse::<CredentialHash>(), Err(()));
+    }
+
+    #[test]
+    fn release_jitter_is_upward_and_bounded() {
+        let mut rng = StdRng::seed_from_u64(5);
+        for left in [Duration::ZERO, Duration::from_millis(100), 3 * SEC, 60 * SEC] {
+            let spread = (left / 5).clamp(Duration::from_millis(50), 2 * SEC);
+            for _ in 0..100 {
+                let d = release_delay(left, &mut rng);
+                assert!(d >= left && d <= left + spread, "{left:?} -> {d:?}");
+            }
+        }
+    }
+}

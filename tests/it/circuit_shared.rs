@@ -1,0 +1,449 @@
+//! Fleet sharing of circuits and cooldowns: three `Circuits` (three replicas' mirrors) on one
+//! real redis-server, driven through the public API.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::StatusCode;
+use rebound::circuit::{Admission, Attempt, CircuitState, Circuits, CredentialHash, Permit};
+use rebound::metrics::Metrics;
+use rebound::redis::RedisHandle;
+use rebound::retry::policy::Outcome;
+use rebound::time::{self, Instant};
+use rebound::Config;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::support::redis::RedisServer;
+
+const SYNC: Duration = Duration::from_millis(100);
+const OPEN_FOR: Duration = Duration::from_secs(1);
+const PROBES: usize = 2;
+
+fn config(redis_url: &str) -> Config {
+    let src = format!(
+        r#"
+[redis]
+url = "{redis_url}"
+key_prefix = "it:"
+command_timeout = "100ms"
+sync_interval = "100ms"
+
+[upstreams.up]
+url = "http://127.0.0.1:9"
+circuit = "c"
+
+[circuit.c]
+consecutive_failures = 3
+failure_rate = 0.5
+minimum_requests = 20
+window = "10s"
+open_for = "1s"
+max_open_for = "10s"
+half_open_probes = 2
+
+[[routes]]
+name = "r"
+path_prefix = "/r/"
+upstream = "up"
+"#
+    );
+    Config::parse(&src, Path::new("circuit_shared.toml"), &|_| None).expect("config")
+}
+
+/// One replica: its own metrics, Redis connection, mirror and background tasks.
+struct Replica {
+    circuits: Arc<Circuits>,
+    redis: RedisHandle,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+impl Replica {
+    fn start(redis_url: &str) -> Replica {
+        let config = config(redis_url);
+        let metrics = Arc::new(Metrics::new().expect("metrics"));
+        let tasks = TaskTracker::new();
+        let stop = CancellationToken::new();
+        let redis = RedisHandle::start(
+            config.redis.clone().expect("redis"),
+            metrics.clone(),
+            &tasks,
+            stop.clone(),
+        );
+        let circuits = Arc::new(Circuits::new(&config, metrics));
+        circuits.start(Some(redis.clone()), &tasks, stop.clone());
+        Replica {
+            circuits,
+            redis,
+            tasks,
+            stop,
+        }
+    }
+
+    fn state(&self) -> CircuitState {
+        self.circuits.state("up", time::now()).expect("a breaker")
+    }
+
+    fn admit(&self) -> Admission {
+        self.circuits.admit("up", Attempt::First, time::now())
+    }
+
+    fn fail(&self, n: usize) {
+        for _ in 0..n {
+            match self.admit() {
+                Admission::Allowed(p) => p.record(Outcome::Status(StatusCode::BAD_GATEWAY), None, time::now()),
+                Admission::Rejected { .. } => panic!("rejected while failing"),
+            }
+        }
+    }
+
+    fn succeed(&self, n: usize) {
+        for _ in 0..n {
+            match self.admit() {
+                Admission::Allowed(p) => p.record(Outcome::Status(StatusCode::OK), None, time::now()),
+                Admission::Rejected { .. } => panic!("rejected while succeeding"),
+            }
+        }
+    }
+
+    async fn shutdown(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+    }
+}
+
+async fn fleet(redis: &RedisServer) -> [Replica; 3] {
+    let fleet = [
+        Replica::start(&redis.url()),
+        Replica::start(&redis.url()),
+        Replica::start(&redis.url()),
+    ];
+    for r in &fleet {
+        assert!(
+            wait_until(Duration::from_secs(10), || r.redis.is_up()).await,
+            "redis up"
+        );
+    }
+    // A few syncs and subscriptions.
+    tokio::time::sleep(SYNC * 5).await;
+    fleet
+}
+
+/// Polls `f` every 5 ms; the time it took, or `None` after `within`.
+async fn time_until(within: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        if f() {
+            return Some(start.elapsed());
+        }
+        if start.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+async fn wait_until(within: Duration, f: impl FnMut() -> bool) -> bool {
+    time_until(within, f).await.is_some()
+}
+
+/// Admits on every replica every 10 ms for `during`, keeping every permit: the probes granted.
+async fn collect_probes(fleet: &[&Replica], during: Duration) -> Vec<Permit> {
+    let mut probes = Vec::new();
+    let end = Instant::now() + during;
+    while Instant::now() < end {
+        for r in fleet {
+            if let Admission::Allowed(p) = r.admit() {
+                assert!(p.is_probe(), "only probes while half-open");
+                probes.push(p);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    probes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_on_one_replica_open_the_fleet_and_the_fleet_probes_at_most_half_open_probes() {
+    let redis = RedisServer::start();
+    let [a, b, c] = fleet(&redis).await;
+
+    a.fail(3);
+    assert_eq!(a.state(), CircuitState::Open, "A trips on its own at once");
+    let took = time_until(Duration::from_secs(3), || {
+        b.state() == CircuitState::Open && c.state() == CircuitState::Open
+    })
+    .await
+    .expect("B and C follow A");
+    // A's trip is sent at once (an urgent sync) and published; the bound allows a whole interval.
+    assert!(
+        took <= SYNC + Duration::from_millis(150),
+        "B and C opened {took:?} after A's failures"
+    );
+    eprintln!("fleet: B and C opened {took:?} after A's failures (sync_interval {SYNC:?})");
+    match b.admit() {
+        Admission::Rejected { retry_after } => assert!(
+            retry_after > Duration::from_millis(500) && retry_after <= OPEN_FOR + OPEN_FOR / 10,
+            "{retry_after:?}"
+        ),
+        Admission::Allowed(_) => panic!("B must reject while open"),
+    }
+
+    // Half-open: whatever the three replicas ask, the fleet grants at most `half_open_probes`.
+    let all = [&a, &b, &c];
+    assert!(
+        wait_until(Duration::from_secs(3), || all
+            .iter()
+            .all(|r| r.state() != CircuitState::Open))
+        .await
+    );
+    let probes = collect_probes(&all, Duration::from_millis(1500)).await;
+    assert!(!probes.is_empty(), "the fleet must probe");
+    assert!(
+        probes.len() <= PROBES,
+        "{} probes granted across the fleet",
+        probes.len()
+    );
+    eprintln!(
+        "fleet: {} probe(s) granted across three replicas in 1.5 s",
+        probes.len()
+    );
+
+    // Their successes close the fleet circuit everywhere (once `half_open_probes` succeeded).
+    let granted = probes.len();
+    for p in probes {
+        p.record(Outcome::Status(StatusCode::OK), None, time::now());
+    }
+    if granted < PROBES {
+        // The rest of the probes, granted now that a slot has been used.
+        let more = collect_probes(&all, Duration::from_millis(1500)).await;
+        assert!(more.len() <= PROBES - granted, "{} more probes", more.len());
+        for p in more {
+            p.record(Outcome::Status(StatusCode::OK), None, time::now());
+        }
+    }
+    let took = time_until(Duration::from_secs(2), || {
+        all.iter().all(|r| r.state() == CircuitState::Closed)
+    })
+    .await
+    .expect("the fleet closes");
+    assert!(
+        took <= SYNC * 2 + Duration::from_millis(150),
+        "closed everywhere after {took:?}"
+    );
+    b.succeed(1);
+
+    for r in [a, b, c] {
+        r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_probe_reopens_the_fleet_for_longer() {
+    let redis = RedisServer::start();
+    let [a, b, c] = fleet(&redis).await;
+    a.fail(3);
+    assert!(wait_until(Duration::from_secs(2), || c.state() == CircuitState::Open).await);
+    let all = [&a, &b, &c];
+    assert!(
+        wait_until(Duration::from_secs(3), || all
+            .iter()
+            .all(|r| r.state() != CircuitState::Open))
+        .await
+    );
+    let probes = collect_probes(&all, Duration::from_millis(500)).await;
+    assert!(!probes.is_empty() && probes.len() <= PROBES);
+    let opened = Instant::now();
+    for p in probes {
+        p.record(Outcome::ConnectFailure, None, time::now());
+    }
+    assert!(
+        wait_until(Duration::from_secs(1), || all
+            .iter()
+            .all(|r| r.state() == CircuitState::Open))
+        .await
+    );
+    // The second opening lasts twice as long: about 2 s, not 1 s.
+    tokio::time::sleep(Duration::from_millis(1500).saturating_sub(opened.elapsed())).await;
+    assert!(all.iter().all(|r| r.state() == CircuitState::Open), "re-opened for 2 s");
+    assert!(
+        wait_until(Duration::from_secs(2), || all
+            .iter()
+            .all(|r| r.state() != CircuitState::Open))
+        .await
+    );
+    for r in [a, b, c] {
+        r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_replica_failing_alone_does_not_open_a_fleet_that_succeeds() {
+    let redis = RedisServer::start();
+    let [a, b, c] = fleet(&redis).await;
+    b.succeed(30);
+    c.succeed(30);
+    tokio::time::sleep(SYNC * 2).await;
+    a.fail(3);
+    assert_eq!(a.state(), CircuitState::Open);
+    tokio::time::sleep(SYNC * 5).await;
+    assert_eq!(
+        b.state(),
+        CircuitState::Closed,
+        "3 failures in 63 calls: the fleet stays closed"
+    );
+    assert_eq!(c.state(), CircuitState::Closed);
+    for r in [a, b, c] {
+        r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_redis_each_replica_runs_locally_and_they_converge_when_it_returns() {
+    let mut redis = RedisServer::start();
+    let [a, b, c] = fleet(&redis).await;
+    let all = [&a, &b, &c];
+
+    // The fleet is open when Redis goes away.
+    a.fail(3);
+    assert!(
+        wait_until(Duration::from_secs(2), || all
+            .iter()
+            .all(|r| r.state() == CircuitState::Open))
+        .await
+    );
+    redis.stop();
+
+    // The request path never waits for Redis.
+    let start = Instant::now();
+    for _ in 0..1000 {
+        let _ = b.admit();
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(100),
+        "1000 admissions took {:?}",
+        start.elapsed()
+    );
+
+    // Once the open time is up, every replica probes on its own (no lease to wait for): the
+    // half-open state cannot wedge on a missing Redis.
+    assert!(
+        wait_until(Duration::from_secs(3), || all
+            .iter()
+            .all(|r| r.state() != CircuitState::Open))
+        .await
+    );
+    tokio::time::sleep(SYNC * 4).await;
+    for r in all {
+        let probes = collect_probes(&[r], Duration::from_millis(100)).await;
+        assert!(!probes.is_empty(), "a replica probes locally without Redis");
+        for p in probes {
+            p.record(Outcome::Status(StatusCode::OK), None, time::now());
+        }
+    }
+    assert!(
+        wait_until(Duration::from_secs(1), || all
+            .iter()
+            .all(|r| r.state() == CircuitState::Closed))
+        .await
+    );
+
+    // Local breakers keep working: B trips alone, the others know nothing of it.
+    b.fail(3);
+    assert_eq!(b.state(), CircuitState::Open);
+    tokio::time::sleep(SYNC * 3).await;
+    assert_eq!(a.state(), CircuitState::Closed);
+    assert_eq!(c.state(), CircuitState::Closed);
+
+    // Redis is back (empty): the replicas rejoin without a restart. B's failures from the outage
+    // are still in the window: they reach the fleet, and A and C follow.
+    redis.restart();
+    let back = Instant::now();
+    let took = time_until(Duration::from_secs(5), || {
+        all.iter().all(|r| r.state() == CircuitState::Open)
+    })
+    .await
+    .expect("the fleet converges after Redis returns");
+    eprintln!("fleet: after the outage, all open {took:?} after Redis restarted");
+    for r in all {
+        // The health check runs every second: it may lag behind the reconnection.
+        assert!(
+            wait_until(Duration::from_secs(5), || r.redis.is_up()).await,
+            "reconnected"
+        );
+    }
+    // And it is one fleet again: one half-open phase, at most `half_open_probes` probes in all.
+    assert!(
+        wait_until(Duration::from_secs(3), || all
+            .iter()
+            .all(|r| r.state() != CircuitState::Open))
+        .await
+    );
+    let probes = collect_probes(&all, Duration::from_millis(1000)).await;
+    assert!(!probes.is_empty() && probes.len() <= PROBES, "{} probes", probes.len());
+    assert!(back.elapsed() < Duration::from_secs(10));
+    for r in [a, b, c] {
+        r.shutdown().await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cooldown_noted_on_one_replica_holds_that_credential_everywhere() {
+    let redis = RedisServer::start();
+    let [a, b, c] = fleet(&redis).await;
+    let k1 = CredentialHash([1; 16]);
+    let k2 = CredentialHash([2; 16]);
+    let now = time::now();
+    a.circuits.cooldown_note("up", k1, now + Duration::from_secs(3), now);
+    assert!(a.circuits.cooldown_check("up", &k1, time::now()).is_some());
+
+    let took = time_until(Duration::from_secs(2), || {
+        b.circuits.cooldown_check("up", &k1, time::now()).is_some()
+            && c.circuits.cooldown_check("up", &k1, time::now()).is_some()
+    })
+    .await
+    .expect("B and C see A's cooldown");
+    assert!(
+        took <= Duration::from_millis(150),
+        "seen after {took:?} (published at once)"
+    );
+    eprintln!("cooldown: B and C held the credential {took:?} after A noted it");
+    let left = b.circuits.cooldown_check("up", &k1, time::now()).unwrap();
+    assert!(
+        left > Duration::from_millis(2600) && left <= Duration::from_millis(3050),
+        "about 3 s left: {left:?}"
+    );
+    assert_eq!(
+        b.circuits.cooldown_check("up", &k2, time::now()),
+        None,
+        "another credential is free"
+    );
+
+    // A replica that starts later (it missed the message) learns it at its first sync.
+    let d = Replica::start(&redis.url());
+    assert!(
+        wait_until(Duration::from_secs(3), || d
+            .circuits
+            .cooldown_check("up", &k1, time::now())
+            .is_some())
+        .await
+    );
+    assert_eq!(d.circuits.cooldown_check("up", &k2, time::now()), None);
+
+    // It ends when it should, everywhere.
+    assert!(
+        wait_until(Duration::from_secs(4), || {
+            [&a, &b, &c, &d]
+                .iter()
+                .all(|r| r.circuits.cooldown_check("up", &k1, time::now()).is_none())
+        })
+        .await
+    );
+    assert!(now.elapsed() >= Duration::from_millis(2900));
+    for r in [a, b, c, d] {
+        r.shutdown().await;
+    }
+}

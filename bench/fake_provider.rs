@@ -26,7 +26,9 @@ async fn main() {
     let tls = arg("--tls-dir").map(|dir| {
         let pki = certs::test_pki();
         std::fs::write(format!("{dir}/ca.pem"), &pki.ca_pem).expect("write ca.pem");
-        pki.server
+        let mut server = pki.server;
+        server.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        server
     });
     let provider = fake_provider::FakeProvider::start_on(&listen, tls, record).await;
     println!("fake provider listening on {}", provider.url());

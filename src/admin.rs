@@ -1,28 +1,48 @@
 //! The admin listener: `/healthz` (alive), `/readyz` (ready to take traffic; 503 while draining),
-//! `/metrics` (Prometheus text). `/admin/*` (dead letters) arrives with its own issue.
+//! `/metrics` (Prometheus text), and `/admin/*` behind `Authorization: Bearer <[admin] token>`
+//! (off when the token is empty):
+//!
+//! | method and path | does |
+//! | --- | --- |
+//! | `GET /admin/dead-letters?route=&reason=&upstream=&since=&limit=&cursor=` | list, newest first |
+//! | `GET /admin/dead-letters/summary?route=&reason=&upstream=&since=` | counts grouped by cause |
+//! | `GET /admin/dead-letters/{id}` | one entry |
+//! | `POST /admin/dead-letters/{id}/replay` | re-send one entry through its route |
+//! | `POST /admin/dead-letters/replay?route=&reason=&upstream=&since=` | replay every match |
+//! | `DELETE /admin/dead-letters?route=&reason=&upstream=&since=` | purge (all, or matching) |
 
 use std::convert::Infallible;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use bytes::Bytes;
 use http::{header, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::dead_letters::{DeadLetter, DeadLetters, Filter, ReplayRecord};
 use crate::metrics::Metrics;
+use crate::proxy::Proxy;
 use crate::redis::RedisHandle;
+use crate::time;
 
-/// What the admin endpoints report on.
+/// What the admin endpoints report on and act on.
 pub struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Set when shutdown starts: `/readyz` turns 503.
     pub draining: AtomicBool,
     pub redis: Option<RedisHandle>,
+    /// `None`: `/admin/*` is disabled.
+    pub token: Option<String>,
+    pub dead_letters: DeadLetters,
+    /// The running proxy (replays go through it).
+    pub proxy: Arc<ArcSwap<Proxy>>,
 }
 
 /// Serves admin requests until `stop` is cancelled.
@@ -45,7 +65,7 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: Cancella
         conns.spawn(async move {
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
-                async move { Ok::<_, Infallible>(handle(&state, req)) }
+                async move { Ok::<_, Infallible>(handle(&state, req).await) }
             });
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             let conn = builder.serve_connection(TokioIo::new(tcp), svc);
@@ -59,11 +79,15 @@ pub async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: Cancella
     conns.wait().await;
 }
 
-fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let path = req.uri().path().to_string();
+    if let Some(rest) = path.strip_prefix("/admin/") {
+        return admin_api(state, rest, req).await;
+    }
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
     }
-    match req.uri().path() {
+    match path.as_str() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => {
             if state.draining.load(Ordering::SeqCst) {
@@ -86,8 +110,257 @@ fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Bytes>> {
             );
             resp
         }
-        _ => text(StatusCode::NOT_FOUND, "not found: try /healthz, /readyz or /metrics\n"),
+        _ => text(
+            StatusCode::NOT_FOUND,
+            "not found: try /healthz, /readyz, /metrics or /admin/dead-letters\n",
+        ),
     }
+}
+
+async fn admin_api(state: &AdminState, rest: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
+    let Some(token) = &state.token else {
+        return problem(
+            StatusCode::NOT_FOUND,
+            "admin_disabled",
+            "the admin API is disabled: set [admin] token",
+        );
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
+        let mut resp = problem(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "send Authorization: Bearer <[admin] token>",
+        );
+        resp.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+        return resp;
+    }
+    let filter = parse_filter(req.uri().query());
+    let query = |name: &str| query_param(req.uri().query(), name);
+    let dl = &state.dead_letters;
+    let segments: Vec<&str> = rest.trim_end_matches('/').split('/').collect();
+    let result = match (req.method().clone(), segments.as_slice()) {
+        (Method::GET, ["dead-letters"]) => {
+            let limit = query("limit").and_then(|l| l.parse().ok()).unwrap_or(50);
+            let cursor = query("cursor");
+            dl.list(&filter, limit, cursor.as_deref())
+                .await
+                .map(|p| json(StatusCode::OK, &p))
+        }
+        (Method::GET, ["dead-letters", "summary"]) => dl.summary(&filter).await.map(|s| json(StatusCode::OK, &s)),
+        (Method::GET, ["dead-letters", id]) => dl.get(id).await.map(|e| match e {
+            Some(e) => json(StatusCode::OK, &e),
+            None => problem(StatusCode::NOT_FOUND, "not_found", "no dead letter with this id"),
+        }),
+        (Method::POST, ["dead-letters", "replay"]) => replay_matching(state, &filter).await,
+        (Method::POST, ["dead-letters", id, "replay"]) => match dl.get(id).await {
+            Ok(Some(e)) => Ok(json(StatusCode::OK, &replay(state, e).await)),
+            Ok(None) => Ok(problem(
+                StatusCode::NOT_FOUND,
+                "not_found",
+                "no dead letter with this id",
+            )),
+            Err(e) => Err(e),
+        },
+        (Method::DELETE, ["dead-letters"]) => dl
+            .purge(&filter)
+            .await
+            .map(|n| json(StatusCode::OK, &serde_json::json!({ "purged": n }))),
+        _ => Ok(problem(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "unknown admin path; see the README's dead letters section",
+        )),
+    };
+    result.unwrap_or_else(|e| problem(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", &e.to_string()))
+}
+
+/// What one replay did.
+#[derive(Debug, Serialize)]
+pub struct ReplayOutcome {
+    pub id: String,
+    /// The status the replay got (0 when it could not be sent).
+    pub status: u16,
+    /// Answered from the idempotency store: the original had succeeded meanwhile.
+    pub from_store: bool,
+    pub error: Option<String>,
+}
+
+async fn replay_matching(
+    state: &AdminState,
+    filter: &Filter,
+) -> Result<Response<Full<Bytes>>, crate::dead_letters::DeadLetterError> {
+    let mut outcomes = Vec::new();
+    let mut cursor: Option<String> = None;
+    loop {
+        let page = state.dead_letters.list(filter, 200, cursor.as_deref()).await?;
+        for e in page.items {
+            outcomes.push(replay(state, e).await);
+        }
+        match page.next_cursor {
+            Some(c) => cursor = Some(c),
+            None => break,
+        }
+    }
+    let ok = outcomes.iter().filter(|o| (200..300).contains(&o.status)).count();
+    Ok(json(
+        StatusCode::OK,
+        &serde_json::json!({ "replayed": outcomes.len(), "succeeded": ok, "results": outcomes }),
+    ))
+}
+
+/// Re-sends an entry through its route's normal pipeline (retries, circuit, idempotency with the
+/// original key and tenant scope) and records the outcome on the entry.
+async fn replay(state: &AdminState, entry: DeadLetter) -> ReplayOutcome {
+    let id = entry.id.clone();
+    if !entry.replayable() {
+        return ReplayOutcome {
+            id,
+            status: 0,
+            from_store: false,
+            error: Some("the request body was not kept (set dead_letter_bodies = true on the route)".into()),
+        };
+    }
+    let uri = match &entry.query {
+        Some(q) => format!("{}?{q}", entry.path),
+        None => entry.path.clone(),
+    };
+    let mut builder = Request::builder().method(entry.method.as_str()).uri(uri);
+    for (k, v) in &entry.headers {
+        builder = builder.header(k.as_str(), v.as_str());
+    }
+    let mut req = match builder.body(Full::new(entry.body().unwrap_or_default())) {
+        Ok(r) => r,
+        Err(e) => {
+            return ReplayOutcome {
+                id,
+                status: 0,
+                from_store: false,
+                error: Some(e.to_string()),
+            }
+        }
+    };
+    if let Some(identity) = &entry.idempotency {
+        req.extensions_mut().insert(identity.clone());
+    }
+    let proxy = state.proxy.load_full();
+    let resp = proxy.handle(req).await;
+    let status = resp.status().as_u16();
+    let from_store = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
+    // Read the response to its end: that is what completes its idempotency record.
+    let _ = resp.into_body().collect().await;
+    let at_ms = time::wall_now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    if let Err(e) = state
+        .dead_letters
+        .record_replay(
+            &id,
+            ReplayRecord {
+                at_ms,
+                status,
+                from_store,
+            },
+        )
+        .await
+    {
+        tracing::warn!(error = %e, "replay outcome not recorded");
+    }
+    tracing::info!(dead_letter = %id, route = %entry.route, status, from_store, "dead letter replayed");
+    ReplayOutcome {
+        id,
+        status,
+        from_store,
+        error: None,
+    }
+}
+
+fn parse_filter(query: Option<&str>) -> Filter {
+    let since = query_param(query, "since").and_then(|s| {
+        s.parse::<u64>().ok().or_else(|| {
+            crate::retry::retry_after::parse_rfc3339(&s)
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as u64)
+        })
+    });
+    Filter {
+        route: query_param(query, "route"),
+        reason: query_param(query, "reason"),
+        upstream: query_param(query, "upstream"),
+        since,
+    }
+}
+
+/// A query parameter, percent-decoded; empty values count as absent.
+fn query_param(query: Option<&str>, name: &str) -> Option<String> {
+    query?.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (k == name && !v.is_empty()).then(|| percent_decode(v))
+    })
+}
+
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let escaped = (b[i] == b'%' && i + 3 <= b.len())
+            .then(|| {
+                std::str::from_utf8(&b[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok())
+            })
+            .flatten();
+        match (escaped, b[i]) {
+            (Some(byte), _) => {
+                out.push(byte);
+                i += 3;
+            }
+            (None, b'+') => {
+                out.push(b' ');
+                i += 1;
+            }
+            (None, byte) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    if a.len() != b.len() {
+        return false;
+    }
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
+    let body = serde_json::to_vec(value).unwrap_or_default();
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn problem(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
+    json(
+        status,
+        &serde_json::json!({
+            "type": format!("https://rebound.dev/errors/{code}"),
+            "status": status.as_u16(),
+            "detail": message,
+            "error": { "type": "rebound_error", "code": code, "message": message },
+        }),
+    )
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
@@ -98,4 +371,25 @@ fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
         http::HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     resp
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn query_params_are_decoded() {
+        assert_eq!(
+            query_param(Some("route=openai&reason=retries_exhausted"), "reason").as_deref(),
+            Some("retries_exhausted")
+        );
+        assert_eq!(query_param(Some("a=x%20y&b=1"), "a").as_deref(), Some("x y"));
+        assert_eq!(query_param(Some("a=&b=1"), "a"), None);
+        assert_eq!(query_param(None, "a"), None);
+        assert_eq!(percent_decode("100%"), "100%");
+        assert_eq!(percent_decode("%4"), "%4");
+        assert!(constant_time_eq(b"abc", b"abc"));
+        assert!(!constant_time_eq(b"abc", b"abd"));
+        assert!(!constant_time_eq(b"abc", b"ab"));
+    }
 }

@@ -8,6 +8,7 @@
 //! - [`routing`]: the route table (longest prefix);
 //! - [`upstream`]: pooled hyper-util clients over rustls, and how an attempt failed;
 //! - [`retry`]: pure retry policy (backoff with jitter, Retry-After, budgets);
+//! - [`circuit`]: circuit breakers and rate-limit cooldowns per upstream, shared across the fleet;
 //! - [`redis`]: the Redis connection, its health and command wrapper;
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`;
 //! - [`metrics`]: every metric, defined once on an owned registry;
@@ -15,7 +16,10 @@
 //! - [`telemetry`]: the log subscriber.
 
 pub mod admin;
+pub mod circuit;
+pub mod cli;
 pub mod config;
+pub mod dead_letters;
 pub mod error;
 pub mod idempotency;
 pub mod metrics;

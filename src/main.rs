@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rebound::{telemetry, Config, Exit};
+use rebound::{cli, telemetry, Config, Exit};
 
 /// Exit code for an invalid configuration at startup (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
@@ -29,10 +29,100 @@ struct Cli {
 enum Command {
     /// Validate a configuration and print the effective routes and policies (exit 0 valid, 1 not).
     Check,
+    /// Inspect, replay and purge dead letters through the admin API.
+    DeadLetters {
+        #[command(subcommand)]
+        action: DeadLetterAction,
+        /// The admin API (default: the config's `[admin] listen`, else http://127.0.0.1:9901).
+        #[arg(long, global = true)]
+        admin: Option<String>,
+        /// The admin token (default: the config's `[admin] token`).
+        #[arg(long, env = "REBOUND_ADMIN_TOKEN", global = true, hide_env_values = true)]
+        token: Option<String>,
+        /// Print the API's JSON instead of a table.
+        #[arg(long, global = true)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args, Clone)]
+struct FilterArgs {
+    /// Only this route.
+    #[arg(long)]
+    route: Option<String>,
+    /// Only this reason (retries_exhausted, budget_exhausted, deadline_exceeded, retry_after_too_long,
+    /// unsafe_to_replay, circuit_open).
+    #[arg(long)]
+    reason: Option<String>,
+    /// Only this upstream.
+    #[arg(long)]
+    upstream: Option<String>,
+    /// Only entries since this time (unix ms or RFC 3339).
+    #[arg(long)]
+    since: Option<String>,
+}
+
+impl FilterArgs {
+    fn pairs(&self) -> Vec<(&'static str, String)> {
+        [
+            ("route", &self.route),
+            ("reason", &self.reason),
+            ("upstream", &self.upstream),
+            ("since", &self.since),
+        ]
+        .into_iter()
+        .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
+        .collect()
+    }
+}
+
+#[derive(Subcommand)]
+enum DeadLetterAction {
+    /// List entries, newest first.
+    List {
+        #[command(flatten)]
+        filter: FilterArgs,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        /// Continue from a previous page.
+        #[arg(long)]
+        cursor: Option<String>,
+    },
+    /// Counts grouped by route, upstream, reason, error class and status.
+    Summary {
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
+    /// Re-send one entry (--id) or every matching entry through its route.
+    Replay {
+        #[arg(long)]
+        id: Option<String>,
+        /// Replay every entry (or every entry matching the filters).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
+    /// Delete matching entries (--all for every entry).
+    Purge {
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        filter: FilterArgs,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if let Some(Command::DeadLetters {
+        action,
+        admin,
+        token,
+        json,
+    }) = cli.command
+    {
+        return dead_letters(cli.config, action, admin, token, json);
+    }
     let Some(path) = cli.config else {
         eprintln!(
             "rebound: no configuration given: use --config PATH (or REBOUND_CONFIG), e.g. --config config/rebound.toml"
@@ -51,6 +141,73 @@ fn main() -> ExitCode {
             }
         },
         None => serve(path),
+        Some(Command::DeadLetters { .. }) => ExitCode::FAILURE,
+    }
+}
+
+fn dead_letters(
+    config: Option<PathBuf>,
+    action: DeadLetterAction,
+    admin: Option<String>,
+    token: Option<String>,
+    json: bool,
+) -> ExitCode {
+    let loaded = config.as_deref().map(Config::load);
+    if let Some(Err(errors)) = &loaded {
+        eprintln!("{errors}");
+        return ExitCode::from(EXIT_CONFIG);
+    }
+    let loaded = loaded.and_then(Result::ok);
+    let admin = admin.unwrap_or_else(|| match &loaded {
+        Some(c) if c.admin.listen.ip().is_unspecified() => format!("http://127.0.0.1:{}", c.admin.listen.port()),
+        Some(c) => format!("http://{}", c.admin.listen),
+        None => "http://127.0.0.1:9901".to_string(),
+    });
+    let Some(token) = token.or_else(|| loaded.and_then(|c| c.admin.token)) else {
+        eprintln!("rebound: no admin token: use --token, REBOUND_ADMIN_TOKEN, or --config with [admin] token");
+        return ExitCode::from(EXIT_CONFIG);
+    };
+    let (action, filter) = match action {
+        DeadLetterAction::List { filter, limit, cursor } => (cli::Action::List { limit, cursor }, filter),
+        DeadLetterAction::Summary { filter } => (cli::Action::Summary, filter),
+        DeadLetterAction::Replay { id, all, filter } => {
+            if id.is_none() && !all && filter.pairs().is_empty() {
+                eprintln!("rebound: say which entries to replay: --id ID, filters, or --all");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            (cli::Action::Replay { id }, filter)
+        }
+        DeadLetterAction::Purge { all, filter } => {
+            if !all && filter.pairs().is_empty() {
+                eprintln!("rebound: say which entries to purge: filters, or --all");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+            (cli::Action::Purge, filter)
+        }
+    };
+    let cmd = cli::Command {
+        admin,
+        token,
+        action,
+        filter: filter.pairs(),
+        json,
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("rebound: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(cli::run(&cmd)) {
+        Ok(out) => {
+            print!("{out}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rebound: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -53,8 +53,20 @@ pub struct Metrics {
     pub idempotency_requests_total: IntCounterVec,
     /// Redis command latency by operation.
     pub redis_command_duration_seconds: HistogramVec,
+    /// Requests recorded as dead letters, by route and reason.
+    pub dead_letters_total: IntCounterVec,
+    /// Dead letters held (this process's ring, or the fleet's stream).
+    pub dead_letters_depth: IntGauge,
     /// Configuration reloads by result (`success`, `failure`).
     pub config_reloads_total: IntCounterVec,
+    /// Circuit state by upstream: 0 closed, 1 half-open, 2 open (upstreams with a breaker).
+    pub circuit_state: IntGaugeVec,
+    /// Circuit state changes by upstream and new state (`closed`, `half_open`, `open`).
+    pub circuit_transitions_total: IntCounterVec,
+    /// Attempts refused by an open (or probing) circuit, by upstream.
+    pub circuit_rejections_total: IntCounterVec,
+    /// Requests answered 429 `cooldown` (a provider rate limit still in force), by upstream.
+    pub cooldown_rejections_total: IntCounterVec,
     /// Redis command failures by operation.
     pub redis_errors_total: IntCounterVec,
     /// 1 while the Redis connection answers its health check, 0 otherwise (absent without Redis).
@@ -135,7 +147,35 @@ impl Metrics {
                 &["op"],
                 REDIS_BUCKETS,
             )?,
+            dead_letters_total: counter(
+                "dead_letters_total",
+                "Requests recorded as dead letters, by route and reason.",
+                &["route", "reason"],
+            )?,
+            dead_letters_depth: reg(r, IntGauge::new("dead_letters_depth", "Dead letters held.")?)?,
             config_reloads_total: counter("config_reloads_total", "Configuration reloads by result.", &["result"])?,
+            circuit_state: reg(
+                r,
+                IntGaugeVec::new(
+                    Opts::new("circuit_state", "Circuit state: 0 closed, 1 half-open, 2 open."),
+                    &["upstream"],
+                )?,
+            )?,
+            circuit_transitions_total: counter(
+                "circuit_transitions_total",
+                "Circuit state changes by upstream and new state.",
+                &["upstream", "to"],
+            )?,
+            circuit_rejections_total: counter(
+                "circuit_rejections_total",
+                "Attempts refused by an open circuit, by upstream.",
+                &["upstream"],
+            )?,
+            cooldown_rejections_total: counter(
+                "cooldown_rejections_total",
+                "Requests refused because a provider rate limit is still in force, by upstream.",
+                &["upstream"],
+            )?,
             redis_errors_total: counter("redis_errors_total", "Redis command failures by operation.", &["op"])?,
             redis_up: reg(
                 r,

@@ -19,6 +19,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState};
 use crate::config::Config;
+use crate::dead_letters::DeadLetters;
 use crate::metrics::Metrics;
 use crate::proxy::{BuildError, Proxy, Shared};
 use crate::redis::RedisHandle;
@@ -112,7 +113,9 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         tasks: tasks.clone(),
         hard_stop: hard_stop.clone(),
         store: Shared::store_for(redis.clone()),
+        dead_letters: DeadLetters::new(&config.dead_letters, redis.clone(), metrics.clone()),
     };
+    let shared_dead_letters = shared.dead_letters.clone();
     let proxy = Arc::new(ArcSwap::from_pointee(Proxy::new(&config, &shared)?));
     if let Some(r) = &redis {
         // Bounded: rebound serves without Redis, each feature degrading as configured.
@@ -125,6 +128,9 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         metrics: metrics.clone(),
         draining: false.into(),
         redis,
+        token: config.admin.token.clone(),
+        dead_letters: shared_dead_letters,
+        proxy: proxy.clone(),
     });
     let admin_stop = CancellationToken::new();
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state.clone(), admin_stop.clone()));

@@ -38,6 +38,7 @@ pub struct Config {
     pub log: LogConfig,
     /// `None`: all state in memory (one replica).
     pub redis: Option<RedisConfig>,
+    pub dead_letters: DeadLettersConfig,
     /// By name.
     pub upstreams: BTreeMap<String, Arc<UpstreamConfig>>,
     /// In file order (the route table sorts them by prefix length).
@@ -82,6 +83,16 @@ pub struct LogConfig {
     /// One of error, warn, info, debug, trace: applies to rebound's own events (dependencies log
     /// at warn, so that no library ever prints a header).
     pub level: String,
+}
+
+/// Where requests that failed for good are kept, and what they never keep.
+#[derive(Debug, Clone)]
+pub struct DeadLettersConfig {
+    /// The cap of the in-memory ring or the (approximately trimmed) Redis stream.
+    pub max_entries: u32,
+    /// Headers never kept in an entry, on top of the credentials (authorization, x-api-key,
+    /// api-key, cookie, proxy-authorization), which are never kept.
+    pub sensitive_headers: Vec<HeaderName>,
 }
 
 #[derive(Clone)]

@@ -12,6 +12,7 @@ pub struct RawConfig {
     pub admin: Option<RawAdmin>,
     pub log: Option<RawLog>,
     pub redis: Option<RawRedis>,
+    pub dead_letters: Option<RawDeadLetters>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
@@ -131,4 +132,11 @@ pub struct RawIdempotency {
     pub max_stored_body: Option<String>,
     pub complete_on_disconnect: Option<bool>,
     pub on_store_error: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawDeadLetters {
+    pub max_entries: Option<i64>,
+    pub sensitive_headers: Option<Vec<String>>,
 }

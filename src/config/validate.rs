@@ -235,6 +235,26 @@ impl Validator<'_> {
                 .to_string(),
         };
         let redis = raw.redis.map(|r| self.redis(r));
+        let dl = raw.dead_letters.unwrap_or_default();
+        let dead_letters = DeadLettersConfig {
+            max_entries: self.int("dead_letters.max_entries", dl.max_entries, 10_000, 1, 10_000_000),
+            sensitive_headers: dl
+                .sensitive_headers
+                .unwrap_or_default()
+                .iter()
+                .enumerate()
+                .filter_map(|(i, h)| match HeaderName::from_bytes(h.as_bytes()) {
+                    Ok(h) => Some(h),
+                    Err(_) => {
+                        self.err(
+                            &format!("dead_letters.sensitive_headers[{i}]"),
+                            format!("expected a valid HTTP header name, found {h:?}"),
+                        );
+                        None
+                    }
+                })
+                .collect(),
+        };
 
         let retry: BTreeMap<_, _> = raw
             .retry
@@ -285,6 +305,7 @@ impl Validator<'_> {
             admin,
             log,
             redis,
+            dead_letters,
             upstreams,
             routes,
             retry,

@@ -107,6 +107,15 @@ pub struct Idempotency {
     route: Arc<str>,
 }
 
+/// The original request's idempotency identity, carried by an admin replay (as a request
+/// extension): the credential it came with is never stored, only this scope hash, and its query
+/// may have been redacted, so both are taken from the original instead of recomputed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReplayIdentity {
+    pub scope: String,
+    pub fingerprint: String,
+}
+
 /// What to do with a request after the idempotency check.
 pub enum Start {
     /// Forward it; nothing is recorded (no key, a method that is not covered, or the store was
@@ -144,7 +153,28 @@ impl Idempotency {
             .inc();
     }
 
-    /// Checks a request against the store: claim, replay, hold, or refuse.
+    /// The identity a dead letter keeps so that its replay finds the original's record.
+    pub fn identity_of(
+        &self,
+        method: &Method,
+        path: &str,
+        query: Option<&str>,
+        headers: &HeaderMap,
+        body: &Bytes,
+    ) -> ReplayIdentity {
+        ReplayIdentity {
+            scope: self.scope_of(headers),
+            fingerprint: fingerprint::fingerprint(method, path, query, headers, body),
+        }
+    }
+
+    /// The tenant scope of a request (a hash of its `scope_headers` values).
+    pub fn scope_of(&self, headers: &HeaderMap) -> String {
+        fingerprint::scope_hash(headers, &self.policy.scope_headers)
+    }
+
+    /// Checks a request against the store: claim, replay, hold, or refuse. `replay` replaces the
+    /// scope and fingerprint computed from the request (an admin replay carries the original's).
     pub async fn start(
         &self,
         method: &Method,
@@ -152,6 +182,7 @@ impl Idempotency {
         query: Option<&str>,
         headers: &HeaderMap,
         body: &Bytes,
+        replay: Option<&ReplayIdentity>,
     ) -> Start {
         let p = &self.policy;
         if !matches!(*method, Method::POST | Method::PATCH) {
@@ -171,11 +202,14 @@ impl Idempotency {
             }
             Some(Ok(k)) => k,
         };
-        let scope = fingerprint::scope_hash(headers, &p.scope_headers);
+        let scope = replay.map_or_else(|| self.scope_of(headers), |r| r.scope.clone());
         let key_hash = &fingerprint::digest(&[key.as_bytes()])[..32];
         // One hash tag per record: every script touches this one key.
         let record = format!("idem:{{{}:{scope}:{key_hash}}}", self.route);
-        let fp = fingerprint::fingerprint(method, path, query, headers, body);
+        let fp = replay.map_or_else(
+            || fingerprint::fingerprint(method, path, query, headers, body),
+            |r| r.fingerprint.clone(),
+        );
         let owner = owner_token();
 
         let waited_until = tokio::time::Instant::now() + p.wait_timeout;

@@ -31,8 +31,11 @@ use tokio_util::task::TaskTracker;
 use std::time::Duration;
 
 use crate::config::{Config, RetryPolicy, RouteConfig};
+use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::ProxyError;
-use crate::idempotency::{AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, RedisStore, Start, StoredResponse};
+use crate::idempotency::{
+    AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, RedisStore, ReplayIdentity, Start, StoredResponse,
+};
 use crate::metrics::Metrics;
 use crate::redis::RedisHandle;
 use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
@@ -86,6 +89,8 @@ pub struct Shared {
     pub hard_stop: CancellationToken,
     /// The idempotency store: Redis when configured (any replica answers), else in memory.
     pub store: AnyStore,
+    /// Requests that failed for good: a Redis Stream when configured, else a ring in memory.
+    pub dead_letters: DeadLetters,
 }
 
 impl Shared {
@@ -108,6 +113,8 @@ pub struct Proxy {
     tasks: TaskTracker,
     /// Cancelled when the shutdown grace runs out.
     hard_stop: CancellationToken,
+    dead_letters: DeadLetters,
+    dead_letter_config: crate::config::DeadLettersConfig,
 }
 
 impl Proxy {
@@ -118,6 +125,7 @@ impl Proxy {
             tasks,
             hard_stop,
             store,
+            dead_letters,
         } = shared.clone();
         let mut upstreams = std::collections::BTreeMap::new();
         for (name, u) in &config.upstreams {
@@ -182,11 +190,18 @@ impl Proxy {
             metrics,
             tasks,
             hard_stop,
+            dead_letters,
+            dead_letter_config: config.dead_letters.clone(),
         })
     }
 
-    /// Answers one request. Never fails: every error becomes a response.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>) -> Response<ProxyBody> {
+    /// Answers one request. Never fails: every error becomes a response. Generic over the body
+    /// so that admin replays run through the same pipeline as client requests.
+    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ProxyBody>
+    where
+        B: http_body::Body<Data = Bytes> + Send + 'static,
+        B::Error: Into<body::BoxError>,
+    {
         let mut log = RequestLog::start(&self.metrics, req.method(), req.uri().path());
 
         // 1. Not an open proxy.
@@ -233,6 +248,7 @@ impl Proxy {
         let mut claim = None;
         let mut bypassed = false;
         if let Some(idem) = &route.idempotency {
+            let replay = parts.extensions.get::<ReplayIdentity>();
             match idem
                 .start(
                     &parts.method,
@@ -240,6 +256,7 @@ impl Proxy {
                     parts.uri.query(),
                     &parts.headers,
                     &body,
+                    replay,
                 )
                 .await
             {
@@ -250,30 +267,90 @@ impl Proxy {
             }
         }
 
-        // 6. The retry loop: attempt, classify, decide, wait.
+        // 6. Attempts: send, classify, decide, wait; until delivered.
+        let delivery = self.attempts(&route, &parts, &path, &body).await;
+        log.set_upstream(&route.upstream_name, delivery.attempts.len() as u32);
+
+        // 7. A failure for good is recorded as a dead letter.
+        if let Some(reason) = delivery.dead_letter_reason() {
+            if route.config.dead_letters {
+                self.record_dead_letter(&route, &parts, &body, &delivery, reason);
+            }
+        }
+
+        // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
+        // frees the key first, so that the app's retry runs instead of waiting for the lease.
+        let claim = match claim {
+            Some(c) if matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
+            Some(c) => {
+                c.release().await;
+                None
+            }
+            None => None,
+        };
+        let attempts = delivery.attempts.len() as u32;
+        let mut resp = match delivery.result {
+            Ok(resp) => upstream_response(resp, &route, attempts, delivery.outcome, claim, log),
+            Err(err) => {
+                let mut resp = error_response(err, log);
+                if attempts > 0 {
+                    resp.headers_mut()
+                        .insert("x-rebound-attempts", HeaderValue::from(attempts));
+                }
+                resp
+            }
+        };
+        if bypassed {
+            resp.headers_mut()
+                .insert("x-rebound-idempotency", HeaderValue::from_static("bypassed"));
+        }
+        resp
+    }
+
+    /// The retry loop: attempt, classify, decide, wait, until an outcome is delivered.
+    async fn attempts(&self, route: &Route, parts: &http::request::Parts, path: &str, body: &Bytes) -> Delivery {
         let policy = &route.retry;
         let (max_attempts, deadline) = retry::policy::request_limits(&parts.headers, policy);
-        let mut state = RetryState::new(max_attempts, log.started() + deadline);
+        let started = Instant::now();
+        let mut state = RetryState::new(max_attempts, started + deadline);
         if retry::policy::is_sdk_retry(&parts.headers) {
-            route.budget.record_external_retry(Instant::now());
+            route.budget.record_external_retry(started);
         } else {
-            route.budget.deposit(Instant::now());
+            route.budget.deposit(started);
         }
+        let mut history: Vec<AttemptRecord> = Vec::new();
         loop {
-            let now = Instant::now();
-            let Some(remaining) = state.deadline.checked_duration_since(now).filter(|d| !d.is_zero()) else {
+            let Some(remaining) = state
+                .deadline
+                .checked_duration_since(Instant::now())
+                .filter(|d| !d.is_zero())
+            else {
                 let err = ProxyError::Timeout {
                     upstream: route.upstream_name.to_string(),
                     timeout_ms: deadline.as_millis(),
                 };
-                return error_response(err, log);
+                return Delivery {
+                    result: Err(err),
+                    outcome: Outcome::Timeout,
+                    attempts: history,
+                    stop: Stop::Deadline,
+                };
             };
-            let req = match build_upstream_request(&route, &parts, &path, body.clone()) {
+            let req = match build_upstream_request(route, parts, path, body.clone()) {
                 Ok(r) => r,
-                Err(e) => return error_response(ProxyError::BadRequestBody(e.to_string()), log),
+                Err(e) => {
+                    let err = ProxyError::BadRequestBody(e.to_string());
+                    return Delivery {
+                        result: Err(err),
+                        outcome: Outcome::Reset,
+                        attempts: history,
+                        stop: Stop::NotRetryable,
+                    };
+                }
             };
             state.attempts += 1;
-            let result = self.attempt(&route, req, remaining).await;
+            let attempt_started = Instant::now();
+            let result = self.attempt(route, req, remaining).await;
             let outcome = match &result {
                 Ok(resp) => Outcome::Status(resp.status()),
                 Err(e) => e.outcome(),
@@ -282,6 +359,12 @@ impl Proxy {
                 .upstream_attempts_total
                 .with_label_values(&[&*route.name, &*route.upstream_name, outcome.label()])
                 .inc();
+            history.push(AttemptRecord {
+                outcome: outcome.label().to_string(),
+                status: result.as_ref().ok().map(|r| r.status().as_u16()),
+                duration_ms: attempt_started.elapsed().as_millis() as u64,
+                wait_ms: 0,
+            });
             let hint = match &result {
                 Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
                 _ => None,
@@ -311,10 +394,12 @@ impl Proxy {
                         .with_label_values(&[&*route.name, source.as_str()])
                         .observe(wait.as_secs_f64());
                     tracing::debug!(route = %route.name, attempt = state.attempts, reason, wait_ms = wait.as_millis() as u64, source = source.as_str(), "retrying");
+                    if let Some(last) = history.last_mut() {
+                        last.wait_ms = wait.as_millis() as u64;
+                    }
                     drop(result);
                     tokio::time::sleep(wait).await;
                 }
-                // 6. Respond.
                 Decision::Deliver(stop) => {
                     match stop {
                         Stop::Exhausted => self
@@ -329,38 +414,66 @@ impl Proxy {
                             .inc(),
                         _ => {}
                     }
-                    if outcome.is_failure() && state.attempts > 1 || stop == Stop::BudgetExhausted {
+                    let result = result.map_err(|e| {
+                        tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upstream attempt failed");
+                        attempt_error(route, e)
+                    });
+                    if outcome.is_failure() && (state.attempts > 1 || stop != Stop::NotRetryable) {
                         tracing::info!(route = %route.name, attempts = state.attempts, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
                     }
-                    log.set_upstream(&route.upstream_name, state.attempts);
-                    // An outcome the store keeps is recorded as it streams; any other frees the
-                    // key first, so that the app's retry runs instead of waiting for the lease.
-                    let claim = match claim {
-                        Some(c) if matches!(&result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
-                        Some(c) => {
-                            c.release().await;
-                            None
-                        }
-                        None => None,
+                    return Delivery {
+                        result,
+                        outcome,
+                        attempts: history,
+                        stop,
                     };
-                    let mut resp = match result {
-                        Ok(resp) => upstream_response(resp, &route, state.attempts, outcome, claim, log),
-                        Err(e) => {
-                            tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upstream attempt failed");
-                            let mut resp = error_response(attempt_error(&route, e), log);
-                            resp.headers_mut()
-                                .insert("x-rebound-attempts", HeaderValue::from(state.attempts));
-                            resp
-                        }
-                    };
-                    if bypassed {
-                        resp.headers_mut()
-                            .insert("x-rebound-idempotency", HeaderValue::from_static("bypassed"));
-                    }
-                    return resp;
                 }
             }
         }
+    }
+
+    /// Records a dead letter in the background (the response does not wait for the store).
+    fn record_dead_letter(
+        &self,
+        route: &Route,
+        parts: &http::request::Parts,
+        body: &Bytes,
+        d: &Delivery,
+        reason: &str,
+    ) {
+        let keep_body = route.config.dead_letter_bodies || body.is_empty();
+        let idem = route.idempotency.as_ref();
+        let entry = DeadLetter {
+            id: String::new(),
+            time_ms: time::wall_now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+            route: route.name.to_string(),
+            upstream: route.upstream_name.to_string(),
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_string(),
+            query: parts.uri.query().map(dead_letters::redact_query),
+            idempotency_key: idem
+                .and_then(|i| parts.headers.get(&i.policy.header))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            reason: reason.to_string(),
+            error_class: d.outcome.label().to_string(),
+            final_status: d.status(),
+            attempts: d.attempts.clone(),
+            headers: dead_letters::keepable_headers(&parts.headers, &self.dead_letter_config),
+            body_base64: (keep_body && !body.is_empty()).then(|| dead_letters::encode_body(body)),
+            body_kept: keep_body,
+            idempotency: idem
+                .map(|i| i.identity_of(&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers, body)),
+            replays: Vec::new(),
+        };
+        let store = self.dead_letters.clone();
+        self.tasks.spawn(async move {
+            if let Err(e) = store.add(entry).await {
+                tracing::warn!(error = %e, "dead letter not recorded");
+            }
+        });
     }
 
     /// One attempt: send, wait for the response head (`per_try_timeout`), then for a successful
@@ -392,6 +505,41 @@ impl Proxy {
             };
         }
         Ok(Response::from_parts(parts, Primed::new(first, body)))
+    }
+}
+
+/// What the retry loop hands back.
+struct Delivery {
+    result: Result<Response<Primed<Incoming>>, ProxyError>,
+    /// The last attempt's outcome.
+    outcome: Outcome,
+    attempts: Vec<AttemptRecord>,
+    stop: Stop,
+}
+
+impl Delivery {
+    /// The status the app receives.
+    fn status(&self) -> u16 {
+        match &self.result {
+            Ok(r) => r.status().as_u16(),
+            Err(e) => e.status().as_u16(),
+        }
+    }
+
+    /// Why this delivery is a failure for good, if it is one: rebound stopped retrying something
+    /// transient (a permanent 4xx is the app's to see, not a dead letter).
+    fn dead_letter_reason(&self) -> Option<&'static str> {
+        if !self.outcome.is_failure() {
+            return None;
+        }
+        match self.stop {
+            Stop::Exhausted => Some("retries_exhausted"),
+            Stop::BudgetExhausted => Some("budget_exhausted"),
+            Stop::Deadline => Some("deadline_exceeded"),
+            Stop::HintTooLong => Some("retry_after_too_long"),
+            Stop::UnsafeToReplay => Some("unsafe_to_replay"),
+            Stop::Success | Stop::NotRetryable => None,
+        }
     }
 }
 

@@ -6,18 +6,17 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use super::body::{ProxyBody, RequestLog};
 use super::{attempt_error, error_response, headers, upstream_response, Proxy, Route};
 use crate::error::ProxyError;
 
-pub(super) async fn pass_through(
+pub(super) async fn pass_through<B>(
     proxy: &Proxy,
     route: &Route,
     path: &str,
-    mut req: Request<Incoming>,
+    mut req: Request<B>,
     mut log: RequestLog,
 ) -> Response<ProxyBody> {
     let client_side = hyper::upgrade::on(&mut req);

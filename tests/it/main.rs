@@ -5,7 +5,9 @@
 mod support;
 
 mod admin;
+mod circuit_shared;
 mod config_files;
+mod dead_letters;
 mod idempotency;
 mod idempotency_store;
 mod passthrough;

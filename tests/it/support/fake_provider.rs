@@ -10,7 +10,9 @@
 //! normally. Normal answers:
 //! - `POST .../chat/completions`: a ~1 KB chat completion, or SSE when the JSON body has
 //!   `"stream": true` (`x-fake-chunks` events, default 5, `x-fake-gap-ms` apart, default 0);
-//! - `POST .../messages`: the Anthropic equivalent;
+//! - `POST .../messages`: the Anthropic equivalent (the stream is the full event sequence:
+//!   `message_start`, `content_block_start`, the deltas, `content_block_stop`, `message_delta`,
+//!   `message_stop`, the first two sent with the first delta and the last three together);
 //! - `ANY /echo...`: JSON describing the request as received (method, path, query, headers, body size);
 //! - `GET /ws`: a WebSocket-style upgrade that echoes bytes back;
 //! - anything else: 404 with an OpenAI-shaped error body.
@@ -461,6 +463,28 @@ fn anthropic_event(i: usize) -> String {
     )
 }
 
+/// What an Anthropic stream sends before its first delta (the SDKs' stream helpers need it).
+fn anthropic_stream_start() -> &'static str {
+    concat!(
+        "event: message_start\n",
+        "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_fake\",\"type\":\"message\",\"role\":\"assistant\",",
+        "\"model\":\"claude-fake\",\"content\":[],\"stop_reason\":null,\"stop_sequence\":null,",
+        "\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n",
+        "event: content_block_start\n",
+        "data: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n",
+    )
+}
+
+/// What an Anthropic stream sends after its last delta.
+fn anthropic_stream_end(chunks: usize) -> String {
+    format!(
+        "event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":0}}\n\n\
+         event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\",\
+         \"stop_sequence\":null}},\"usage\":{{\"output_tokens\":{chunks}}}}}\n\n\
+         event: message_stop\ndata: {{\"type\":\"message_stop\"}}\n\n"
+    )
+}
+
 /// The exact bytes of a full stream of `chunks` events (for byte-exact assertions).
 pub fn sse_stream_bytes(chunks: usize) -> String {
     let mut s: String = (0..chunks).map(sse_chunk).collect();
@@ -482,10 +506,14 @@ fn sse_stream(state: Arc<State>, key: String, chunks: usize, gap: Duration, anth
             let data = if i == chunks {
                 *lock(&state.streams_completed).entry(key).or_insert(0) += 1;
                 if anthropic {
-                    "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n".to_string()
+                    let start = if chunks == 0 { anthropic_stream_start() } else { "" };
+                    format!("{start}{}", anthropic_stream_end(chunks))
                 } else {
                     "data: [DONE]\n\n".to_string()
                 }
+            } else if anthropic && i == 0 {
+                // One frame, so that the timing of the stream is the same as OpenAI's.
+                format!("{}{}", anthropic_stream_start(), anthropic_event(0))
             } else if anthropic {
                 anthropic_event(i)
             } else {

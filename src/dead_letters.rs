@@ -1,0 +1,650 @@
+//! Dead letters: diagnostics for requests that failed for good, not a graveyard. Each entry says
+//! what was asked (method, path, idempotency key, the body where the route keeps bodies), what
+//! happened at every attempt, and why rebound stopped; entries are counted, grouped by cause in a
+//! summary, and can be replayed through the route's normal pipeline with their original
+//! idempotency key (so a replay of something that already succeeded is answered from the store).
+//!
+//! Storage: a capped Redis Stream shared by the fleet when `[redis]` is set (replay outcomes in a
+//! hash beside it), else a bounded ring in memory. Credentials are never kept: the entry's headers
+//! exclude them and every `[dead_letters] sensitive_headers` entry; the idempotency scope is kept
+//! as its hash only.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex};
+
+use base64::Engine as _;
+use bytes::Bytes;
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+
+use crate::config::DeadLettersConfig;
+use crate::metrics::Metrics;
+use crate::proxy::headers::SENSITIVE;
+use crate::redis::RedisHandle;
+
+/// One attempt, as the entry shows it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AttemptRecord {
+    /// `ok`, `status_4xx`, `status_429`, `status_5xx`, `connect_failure`, `reset`, `timeout`.
+    pub outcome: String,
+    /// The response status, when there was a response.
+    pub status: Option<u16>,
+    /// How long the attempt took to its response head (or failure).
+    pub duration_ms: u64,
+    /// The wait before the next attempt (0 for the last).
+    pub wait_ms: u64,
+}
+
+/// A replay of an entry and what came of it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReplayRecord {
+    pub at_ms: u64,
+    pub status: u16,
+    /// The replay was answered from the idempotency store (the original already succeeded).
+    pub from_store: bool,
+}
+
+/// A request that failed for good.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeadLetter {
+    /// Time-ordered (`<unix ms>-<seq>`, the Redis Stream id form).
+    #[serde(default)]
+    pub id: String,
+    pub time_ms: u64,
+    pub route: String,
+    pub upstream: String,
+    pub method: String,
+    /// The request path as the app sent it.
+    pub path: String,
+    /// The query, with the values of credential-like parameters (`key`, `token`, `secret`,
+    /// `password`, `signature`, `auth`...) replaced by `[redacted]`.
+    pub query: Option<String>,
+    pub idempotency_key: Option<String>,
+    /// Why rebound stopped: `retries_exhausted`, `budget_exhausted`, `deadline_exceeded`,
+    /// `retry_after_too_long`, `unsafe_to_replay`, `circuit_open`.
+    pub reason: String,
+    /// The last attempt's outcome (`status_5xx`, `timeout`, ...).
+    pub error_class: String,
+    /// The status the app received.
+    pub final_status: u16,
+    pub attempts: Vec<AttemptRecord>,
+    /// Non-sensitive request headers (for replay).
+    pub headers: Vec<(String, String)>,
+    /// The request body, base64, only where the route sets `dead_letter_bodies = true`.
+    pub body_base64: Option<String>,
+    /// Whether the body was kept (a body-less request is replayable too).
+    pub body_kept: bool,
+    /// The original's idempotency identity (hashes only), so that a replay finds its record.
+    pub idempotency: Option<crate::idempotency::ReplayIdentity>,
+    #[serde(default)]
+    pub replays: Vec<ReplayRecord>,
+}
+
+impl DeadLetter {
+    /// The request body, if kept.
+    pub fn body(&self) -> Option<Bytes> {
+        let b64 = self.body_base64.as_ref()?;
+        base64::engine::general_purpose::STANDARD
+            .decode(b64)
+            .ok()
+            .map(Bytes::from)
+    }
+
+    /// Whether this entry can be re-sent as it was.
+    pub fn replayable(&self) -> bool {
+        self.body_kept
+    }
+}
+
+/// The request headers an entry keeps: everything but credentials, hop-by-hop headers and the
+/// configured sensitive ones.
+pub fn keepable_headers(headers: &HeaderMap, config: &DeadLettersConfig) -> Vec<(String, String)> {
+    headers
+        .iter()
+        .filter(|(k, _)| !SENSITIVE.contains(&k.as_str()))
+        .filter(|(k, _)| !config.sensitive_headers.contains(k))
+        .filter(|(k, _)| {
+            !matches!(
+                k.as_str(),
+                "host" | "content-length" | "connection" | "transfer-encoding"
+            )
+        })
+        .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
+        .collect()
+}
+
+/// A query with the values of credential-like parameters redacted.
+pub fn redact_query(query: &str) -> String {
+    query
+        .split('&')
+        .map(|pair| match pair.split_once('=') {
+            Some((name, _)) if is_secret_param(name) => format!("{name}=[redacted]"),
+            _ => pair.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("&")
+}
+
+fn is_secret_param(name: &str) -> bool {
+    let n = name.to_ascii_lowercase();
+    [
+        "key",
+        "token",
+        "secret",
+        "password",
+        "passwd",
+        "signature",
+        "sig",
+        "auth",
+        "credential",
+        "session",
+    ]
+    .iter()
+    .any(|s| n.contains(s))
+}
+
+/// Encodes a body for an entry.
+pub fn encode_body(body: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(body)
+}
+
+/// Which entries an operation applies to.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct Filter {
+    pub route: Option<String>,
+    pub reason: Option<String>,
+    pub upstream: Option<String>,
+    /// Entries at or after this time (unix ms).
+    pub since: Option<u64>,
+}
+
+impl Filter {
+    pub fn matches(&self, e: &DeadLetter) -> bool {
+        self.route.as_ref().is_none_or(|r| *r == e.route)
+            && self.reason.as_ref().is_none_or(|r| *r == e.reason)
+            && self.upstream.as_ref().is_none_or(|u| *u == e.upstream)
+            && self.since.is_none_or(|t| e.time_ms >= t)
+    }
+}
+
+/// A page of entries, newest first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Page {
+    pub items: Vec<DeadLetter>,
+    /// Pass as `cursor` for the next page; `None` at the end.
+    pub next_cursor: Option<String>,
+}
+
+/// One group of the summary.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Group {
+    pub route: String,
+    pub upstream: String,
+    pub reason: String,
+    pub error_class: String,
+    pub final_status: u16,
+    pub count: u64,
+    pub first_seen_ms: u64,
+    pub last_seen_ms: u64,
+}
+
+/// Counts grouped by route, upstream, reason, error class and status: what an on-call engineer
+/// opens first.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Summary {
+    pub total: u64,
+    pub groups: Vec<Group>,
+}
+
+/// The dead-letter store could not answer.
+#[derive(Debug, thiserror::Error)]
+#[error("dead-letter store unavailable: {0}")]
+pub struct DeadLetterError(pub String);
+
+/// The dead letters of this process (memory) or fleet (Redis).
+#[derive(Clone)]
+pub struct DeadLetters {
+    backend: Backend,
+    metrics: Arc<Metrics>,
+    cap: usize,
+}
+
+#[derive(Clone)]
+enum Backend {
+    Memory(Arc<Mutex<Ring>>),
+    Redis(RedisHandle),
+}
+
+#[derive(Default)]
+struct Ring {
+    entries: VecDeque<DeadLetter>,
+    last_id: (u64, u64),
+}
+
+/// Entries read per Redis round trip while scanning.
+const SCAN_BATCH: usize = 500;
+
+impl DeadLetters {
+    pub fn new(config: &DeadLettersConfig, redis: Option<RedisHandle>, metrics: Arc<Metrics>) -> DeadLetters {
+        let backend = match redis {
+            Some(r) => Backend::Redis(r),
+            None => Backend::Memory(Arc::default()),
+        };
+        DeadLetters {
+            backend,
+            metrics,
+            cap: config.max_entries as usize,
+        }
+    }
+
+    fn stream_key(r: &RedisHandle) -> String {
+        r.key("dead_letters")
+    }
+
+    fn replays_key(r: &RedisHandle) -> String {
+        r.key("dead_letters:replays")
+    }
+
+    /// Records an entry (its `id` is assigned here) and counts it.
+    pub async fn add(&self, mut entry: DeadLetter) -> Result<String, DeadLetterError> {
+        self.metrics
+            .dead_letters_total
+            .with_label_values(&[&entry.route, &entry.reason])
+            .inc();
+        match &self.backend {
+            Backend::Memory(ring) => {
+                let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                let (ms, seq) = ring.last_id;
+                let id = if entry.time_ms > ms {
+                    (entry.time_ms, 0)
+                } else {
+                    (ms, seq + 1)
+                };
+                ring.last_id = id;
+                entry.id = format!("{}-{}", id.0, id.1);
+                ring.entries.push_back(entry.clone());
+                while ring.entries.len() > self.cap {
+                    ring.entries.pop_front();
+                }
+                self.metrics.dead_letters_depth.set(ring.entries.len() as i64);
+                Ok(entry.id)
+            }
+            Backend::Redis(r) => {
+                let key = Self::stream_key(r);
+                let data = serde_json::to_string(&entry).unwrap_or_default();
+                let cap = self.cap;
+                let (id, depth): (String, i64) = r
+                    .run("dead_letter_add", |mut c| async move {
+                        redis::pipe()
+                            .cmd("XADD")
+                            .arg(&key)
+                            .arg("MAXLEN")
+                            .arg("~")
+                            .arg(cap)
+                            .arg("*")
+                            .arg("e")
+                            .arg(data)
+                            .cmd("XLEN")
+                            .arg(&key)
+                            .query_async(&mut c)
+                            .await
+                    })
+                    .await
+                    .map_err(|e| DeadLetterError(e.to_string()))?;
+                self.metrics.dead_letters_depth.set(depth);
+                Ok(id)
+            }
+        }
+    }
+
+    /// Every entry matching `filter`, newest first, from `cursor` (exclusive), at most `limit`.
+    pub async fn list(&self, filter: &Filter, limit: usize, cursor: Option<&str>) -> Result<Page, DeadLetterError> {
+        let limit = limit.clamp(1, 1000);
+        let mut items = Vec::new();
+        let mut last_scanned: Option<String> = cursor.map(str::to_string);
+        let mut exhausted = false;
+        while items.len() < limit && !exhausted {
+            let batch = self.scan_back(last_scanned.as_deref(), SCAN_BATCH).await?;
+            exhausted = batch.len() < SCAN_BATCH;
+            for e in batch {
+                last_scanned = Some(e.id.clone());
+                if filter.matches(&e) {
+                    items.push(e);
+                    if items.len() == limit {
+                        break;
+                    }
+                }
+            }
+        }
+        let next_cursor = if items.len() == limit {
+            items.last().map(|e| e.id.clone())
+        } else {
+            None
+        };
+        Ok(Page { items, next_cursor })
+    }
+
+    /// One entry by id.
+    pub async fn get(&self, id: &str) -> Result<Option<DeadLetter>, DeadLetterError> {
+        match &self.backend {
+            Backend::Memory(ring) => {
+                let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                Ok(ring.entries.iter().find(|e| e.id == id).cloned())
+            }
+            Backend::Redis(r) => {
+                let (key, id) = (Self::stream_key(r), id.to_string());
+                let rows: Vec<(String, Vec<(String, String)>)> = r
+                    .run("dead_letter_get", |mut c| async move {
+                        redis::cmd("XRANGE")
+                            .arg(&key)
+                            .arg(&id)
+                            .arg(&id)
+                            .query_async(&mut c)
+                            .await
+                    })
+                    .await
+                    .map_err(|e| DeadLetterError(e.to_string()))?;
+                let mut entries = self.decode(rows);
+                self.attach_replays(r, &mut entries).await?;
+                Ok(entries.pop())
+            }
+        }
+    }
+
+    /// Counts grouped by route, upstream, reason, error class and status, with first and last seen.
+    pub async fn summary(&self, filter: &Filter) -> Result<Summary, DeadLetterError> {
+        let mut groups: BTreeMap<(String, String, String, String, u16), Group> = BTreeMap::new();
+        let mut total = 0;
+        let mut cursor: Option<String> = None;
+        loop {
+            let batch = self.scan_back(cursor.as_deref(), SCAN_BATCH).await?;
+            let done = batch.len() < SCAN_BATCH;
+            for e in batch {
+                cursor = Some(e.id.clone());
+                if !filter.matches(&e) {
+                    continue;
+                }
+                total += 1;
+                let k = (
+                    e.route.clone(),
+                    e.upstream.clone(),
+                    e.reason.clone(),
+                    e.error_class.clone(),
+                    e.final_status,
+                );
+                let g = groups.entry(k).or_insert_with(|| Group {
+                    route: e.route.clone(),
+                    upstream: e.upstream.clone(),
+                    reason: e.reason.clone(),
+                    error_class: e.error_class.clone(),
+                    final_status: e.final_status,
+                    count: 0,
+                    first_seen_ms: e.time_ms,
+                    last_seen_ms: e.time_ms,
+                });
+                g.count += 1;
+                g.first_seen_ms = g.first_seen_ms.min(e.time_ms);
+                g.last_seen_ms = g.last_seen_ms.max(e.time_ms);
+            }
+            if done {
+                break;
+            }
+        }
+        let mut groups: Vec<Group> = groups.into_values().collect();
+        groups.sort_by(|a, b| b.count.cmp(&a.count).then(b.last_seen_ms.cmp(&a.last_seen_ms)));
+        Ok(Summary { total, groups })
+    }
+
+    /// Records a replay's outcome on its entry.
+    pub async fn record_replay(&self, id: &str, replay: ReplayRecord) -> Result<(), DeadLetterError> {
+        match &self.backend {
+            Backend::Memory(ring) => {
+                let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(e) = ring.entries.iter_mut().find(|e| e.id == id) {
+                    e.replays.push(replay);
+                }
+                Ok(())
+            }
+            Backend::Redis(r) => {
+                let key = Self::replays_key(r);
+                let existing: Option<String> = {
+                    let (key, id) = (key.clone(), id.to_string());
+                    r.run("dead_letter_replay", |mut c| async move {
+                        redis::cmd("HGET").arg(&key).arg(&id).query_async(&mut c).await
+                    })
+                    .await
+                    .map_err(|e| DeadLetterError(e.to_string()))?
+                };
+                let mut list: Vec<ReplayRecord> =
+                    existing.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default();
+                list.push(replay);
+                let json = serde_json::to_string(&list).unwrap_or_default();
+                let id = id.to_string();
+                r.run("dead_letter_replay", |mut c| async move {
+                    redis::cmd("HSET")
+                        .arg(&key)
+                        .arg(&id)
+                        .arg(json)
+                        .query_async::<i64>(&mut c)
+                        .await
+                })
+                .await
+                .map_err(|e| DeadLetterError(e.to_string()))?;
+                Ok(())
+            }
+        }
+    }
+
+    /// Deletes every entry matching `filter`; returns how many.
+    pub async fn purge(&self, filter: &Filter) -> Result<u64, DeadLetterError> {
+        match &self.backend {
+            Backend::Memory(ring) => {
+                let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                let before = ring.entries.len();
+                ring.entries.retain(|e| !filter.matches(e));
+                self.metrics.dead_letters_depth.set(ring.entries.len() as i64);
+                Ok((before - ring.entries.len()) as u64)
+            }
+            Backend::Redis(r) => {
+                let mut ids = Vec::new();
+                let mut cursor: Option<String> = None;
+                loop {
+                    let batch = self.scan_back(cursor.as_deref(), SCAN_BATCH).await?;
+                    let done = batch.len() < SCAN_BATCH;
+                    for e in batch {
+                        cursor = Some(e.id.clone());
+                        if filter.matches(&e) {
+                            ids.push(e.id);
+                        }
+                    }
+                    if done {
+                        break;
+                    }
+                }
+                let (key, replays) = (Self::stream_key(r), Self::replays_key(r));
+                for chunk in ids.chunks(SCAN_BATCH) {
+                    let (key, replays, chunk) = (key.clone(), replays.clone(), chunk.to_vec());
+                    r.run("dead_letter_purge", |mut c| async move {
+                        redis::pipe()
+                            .cmd("XDEL")
+                            .arg(&key)
+                            .arg(&chunk)
+                            .ignore()
+                            .cmd("HDEL")
+                            .arg(&replays)
+                            .arg(&chunk)
+                            .ignore()
+                            .query_async::<()>(&mut c)
+                            .await
+                    })
+                    .await
+                    .map_err(|e| DeadLetterError(e.to_string()))?;
+                }
+                let key2 = key.clone();
+                let depth: i64 = r
+                    .run("dead_letter_len", |mut c| async move {
+                        redis::cmd("XLEN").arg(&key2).query_async(&mut c).await
+                    })
+                    .await
+                    .map_err(|e| DeadLetterError(e.to_string()))?;
+                self.metrics.dead_letters_depth.set(depth);
+                Ok(ids.len() as u64)
+            }
+        }
+    }
+
+    /// Entries older than `before` (exclusive; newest end when `None`), newest first.
+    async fn scan_back(&self, before: Option<&str>, count: usize) -> Result<Vec<DeadLetter>, DeadLetterError> {
+        match &self.backend {
+            Backend::Memory(ring) => {
+                let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                let older = |e: &DeadLetter| before.is_none_or(|b| id_order(&e.id) < id_order(b));
+                Ok(ring
+                    .entries
+                    .iter()
+                    .rev()
+                    .filter(|e| older(e))
+                    .take(count)
+                    .cloned()
+                    .collect())
+            }
+            Backend::Redis(r) => {
+                let key = Self::stream_key(r);
+                let end = before.map_or_else(|| "+".to_string(), |b| format!("({b}"));
+                let rows: Vec<(String, Vec<(String, String)>)> = r
+                    .run("dead_letter_scan", |mut c| async move {
+                        redis::cmd("XREVRANGE")
+                            .arg(&key)
+                            .arg(&end)
+                            .arg("-")
+                            .arg("COUNT")
+                            .arg(count)
+                            .query_async(&mut c)
+                            .await
+                    })
+                    .await
+                    .map_err(|e| DeadLetterError(e.to_string()))?;
+                let mut entries = self.decode(rows);
+                self.attach_replays(r, &mut entries).await?;
+                Ok(entries)
+            }
+        }
+    }
+
+    fn decode(&self, rows: Vec<(String, Vec<(String, String)>)>) -> Vec<DeadLetter> {
+        rows.into_iter()
+            .filter_map(|(id, fields)| {
+                let data = fields.into_iter().find(|(k, _)| k == "e")?.1;
+                let mut e: DeadLetter = serde_json::from_str(&data).ok()?;
+                e.id = id;
+                Some(e)
+            })
+            .collect()
+    }
+
+    async fn attach_replays(&self, r: &RedisHandle, entries: &mut [DeadLetter]) -> Result<(), DeadLetterError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let key = Self::replays_key(r);
+        let ids: Vec<String> = entries.iter().map(|e| e.id.clone()).collect();
+        let found: Vec<Option<String>> = r
+            .run("dead_letter_scan", |mut c| async move {
+                redis::cmd("HMGET").arg(&key).arg(&ids).query_async(&mut c).await
+            })
+            .await
+            .map_err(|e| DeadLetterError(e.to_string()))?;
+        for (e, replays) in entries.iter_mut().zip(found) {
+            if let Some(list) = replays.and_then(|s| serde_json::from_str(&s).ok()) {
+                e.replays = list;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Orders `<ms>-<seq>` ids numerically.
+fn id_order(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn entry(route: &str, reason: &str, t: u64) -> DeadLetter {
+        DeadLetter {
+            id: String::new(),
+            time_ms: t,
+            route: route.into(),
+            upstream: "u".into(),
+            method: "POST".into(),
+            path: "/v1/x".into(),
+            idempotency_key: None,
+            query: None,
+            reason: reason.into(),
+            error_class: "status_5xx".into(),
+            final_status: 503,
+            attempts: vec![],
+            headers: vec![],
+            body_base64: None,
+            body_kept: false,
+            idempotency: None,
+            replays: vec![],
+        }
+    }
+
+    fn store(cap: u32) -> DeadLetters {
+        let config = DeadLettersConfig {
+            max_entries: cap,
+            sensitive_headers: vec![],
+        };
+        DeadLetters::new(&config, None, Arc::new(Metrics::new().unwrap()))
+    }
+
+    #[test]
+    fn queries_are_redacted() {
+        assert_eq!(
+            redact_query("api-version=2024-02-01&key=AIza123&x=1"),
+            "api-version=2024-02-01&key=[redacted]&x=1"
+        );
+        assert_eq!(redact_query("access_token=abc"), "access_token=[redacted]");
+        assert_eq!(redact_query("flag"), "flag");
+    }
+
+    #[tokio::test]
+    async fn ring_is_capped_and_lists_newest_first_with_cursors() {
+        let s = store(50);
+        for i in 0..500u64 {
+            s.add(entry(
+                if i % 2 == 0 { "a" } else { "b" },
+                "retries_exhausted",
+                1000 + i / 10,
+            ))
+            .await
+            .unwrap();
+        }
+        let all = s.list(&Filter::default(), 1000, None).await.unwrap();
+        assert_eq!(all.items.len(), 50);
+        assert!(all.items.windows(2).all(|w| id_order(&w[0].id) > id_order(&w[1].id)));
+        let a = Filter {
+            route: Some("a".into()),
+            ..Filter::default()
+        };
+        let p1 = s.list(&a, 10, None).await.unwrap();
+        assert_eq!(p1.items.len(), 10);
+        let p2 = s.list(&a, 10, p1.next_cursor.as_deref()).await.unwrap();
+        assert_eq!(p2.items.len(), 10);
+        assert!(id_order(&p2.items[0].id) < id_order(&p1.items[9].id));
+        let p3 = s.list(&a, 10, p2.next_cursor.as_deref()).await.unwrap();
+        assert_eq!(p3.items.len(), 5);
+        assert!(p3.next_cursor.is_none());
+        let summary = s.summary(&Filter::default()).await.unwrap();
+        assert_eq!(summary.total, 50);
+        assert_eq!(summary.groups.len(), 2);
+        assert_eq!(s.purge(&a).await.unwrap(), 25);
+        assert_eq!(s.list(&Filter::default(), 1000, None).await.unwrap().items.len(), 25);
+    }
+}

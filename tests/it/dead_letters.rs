@@ -1,0 +1,365 @@
+//! Dead letters: recorded with every attempt, counted, summarised, replayed, purged; never a
+//! credential; capped.
+
+use std::time::Duration;
+use tokio::process::Command;
+
+use crate::support::redis::RedisServer;
+use crate::support::sidecar::config_for;
+use crate::support::*;
+
+const TOKEN: &str = "admin-token-123";
+
+fn config(provider: &str, redis: Option<&str>, extra_route: &str, extra: &str) -> String {
+    let mut tables = format!(
+        "\n[retry.fast]\nmax_attempts = 3\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n[idempotency.idem]\nlease = \"2s\"\n\n[dead_letters]\nmax_entries = 20\nsensitive_headers = [\"x-tenant-secret\"]\n{extra}"
+    );
+    if let Some(url) = redis {
+        tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\n"));
+    }
+    config_for(provider, &tables)
+        .replace(
+            "strip_prefix = true\n",
+            &format!(
+                "strip_prefix = true\nretry = \"fast\"\nidempotency = \"idem\"\ndead_letters = true\n{extra_route}"
+            ),
+        )
+        .replace("[admin]\n", &format!("[admin]\ntoken = \"{TOKEN}\"\n"))
+}
+
+async fn admin(rebound: &Rebound, method: &str, path: &str) -> Answer {
+    send(
+        method,
+        &format!("{}{path}", rebound.admin),
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+        "",
+    )
+    .await
+}
+
+async fn failing_call(rebound: &Rebound, key: &str, idem: &str, body: &str) -> Answer {
+    send(
+        "POST",
+        &format!("{}/fake/v1/chat/completions?api_key=CANARY-query", rebound.url),
+        &[
+            ("x-fake-key", key),
+            ("idempotency-key", idem),
+            ("authorization", "Bearer sk-CANARY-auth"),
+            ("x-tenant-secret", "CANARY-configured"),
+            ("content-type", "application/json"),
+        ],
+        body.to_string(),
+    )
+    .await
+}
+
+async fn wait_for_entries(rebound: &Rebound, n: usize) -> serde_json::Value {
+    for _ in 0..100 {
+        let page = admin(rebound, "GET", "/admin/dead-letters").await.json();
+        if page["items"].as_array().map_or(0, Vec::len) >= n {
+            return page;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("fewer than {n} dead letters");
+}
+
+async fn exhausted_request_is_recorded(redis: Option<&RedisServer>) {
+    let provider = FakeProvider::start().await;
+    let url = redis.map(RedisServer::url);
+    let rebound = Rebound::start(&config(
+        &provider.url(),
+        url.as_deref(),
+        "dead_letter_bodies = true\n",
+        "",
+    ))
+    .await;
+    provider.script("k", vec![Step::status(503), Step::status(502), Step::status(503)]);
+    let a = failing_call(&rebound, "k", "dl-1", r#"{"model":"m"}"#).await;
+    assert_eq!(a.status, 503);
+    let page = wait_for_entries(&rebound, 1).await;
+    let e = &page["items"][0];
+    assert_eq!(e["route"], "fake");
+    assert_eq!(e["upstream"], "fake");
+    assert_eq!(e["method"], "POST");
+    assert_eq!(e["path"], "/fake/v1/chat/completions");
+    assert_eq!(e["reason"], "retries_exhausted");
+    assert_eq!(e["error_class"], "status_5xx");
+    assert_eq!(e["final_status"], 503);
+    assert_eq!(e["idempotency_key"], "dl-1");
+    let attempts = e["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3);
+    assert_eq!(
+        attempts
+            .iter()
+            .map(|a| a["status"].as_u64().unwrap())
+            .collect::<Vec<_>>(),
+        [503, 502, 503]
+    );
+    assert!(attempts[0]["wait_ms"].as_u64().unwrap() > 0 || attempts[1]["wait_ms"].as_u64().unwrap() > 0);
+    assert_eq!(attempts[2]["wait_ms"], 0);
+    assert_eq!(e["body_kept"], true);
+    assert!(e["body_base64"].as_str().is_some());
+    let text = page.to_string();
+    assert!(!text.contains("CANARY"), "a credential reached a dead letter: {text}");
+
+    let summary = admin(&rebound, "GET", "/admin/dead-letters/summary").await.json();
+    assert_eq!(summary["total"], 1);
+    assert_eq!(summary["groups"][0]["count"], 1);
+    assert_eq!(summary["groups"][0]["reason"], "retries_exhausted");
+    assert!(summary["groups"][0]["first_seen_ms"].as_u64().unwrap() > 0);
+    let m = rebound.metrics().await;
+    assert_eq!(
+        metric(
+            &m,
+            r#"rebound_dead_letters_total{reason="retries_exhausted",route="fake"}"#
+        ),
+        1.0
+    );
+    assert_eq!(metric(&m, "rebound_dead_letters_depth"), 1.0);
+
+    if let Some(redis) = redis {
+        let client = ::redis::Client::open(redis.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let dump: Vec<(String, Vec<(String, String)>)> = ::redis::cmd("XRANGE")
+            .arg("rebound:dead_letters")
+            .arg("-")
+            .arg("+")
+            .query_async(&mut c)
+            .await
+            .unwrap();
+        assert_eq!(dump.len(), 1);
+        assert!(!format!("{dump:?}").contains("CANARY"));
+    }
+}
+
+#[tokio::test]
+async fn exhausted_requests_are_recorded_in_memory() {
+    exhausted_request_is_recorded(None).await;
+}
+
+#[tokio::test]
+async fn exhausted_requests_are_recorded_in_redis() {
+    let redis = RedisServer::start();
+    exhausted_request_is_recorded(Some(&redis)).await;
+}
+
+#[tokio::test]
+async fn bodies_are_kept_only_where_the_route_says_and_4xx_is_not_a_dead_letter() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "", "")).await;
+    provider.script("k", vec![Step::status(503); 3]);
+    failing_call(&rebound, "k", "nobody", r#"{"secret_prompt":1}"#).await;
+    let page = wait_for_entries(&rebound, 1).await;
+    assert_eq!(page["items"][0]["body_kept"], false);
+    assert!(page["items"][0]["body_base64"].is_null());
+    provider.script("bad", vec![Step::status(400)]);
+    assert_eq!(failing_call(&rebound, "bad", "x400", "{}").await.status, 400);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        admin(&rebound, "GET", "/admin/dead-letters").await.json()["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1
+    );
+    // Without the body, a replay is refused with a reason.
+    let id = page["items"][0]["id"].as_str().unwrap().to_string();
+    let r = admin(&rebound, "POST", &format!("/admin/dead-letters/{id}/replay"))
+        .await
+        .json();
+    assert!(r["error"].as_str().unwrap().contains("dead_letter_bodies"), "{r}");
+}
+
+#[tokio::test]
+async fn replay_after_recovery_succeeds_and_never_duplicates() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(
+        &provider.url(),
+        Some(&redis.url()),
+        "dead_letter_bodies = true\n",
+        "",
+    ))
+    .await;
+    provider.script("a", vec![Step::status(503); 3]);
+    provider.script("b", vec![Step::status(503); 3]);
+    failing_call(&rebound, "a", "replay-a", r#"{"n":"a"}"#).await;
+    failing_call(&rebound, "b", "replay-b", r#"{"n":"b"}"#).await;
+    let page = wait_for_entries(&rebound, 2).await;
+    let id_of = |fake: &str| {
+        page["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["idempotency_key"] == format!("replay-{fake}"))
+            .unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (id_a, id_b) = (id_of("a"), id_of("b"));
+
+    // The provider recovered: the replay of a succeeds and is recorded on the entry.
+    let r = admin(&rebound, "POST", &format!("/admin/dead-letters/{id_a}/replay"))
+        .await
+        .json();
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(r["from_store"], false);
+    assert_eq!(provider.count("a"), 4);
+    let seen = provider.requests("a").pop().unwrap();
+    assert_eq!(seen.body, br#"{"n":"a"}"#, "the original body is re-sent");
+    assert_eq!(seen.header("idempotency-key"), Some("replay-a"));
+    let e = admin(&rebound, "GET", &format!("/admin/dead-letters/{id_a}"))
+        .await
+        .json();
+    assert_eq!(e["replays"][0]["status"], 200);
+
+    // b succeeded meanwhile through the app's own retry (same key, same tenant): the replay is
+    // answered from the idempotency store, with no provider call.
+    let app_retry = failing_call(&rebound, "b", "replay-b", r#"{"n":"b"}"#).await;
+    assert_eq!(app_retry.status, 200);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(provider.count("b"), 4);
+    let r = admin(&rebound, "POST", &format!("/admin/dead-letters/{id_b}/replay"))
+        .await
+        .json();
+    assert_eq!(r["status"], 200);
+    assert_eq!(r["from_store"], true, "{r}");
+    assert_eq!(
+        provider.count("b"),
+        4,
+        "a replay of something that succeeded never runs twice"
+    );
+
+    // Replay by filter replays both again: both answered from the store now.
+    let all = admin(&rebound, "POST", "/admin/dead-letters/replay?route=fake")
+        .await
+        .json();
+    assert_eq!(all["replayed"], 2, "{all}");
+    assert_eq!((provider.count("a"), provider.count("b")), (4, 4));
+    // Purge.
+    let purged = admin(&rebound, "DELETE", "/admin/dead-letters?route=fake").await.json();
+    assert_eq!(purged["purged"], 2);
+    assert_eq!(
+        admin(&rebound, "GET", "/admin/dead-letters").await.json()["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        0
+    );
+}
+
+#[tokio::test]
+async fn admin_api_needs_the_token_and_is_off_without_one() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "", "")).await;
+    let none = send("GET", &format!("{}/admin/dead-letters", rebound.admin), &[], "").await;
+    assert_eq!(none.status, 401);
+    let wrong = send(
+        "GET",
+        &format!("{}/admin/dead-letters", rebound.admin),
+        &[("authorization", "Bearer nope")],
+        "",
+    )
+    .await;
+    assert_eq!(wrong.status, 401);
+    assert_eq!(wrong.json()["error"]["code"], "unauthorized");
+    assert_eq!(admin(&rebound, "GET", "/admin/dead-letters").await.status, 200);
+
+    let off = Rebound::start(&config_for(&provider.url(), "")).await;
+    let a = send(
+        "GET",
+        &format!("{}/admin/dead-letters", off.admin),
+        &[("authorization", "Bearer x")],
+        "",
+    )
+    .await;
+    assert_eq!(a.status, 404);
+    assert_eq!(a.json()["error"]["code"], "admin_disabled");
+}
+
+#[tokio::test]
+async fn the_cli_prints_readable_tables() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "dead_letter_bodies = true\n", "")).await;
+    provider.script("k", vec![Step::status(503); 6]);
+    failing_call(&rebound, "k", "cli-1", "{}").await;
+    failing_call(&rebound, "k", "cli-2", "{}").await;
+    wait_for_entries(&rebound, 2).await;
+    let run = async |args: &[&str]| {
+        // tokio's Command: a blocking wait would stall the in-process rebound it talks to.
+        let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .arg("dead-letters")
+            .args(args)
+            .args(["--admin", &rebound.admin, "--token", TOKEN])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let list = run(&["list"]).await;
+    let lines: Vec<&str> = list.lines().collect();
+    assert_eq!(lines.len(), 3, "{list}");
+    assert!(
+        lines[0].starts_with("ID ") && lines[0].contains("REASON") && lines[0].contains("ATTEMPTS"),
+        "{list}"
+    );
+    assert!(
+        lines[1].contains("fake") && lines[1].contains("retries_exhausted") && lines[1].contains("503"),
+        "{list}"
+    );
+    assert!(lines[1].contains("POST /fake/v1/chat/completions"), "{list}");
+    let summary = run(&["summary"]).await;
+    assert!(summary.lines().next().unwrap().starts_with("COUNT"), "{summary}");
+    assert!(
+        summary.contains("2  ") && summary.contains("retries_exhausted") && summary.contains("total: 2"),
+        "{summary}"
+    );
+    let json: serde_json::Value = serde_json::from_str(&run(&["list", "--json", "--route", "fake"]).await).unwrap();
+    assert_eq!(json["items"].as_array().unwrap().len(), 2);
+    let none = run(&["list", "--route", "other"]).await;
+    assert_eq!(none, "no dead letters\n");
+    assert!(run(&["purge", "--all"]).await.contains("purged 2"));
+
+    let out = Command::new(env!("CARGO_BIN_EXE_rebound"))
+        .args(["dead-letters", "list", "--admin", &rebound.admin, "--token", "wrong"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("401"));
+}
+
+#[tokio::test]
+async fn ring_and_stream_stay_within_their_caps() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    for url in [None, Some(redis.url())] {
+        // max_entries = 20; 200 failures.
+        let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), "", "")).await;
+        provider.script("cap", vec![Step::status(503); 1000]);
+        for i in 0..200 {
+            let a = send(
+                "POST",
+                &format!("{}/fake/v1/chat/completions", rebound.url),
+                &[
+                    ("x-fake-key", "cap"),
+                    ("x-rebound-max-attempts", "1"),
+                    ("x-i", &i.to_string()),
+                ],
+                "{}",
+            )
+            .await;
+            assert_eq!(a.status, 503);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let page = admin(&rebound, "GET", "/admin/dead-letters?limit=1000").await.json();
+        let n = page["items"].as_array().unwrap().len();
+        // Redis trims approximately (MAXLEN ~): within one macro node of the cap.
+        assert!((20..=120).contains(&n), "{n} entries held");
+        let depth = metric(&rebound.metrics().await, "rebound_dead_letters_depth");
+        assert!(depth <= 120.0, "{depth}");
+    }
+}

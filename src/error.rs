@@ -31,6 +31,16 @@ pub enum ProxyError {
     IdempotencyKeyReused,
     #[error("the request with this idempotency key completed, but its response was too large to keep (max_stored_body); it will not run again")]
     IdempotencyResponseNotKept,
+    #[error("upstream {upstream}'s circuit is open (it has been failing) and no fallback is available; retry after the retry-after delay")]
+    CircuitOpen {
+        upstream: String,
+        retry_after: std::time::Duration,
+    },
+    #[error("upstream {upstream} asked this credential to wait (rate limited); retry after the retry-after delay")]
+    Cooldown {
+        upstream: String,
+        retry_after: std::time::Duration,
+    },
     #[error("the idempotency store (Redis) cannot be reached, and this route fails closed; nothing was sent upstream")]
     StoreUnavailable,
 }
@@ -50,7 +60,8 @@ impl ProxyError {
             }
             ProxyError::IdempotencyInProgress { .. } | ProxyError::IdempotencyResponseNotKept => StatusCode::CONFLICT,
             ProxyError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProxyError::StoreUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::StoreUnavailable | ProxyError::CircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::Cooldown { .. } => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -69,6 +80,8 @@ impl ProxyError {
             ProxyError::IdempotencyKeyReused => "idempotency_key_reused",
             ProxyError::IdempotencyResponseNotKept => "idempotency_response_not_kept",
             ProxyError::StoreUnavailable => "store_unavailable",
+            ProxyError::CircuitOpen { .. } => "circuit_open",
+            ProxyError::Cooldown { .. } => "cooldown",
         }
     }
 
@@ -87,6 +100,8 @@ impl ProxyError {
             ProxyError::IdempotencyKeyReused => "Idempotency key reused",
             ProxyError::IdempotencyResponseNotKept => "Response not kept",
             ProxyError::StoreUnavailable => "Idempotency store unavailable",
+            ProxyError::CircuitOpen { .. } => "Circuit open",
+            ProxyError::Cooldown { .. } => "Rate-limit cooldown",
         }
     }
 
@@ -102,6 +117,9 @@ impl ProxyError {
         match self {
             ProxyError::IdempotencyInProgress { retry_after } => Some(*retry_after),
             ProxyError::StoreUnavailable => Some(std::time::Duration::from_secs(1)),
+            ProxyError::CircuitOpen { retry_after, .. } | ProxyError::Cooldown { retry_after, .. } => {
+                Some(*retry_after)
+            }
             _ => None,
         }
     }

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::admin::{self, AdminState};
+use crate::circuit::Circuits;
 use crate::config::Config;
 use crate::dead_letters::DeadLetters;
 use crate::metrics::Metrics;
@@ -114,7 +115,11 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         hard_stop: hard_stop.clone(),
         store: Shared::store_for(redis.clone()),
         dead_letters: DeadLetters::new(&config.dead_letters, redis.clone(), metrics.clone()),
+        circuits: Arc::new(Circuits::new(&config, metrics.clone())),
     };
+    shared
+        .circuits
+        .start(redis.clone(), &background, background_stop.clone());
     let shared_dead_letters = shared.dead_letters.clone();
     let proxy = Arc::new(ArcSwap::from_pointee(Proxy::new(&config, &shared)?));
     if let Some(r) = &redis {

@@ -30,7 +30,8 @@ use tokio_util::task::TaskTracker;
 
 use std::time::Duration;
 
-use crate::config::{Config, RetryPolicy, RouteConfig};
+use crate::circuit::{default_credential_hash, release_delay, Attempt, Circuits};
+use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::ProxyError;
 use crate::idempotency::{
@@ -60,6 +61,24 @@ pub struct Route {
     pub budget: RetryBudget,
     /// The route's idempotency policy and the store, when it names one.
     pub idempotency: Option<Idempotency>,
+    /// The upstream, then the `fallback` upstreams, in order.
+    pub targets: Vec<Target>,
+    /// `targets[0]`.
+    pub primary: Target,
+}
+
+/// An upstream a route may use.
+#[derive(Clone)]
+pub struct Target {
+    pub name: Arc<str>,
+    pub upstream: Arc<Upstream>,
+}
+
+impl Route {
+    /// The target named `name` (one of `targets`; the primary if unknown).
+    fn target(&self, name: &str) -> &Target {
+        self.targets.iter().find(|t| &*t.name == name).unwrap_or(&self.primary)
+    }
 }
 
 /// Why the proxy could not be built from a (valid) config.
@@ -91,6 +110,8 @@ pub struct Shared {
     pub store: AnyStore,
     /// Requests that failed for good: a Redis Stream when configured, else a ring in memory.
     pub dead_letters: DeadLetters,
+    /// Every upstream's breaker and cooldowns (state survives reloads).
+    pub circuits: Arc<Circuits>,
 }
 
 impl Shared {
@@ -115,6 +136,7 @@ pub struct Proxy {
     hard_stop: CancellationToken,
     dead_letters: DeadLetters,
     dead_letter_config: crate::config::DeadLettersConfig,
+    circuits: Arc<Circuits>,
 }
 
 impl Proxy {
@@ -126,6 +148,7 @@ impl Proxy {
             hard_stop,
             store,
             dead_letters,
+            circuits,
         } = shared.clone();
         let mut upstreams = std::collections::BTreeMap::new();
         for (name, u) in &config.upstreams {
@@ -165,6 +188,19 @@ impl Proxy {
                 retry,
                 backoff,
                 budget,
+                targets: std::iter::once(&r.upstream)
+                    .chain(&r.fallback)
+                    .filter_map(|name| {
+                        upstreams.get(name).map(|u| Target {
+                            name: Arc::from(name.as_str()),
+                            upstream: u.clone(),
+                        })
+                    })
+                    .collect(),
+                primary: Target {
+                    name: Arc::from(r.upstream.as_str()),
+                    upstream: upstream.clone(),
+                },
                 idempotency: r
                     .idempotency
                     .as_ref()
@@ -192,6 +228,7 @@ impl Proxy {
             hard_stop,
             dead_letters,
             dead_letter_config: config.dead_letters.clone(),
+            circuits,
         })
     }
 
@@ -269,7 +306,7 @@ impl Proxy {
 
         // 6. Attempts: send, classify, decide, wait; until delivered.
         let delivery = self.attempts(&route, &parts, &path, &body).await;
-        log.set_upstream(&route.upstream_name, delivery.attempts.len() as u32);
+        log.set_upstream(&delivery.upstream, delivery.attempts.len() as u32);
 
         // 7. A failure for good is recorded as a dead letter.
         if let Some(reason) = delivery.dead_letter_reason() {
@@ -281,7 +318,7 @@ impl Proxy {
         // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
         // frees the key first, so that the app's retry runs instead of waiting for the lease.
         let claim = match claim {
-            Some(c) if matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
+            Some(c) if matches!(&delivery.result, Some(Ok(r)) if c.stores(r.status().as_u16())) => Some(c),
             Some(c) => {
                 c.release().await;
                 None
@@ -289,9 +326,10 @@ impl Proxy {
             None => None,
         };
         let attempts = delivery.attempts.len() as u32;
+        let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
         let mut resp = match delivery.result {
-            Ok(resp) => upstream_response(resp, &route, attempts, delivery.outcome, claim, log),
-            Err(err) => {
+            Some(Ok(resp)) => upstream_response(resp, &route, attempts, outcome, claim, log),
+            Some(Err(err)) => {
                 let mut resp = error_response(err, log);
                 if attempts > 0 {
                     resp.headers_mut()
@@ -299,7 +337,11 @@ impl Proxy {
                 }
                 resp
             }
+            None => error_response(ProxyError::BadRequestBody("no outcome".into()), log),
         };
+        if let Ok(v) = HeaderValue::from_str(&delivery.upstream) {
+            resp.headers_mut().insert("x-rebound-upstream", v);
+        }
         if bypassed {
             resp.headers_mut()
                 .insert("x-rebound-idempotency", HeaderValue::from_static("bypassed"));
@@ -307,7 +349,10 @@ impl Proxy {
         resp
     }
 
-    /// The retry loop: attempt, classify, decide, wait, until an outcome is delivered.
+    /// The retry loop, until an outcome is delivered. Before every attempt the circuits choose
+    /// the upstream (the route's, else its fallbacks in order; all open: 503 `circuit_open`) and
+    /// the cooldown of the credential is checked (held or 429 `cooldown`); after it the outcome
+    /// feeds the breaker, a 429's reset hint the cooldown, and the retry policy decides.
     async fn attempts(&self, route: &Route, parts: &http::request::Parts, path: &str, body: &Bytes) -> Delivery {
         let policy = &route.retry;
         let (max_attempts, deadline) = retry::policy::request_limits(&parts.headers, policy);
@@ -318,57 +363,95 @@ impl Proxy {
         } else {
             route.budget.deposit(started);
         }
-        let mut history: Vec<AttemptRecord> = Vec::new();
+        let mut d = Delivery::new(route.primary.name.clone());
+        // The last failed response, kept while waiting: delivered if no further attempt can run.
+        let mut last: Option<Response<Primed<Incoming>>> = None;
         loop {
-            let Some(remaining) = state
-                .deadline
-                .checked_duration_since(Instant::now())
-                .filter(|d| !d.is_zero())
-            else {
-                let err = ProxyError::Timeout {
+            let now = Instant::now();
+            if state.deadline <= now {
+                return d.stop_before_attempt(last, Stop::Deadline, || ProxyError::Timeout {
                     upstream: route.upstream_name.to_string(),
                     timeout_ms: deadline.as_millis(),
-                };
-                return Delivery {
-                    result: Err(err),
-                    outcome: Outcome::Timeout,
-                    attempts: history,
-                    stop: Stop::Deadline,
-                };
+                });
+            }
+            let remaining = state.deadline - now;
+
+            // Circuit: the first upstream whose breaker admits this attempt.
+            let kind = if state.attempts == 0 {
+                Attempt::First
+            } else {
+                Attempt::Retry
             };
-            let req = match build_upstream_request(route, parts, path, body.clone()) {
-                Ok(r) => r,
-                Err(e) => {
-                    let err = ProxyError::BadRequestBody(e.to_string());
-                    return Delivery {
-                        result: Err(err),
-                        outcome: Outcome::Reset,
-                        attempts: history,
-                        stop: Stop::NotRetryable,
-                    };
+            let (target, permit) = match self
+                .circuits
+                .admit_first(route.targets.iter().map(|t| &*t.name), kind, now)
+            {
+                Ok((name, permit)) => (route.target(name), permit),
+                Err(retry_after) => {
+                    return d.stop_before_attempt(last, Stop::CircuitOpen, || ProxyError::CircuitOpen {
+                        upstream: route.upstream_name.to_string(),
+                        retry_after,
+                    })
                 }
             };
+            let req = match build_upstream_request(target, parts, path, body.clone()) {
+                Ok(r) => r,
+                Err(e) => {
+                    return d
+                        .stop_before_attempt(None, Stop::NotRetryable, || ProxyError::BadRequestBody(e.to_string()))
+                }
+            };
+
+            // Cooldown: the provider told this credential to wait.
+            let credential = default_credential_hash(req.headers());
+            if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
+                if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
+                    drop(permit);
+                    let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
+                    tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
+                    tokio::time::sleep(hold).await;
+                    continue;
+                }
+                self.circuits.count_cooldown_rejection(&target.name);
+                return d.stop_before_attempt(last, Stop::Cooldown, || ProxyError::Cooldown {
+                    upstream: target.name.to_string(),
+                    retry_after: left,
+                });
+            }
+
+            // The attempt.
+            drop(last.take());
             state.attempts += 1;
-            let attempt_started = Instant::now();
-            let result = self.attempt(route, req, remaining).await;
+            d.upstream = target.name.clone();
+            let result = self.attempt(route, target, req, remaining).await;
+            let received = Instant::now();
             let outcome = match &result {
                 Ok(resp) => Outcome::Status(resp.status()),
                 Err(e) => e.outcome(),
             };
             self.metrics
                 .upstream_attempts_total
-                .with_label_values(&[&*route.name, &*route.upstream_name, outcome.label()])
+                .with_label_values(&[&*route.name, &*target.name, outcome.label()])
                 .inc();
-            history.push(AttemptRecord {
-                outcome: outcome.label().to_string(),
-                status: result.as_ref().ok().map(|r| r.status().as_u16()),
-                duration_ms: attempt_started.elapsed().as_millis() as u64,
-                wait_ms: 0,
-            });
             let hint = match &result {
                 Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
                 _ => None,
             };
+            permit.record(
+                outcome,
+                hint.filter(|h| h.source.is_explicit()).map(|h| h.delay),
+                received,
+            );
+            if let (Outcome::Status(StatusCode::TOO_MANY_REQUESTS), Some(h)) = (outcome, hint) {
+                self.circuits
+                    .cooldown_note(&target.name, credential, received + h.delay, received);
+            }
+            d.record(
+                outcome,
+                result.as_ref().ok().map(|r| r.status().as_u16()),
+                received - now,
+            );
+
             let decision = {
                 let mut rng = rand::rng();
                 state.decide(
@@ -378,7 +461,7 @@ impl Proxy {
                     outcome,
                     hint,
                     &route.budget,
-                    Instant::now(),
+                    received,
                     &mut rng,
                 )
             };
@@ -394,10 +477,8 @@ impl Proxy {
                         .with_label_values(&[&*route.name, source.as_str()])
                         .observe(wait.as_secs_f64());
                     tracing::debug!(route = %route.name, attempt = state.attempts, reason, wait_ms = wait.as_millis() as u64, source = source.as_str(), "retrying");
-                    if let Some(last) = history.last_mut() {
-                        last.wait_ms = wait.as_millis() as u64;
-                    }
-                    drop(result);
+                    d.waited(wait);
+                    last = result.ok();
                     tokio::time::sleep(wait).await;
                 }
                 Decision::Deliver(stop) => {
@@ -415,18 +496,15 @@ impl Proxy {
                         _ => {}
                     }
                     let result = result.map_err(|e| {
-                        tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upstream attempt failed");
-                        attempt_error(route, e)
+                        tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
+                        attempt_error(&target.name, e)
                     });
                     if outcome.is_failure() && (state.attempts > 1 || stop != Stop::NotRetryable) {
                         tracing::info!(route = %route.name, attempts = state.attempts, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
                     }
-                    return Delivery {
-                        result,
-                        outcome,
-                        attempts: history,
-                        stop,
-                    };
+                    d.result = Some(result);
+                    d.stop = stop;
+                    return d;
                 }
             }
         }
@@ -449,7 +527,7 @@ impl Proxy {
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as u64),
             route: route.name.to_string(),
-            upstream: route.upstream_name.to_string(),
+            upstream: d.upstream.to_string(),
             method: parts.method.to_string(),
             path: parts.uri.path().to_string(),
             query: parts.uri.query().map(dead_letters::redact_query),
@@ -458,7 +536,7 @@ impl Proxy {
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_string),
             reason: reason.to_string(),
-            error_class: d.outcome.label().to_string(),
+            error_class: d.error_class().to_string(),
             final_status: d.status(),
             attempts: d.attempts.clone(),
             headers: dead_letters::keepable_headers(&parts.headers, &self.dead_letter_config),
@@ -482,15 +560,16 @@ impl Proxy {
     async fn attempt(
         &self,
         route: &Route,
+        target: &Target,
         req: Request<Full<Bytes>>,
         remaining: Duration,
     ) -> Result<Response<Primed<Incoming>>, AttemptError> {
         let policy = &route.retry;
         let started = Instant::now();
-        let sent = route.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
+        let sent = target.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
         self.metrics
             .upstream_attempt_duration_seconds
-            .with_label_values(&[&*route.upstream_name])
+            .with_label_values(&[&*target.name])
             .observe(started.elapsed().as_secs_f64());
         let (parts, mut body) = sent?.into_parts();
         let mut first = None;
@@ -510,26 +589,74 @@ impl Proxy {
 
 /// What the retry loop hands back.
 struct Delivery {
-    result: Result<Response<Primed<Incoming>>, ProxyError>,
-    /// The last attempt's outcome.
-    outcome: Outcome,
+    /// The upstream's answer, or rebound's own error.
+    result: Option<Result<Response<Primed<Incoming>>, ProxyError>>,
+    /// The last attempt's outcome (`None` when no attempt ran).
+    outcome: Option<Outcome>,
     attempts: Vec<AttemptRecord>,
     stop: Stop,
+    /// The upstream of the last attempt (a fallback, when the primary's circuit was open).
+    upstream: Arc<str>,
 }
 
 impl Delivery {
+    fn new(upstream: Arc<str>) -> Delivery {
+        Delivery {
+            result: None,
+            outcome: None,
+            attempts: Vec::new(),
+            stop: Stop::NotRetryable,
+            upstream,
+        }
+    }
+
+    fn record(&mut self, outcome: Outcome, status: Option<u16>, took: Duration) {
+        self.outcome = Some(outcome);
+        self.attempts.push(AttemptRecord {
+            outcome: outcome.label().to_string(),
+            status,
+            duration_ms: took.as_millis() as u64,
+            wait_ms: 0,
+        });
+    }
+
+    fn waited(&mut self, wait: Duration) {
+        if let Some(a) = self.attempts.last_mut() {
+            a.wait_ms = wait.as_millis() as u64;
+        }
+    }
+
+    /// Ends the loop before an attempt could run: the last failed response, if one is kept,
+    /// else rebound's own error.
+    fn stop_before_attempt(
+        mut self,
+        last: Option<Response<Primed<Incoming>>>,
+        stop: Stop,
+        err: impl FnOnce() -> ProxyError,
+    ) -> Delivery {
+        self.result = Some(last.map_or_else(|| Err(err()), Ok));
+        self.stop = stop;
+        self
+    }
+
     /// The status the app receives.
     fn status(&self) -> u16 {
         match &self.result {
-            Ok(r) => r.status().as_u16(),
-            Err(e) => e.status().as_u16(),
+            Some(Ok(r)) => r.status().as_u16(),
+            Some(Err(e)) => e.status().as_u16(),
+            None => 0,
         }
     }
 
     /// Why this delivery is a failure for good, if it is one: rebound stopped retrying something
-    /// transient (a permanent 4xx is the app's to see, not a dead letter).
+    /// transient, or could not try at all (a permanent 4xx is the app's to see, not a dead letter).
     fn dead_letter_reason(&self) -> Option<&'static str> {
-        if !self.outcome.is_failure() {
+        match self.stop {
+            Stop::CircuitOpen => return Some("circuit_open"),
+            Stop::Cooldown => return Some("cooldown"),
+            _ => {}
+        }
+        if !self.outcome.is_some_and(Outcome::is_failure) {
             return None;
         }
         match self.stop {
@@ -538,7 +665,17 @@ impl Delivery {
             Stop::Deadline => Some("deadline_exceeded"),
             Stop::HintTooLong => Some("retry_after_too_long"),
             Stop::UnsafeToReplay => Some("unsafe_to_replay"),
-            Stop::Success | Stop::NotRetryable => None,
+            _ => None,
+        }
+    }
+
+    /// The entry's error class: the last outcome, or what stopped the loop.
+    fn error_class(&self) -> &'static str {
+        match (self.outcome, self.stop) {
+            (_, Stop::CircuitOpen) => "circuit_open",
+            (_, Stop::Cooldown) => "cooldown",
+            (Some(o), _) => o.label(),
+            (None, _) => "timeout",
         }
     }
 }
@@ -552,12 +689,12 @@ fn is_absolute_form<B>(req: &Request<B>) -> bool {
 /// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
 /// `host` from the upstream URL, the upstream's `set_headers` in.
 fn build_upstream_request(
-    route: &Route,
+    target: &Target,
     parts: &http::request::Parts,
     path: &str,
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, http::Error> {
-    let uri = route.upstream.uri_for(path, parts.uri.query())?;
+    let uri = target.upstream.uri_for(path, parts.uri.query())?;
     let mut req = Request::builder()
         .method(parts.method.clone())
         .uri(uri)
@@ -574,14 +711,14 @@ fn build_upstream_request(
     if !body.is_empty() || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
         headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
     }
-    for (name, value) in &route.upstream.config.set_headers {
+    for (name, value) in &target.upstream.config.set_headers {
         headers.insert(name.clone(), value.clone());
     }
     Ok(req)
 }
 
-fn attempt_error(route: &Route, e: AttemptError) -> ProxyError {
-    let upstream = route.upstream_name.to_string();
+fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {
+    let upstream = upstream.to_string();
     match e {
         AttemptError::Timeout(t) => ProxyError::Timeout {
             upstream,

@@ -48,7 +48,7 @@ pub(super) async fn pass_through<B>(
         Ok(resp) => resp,
         Err(e) => {
             tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upgrade attempt failed");
-            return error_response(attempt_error(route, e), log);
+            return error_response(attempt_error(&route.upstream_name, e), log);
         }
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {

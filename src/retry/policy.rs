@@ -119,6 +119,11 @@ pub enum Stop {
     Deadline,
     /// The route's retry budget is spent.
     BudgetExhausted,
+    /// Every circuit the route may use is open (decided before an attempt, not by `decide`).
+    CircuitOpen,
+    /// The provider told this credential to wait, and the request cannot (decided before an
+    /// attempt).
+    Cooldown,
 }
 
 impl Stop {
@@ -132,6 +137,8 @@ impl Stop {
             Stop::HintTooLong => "retry_after_too_long",
             Stop::Deadline => "deadline",
             Stop::BudgetExhausted => "budget_exhausted",
+            Stop::CircuitOpen => "circuit_open",
+            Stop::Cooldown => "cooldown",
         }
     }
 }

@@ -26,7 +26,7 @@ use crate::redis::RedisHandle;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AttemptRecord {
     /// `ok`, `status_4xx`, `status_429`, `status_5xx`, `connect_failure`, `reset`, `timeout`.
-    pub outcome: String,
+    pub outcome: std::borrow::Cow<'static, str>,
     /// The response status, when there was a response.
     pub status: Option<u16>,
     /// How long the attempt took to its response head (or failure).

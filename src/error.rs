@@ -136,6 +136,8 @@ impl ProxyError {
                 "type": "rebound_error",
                 "code": self.code(),
                 "message": message,
+                // Where the Anthropic SDKs look for a machine-readable code.
+                "details": { "error_code": self.code() },
             }
         })
         .to_string()

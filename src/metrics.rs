@@ -5,8 +5,11 @@
 //! sets. No label ever holds a path, a key or a credential.
 
 use prometheus::core::Collector;
+use std::sync::{Arc, Mutex};
+
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 /// Request-latency buckets (seconds): sub-millisecond proxy errors up to multi-minute generations.
@@ -197,5 +200,77 @@ impl Metrics {
         // Encoding into a Vec cannot fail for well-formed families; an error leaves a partial page.
         let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
         out
+    }
+}
+
+/// The `outcome` label values of `rebound_upstream_attempts_total`, in a fixed order.
+pub const OUTCOMES: [&str; 7] = [
+    "ok",
+    "status_4xx",
+    "status_429",
+    "status_5xx",
+    "connect_failure",
+    "reset",
+    "timeout",
+];
+
+/// One route's children of the request families, resolved once: the hot path hashes no labels.
+pub struct RouteMetrics {
+    pub route: Arc<str>,
+    requests_total: IntCounterVec,
+    duration: Histogram,
+    /// Per status code, created on first use (a route sees a handful of codes).
+    codes: Mutex<Vec<(u16, IntCounter)>>,
+}
+
+impl RouteMetrics {
+    pub fn new(m: &Metrics, route: &str) -> RouteMetrics {
+        RouteMetrics {
+            route: Arc::from(route),
+            requests_total: m.requests_total.clone(),
+            duration: m.request_duration_seconds.with_label_values(&[route]),
+            codes: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// Counts a response with this status.
+    pub fn count(&self, status: u16) {
+        let mut codes = self.codes.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, c)) = codes.iter().find(|(s, _)| *s == status) {
+            c.inc();
+            return;
+        }
+        let c = self
+            .requests_total
+            .with_label_values(&[&*self.route, &status.to_string()]);
+        c.inc();
+        codes.push((status, c));
+    }
+
+    /// Observes a request's duration.
+    pub fn observe(&self, seconds: f64) {
+        self.duration.observe(seconds);
+    }
+}
+
+/// The children of the attempt families for one (route, upstream) pair, resolved once.
+pub struct AttemptMetrics {
+    by_outcome: [IntCounter; 7],
+    pub duration: Histogram,
+}
+
+impl AttemptMetrics {
+    pub fn new(m: &Metrics, route: &str, upstream: &str) -> AttemptMetrics {
+        AttemptMetrics {
+            by_outcome: OUTCOMES.map(|o| m.upstream_attempts_total.with_label_values(&[route, upstream, o])),
+            duration: m.upstream_attempt_duration_seconds.with_label_values(&[upstream]),
+        }
+    }
+
+    /// Counts an attempt by its outcome label (one of [`OUTCOMES`]).
+    pub fn count(&self, outcome: &str) {
+        if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
+            self.by_outcome[i].inc();
+        }
     }
 }

@@ -293,6 +293,14 @@ impl Circuits {
         lock(&entry.cooldowns).table.check(cred, now)
     }
 
+    /// Whether any cooldown holds calls to `upstream` (cheap: lets the hot path skip hashing the
+    /// credential when none does).
+    pub fn cooldowns_active(&self, upstream: &str) -> bool {
+        self.entries
+            .get(upstream)
+            .is_some_and(|e| e.cooldown_mode != CooldownMode::Off && !lock(&e.cooldowns).table.is_empty())
+    }
+
     /// No calls to `upstream` with `cred` before `until` (a 429's reset hint, from the moment
     /// the response arrived). Shared with the fleet when `[redis]` is set.
     pub fn cooldown_note(&self, upstream: &str, cred: CredentialHash, until: Instant, now: Instant) {

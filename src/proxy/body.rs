@@ -13,7 +13,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::time::Instant;
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RouteMetrics};
 
 /// The error type of bodies rebound streams.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -73,27 +73,41 @@ pub struct RequestLog {
     metrics: Arc<Metrics>,
     start: Instant,
     method: http::Method,
-    /// The path only: a query may carry credentials.
-    path: String,
-    route: Arc<str>,
+    /// Logged as its path only: a query may carry credentials. (A `Uri` clone shares its bytes.)
+    uri: http::Uri,
+    /// `None` until a route matched (`route="none"`).
+    route: Option<Arc<RouteMetrics>>,
     upstream: Option<Arc<str>>,
     status: u16,
     attempts: u32,
+    /// Closed (counted out of flight, logged): at the end of the response, or on drop.
+    closed: bool,
+}
+
+impl Drop for RequestLog {
+    /// A request dropped before its response went out (the client went away while rebound was
+    /// still waiting or retrying) is still counted out of flight and logged.
+    fn drop(&mut self) {
+        if !self.closed {
+            self.close(Completion::ClientGone);
+        }
+    }
 }
 
 impl RequestLog {
     /// Starts the books for a request (counts it in flight).
-    pub fn start(metrics: &Arc<Metrics>, method: &http::Method, path: &str) -> RequestLog {
+    pub fn start(metrics: &Arc<Metrics>, method: &http::Method, uri: &http::Uri) -> RequestLog {
         metrics.inflight_requests.inc();
         RequestLog {
             metrics: metrics.clone(),
             start: Instant::now(),
             method: method.clone(),
-            path: path.to_string(),
-            route: Arc::from("none"),
+            uri: uri.clone(),
+            route: None,
             upstream: None,
             status: 0,
             attempts: 0,
+            closed: false,
         }
     }
 
@@ -102,9 +116,9 @@ impl RequestLog {
         self.start
     }
 
-    /// Names the route (a metric label from the config).
-    pub fn set_route(&mut self, route: &Arc<str>) {
-        self.route = route.clone();
+    /// Names the route (its metric children, resolved at config load).
+    pub fn set_route(&mut self, route: &Arc<RouteMetrics>) {
+        self.route = Some(route.clone());
     }
 
     /// Names the upstream that answered and the attempts made.
@@ -113,27 +127,44 @@ impl RequestLog {
         self.attempts = attempts;
     }
 
+    fn route_name(&self) -> &str {
+        self.route.as_ref().map_or("none", |r| &*r.route)
+    }
+
     /// Records the response status (counted now, when the head goes out).
     fn respond(&mut self, status: u16) {
         self.status = status;
-        self.metrics
-            .requests_total
-            .with_label_values(&[&*self.route, &status.to_string()])
-            .inc();
+        match &self.route {
+            Some(r) => r.count(status),
+            None => self
+                .metrics
+                .requests_total
+                .with_label_values(&["none", &status.to_string()])
+                .inc(),
+        }
     }
 
-    fn finish(self, completion: Completion) {
+    fn finish(mut self, completion: Completion) {
+        self.close(completion);
+    }
+
+    fn close(&mut self, completion: Completion) {
+        self.closed = true;
         let elapsed = self.start.elapsed();
         self.metrics.inflight_requests.dec();
-        self.metrics
-            .request_duration_seconds
-            .with_label_values(&[&*self.route])
-            .observe(elapsed.as_secs_f64());
+        match &self.route {
+            Some(r) => r.observe(elapsed.as_secs_f64()),
+            None => self
+                .metrics
+                .request_duration_seconds
+                .with_label_values(&["none"])
+                .observe(elapsed.as_secs_f64()),
+        }
         tracing::info!(
             target: "rebound::access",
-            route = %self.route,
+            route = self.route_name(),
             method = %self.method,
-            path = %self.path,
+            path = self.uri.path(),
             status = self.status,
             attempts = self.attempts,
             upstream = self.upstream.as_deref().unwrap_or("-"),

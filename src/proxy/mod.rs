@@ -30,14 +30,14 @@ use tokio_util::task::TaskTracker;
 
 use std::time::Duration;
 
-use crate::circuit::{default_credential_hash, release_delay, Attempt, Circuits};
+use crate::circuit::{default_credential_hash, release_delay, Attempt, Circuits, CredentialHash, CREDENTIAL_HEADERS};
 use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::ProxyError;
 use crate::idempotency::{
     AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, RedisStore, ReplayIdentity, Start, StoredResponse,
 };
-use crate::metrics::Metrics;
+use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics};
 use crate::redis::RedisHandle;
 use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
 use crate::retry::{self, Backoff, RetryBudget};
@@ -65,6 +65,8 @@ pub struct Route {
     pub targets: Vec<Target>,
     /// `targets[0]`.
     pub primary: Target,
+    /// This route's metric children.
+    pub metrics: Arc<RouteMetrics>,
 }
 
 /// An upstream a route may use.
@@ -72,6 +74,21 @@ pub struct Route {
 pub struct Target {
     pub name: Arc<str>,
     pub upstream: Arc<Upstream>,
+    /// `x-rebound-upstream` for responses it served.
+    pub header: HeaderValue,
+    /// The attempt metric children for (route, this upstream).
+    pub attempts: Arc<AttemptMetrics>,
+}
+
+impl Target {
+    fn new(route: &str, name: &str, upstream: &Arc<Upstream>, metrics: &Metrics) -> Target {
+        Target {
+            name: Arc::from(name),
+            upstream: upstream.clone(),
+            header: HeaderValue::from_str(name).unwrap_or_else(|_| HeaderValue::from_static("-")),
+            attempts: Arc::new(AttemptMetrics::new(metrics, route, name)),
+        }
+    }
 }
 
 impl Route {
@@ -190,17 +207,10 @@ impl Proxy {
                 budget,
                 targets: std::iter::once(&r.upstream)
                     .chain(&r.fallback)
-                    .filter_map(|name| {
-                        upstreams.get(name).map(|u| Target {
-                            name: Arc::from(name.as_str()),
-                            upstream: u.clone(),
-                        })
-                    })
+                    .filter_map(|name| upstreams.get(name).map(|u| Target::new(&r.name, name, u, &metrics)))
                     .collect(),
-                primary: Target {
-                    name: Arc::from(r.upstream.as_str()),
-                    upstream: upstream.clone(),
-                },
+                primary: Target::new(&r.name, &r.upstream, upstream, &metrics),
+                metrics: Arc::new(RouteMetrics::new(&metrics, &r.name)),
                 idempotency: r
                     .idempotency
                     .as_ref()
@@ -239,7 +249,7 @@ impl Proxy {
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
     {
-        let mut log = RequestLog::start(&self.metrics, req.method(), req.uri().path());
+        let mut log = RequestLog::start(&self.metrics, req.method(), req.uri());
 
         // 1. Not an open proxy.
         if req.method() == Method::CONNECT {
@@ -259,7 +269,7 @@ impl Proxy {
         };
         let route = route.clone();
         let path = forwarded_path(req.uri().path(), prefix, route.config.strip_prefix).into_owned();
-        log.set_route(&route.name);
+        log.set_route(&route.metrics);
 
         // 3. WebSocket upgrades pass through.
         if headers::is_upgrade(req.headers()) {
@@ -339,9 +349,8 @@ impl Proxy {
             }
             None => error_response(ProxyError::BadRequestBody("no outcome".into()), log),
         };
-        if let Ok(v) = HeaderValue::from_str(&delivery.upstream) {
-            resp.headers_mut().insert("x-rebound-upstream", v);
-        }
+        resp.headers_mut()
+            .insert("x-rebound-upstream", route.target(&delivery.upstream).header.clone());
         if bypassed {
             resp.headers_mut()
                 .insert("x-rebound-idempotency", HeaderValue::from_static("bypassed"));
@@ -402,21 +411,25 @@ impl Proxy {
                 }
             };
 
-            // Cooldown: the provider told this credential to wait.
-            let credential = default_credential_hash(req.headers());
-            if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
-                if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
-                    drop(permit);
-                    let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
-                    tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
-                    tokio::time::sleep(hold).await;
-                    continue;
+            // Cooldown: the provider told this credential to wait. The credential is hashed only
+            // when some cooldown holds this upstream, or after a 429.
+            let credential_values = CREDENTIAL_HEADERS.map(|h| req.headers().get(h).cloned());
+            if self.circuits.cooldowns_active(&target.name) {
+                let credential = credential_hash_of(&credential_values);
+                if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
+                    if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
+                        drop(permit);
+                        let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
+                        tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
+                        tokio::time::sleep(hold).await;
+                        continue;
+                    }
+                    self.circuits.count_cooldown_rejection(&target.name);
+                    return d.stop_before_attempt(last, Stop::Cooldown, || ProxyError::Cooldown {
+                        upstream: target.name.to_string(),
+                        retry_after: left,
+                    });
                 }
-                self.circuits.count_cooldown_rejection(&target.name);
-                return d.stop_before_attempt(last, Stop::Cooldown, || ProxyError::Cooldown {
-                    upstream: target.name.to_string(),
-                    retry_after: left,
-                });
             }
 
             // The attempt.
@@ -443,6 +456,7 @@ impl Proxy {
                 received,
             );
             if let (Outcome::Status(StatusCode::TOO_MANY_REQUESTS), Some(h)) = (outcome, hint) {
+                let credential = credential_hash_of(&credential_values);
                 self.circuits
                     .cooldown_note(&target.name, credential, received + h.delay, received);
             }
@@ -567,10 +581,7 @@ impl Proxy {
         let policy = &route.retry;
         let started = Instant::now();
         let sent = target.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
-        self.metrics
-            .upstream_attempt_duration_seconds
-            .with_label_values(&[&*target.name])
-            .observe(started.elapsed().as_secs_f64());
+        target.attempts.duration.observe(started.elapsed().as_secs_f64());
         let (parts, mut body) = sent?.into_parts();
         let mut first = None;
         if parts.status.is_success() && !body.is_end_stream() {
@@ -613,7 +624,7 @@ impl Delivery {
     fn record(&mut self, outcome: Outcome, status: Option<u16>, took: Duration) {
         self.outcome = Some(outcome);
         self.attempts.push(AttemptRecord {
-            outcome: outcome.label().to_string(),
+            outcome: std::borrow::Cow::Borrowed(outcome.label()),
             status,
             duration_ms: took.as_millis() as u64,
             wait_ms: 0,
@@ -678,6 +689,17 @@ impl Delivery {
             (None, _) => "timeout",
         }
     }
+}
+
+/// The credential hash of the credential header values an attempt sent.
+fn credential_hash_of(values: &[Option<HeaderValue>; 3]) -> CredentialHash {
+    let mut headers = http::HeaderMap::new();
+    for (name, value) in CREDENTIAL_HEADERS.iter().zip(values) {
+        if let Some(v) = value {
+            headers.insert(*name, v.clone());
+        }
+    }
+    default_credential_hash(&headers)
 }
 
 /// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.

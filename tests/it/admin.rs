@@ -93,3 +93,24 @@ async fn inflight_counts_open_streams() {
     let page = rebound.metrics().await;
     assert_eq!(metric(&page, "rebound_inflight_requests"), 0.0);
 }
+
+#[tokio::test]
+async fn a_client_that_gives_up_early_is_counted_out_of_flight() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    provider.script("slow", vec![Step::Delay { ms: 1500 }]);
+    let url = format!("{}/fake/v1/chat/completions", rebound.url);
+    let gave_up =
+        tokio::time::timeout(std::time::Duration::from_millis(300), send("POST", &url, &[("x-fake-key", "slow")], "{}"))
+            .await;
+    assert!(gave_up.is_err());
+    let mut back_to_zero = false;
+    for _ in 0..50 {
+        if metric(&rebound.metrics().await, "rebound_inflight_requests") == 0.0 {
+            back_to_zero = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert!(back_to_zero, "the abandoned request must leave the in-flight gauge");
+}

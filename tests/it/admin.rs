@@ -100,9 +100,11 @@ async fn a_client_that_gives_up_early_is_counted_out_of_flight() {
     let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
     provider.script("slow", vec![Step::Delay { ms: 1500 }]);
     let url = format!("{}/fake/v1/chat/completions", rebound.url);
-    let gave_up =
-        tokio::time::timeout(std::time::Duration::from_millis(300), send("POST", &url, &[("x-fake-key", "slow")], "{}"))
-            .await;
+    let gave_up = tokio::time::timeout(
+        std::time::Duration::from_millis(300),
+        send("POST", &url, &[("x-fake-key", "slow")], "{}"),
+    )
+    .await;
     assert!(gave_up.is_err());
     let mut back_to_zero = false;
     for _ in 0..50 {

@@ -78,6 +78,9 @@ pub struct DeadLetter {
     pub idempotency: Option<crate::idempotency::ReplayIdentity>,
     #[serde(default)]
     pub replays: Vec<ReplayRecord>,
+    /// The async job whose run this was, if any (`GET /jobs/{id}`).
+    #[serde(default)]
+    pub job_id: Option<String>,
 }
 
 impl DeadLetter {
@@ -593,6 +596,7 @@ mod tests {
             body_kept: false,
             idempotency: None,
             replays: vec![],
+            job_id: None,
         }
     }
 

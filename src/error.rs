@@ -43,6 +43,22 @@ pub enum ProxyError {
     },
     #[error("the idempotency store (Redis) cannot be reached, and this route fails closed; nothing was sent upstream")]
     StoreUnavailable,
+    #[error("the async job queue is full ({max_queue} unfinished jobs, [jobs] max_queue); nothing was queued: retry later, or send the request without Prefer: respond-async")]
+    QueueFull { max_queue: u32 },
+    #[error("the job store (Redis) cannot be reached; nothing was queued")]
+    JobsUnavailable,
+    #[error(
+        "no job with this id: it may have expired ([jobs] result_ttl), or it was submitted with another credential"
+    )]
+    JobNotFound,
+    #[error("the job is {state}: poll GET /jobs/{{id}} until it is succeeded or failed, then fetch its result")]
+    JobNotFinished { state: &'static str },
+    #[error("the job finished without a response to return: {detail}")]
+    JobResultUnavailable { detail: String },
+    #[error("the job API answers GET and HEAD only")]
+    JobMethodNotAllowed,
+    #[error("x-rebound-callback must be one URL starting with one of [jobs] callback_allowed_prefixes ({allowed}); nothing was queued")]
+    CallbackNotAllowed { allowed: String },
 }
 
 impl ProxyError {
@@ -62,6 +78,12 @@ impl ProxyError {
             ProxyError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             ProxyError::StoreUnavailable | ProxyError::CircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
             ProxyError::Cooldown { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ProxyError::QueueFull { .. } | ProxyError::JobsUnavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ProxyError::JobNotFound | ProxyError::JobNotFinished { .. } | ProxyError::JobResultUnavailable { .. } => {
+                StatusCode::NOT_FOUND
+            }
+            ProxyError::JobMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ProxyError::CallbackNotAllowed { .. } => StatusCode::BAD_REQUEST,
         }
     }
 
@@ -82,6 +104,13 @@ impl ProxyError {
             ProxyError::StoreUnavailable => "store_unavailable",
             ProxyError::CircuitOpen { .. } => "circuit_open",
             ProxyError::Cooldown { .. } => "cooldown",
+            ProxyError::QueueFull { .. } => "queue_full",
+            ProxyError::JobsUnavailable => "jobs_unavailable",
+            ProxyError::JobNotFound => "job_not_found",
+            ProxyError::JobNotFinished { .. } => "job_not_finished",
+            ProxyError::JobResultUnavailable { .. } => "job_result_unavailable",
+            ProxyError::JobMethodNotAllowed => "method_not_allowed",
+            ProxyError::CallbackNotAllowed { .. } => "callback_not_allowed",
         }
     }
 
@@ -102,21 +131,35 @@ impl ProxyError {
             ProxyError::StoreUnavailable => "Idempotency store unavailable",
             ProxyError::CircuitOpen { .. } => "Circuit open",
             ProxyError::Cooldown { .. } => "Rate-limit cooldown",
+            ProxyError::QueueFull { .. } => "Job queue full",
+            ProxyError::JobsUnavailable => "Job store unavailable",
+            ProxyError::JobNotFound => "No such job",
+            ProxyError::JobNotFinished { .. } => "Job not finished",
+            ProxyError::JobResultUnavailable { .. } => "No job result",
+            ProxyError::JobMethodNotAllowed => "Method not allowed",
+            ProxyError::CallbackNotAllowed { .. } => "Callback not allowed",
         }
     }
 
-    /// Whether the client may usefully retry. Only an in-progress idempotent request is worth
-    /// coming back for (the same key then gets the replay); everything else is final: rebound
-    /// already spent its own retries, or the request cannot succeed as sent.
+    /// Whether the client may usefully retry. Only an in-progress idempotent request (the same
+    /// key then gets the replay) and an unfinished job's result are worth coming back for;
+    /// everything else is final: rebound already spent its own retries, or the request cannot
+    /// succeed as sent.
     pub fn should_retry(&self) -> bool {
-        matches!(self, ProxyError::IdempotencyInProgress { .. })
+        matches!(
+            self,
+            ProxyError::IdempotencyInProgress { .. } | ProxyError::JobNotFinished { .. }
+        )
     }
 
     /// When to come back (`retry-after`), where that is known.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
             ProxyError::IdempotencyInProgress { retry_after } => Some(*retry_after),
-            ProxyError::StoreUnavailable => Some(std::time::Duration::from_secs(1)),
+            ProxyError::StoreUnavailable | ProxyError::JobsUnavailable | ProxyError::JobNotFinished { .. } => {
+                Some(std::time::Duration::from_secs(1))
+            }
+            ProxyError::QueueFull { .. } => Some(std::time::Duration::from_secs(5)),
             ProxyError::CircuitOpen { retry_after, .. } | ProxyError::Cooldown { retry_after, .. } => {
                 Some(*retry_after)
             }

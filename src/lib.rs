@@ -9,6 +9,7 @@
 //! - [`upstream`]: pooled hyper-util clients over rustls, and how an attempt failed;
 //! - [`retry`]: pure retry policy (backoff with jitter, Retry-After, budgets);
 //! - [`circuit`]: circuit breakers and rate-limit cooldowns per upstream, shared across the fleet;
+//! - [`jobs`]: async jobs (`Prefer: respond-async`): the queue, its workers, `/jobs/{id}`;
 //! - [`redis`]: the Redis connection, its health and command wrapper;
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`;
 //! - [`metrics`]: every metric, defined once on an owned registry;
@@ -22,6 +23,7 @@ pub mod config;
 pub mod dead_letters;
 pub mod error;
 pub mod idempotency;
+pub mod jobs;
 pub mod metrics;
 pub mod proxy;
 pub mod redis;

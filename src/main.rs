@@ -220,7 +220,20 @@ fn serve(path: PathBuf) -> ExitCode {
         }
     };
     telemetry::init(&config.log);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let threads = match config.server.worker_threads {
+        0 => std::thread::available_parallelism().map_or(1, usize::from),
+        n => n as usize,
+    };
+    // One thread (a sidecar limited to one CPU): the single-threaded runtime does the same work
+    // without cross-thread wake-ups.
+    let mut builder = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(threads);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rebound: cannot start the runtime: {e}");

@@ -60,6 +60,13 @@ pub struct Metrics {
     pub dead_letters_total: IntCounterVec,
     /// Dead letters held (this process's ring, or the fleet's stream).
     pub dead_letters_depth: IntGauge,
+    /// Async jobs by route and status: `queued`, `deduplicated` (the same Idempotency-Key
+    /// again), `rejected` (queue full or store down), `succeeded`, `failed`.
+    pub jobs_total: IntCounterVec,
+    /// Unfinished jobs, queued or running (the fleet's with Redis, this process's without).
+    pub jobs_queue_depth: IntGauge,
+    /// Jobs taken over from a worker that stopped heartbeating (visibility timeout).
+    pub jobs_reclaimed_total: IntCounter,
     /// Configuration reloads by result (`success`, `failure`).
     pub config_reloads_total: IntCounterVec,
     /// Circuit state by upstream: 0 closed, 1 half-open, 2 open (upstreams with a breaker).
@@ -156,6 +163,18 @@ impl Metrics {
                 &["route", "reason"],
             )?,
             dead_letters_depth: reg(r, IntGauge::new("dead_letters_depth", "Dead letters held.")?)?,
+            jobs_total: counter("jobs_total", "Async jobs by route and status.", &["route", "status"])?,
+            jobs_queue_depth: reg(
+                r,
+                IntGauge::new("jobs_queue_depth", "Unfinished async jobs (queued or running).")?,
+            )?,
+            jobs_reclaimed_total: reg(
+                r,
+                IntCounter::new(
+                    "jobs_reclaimed_total",
+                    "Async jobs reclaimed from a worker that stopped heartbeating.",
+                )?,
+            )?,
             config_reloads_total: counter("config_reloads_total", "Configuration reloads by result.", &["result"])?,
             circuit_state: reg(
                 r,

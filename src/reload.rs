@@ -4,7 +4,7 @@
 //! started with. An invalid file is refused with its precise errors, counted in
 //! `rebound_config_reloads_total{result="failure"}`, and the running configuration stays.
 //!
-//! What a reload cannot change without a restart: the listen addresses, `[redis]`, and `[log]`
+//! What a reload cannot change without a restart: the listen addresses, `[redis]`, `[log]` and `[jobs]`
 //! (a reload that changes them applies everything else and says so in a warning).
 
 use std::net::SocketAddr;
@@ -48,6 +48,8 @@ struct Fixed {
     admin: SocketAddr,
     redis: Option<(String, String)>,
     log: (String, String),
+    /// A digest of `[jobs]` (its secret included).
+    jobs: String,
 }
 
 impl Fixed {
@@ -57,6 +59,10 @@ impl Fixed {
             admin: c.admin.listen,
             redis: c.redis.as_ref().map(|r| (r.url.clone(), r.key_prefix.clone())),
             log: (format!("{:?}", c.log.format), c.log.level.clone()),
+            jobs: digest(&[
+                format!("{:?}", c.jobs).as_bytes(),
+                c.jobs.secret.as_deref().unwrap_or_default().as_bytes(),
+            ]),
         }
     }
 }
@@ -103,7 +109,7 @@ impl Reloader {
         let config = Config::load(&self.path)?;
         if Fixed::of(&config) != self.fixed {
             tracing::warn!(
-                "listen addresses, [redis] and [log] changes take effect only after a restart; the rest of the new configuration is applied"
+                "listen addresses, [redis], [log] and [jobs] changes take effect only after a restart; the rest of the new configuration is applied"
             );
         }
         let proxy = Proxy::new(&config, &self.shared)?;

@@ -21,6 +21,7 @@ use crate::admin::{self, AdminState};
 use crate::circuit::Circuits;
 use crate::config::Config;
 use crate::dead_letters::DeadLetters;
+use crate::jobs::Jobs;
 use crate::metrics::Metrics;
 use crate::proxy::{BuildError, Proxy, Shared};
 use crate::redis::RedisHandle;
@@ -116,11 +117,13 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         store: Shared::store_for(redis.clone()),
         dead_letters: DeadLetters::new(&config.dead_letters, redis.clone(), metrics.clone()),
         circuits: Arc::new(Circuits::new(&config, metrics.clone())),
+        jobs: Jobs::new(&config, redis.clone(), metrics.clone()),
     };
     shared
         .circuits
         .start(redis.clone(), &background, background_stop.clone());
     let shared_dead_letters = shared.dead_letters.clone();
+    let jobs = shared.jobs.clone();
     let proxy = Arc::new(ArcSwap::from_pointee(Proxy::new(&config, &shared)?));
     if let Some(r) = &redis {
         // Bounded: rebound serves without Redis, each feature degrading as configured.
@@ -141,6 +144,9 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
     let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state.clone(), admin_stop.clone()));
 
     let shutdown = CancellationToken::new();
+    // Job workers stop taking jobs when the drain starts; a running job gets the grace, like an
+    // in-flight request, and is abandoned when it runs out (another replica reclaims it).
+    jobs.start(proxy.clone(), &tasks, shutdown.clone(), hard_stop.clone());
     let drain = Drain {
         tasks,
         hard_stop,

@@ -39,6 +39,7 @@ pub struct Config {
     /// `None`: all state in memory (one replica).
     pub redis: Option<RedisConfig>,
     pub dead_letters: DeadLettersConfig,
+    pub jobs: JobsConfig,
     /// By name.
     pub upstreams: BTreeMap<String, Arc<UpstreamConfig>>,
     /// In file order (the route table sorts them by prefix length).
@@ -51,6 +52,9 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
+    /// Runtime threads; 0: one per CPU the process may use (cgroup quota and affinity included).
+    /// With one, rebound runs on a single-threaded runtime (no cross-thread wake-ups).
+    pub worker_threads: u32,
     pub max_request_body: u64,
     pub shutdown_grace: Duration,
 }
@@ -93,6 +97,54 @@ pub struct DeadLettersConfig {
     /// Headers never kept in an entry, on top of the credentials (authorization, x-api-key,
     /// api-key, cookie, proxy-authorization), which are never kept.
     pub sensitive_headers: Vec<HeaderName>,
+}
+
+/// Async jobs (`Prefer: respond-async` on routes with `async = true`). Read at startup: a reload
+/// that changes it takes effect at the next restart.
+#[derive(Clone)]
+pub struct JobsConfig {
+    /// Jobs run at once per process.
+    pub workers: u32,
+    /// A running job whose worker stops heartbeating for this long is reclaimed by another.
+    pub visibility_timeout: Duration,
+    /// How long a finished job (and its result) is kept; also the longest a job may wait queued.
+    pub result_ttl: Duration,
+    /// Unfinished jobs (queued or running) at most: fleet-wide with Redis, per process without.
+    pub max_queue: u32,
+    /// The largest response kept as a result.
+    pub max_result_body: u64,
+    /// `x-rebound-callback` URLs must start with one of these (none: callbacks refused).
+    pub callback_allowed_prefixes: Vec<String>,
+    /// Seals the credential headers of queued jobs in Redis; the same on every replica. Secret.
+    pub secret: Option<String>,
+}
+
+impl Default for JobsConfig {
+    fn default() -> JobsConfig {
+        JobsConfig {
+            workers: 4,
+            visibility_timeout: Duration::from_secs(30),
+            result_ttl: Duration::from_secs(86_400),
+            max_queue: 1000,
+            max_result_body: 16 << 20,
+            callback_allowed_prefixes: Vec::new(),
+            secret: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for JobsConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobsConfig")
+            .field("workers", &self.workers)
+            .field("visibility_timeout", &self.visibility_timeout)
+            .field("result_ttl", &self.result_ttl)
+            .field("max_queue", &self.max_queue)
+            .field("max_result_body", &self.max_result_body)
+            .field("callback_allowed_prefixes", &self.callback_allowed_prefixes)
+            .field("secret", &self.secret.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 #[derive(Clone)]

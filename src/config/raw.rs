@@ -13,6 +13,7 @@ pub struct RawConfig {
     pub log: Option<RawLog>,
     pub redis: Option<RawRedis>,
     pub dead_letters: Option<RawDeadLetters>,
+    pub jobs: Option<RawJobs>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
@@ -29,6 +30,7 @@ pub struct RawConfig {
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: Option<String>,
+    pub worker_threads: Option<i64>,
     pub max_request_body: Option<String>,
     pub shutdown_grace: Option<String>,
 }
@@ -139,4 +141,16 @@ pub struct RawIdempotency {
 pub struct RawDeadLetters {
     pub max_entries: Option<i64>,
     pub sensitive_headers: Option<Vec<String>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawJobs {
+    pub workers: Option<i64>,
+    pub visibility_timeout: Option<String>,
+    pub result_ttl: Option<String>,
+    pub max_queue: Option<i64>,
+    pub max_result_body: Option<String>,
+    pub callback_allowed_prefixes: Option<Vec<String>>,
+    pub secret: Option<String>,
 }

@@ -139,6 +139,30 @@ pub(super) fn render(c: &Config) -> String {
             if p.shared { "shared" } else { "local" }
         );
     }
+    if c.routes.iter().any(|r| r.async_jobs) {
+        let j = &c.jobs;
+        let _ = writeln!(
+            out,
+            "\njobs: {}, {} workers, visibility_timeout {}, result_ttl {}, max_queue {}, \
+             max_result_body {}, callbacks {}, secret {}",
+            if c.redis.is_some() {
+                "redis stream"
+            } else {
+                "in memory (lost on restart)"
+            },
+            j.workers,
+            d(j.visibility_timeout),
+            d(j.result_ttl),
+            j.max_queue,
+            format_size(j.max_result_body),
+            if j.callback_allowed_prefixes.is_empty() {
+                "refused".to_string()
+            } else {
+                format!("to [{}]", j.callback_allowed_prefixes.join(", "))
+            },
+            if j.secret.is_some() { "set (hidden)" } else { "none" }
+        );
+    }
     if !c.idempotency.is_empty() {
         let _ = writeln!(out, "\nidempotency policies:");
     }

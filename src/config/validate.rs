@@ -195,6 +195,7 @@ impl Validator<'_> {
         let server = raw.server.unwrap_or_default();
         let server = ServerConfig {
             listen: self.addr("server.listen", &server.listen, "127.0.0.1:8080"),
+            worker_threads: self.int("server.worker_threads", server.worker_threads, 0, 0, 256),
             max_request_body: self.size("server.max_request_body", &server.max_request_body, 8 << 20),
             shutdown_grace: self.duration("server.shutdown_grace", &server.shutdown_grace, Duration::from_secs(30)),
         };
@@ -256,6 +257,8 @@ impl Validator<'_> {
                 .collect(),
         };
 
+        let jobs = self.jobs(raw.jobs.unwrap_or_default());
+
         let retry: BTreeMap<_, _> = raw
             .retry
             .iter()
@@ -299,6 +302,7 @@ impl Validator<'_> {
         if raw.routes.is_empty() {
             self.err("routes", "expected at least one [[routes]] table, found none");
         }
+        self.async_routes(&routes, redis.is_some(), &jobs);
         Config {
             source: path.to_path_buf(),
             server,
@@ -306,11 +310,88 @@ impl Validator<'_> {
             log,
             redis,
             dead_letters,
+            jobs,
             upstreams,
             routes,
             retry,
             circuit,
             idempotency,
+        }
+    }
+
+    fn jobs(&mut self, j: RawJobs) -> JobsConfig {
+        let d = JobsConfig::default();
+        let mut prefixes = Vec::new();
+        for (i, p) in j.callback_allowed_prefixes.unwrap_or_default().iter().enumerate() {
+            let key = format!("jobs.callback_allowed_prefixes[{i}]");
+            let Some(p) = self.string(&key, Some(p)) else { continue };
+            // The host must be closed by a '/': "https://hooks.example.com" would also allow
+            // "https://hooks.example.com.attacker.net/".
+            let closed = ["http://", "https://"]
+                .iter()
+                .find_map(|s| p.strip_prefix(s))
+                .is_some_and(|rest| rest.find('/').is_some_and(|slash| slash > 0));
+            if closed {
+                prefixes.push(p);
+            } else {
+                self.err(
+                    &key,
+                    format!("expected an http:// or https:// URL prefix with a path, such as \"https://hooks.example.com/\", found {p:?}"),
+                );
+            }
+        }
+        let secret = self
+            .string("jobs.secret", j.secret.as_deref())
+            .filter(|s| !s.is_empty());
+        if secret.as_ref().is_some_and(|s| s.len() < 16) {
+            // Never echo the value.
+            self.err(
+                "jobs.secret",
+                "expected at least 16 characters (a random value shared by every replica; it is not shown)",
+            );
+        }
+        let visibility_timeout =
+            self.positive_duration("jobs.visibility_timeout", &j.visibility_timeout, d.visibility_timeout);
+        if visibility_timeout < Duration::from_secs(1) {
+            self.err(
+                "jobs.visibility_timeout",
+                format!(
+                    "expected at least 1s (workers heartbeat every third of it), found {}",
+                    units::format_duration(visibility_timeout)
+                ),
+            );
+        }
+        JobsConfig {
+            workers: self.int("jobs.workers", j.workers, d.workers, 1, 256),
+            visibility_timeout,
+            result_ttl: self.positive_duration("jobs.result_ttl", &j.result_ttl, d.result_ttl),
+            max_queue: self.int("jobs.max_queue", j.max_queue, d.max_queue, 1, 10_000_000),
+            max_result_body: self.size("jobs.max_result_body", &j.max_result_body, d.max_result_body),
+            callback_allowed_prefixes: prefixes,
+            secret,
+        }
+    }
+
+    /// Routes with `async = true`: the job API's paths stay free, and with Redis the credentials
+    /// of queued jobs need `[jobs] secret` to be sealed with.
+    fn async_routes(&mut self, routes: &[RouteConfig], redis: bool, jobs: &JobsConfig) {
+        let any_async = routes.iter().any(|r| r.async_jobs);
+        for (i, r) in routes.iter().enumerate() {
+            if any_async && (r.path_prefix.starts_with("/jobs/") || r.path_prefix == "/jobs") {
+                self.err(
+                    &format!("routes[{i}].path_prefix"),
+                    format!(
+                        "expected a prefix outside /jobs/ (the job API answers there when a route is async), found {:?}",
+                        r.path_prefix
+                    ),
+                );
+            }
+            if r.async_jobs && redis && jobs.secret.is_none() {
+                self.err(
+                    &format!("routes[{i}].async"),
+                    "expected [jobs] secret to be set: with [redis], queued requests wait in Redis and their credential headers are sealed with it (the same random value on every replica, e.g. secret = \"${REBOUND_JOBS_SECRET}\")",
+                );
+            }
         }
     }
 

@@ -43,7 +43,7 @@ pub use store::{Begin, Completion, MemoryLimits, MemoryStore, Store, StoreError,
 
 /// Response headers kept with a stored response (and replayed). Never `set-cookie`, rate-limit
 /// or hop-by-hop headers: they describe the original exchange, not the result.
-const KEPT_HEADERS: [&str; 9] = [
+pub const KEPT_HEADERS: [&str; 9] = [
     "content-type",
     "content-encoding",
     "content-language",

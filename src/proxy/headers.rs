@@ -3,22 +3,39 @@
 
 use http::header::{HeaderMap, HeaderName, CONNECTION, UPGRADE};
 
+// Header names used on every request, parsed once (a `&str` name is parsed on each use).
+pub const X_REBOUND_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-attempts");
+pub const X_REBOUND_UPSTREAM: HeaderName = HeaderName::from_static("x-rebound-upstream");
+pub const X_REBOUND_ERROR: HeaderName = HeaderName::from_static("x-rebound-error");
+pub const X_REBOUND_IDEMPOTENCY: HeaderName = HeaderName::from_static("x-rebound-idempotency");
+pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub const X_REBOUND_DEADLINE_MS: HeaderName = HeaderName::from_static("x-rebound-deadline-ms");
+pub const X_REBOUND_MAX_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-max-attempts");
+pub const X_REBOUND_CALLBACK: HeaderName = HeaderName::from_static("x-rebound-callback");
+pub const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
+pub const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
+pub const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
 /// Hop-by-hop headers that apply to one connection only (RFC 9110 §7.6.1, plus the
 /// non-standard `keep-alive` and `proxy-connection` that clients still send).
-const HOP_BY_HOP: [&str; 9] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authenticate",
-    "proxy-authorization",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
+const HOP_BY_HOP: [HeaderName; 9] = [
+    CONNECTION,
+    KEEP_ALIVE,
+    PROXY_CONNECTION,
+    http::header::PROXY_AUTHENTICATE,
+    http::header::PROXY_AUTHORIZATION,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::TRANSFER_ENCODING,
+    UPGRADE,
 ];
 
 /// Request headers addressed to rebound itself: read, never forwarded.
-pub const REBOUND_REQUEST_HEADERS: [&str; 2] = ["x-rebound-deadline-ms", "x-rebound-max-attempts"];
+pub const REBOUND_REQUEST_HEADERS: [HeaderName; 3] =
+    [X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_REBOUND_CALLBACK];
 
 /// Header names whose values are credentials: never logged, never stored.
 pub const SENSITIVE: [&str; 6] = [
@@ -34,19 +51,23 @@ pub const SENSITIVE: [&str; 6] = [
 /// With `keep_upgrade`, `connection: upgrade` and `upgrade` survive (a WebSocket handshake needs
 /// them on both hops).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .filter(|n| !(keep_upgrade && n == UPGRADE))
-        .collect();
+    let listed: Vec<HeaderName> = if !headers.contains_key(CONNECTION) {
+        Vec::new()
+    } else {
+        headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+            .filter(|n| !(keep_upgrade && n == UPGRADE))
+            .collect()
+    };
     for name in listed {
         headers.remove(name);
     }
-    for name in HOP_BY_HOP {
-        if keep_upgrade && (name == "connection" || name == "upgrade") {
+    for name in &HOP_BY_HOP {
+        if keep_upgrade && (*name == CONNECTION || *name == UPGRADE) {
             continue;
         }
         headers.remove(name);

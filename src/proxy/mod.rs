@@ -37,6 +37,7 @@ use crate::error::ProxyError;
 use crate::idempotency::{
     AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, RedisStore, ReplayIdentity, Start, StoredResponse,
 };
+use crate::jobs::{self, Jobs};
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics};
 use crate::redis::RedisHandle;
 use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
@@ -129,6 +130,8 @@ pub struct Shared {
     pub dead_letters: DeadLetters,
     /// Every upstream's breaker and cooldowns (state survives reloads).
     pub circuits: Arc<Circuits>,
+    /// Async jobs: the queue (Redis when configured, else in memory) and its workers.
+    pub jobs: Jobs,
 }
 
 impl Shared {
@@ -154,6 +157,8 @@ pub struct Proxy {
     dead_letters: DeadLetters,
     dead_letter_config: crate::config::DeadLettersConfig,
     circuits: Arc<Circuits>,
+    /// The job queue, when a route is async.
+    jobs: Option<Jobs>,
 }
 
 impl Proxy {
@@ -166,6 +171,7 @@ impl Proxy {
             store,
             dead_letters,
             circuits,
+            jobs,
         } = shared.clone();
         let mut upstreams = std::collections::BTreeMap::new();
         for (name, u) in &config.upstreams {
@@ -239,6 +245,7 @@ impl Proxy {
             dead_letters,
             dead_letter_config: config.dead_letters.clone(),
             circuits,
+            jobs: jobs.for_config(config),
         })
     }
 
@@ -257,6 +264,10 @@ impl Proxy {
         }
         if is_absolute_form(&req) {
             return error_response(ProxyError::AbsoluteForm, log);
+        }
+        // The job API (`/jobs/{id}`, `/jobs/{id}/result`), when a route is async.
+        if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(req.uri().path())) {
+            return jobs.api(req.method(), req.uri().path(), req.headers(), log).await;
         }
 
         // 2. Route.
@@ -290,6 +301,13 @@ impl Proxy {
             }
             Err(BodyError::Read(e)) => return error_response(ProxyError::BadRequestBody(e), log),
         };
+
+        // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
+        if route.config.async_jobs {
+            if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::wants_async(&parts)) {
+                return jobs.submit(&route, &parts, body, log).await;
+            }
+        }
 
         // 5. Idempotency: replay a completed original, refuse, or claim the key.
         let mut claim = None;
@@ -343,17 +361,19 @@ impl Proxy {
                 let mut resp = error_response(err, log);
                 if attempts > 0 {
                     resp.headers_mut()
-                        .insert("x-rebound-attempts", HeaderValue::from(attempts));
+                        .insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(attempts));
                 }
                 resp
             }
             None => error_response(ProxyError::BadRequestBody("no outcome".into()), log),
         };
-        resp.headers_mut()
-            .insert("x-rebound-upstream", route.target(&delivery.upstream).header.clone());
+        resp.headers_mut().insert(
+            headers::X_REBOUND_UPSTREAM,
+            route.target(&delivery.upstream).header.clone(),
+        );
         if bypassed {
             resp.headers_mut()
-                .insert("x-rebound-idempotency", HeaderValue::from_static("bypassed"));
+                .insert(headers::X_REBOUND_IDEMPOTENCY, HeaderValue::from_static("bypassed"));
         }
         resp
     }
@@ -559,6 +579,7 @@ impl Proxy {
             idempotency: idem
                 .map(|i| i.identity_of(&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers, body)),
             replays: Vec::new(),
+            job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.clone()),
         };
         let store = self.dead_letters.clone();
         self.tasks.spawn(async move {
@@ -724,7 +745,7 @@ fn build_upstream_request(
     let headers = req.headers_mut();
     headers.clone_from(&parts.headers);
     headers::strip_hop_by_hop(headers, false);
-    for name in headers::REBOUND_REQUEST_HEADERS {
+    for name in &headers::REBOUND_REQUEST_HEADERS {
         headers.remove(name);
     }
     // The client sets `host` (HTTP/1.1) or `:authority` (HTTP/2) from the upstream URI.
@@ -768,11 +789,13 @@ where
 {
     let (mut parts, body) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers, false);
-    parts.headers.insert("x-rebound-attempts", HeaderValue::from(attempts));
+    parts
+        .headers
+        .insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(attempts));
     if outcome.is_failure() && route.retries {
         parts
             .headers
-            .insert("x-should-retry", HeaderValue::from_static("false"));
+            .insert(headers::X_SHOULD_RETRY, HeaderValue::from_static("false"));
     }
     let status = parts.status.as_u16();
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
@@ -794,8 +817,8 @@ fn replay_response(stored: StoredResponse, log: RequestLog) -> Response<ProxyBod
             h.append(name, value);
         }
     }
-    h.insert("idempotent-replayed", HeaderValue::from_static("true"));
-    h.insert("x-rebound-attempts", HeaderValue::from(0u32));
+    h.insert(headers::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    h.insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(0u32));
     resp
 }
 
@@ -806,9 +829,9 @@ pub fn error_response(err: ProxyError, log: RequestLog) -> Response<ProxyBody> {
     *resp.status_mut() = status;
     let h = resp.headers_mut();
     h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    h.insert("x-rebound-error", HeaderValue::from_static(err.code()));
+    h.insert(headers::X_REBOUND_ERROR, HeaderValue::from_static(err.code()));
     h.insert(
-        "x-should-retry",
+        headers::X_SHOULD_RETRY,
         HeaderValue::from_static(if err.should_retry() { "true" } else { "false" }),
     );
     if let Some(after) = err.retry_after() {

@@ -31,7 +31,7 @@ pub(super) async fn pass_through<B>(
     let h = upstream_req.headers_mut();
     h.clone_from(&parts.headers);
     headers::strip_hop_by_hop(h, true);
-    for name in headers::REBOUND_REQUEST_HEADERS {
+    for name in &headers::REBOUND_REQUEST_HEADERS {
         h.remove(name);
     }
     h.remove(http::header::HOST);
@@ -78,6 +78,6 @@ pub(super) async fn pass_through<B>(
     headers::strip_hop_by_hop(&mut parts.headers, true);
     parts
         .headers
-        .insert("x-rebound-attempts", http::HeaderValue::from(1u32));
+        .insert(headers::X_REBOUND_ATTEMPTS, http::HeaderValue::from(1u32));
     Response::from_parts(parts, ProxyBody::full(Bytes::new(), log, 101))
 }

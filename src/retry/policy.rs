@@ -280,16 +280,19 @@ impl RetryState {
 /// `x-stainless-read-timeout` (seconds: the SDK gives up then, so retrying past it is waste).
 /// Unparseable values are ignored.
 pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> (u32, Duration) {
-    let value = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
+    use crate::proxy::headers::{
+        X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_STAINLESS_READ_TIMEOUT, X_STAINLESS_TIMEOUT,
+    };
+    let value = |name: &http::HeaderName| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
     let mut attempts = policy.max_attempts;
-    if let Some(n) = value("x-rebound-max-attempts").and_then(|v| v.parse::<u32>().ok()) {
+    if let Some(n) = value(&X_REBOUND_MAX_ATTEMPTS).and_then(|v| v.parse::<u32>().ok()) {
         attempts = attempts.min(n.max(1));
     }
     let mut deadline = policy.deadline;
-    if let Some(ms) = value("x-rebound-deadline-ms").and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(ms) = value(&X_REBOUND_DEADLINE_MS).and_then(|v| v.parse::<u64>().ok()) {
         deadline = deadline.min(Duration::from_millis(ms));
     }
-    for name in ["x-stainless-timeout", "x-stainless-read-timeout"] {
+    for name in [&X_STAINLESS_TIMEOUT, &X_STAINLESS_READ_TIMEOUT] {
         let secs = value(name)
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s > 0.0);
@@ -304,7 +307,7 @@ pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> (u32, 
 /// it then counts against the retry budget, so that two layers cannot multiply an outage.
 pub fn is_sdk_retry(headers: &http::HeaderMap) -> bool {
     headers
-        .get("x-stainless-retry-count")
+        .get(crate::proxy::headers::X_STAINLESS_RETRY_COUNT)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u32>().ok())
         .is_some_and(|n| n > 0)

@@ -11,6 +11,7 @@ mod config_files;
 mod dead_letters;
 mod idempotency;
 mod idempotency_store;
+mod jobs;
 mod passthrough;
 mod process;
 mod redis_plumbing;

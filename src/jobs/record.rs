@@ -1,0 +1,252 @@
+//! What a job is made of, as both stores keep it and as the API shows it.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::idempotency::ReplayIdentity;
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum JobState {
+    Queued,
+    Running,
+    Succeeded,
+    Failed,
+}
+
+impl JobState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Succeeded => "succeeded",
+            JobState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<JobState> {
+        Some(match s {
+            "queued" => JobState::Queued,
+            "running" => JobState::Running,
+            "succeeded" => JobState::Succeeded,
+            "failed" => JobState::Failed,
+            _ => return None,
+        })
+    }
+
+    pub fn finished(self) -> bool {
+        matches!(self, JobState::Succeeded | JobState::Failed)
+    }
+}
+
+/// The request a job runs, minus its body and credentials (kept beside it).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct StoredRequest {
+    pub method: String,
+    /// Path and query as the app sent them (the route prefix included).
+    pub uri: String,
+    /// Every header but hop-by-hop ones, `host`, `content-length`, `x-rebound-callback` and the
+    /// credentials.
+    pub headers: Vec<(String, String)>,
+    /// The submission's idempotency identity (hashes only), so that every run of the job claims
+    /// the same record, whichever replica runs it.
+    pub identity: Option<ReplayIdentity>,
+}
+
+/// A job to create.
+#[derive(Debug, Clone)]
+pub struct NewJob {
+    pub id: String,
+    pub route: String,
+    /// The idempotency fingerprint when the job came with a key (`""` without).
+    pub fingerprint: String,
+    /// Hash of the submitter's credential headers: only the same credential reads the job.
+    pub access: String,
+    pub created_ms: u64,
+    pub request: StoredRequest,
+    pub body: Bytes,
+    /// Credential headers (sealed before they reach Redis).
+    pub credentials: Vec<(String, String)>,
+    pub callback: Option<String>,
+}
+
+/// How a submission went.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Submitted {
+    /// Created and queued.
+    Queued,
+    /// A job with this id exists (the same Idempotency-Key): its state.
+    Exists(JobState),
+    /// The same key was used with another request.
+    Mismatch,
+    /// `max_queue` unfinished jobs already.
+    Full,
+}
+
+/// A callback's delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallbackState {
+    Pending,
+    Delivered,
+    Failed,
+}
+
+impl CallbackState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CallbackState::Pending => "pending",
+            CallbackState::Delivered => "delivered",
+            CallbackState::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<CallbackState> {
+        Some(match s {
+            "pending" => CallbackState::Pending,
+            "delivered" => CallbackState::Delivered,
+            "failed" => CallbackState::Failed,
+            _ => return None,
+        })
+    }
+}
+
+/// What became of a job's callback.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CallbackView {
+    pub state: CallbackState,
+    /// POSTs made.
+    pub attempts: u32,
+    /// The receiver's last status (none when it could not be reached).
+    pub last_status: Option<u16>,
+}
+
+/// A job as `GET /jobs/{id}` shows it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobView {
+    pub id: String,
+    pub state: JobState,
+    pub route: String,
+    pub access: String,
+    pub created_ms: u64,
+    pub started_ms: Option<u64>,
+    pub finished_ms: Option<u64>,
+    /// Worker runs (more than 1 when a job was reclaimed from a worker that died).
+    pub runs: u32,
+    /// Upstream attempts of the run that finished it.
+    pub attempts: u32,
+    /// The final HTTP status.
+    pub http_status: Option<u16>,
+    /// Why it failed, when it did.
+    pub error: Option<String>,
+    pub callback: Option<CallbackView>,
+}
+
+impl JobView {
+    /// The status document.
+    pub fn to_json(&self) -> serde_json::Value {
+        let at = |ms: Option<u64>| ms.map(rfc3339);
+        let mut v = serde_json::json!({
+            "job_id": self.id,
+            "status": self.state.as_str(),
+            "route": self.route,
+            "attempts": self.attempts,
+            "runs": self.runs,
+            "created_at": rfc3339(self.created_ms),
+            "started_at": at(self.started_ms),
+            "finished_at": at(self.finished_ms),
+            "http_status": self.http_status,
+            "error": self.error,
+        });
+        if self.state.finished() {
+            v["result_url"] = format!("/jobs/{}/result", self.id).into();
+        }
+        if let Some(cb) = &self.callback {
+            v["callback"] = serde_json::json!({
+                "state": cb.state.as_str(),
+                "attempts": cb.attempts,
+                "last_status": cb.last_status,
+            });
+        }
+        v
+    }
+}
+
+/// The upstream's response, as it came (an allowlist of headers).
+#[derive(Debug, Clone, PartialEq)]
+pub struct JobResult {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: Bytes,
+}
+
+/// A run's outcome, as the owner records it.
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub state: JobState,
+    pub finished_ms: u64,
+    pub attempts: u32,
+    /// The final HTTP status (none when no request could be made).
+    pub http_status: Option<u16>,
+    /// The response, when there was one to keep.
+    pub result: Option<JobResult>,
+    pub error: Option<String>,
+}
+
+/// Unix milliseconds as RFC 3339 UTC (`2025-01-31T12:00:00.123Z`).
+pub fn rfc3339(ms: u64) -> String {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Howard Hinnant's civil_from_days.
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        ms % 1000
+    )
+}
+
+/// Wall-clock unix milliseconds.
+pub fn now_ms() -> u64 {
+    crate::time::wall_now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_utc_with_millis() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_000), "2000-02-29T00:00:00.000Z");
+        assert_eq!(rfc3339(1_700_000_000_123), "2023-11-14T22:13:20.123Z");
+        assert_eq!(rfc3339(4_102_444_799_999), "2099-12-31T23:59:59.999Z");
+    }
+
+    #[test]
+    fn states_round_trip() {
+        for s in [
+            JobState::Queued,
+            JobState::Running,
+            JobState::Succeeded,
+            JobState::Failed,
+        ] {
+            assert_eq!(JobState::parse(s.as_str()), Some(s));
+        }
+        assert_eq!(JobState::parse("done"), None);
+        for s in [CallbackState::Pending, CallbackState::Delivered, CallbackState::Failed] {
+            assert_eq!(CallbackState::parse(s.as_str()), Some(s));
+        }
+    }
+}

@@ -335,20 +335,9 @@ impl DeadLetters {
                 Ok(ring.entries.iter().find(|e| e.id == id).cloned())
             }
             Backend::Redis(r) => {
-                let (key, id) = (Self::stream_key(r), id.to_string());
-                let rows: Vec<(String, Vec<(String, String)>)> = r
-                    .run("dead_letter_get", |mut c| async move {
-                        redis::cmd("XRANGE")
-                            .arg(&key)
-                            .arg(&id)
-                            .arg(&id)
-                            .query_async(&mut c)
-                            .await
-                    })
-                    .await
-                    .map_err(|e| DeadLetterError(e.to_string()))?;
-                let mut entries = self.decode(rows);
-                self.attach_replays(r, &mut entries).await?;
+                let mut cmd = redis::cmd("XRANGE");
+                cmd.arg(Self::stream_key(r)).arg(id).arg(id);
+                let mut entries = self.read(r, "dead_letter_get", cmd).await?;
                 Ok(entries.pop())
             }
         }
@@ -512,26 +501,29 @@ impl DeadLetters {
                     .collect())
             }
             Backend::Redis(r) => {
-                let key = Self::stream_key(r);
                 let end = before.map_or_else(|| "+".to_string(), |b| format!("({b}"));
-                let rows: Vec<(String, Vec<(String, String)>)> = r
-                    .run("dead_letter_scan", |mut c| async move {
-                        redis::cmd("XREVRANGE")
-                            .arg(&key)
-                            .arg(&end)
-                            .arg("-")
-                            .arg("COUNT")
-                            .arg(count)
-                            .query_async(&mut c)
-                            .await
-                    })
-                    .await
-                    .map_err(|e| DeadLetterError(e.to_string()))?;
-                let mut entries = self.decode(rows);
-                self.attach_replays(r, &mut entries).await?;
+                let mut cmd = redis::cmd("XREVRANGE");
+                cmd.arg(Self::stream_key(r)).arg(end).arg("-").arg("COUNT").arg(count);
+                let entries = self.read(r, "dead_letter_scan", cmd).await?;
                 Ok(entries)
             }
         }
+    }
+
+    /// Runs a stream range command and returns its entries, with their replays.
+    async fn read(
+        &self,
+        r: &RedisHandle,
+        op: &'static str,
+        cmd: redis::Cmd,
+    ) -> Result<Vec<DeadLetter>, DeadLetterError> {
+        let rows: Vec<(String, Vec<(String, String)>)> = r
+            .run(op, |mut c| async move { cmd.query_async(&mut c).await })
+            .await
+            .map_err(|e| DeadLetterError(e.to_string()))?;
+        let mut entries = self.decode(rows);
+        self.attach_replays(r, &mut entries).await?;
+        Ok(entries)
     }
 
     fn decode(&self, rows: Vec<(String, Vec<(String, String)>)>) -> Vec<DeadLetter> {

@@ -15,3 +15,40 @@ pub fn now() -> Instant {
 pub fn wall_now() -> SystemTime {
     SystemTime::now()
 }
+
+/// A UTC date and time of day from unix milliseconds: `(year, month, day, hour, minute, second,
+/// millisecond)` (Howard Hinnant's `civil_from_days`).
+pub fn civil_from_unix_ms(ms: u64) -> (i64, u32, u32, u32, u32, u32, u32) {
+    let secs = ms / 1000;
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    (
+        year,
+        month,
+        day,
+        (rem / 3600) as u32,
+        (rem % 3600 / 60) as u32,
+        (rem % 60) as u32,
+        (ms % 1000) as u32,
+    )
+}
+
+/// Unix milliseconds as RFC 3339 UTC (`2025-01-31T12:00:00.123Z`).
+pub fn rfc3339(ms: u64) -> String {
+    let (y, mo, d, h, mi, s, milli) = civil_from_unix_ms(ms);
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{mi:02}:{s:02}.{milli:03}Z")
+}
+
+/// Unix milliseconds as `2026-11-29 10:04:05` (UTC), for tables.
+pub fn utc(ms: u64) -> String {
+    let (y, mo, d, h, mi, s, _) = civil_from_unix_ms(ms);
+    format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}")
+}

@@ -79,7 +79,7 @@ pub struct Metrics {
     pub cooldown_rejections_total: IntCounterVec,
     /// Redis command failures by operation.
     pub redis_errors_total: IntCounterVec,
-    /// 1 while the Redis connection answers its health check, 0 otherwise (absent without Redis).
+    /// 1 while the Redis connection answers its health check, 0 otherwise (and 0 without `[redis]`).
     pub redis_up: IntGauge,
     /// Always 1, labelled with the version.
     pub build_info: IntGaugeVec,

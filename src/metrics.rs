@@ -210,6 +210,10 @@ impl Metrics {
             registry,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
+        // Present from the start, so that the first failed reload is a visible increase.
+        for result in ["success", "failure"] {
+            m.config_reloads_total.with_label_values(&[result]);
+        }
         Ok(m)
     }
 

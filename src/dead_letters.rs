@@ -224,6 +224,11 @@ struct Ring {
     last_id: (u64, u64),
 }
 
+/// Appends a replay record to an entry's JSON list (KEYS[1] the replays hash, ARGV[1] the entry
+/// id, ARGV[2] the record).
+static APPEND_REPLAY: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("redis/scripts/dead_letter_replay_v1.lua")));
+
 /// Entries read per Redis round trip while scanning.
 const SCAN_BATCH: usize = 500;
 
@@ -347,40 +352,28 @@ impl DeadLetters {
     pub async fn summary(&self, filter: &Filter) -> Result<Summary, DeadLetterError> {
         let mut groups: BTreeMap<(String, String, String, String, u16), Group> = BTreeMap::new();
         let mut total = 0;
-        let mut cursor: Option<String> = None;
-        loop {
-            let batch = self.scan_back(cursor.as_deref(), SCAN_BATCH).await?;
-            let done = batch.len() < SCAN_BATCH;
-            for e in batch {
-                cursor = Some(e.id.clone());
-                if !filter.matches(&e) {
-                    continue;
-                }
-                total += 1;
-                let k = (
-                    e.route.clone(),
-                    e.upstream.clone(),
-                    e.reason.clone(),
-                    e.error_class.clone(),
-                    e.final_status,
-                );
-                let g = groups.entry(k).or_insert_with(|| Group {
-                    route: e.route.clone(),
-                    upstream: e.upstream.clone(),
-                    reason: e.reason.clone(),
-                    error_class: e.error_class.clone(),
-                    final_status: e.final_status,
-                    count: 0,
-                    first_seen_ms: e.time_ms,
-                    last_seen_ms: e.time_ms,
-                });
-                g.count += 1;
-                g.first_seen_ms = g.first_seen_ms.min(e.time_ms);
-                g.last_seen_ms = g.last_seen_ms.max(e.time_ms);
-            }
-            if done {
-                break;
-            }
+        for e in self.matching(filter).await? {
+            total += 1;
+            let k = (
+                e.route.clone(),
+                e.upstream.clone(),
+                e.reason.clone(),
+                e.error_class.clone(),
+                e.final_status,
+            );
+            let g = groups.entry(k).or_insert_with(|| Group {
+                route: e.route.clone(),
+                upstream: e.upstream.clone(),
+                reason: e.reason.clone(),
+                error_class: e.error_class.clone(),
+                final_status: e.final_status,
+                count: 0,
+                first_seen_ms: e.time_ms,
+                last_seen_ms: e.time_ms,
+            });
+            g.count += 1;
+            g.first_seen_ms = g.first_seen_ms.min(e.time_ms);
+            g.last_seen_ms = g.last_seen_ms.max(e.time_ms);
         }
         let mut groups: Vec<Group> = groups.into_values().collect();
         groups.sort_by(|a, b| b.count.cmp(&a.count).then(b.last_seen_ms.cmp(&a.last_seen_ms)));
@@ -398,27 +391,13 @@ impl DeadLetters {
                 Ok(())
             }
             Backend::Redis(r) => {
-                let key = Self::replays_key(r);
-                let existing: Option<String> = {
-                    let (key, id) = (key.clone(), id.to_string());
-                    r.run("dead_letter_replay", |mut c| async move {
-                        redis::cmd("HGET").arg(&key).arg(&id).query_async(&mut c).await
-                    })
-                    .await
-                    .map_err(|e| DeadLetterError(e.to_string()))?
-                };
-                let mut list: Vec<ReplayRecord> =
-                    existing.and_then(|s| serde_json::from_str(&s).ok()).unwrap_or_default();
-                list.push(replay);
-                let json = serde_json::to_string(&list).unwrap_or_default();
-                let id = id.to_string();
+                // Appended in one script: one round trip, and concurrent replays of one entry
+                // cannot overwrite each other's record.
+                let (key, id) = (Self::replays_key(r), id.to_string());
+                let record = serde_json::to_string(&replay).unwrap_or_default();
+                let script = &*APPEND_REPLAY;
                 r.run("dead_letter_replay", |mut c| async move {
-                    redis::cmd("HSET")
-                        .arg(&key)
-                        .arg(&id)
-                        .arg(json)
-                        .query_async::<i64>(&mut c)
-                        .await
+                    script.key(&key).arg(&id).arg(record).invoke_async::<i64>(&mut c).await
                 })
                 .await
                 .map_err(|e| DeadLetterError(e.to_string()))?;
@@ -438,21 +417,7 @@ impl DeadLetters {
                 Ok((before - ring.entries.len()) as u64)
             }
             Backend::Redis(r) => {
-                let mut ids = Vec::new();
-                let mut cursor: Option<String> = None;
-                loop {
-                    let batch = self.scan_back(cursor.as_deref(), SCAN_BATCH).await?;
-                    let done = batch.len() < SCAN_BATCH;
-                    for e in batch {
-                        cursor = Some(e.id.clone());
-                        if filter.matches(&e) {
-                            ids.push(e.id);
-                        }
-                    }
-                    if done {
-                        break;
-                    }
-                }
+                let ids: Vec<String> = self.matching(filter).await?.into_iter().map(|e| e.id).collect();
                 let (key, replays) = (Self::stream_key(r), Self::replays_key(r));
                 for chunk in ids.chunks(SCAN_BATCH) {
                     let (key, replays, chunk) = (key.clone(), replays.clone(), chunk.to_vec());
@@ -481,6 +446,21 @@ impl DeadLetters {
                     .map_err(|e| DeadLetterError(e.to_string()))?;
                 self.metrics.dead_letters_depth.set(depth);
                 Ok(ids.len() as u64)
+            }
+        }
+    }
+
+    /// Every entry matching `filter`, newest first (at most the cap: the store is bounded).
+    async fn matching(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+        let mut out = Vec::new();
+        let mut cursor: Option<String> = None;
+        loop {
+            let batch = self.scan_back(cursor.as_deref(), SCAN_BATCH).await?;
+            let done = batch.len() < SCAN_BATCH;
+            cursor = batch.last().map(|e| e.id.clone());
+            out.extend(batch.into_iter().filter(|e| filter.matches(e)));
+            if done || cursor.is_none() {
+                return Ok(out);
             }
         }
     }

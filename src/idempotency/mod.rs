@@ -202,14 +202,12 @@ impl Idempotency {
             }
             Some(Ok(k)) => k,
         };
-        let scope = replay.map_or_else(|| self.scope_of(headers), |r| r.scope.clone());
+        let ReplayIdentity { scope, fingerprint: fp } = replay
+            .cloned()
+            .unwrap_or_else(|| self.identity_of(method, path, query, headers, body));
         let key_hash = &fingerprint::digest(&[key.as_bytes()])[..32];
         // One hash tag per record: every script touches this one key.
         let record = format!("idem:{{{}:{scope}:{key_hash}}}", self.route);
-        let fp = replay.map_or_else(
-            || fingerprint::fingerprint(method, path, query, headers, body),
-            |r| r.fingerprint.clone(),
-        );
         let owner = owner_token();
 
         let waited_until = tokio::time::Instant::now() + p.wait_timeout;

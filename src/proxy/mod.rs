@@ -346,7 +346,7 @@ impl Proxy {
         // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
         // frees the key first, so that the app's retry runs instead of waiting for the lease.
         let claim = match claim {
-            Some(c) if matches!(&delivery.result, Some(Ok(r)) if c.stores(r.status().as_u16())) => Some(c),
+            Some(c) if matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
             Some(c) => {
                 c.release().await;
                 None
@@ -356,8 +356,8 @@ impl Proxy {
         let attempts = delivery.attempts.len() as u32;
         let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
         let mut resp = match delivery.result {
-            Some(Ok(resp)) => upstream_response(resp, &route, attempts, outcome, claim, log),
-            Some(Err(err)) => {
+            Ok(resp) => upstream_response(resp, &route, attempts, outcome, claim, log),
+            Err(err) => {
                 let mut resp = error_response(err, log);
                 if attempts > 0 {
                     resp.headers_mut()
@@ -365,7 +365,6 @@ impl Proxy {
                 }
                 resp
             }
-            None => error_response(ProxyError::BadRequestBody("no outcome".into()), log),
         };
         resp.headers_mut().insert(
             headers::X_REBOUND_UPSTREAM,
@@ -392,7 +391,7 @@ impl Proxy {
         } else {
             route.budget.deposit(started);
         }
-        let mut d = Delivery::new(route.primary.name.clone());
+        let mut d = Progress::new(route.primary.name.clone());
         // The last failed response, kept while waiting: delivered if no further attempt can run.
         let mut last: Option<Response<Primed<Incoming>>> = None;
         loop {
@@ -536,9 +535,7 @@ impl Proxy {
                     if outcome.is_failure() && (state.attempts > 1 || stop != Stop::NotRetryable) {
                         tracing::info!(route = %route.name, attempts = state.attempts, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
                     }
-                    d.result = Some(result);
-                    d.stop = stop;
-                    return d;
+                    return d.deliver(result, stop);
                 }
             }
         }
@@ -619,25 +616,20 @@ impl Proxy {
     }
 }
 
-/// What the retry loop hands back.
-struct Delivery {
-    /// The upstream's answer, or rebound's own error.
-    result: Option<Result<Response<Primed<Incoming>>, ProxyError>>,
-    /// The last attempt's outcome (`None` when no attempt ran).
+/// The retry loop's account of a request so far: what each attempt did, and where.
+struct Progress {
+    /// The last attempt's outcome (`None` while no attempt ran).
     outcome: Option<Outcome>,
     attempts: Vec<AttemptRecord>,
-    stop: Stop,
     /// The upstream of the last attempt (a fallback, when the primary's circuit was open).
     upstream: Arc<str>,
 }
 
-impl Delivery {
-    fn new(upstream: Arc<str>) -> Delivery {
-        Delivery {
-            result: None,
+impl Progress {
+    fn new(upstream: Arc<str>) -> Progress {
+        Progress {
             outcome: None,
             attempts: Vec::new(),
-            stop: Stop::NotRetryable,
             upstream,
         }
     }
@@ -658,25 +650,47 @@ impl Delivery {
         }
     }
 
+    /// Ends the loop with this result.
+    fn deliver(self, result: Result<Response<Primed<Incoming>>, ProxyError>, stop: Stop) -> Delivery {
+        Delivery {
+            result,
+            outcome: self.outcome,
+            attempts: self.attempts,
+            stop,
+            upstream: self.upstream,
+        }
+    }
+
     /// Ends the loop before an attempt could run: the last failed response, if one is kept,
     /// else rebound's own error.
     fn stop_before_attempt(
-        mut self,
+        self,
         last: Option<Response<Primed<Incoming>>>,
         stop: Stop,
         err: impl FnOnce() -> ProxyError,
     ) -> Delivery {
-        self.result = Some(last.map_or_else(|| Err(err()), Ok));
-        self.stop = stop;
-        self
+        self.deliver(last.map_or_else(|| Err(err()), Ok), stop)
     }
+}
 
+/// What the retry loop hands back.
+struct Delivery {
+    /// The upstream's answer, or rebound's own error.
+    result: Result<Response<Primed<Incoming>>, ProxyError>,
+    /// The last attempt's outcome (`None` when no attempt ran).
+    outcome: Option<Outcome>,
+    attempts: Vec<AttemptRecord>,
+    stop: Stop,
+    /// The upstream of the last attempt.
+    upstream: Arc<str>,
+}
+
+impl Delivery {
     /// The status the app receives.
     fn status(&self) -> u16 {
         match &self.result {
-            Some(Ok(r)) => r.status().as_u16(),
-            Some(Err(e)) => e.status().as_u16(),
-            None => 0,
+            Ok(r) => r.status().as_u16(),
+            Err(e) => e.status().as_u16(),
         }
     }
 
@@ -738,10 +752,11 @@ fn build_upstream_request(
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, http::Error> {
     let uri = target.upstream.uri_for(path, parts.uri.query())?;
+    let body_len = body.len();
     let mut req = Request::builder()
         .method(parts.method.clone())
         .uri(uri)
-        .body(Full::new(body.clone()))?;
+        .body(Full::new(body))?;
     let headers = req.headers_mut();
     headers.clone_from(&parts.headers);
     headers::strip_hop_by_hop(headers, false);
@@ -751,8 +766,8 @@ fn build_upstream_request(
     // The client sets `host` (HTTP/1.1) or `:authority` (HTTP/2) from the upstream URI.
     headers.remove(http::header::HOST);
     headers.remove(http::header::CONTENT_LENGTH);
-    if !body.is_empty() || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
-        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body.len()));
+    if body_len > 0 || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body_len));
     }
     for (name, value) in &target.upstream.config.set_headers {
         headers.insert(name.clone(), value.clone());

@@ -26,6 +26,13 @@ use crate::time::Instant;
 /// The credential headers hashed by default (the idempotency `scope_headers` default too).
 pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
 
+/// [`CREDENTIAL_HEADERS`] as header names (a `&str` name is parsed again on every lookup).
+pub const CREDENTIAL_NAMES: [HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+];
+
 /// Entries per upstream at most.
 pub const DEFAULT_CAPACITY: usize = 10_000;
 
@@ -95,8 +102,7 @@ pub fn credential_hash(headers: &HeaderMap, names: &[HeaderName]) -> CredentialH
 
 /// [`credential_hash`] over [`CREDENTIAL_HEADERS`].
 pub fn default_credential_hash(headers: &HeaderMap) -> CredentialHash {
-    let names = CREDENTIAL_HEADERS.map(HeaderName::from_static);
-    credential_hash(headers, &names)
+    credential_hash(headers, &CREDENTIAL_NAMES)
 }
 
 /// How long a request held by a cooldown (`cooldown = "wait"`) should sleep: the time left plus

@@ -36,7 +36,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use breaker::{Attempt, CircuitState};
-pub use cooldown::{credential_hash, default_credential_hash, release_delay, CredentialHash, CREDENTIAL_HEADERS};
+pub use cooldown::{
+    credential_hash, default_credential_hash, release_delay, CredentialHash, CREDENTIAL_HEADERS, CREDENTIAL_NAMES,
+};
 
 use self::breaker::{Breaker, BreakerConfig, Deltas, LeaseReport, Ticket, Transition};
 use self::cooldown::CooldownTable;

@@ -33,9 +33,15 @@ const HOP_BY_HOP: [HeaderName; 9] = [
     UPGRADE,
 ];
 
-/// Request headers addressed to rebound itself: read, never forwarded.
-pub const REBOUND_REQUEST_HEADERS: [HeaderName; 3] =
-    [X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_REBOUND_CALLBACK];
+/// Request headers never copied to the upstream request as they came: rebound's own, and the
+/// ones the upstream request sets itself (`host`, `content-length`).
+pub const NOT_FORWARDED: [HeaderName; 5] = [
+    X_REBOUND_DEADLINE_MS,
+    X_REBOUND_MAX_ATTEMPTS,
+    X_REBOUND_CALLBACK,
+    http::header::HOST,
+    http::header::CONTENT_LENGTH,
+];
 
 /// Header names whose values are credentials: never logged, never stored.
 pub const SENSITIVE: [&str; 6] = [
@@ -51,30 +57,49 @@ pub const SENSITIVE: [&str; 6] = [
 /// With `keep_upgrade`, `connection: upgrade` and `upgrade` survive (a WebSocket handshake needs
 /// them on both hops).
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
-    let listed: Vec<HeaderName> = if !headers.contains_key(CONNECTION) {
-        Vec::new()
-    } else {
-        headers
+    let found = present(headers, &HOP_BY_HOP);
+    if found[0] {
+        let listed: Vec<HeaderName> = headers
             .get_all(CONNECTION)
             .iter()
             .filter_map(|v| v.to_str().ok())
             .flat_map(|v| v.split(','))
             .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
             .filter(|n| !(keep_upgrade && n == UPGRADE))
-            .collect()
-    };
-    for name in listed {
-        headers.remove(name);
-    }
-    for name in &HOP_BY_HOP {
-        if keep_upgrade && (*name == CONNECTION || *name == UPGRADE) {
-            continue;
+            .collect();
+        for name in listed {
+            headers.remove(name);
         }
-        headers.remove(name);
+    }
+    for (name, found) in HOP_BY_HOP.iter().zip(found) {
+        if found && !(keep_upgrade && (*name == CONNECTION || *name == UPGRADE)) {
+            headers.remove(name);
+        }
     }
     if keep_upgrade {
         headers.insert(CONNECTION, http::HeaderValue::from_static("upgrade"));
     }
+}
+
+/// Removes every header in `names` (each name once, however many values it has).
+pub fn remove_all<const N: usize>(headers: &mut HeaderMap, names: &[HeaderName; N]) {
+    for (name, found) in names.iter().zip(present(headers, names)) {
+        if found {
+            headers.remove(name);
+        }
+    }
+}
+
+/// Which of `names` the map holds, found in one pass over its names: most messages carry few or
+/// none of the headers rebound removes, and comparing names is cheaper than hashing each one.
+fn present<const N: usize>(headers: &HeaderMap, names: &[HeaderName; N]) -> [bool; N] {
+    let mut found = [false; N];
+    for key in headers.keys() {
+        if let Some(i) = names.iter().position(|n| n == key) {
+            found[i] = true;
+        }
+    }
+    found
 }
 
 /// Whether the request asks to switch protocols (a WebSocket handshake): `Connection` lists
@@ -132,6 +157,14 @@ mod tests {
         assert_eq!(h["upgrade"], "websocket");
         assert_eq!(h["connection"], "upgrade");
         assert_eq!(h["sec-websocket-key"], "k");
+    }
+
+    #[test]
+    fn remove_all_removes_every_value_of_each_name() {
+        let mut h = map(&[("host", "a"), ("x-keep", "1"), ("host", "b"), ("content-length", "2")]);
+        remove_all(&mut h, &[http::header::HOST, http::header::CONTENT_LENGTH, UPGRADE]);
+        let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        assert_eq!(left, vec!["x-keep"]);
     }
 
     #[test]

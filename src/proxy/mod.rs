@@ -23,14 +23,13 @@ use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
 use http_body_util::Full;
-use hyper::body::Incoming;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use std::time::Duration;
 
-use crate::circuit::{default_credential_hash, release_delay, Attempt, Circuits, CredentialHash, CREDENTIAL_HEADERS};
+use crate::circuit::{credential_hash, release_delay, Attempt, Circuits, CredentialHash, CREDENTIAL_NAMES};
 use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::ProxyError;
@@ -44,7 +43,7 @@ use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
 use crate::retry::{self, Backoff, RetryBudget};
 use crate::routing::{forwarded_path, RouteTable};
 use crate::time;
-use crate::upstream::{AttemptError, Upstream};
+use crate::upstream::{AttemptError, Upstream, UpstreamBody};
 use body::{BodyError, ProxyBody, RequestLog};
 use stream::{IdleTimeout, Primed};
 
@@ -105,7 +104,7 @@ pub enum BuildError {
     #[error("upstream {name}: {source}")]
     Upstream {
         name: String,
-        source: crate::upstream::tls::TlsError,
+        source: crate::upstream::SetupError,
     },
     #[error("retry policy {name}: {detail}")]
     Retry { name: String, detail: String },
@@ -267,7 +266,7 @@ impl Proxy {
         }
         // The job API (`/jobs/{id}`, `/jobs/{id}/result`), when a route is async.
         if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(req.uri().path())) {
-            return jobs.api(req.method(), req.uri().path(), req.headers(), log).await;
+            return Box::pin(jobs.api(req.method(), req.uri().path(), req.headers(), log)).await;
         }
 
         // 2. Route.
@@ -284,7 +283,7 @@ impl Proxy {
 
         // 3. WebSocket upgrades pass through.
         if headers::is_upgrade(req.headers()) {
-            return websocket::pass_through(&self, &route, &path, req, log).await;
+            return Box::pin(websocket::pass_through(&self, &route, &path, req, log)).await;
         }
 
         // 4. The request body, capped.
@@ -305,7 +304,7 @@ impl Proxy {
         // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
         if route.config.async_jobs {
             if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::wants_async(&parts)) {
-                return jobs.submit(&route, &parts, body, log).await;
+                return Box::pin(jobs.submit(&route, &parts, body, log)).await;
             }
         }
 
@@ -314,17 +313,15 @@ impl Proxy {
         let mut bypassed = false;
         if let Some(idem) = &route.idempotency {
             let replay = parts.extensions.get::<ReplayIdentity>();
-            match idem
-                .start(
-                    &parts.method,
-                    parts.uri.path(),
-                    parts.uri.query(),
-                    &parts.headers,
-                    &body,
-                    replay,
-                )
-                .await
-            {
+            let start = idem.start(
+                &parts.method,
+                parts.uri.path(),
+                parts.uri.query(),
+                &parts.headers,
+                &body,
+                replay,
+            );
+            match Box::pin(start).await {
                 Start::Forward { bypassed: b } => bypassed = b,
                 Start::Claimed(c) => claim = Some(c),
                 Start::Replay(stored) => return replay_response(stored, log),
@@ -348,7 +345,7 @@ impl Proxy {
         let claim = match claim {
             Some(c) if matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
             Some(c) => {
-                c.release().await;
+                Box::pin(c.release()).await;
                 None
             }
             None => None,
@@ -393,7 +390,7 @@ impl Proxy {
         }
         let mut d = Progress::new(route.primary.name.clone());
         // The last failed response, kept while waiting: delivered if no further attempt can run.
-        let mut last: Option<Response<Primed<Incoming>>> = None;
+        let mut last: Option<Response<Primed<UpstreamBody>>> = None;
         loop {
             let now = Instant::now();
             if state.deadline <= now {
@@ -432,7 +429,7 @@ impl Proxy {
 
             // Cooldown: the provider told this credential to wait. The credential is hashed only
             // when some cooldown holds this upstream, or after a 429.
-            let credential_values = CREDENTIAL_HEADERS.map(|h| req.headers().get(h).cloned());
+            let credential_values = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
             if self.circuits.cooldowns_active(&target.name) {
                 let credential = credential_hash_of(&credential_values);
                 if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
@@ -461,10 +458,7 @@ impl Proxy {
                 Ok(resp) => Outcome::Status(resp.status()),
                 Err(e) => e.outcome(),
             };
-            self.metrics
-                .upstream_attempts_total
-                .with_label_values(&[&*route.name, &*target.name, outcome.label()])
-                .inc();
+            target.attempts.count(outcome.label());
             let hint = match &result {
                 Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
                 _ => None,
@@ -595,7 +589,7 @@ impl Proxy {
         target: &Target,
         req: Request<Full<Bytes>>,
         remaining: Duration,
-    ) -> Result<Response<Primed<Incoming>>, AttemptError> {
+    ) -> Result<Response<Primed<UpstreamBody>>, AttemptError> {
         let policy = &route.retry;
         let started = Instant::now();
         let sent = target.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
@@ -651,7 +645,7 @@ impl Progress {
     }
 
     /// Ends the loop with this result.
-    fn deliver(self, result: Result<Response<Primed<Incoming>>, ProxyError>, stop: Stop) -> Delivery {
+    fn deliver(self, result: Result<Response<Primed<UpstreamBody>>, ProxyError>, stop: Stop) -> Delivery {
         Delivery {
             result,
             outcome: self.outcome,
@@ -665,7 +659,7 @@ impl Progress {
     /// else rebound's own error.
     fn stop_before_attempt(
         self,
-        last: Option<Response<Primed<Incoming>>>,
+        last: Option<Response<Primed<UpstreamBody>>>,
         stop: Stop,
         err: impl FnOnce() -> ProxyError,
     ) -> Delivery {
@@ -676,7 +670,7 @@ impl Progress {
 /// What the retry loop hands back.
 struct Delivery {
     /// The upstream's answer, or rebound's own error.
-    result: Result<Response<Primed<Incoming>>, ProxyError>,
+    result: Result<Response<Primed<UpstreamBody>>, ProxyError>,
     /// The last attempt's outcome (`None` when no attempt ran).
     outcome: Option<Outcome>,
     attempts: Vec<AttemptRecord>,
@@ -729,12 +723,12 @@ impl Delivery {
 /// The credential hash of the credential header values an attempt sent.
 fn credential_hash_of(values: &[Option<HeaderValue>; 3]) -> CredentialHash {
     let mut headers = http::HeaderMap::new();
-    for (name, value) in CREDENTIAL_HEADERS.iter().zip(values) {
+    for (name, value) in CREDENTIAL_NAMES.into_iter().zip(values) {
         if let Some(v) = value {
-            headers.insert(*name, v.clone());
+            headers.insert(name, v.clone());
         }
     }
-    default_credential_hash(&headers)
+    credential_hash(&headers, &CREDENTIAL_NAMES)
 }
 
 /// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.
@@ -760,12 +754,9 @@ fn build_upstream_request(
     let headers = req.headers_mut();
     headers.clone_from(&parts.headers);
     headers::strip_hop_by_hop(headers, false);
-    for name in &headers::REBOUND_REQUEST_HEADERS {
-        headers.remove(name);
-    }
-    // The client sets `host` (HTTP/1.1) or `:authority` (HTTP/2) from the upstream URI.
-    headers.remove(http::header::HOST);
-    headers.remove(http::header::CONTENT_LENGTH);
+    // Rebound's own headers out; the client sets `host` (HTTP/1.1) or `:authority` (HTTP/2)
+    // from the upstream URI; the length is the buffered body's.
+    headers::remove_all(headers, &headers::NOT_FORWARDED);
     if body_len > 0 || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
         headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body_len));
     }

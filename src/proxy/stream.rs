@@ -68,10 +68,18 @@ pub struct StreamIdle(pub Duration);
 
 /// Fails the body when no frame arrives within `idle` of the previous one. The client connection
 /// is then aborted: a stream cut short must never look complete.
+///
+/// The timer is armed only when the upstream has nothing ready (a body that arrives whole, the
+/// common JSON case, never touches the timer wheel), and re-armed after each frame that follows a
+/// wait: the silence is measured from the moment rebound found the stream waiting, which is at
+/// most one poll after the previous frame.
 pub struct IdleTimeout<B> {
     inner: B,
     idle: Duration,
-    timer: Pin<Box<Sleep>>,
+    /// Created on the first wait; reset for every later one.
+    timer: Option<Pin<Box<Sleep>>>,
+    /// Whether `timer` counts the current wait (cleared when a frame arrives).
+    armed: bool,
 }
 
 impl<B> IdleTimeout<B> {
@@ -79,7 +87,8 @@ impl<B> IdleTimeout<B> {
         IdleTimeout {
             inner,
             idle,
-            timer: Box::pin(tokio::time::sleep(idle)),
+            timer: None,
+            armed: false,
         }
     }
 }
@@ -92,16 +101,22 @@ where
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        match Pin::new(&mut self.inner).poll_frame(cx) {
-            Poll::Ready(frame) => {
-                let deadline = tokio::time::Instant::now() + self.idle;
-                self.timer.as_mut().reset(deadline);
-                Poll::Ready(frame)
+        let this = &mut *self;
+        if let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) {
+            this.armed = false;
+            return Poll::Ready(frame);
+        }
+        if !this.armed {
+            let deadline = tokio::time::Instant::now() + this.idle;
+            match &mut this.timer {
+                Some(timer) => timer.as_mut().reset(deadline),
+                None => this.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),
             }
-            Poll::Pending => match self.timer.as_mut().poll(cx) {
-                Poll::Ready(()) => Poll::Ready(Some(Err(Box::new(StreamIdle(self.idle))))),
-                Poll::Pending => Poll::Pending,
-            },
+            this.armed = true;
+        }
+        match this.timer.as_mut().map(|timer| timer.as_mut().poll(cx)) {
+            Some(Poll::Ready(())) => Poll::Ready(Some(Err(Box::new(StreamIdle(this.idle))))),
+            _ => Poll::Pending,
         }
     }
 

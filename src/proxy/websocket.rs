@@ -31,10 +31,7 @@ pub(super) async fn pass_through<B>(
     let h = upstream_req.headers_mut();
     h.clone_from(&parts.headers);
     headers::strip_hop_by_hop(h, true);
-    for name in &headers::REBOUND_REQUEST_HEADERS {
-        h.remove(name);
-    }
-    h.remove(http::header::HOST);
+    headers::remove_all(h, &headers::NOT_FORWARDED);
     for (name, value) in &route.upstream.config.set_headers {
         h.insert(name.clone(), value.clone());
     }

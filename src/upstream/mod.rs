@@ -1,10 +1,10 @@
-//! Upstreams: a pooled hyper-util client per upstream (rustls, ALPN h2 where offered, plain
+//! Upstreams: a connection pool per upstream ([`pool`]: rustls, ALPN h2 where offered, plain
 //! `http://` too), how a forwarded request's URI is built, and how a failed attempt is named.
 //!
-//! The client's own replay of "canceled" requests stays on (hyper-util's default): it only re-sends
-//! a request whose pooled connection closed before a byte of it was written, which is safe for
-//! every method, and it is invisible to the retry engine by design.
+//! WebSocket upgrades go through a separate hyper-util client, HTTP/1.1 only: an upgraded
+//! connection leaves the pool for good.
 
+pub mod pool;
 pub mod tls;
 
 use std::time::Duration;
@@ -17,6 +17,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+pub use pool::UpstreamBody;
 use std::sync::Arc;
 
 use crate::config::UpstreamConfig;
@@ -24,16 +25,22 @@ use crate::retry::policy::Outcome;
 
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
-/// How long an idle pooled connection is kept.
-const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(90);
-
 /// A configured upstream and its connection pools.
 pub struct Upstream {
     pub config: Arc<UpstreamConfig>,
     /// HTTP/1.1 and, over TLS, HTTP/2 when the server selects it by ALPN.
-    client: HttpsClient,
+    pool: Arc<pool::Pool>,
     /// HTTP/1.1 only: for WebSocket upgrades, which HTTP/2 cannot carry as such.
     upgrade_client: HttpsClient,
+}
+
+/// Why an upstream could not be set up (at startup or reload, never per request).
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error(transparent)]
+    Tls(#[from] tls::TlsError),
+    #[error("invalid address: {0}")]
+    Address(String),
 }
 
 /// Why an attempt produced no response head.
@@ -68,13 +75,25 @@ impl AttemptError {
 
 impl Upstream {
     /// Builds the pools. Fails only on TLS setup (an unreadable `ca_file`).
-    pub fn new(config: Arc<UpstreamConfig>) -> Result<Upstream, tls::TlsError> {
+    pub fn new(config: Arc<UpstreamConfig>) -> Result<Upstream, SetupError> {
         let tls = tls::client_config(config.ca_file.as_deref())?;
-        let client = build_client(&config, tls.clone(), true);
-        let upgrade_client = build_client(&config, tls, false);
+        let origin = Uri::builder()
+            .scheme(config.scheme.clone())
+            .authority(config.authority.clone())
+            .path_and_query("/")
+            .build()
+            .map_err(|e| SetupError::Address(e.to_string()))?;
+        let host = pool::host_header(&config.scheme, &config.authority)
+            .ok_or_else(|| SetupError::Address(format!("{} is not a valid host header", config.authority)))?;
+        let pool = Arc::new(pool::Pool::new(connector(&config, tls.clone(), true), origin, host));
+        let upgrade_client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(pool::IDLE_TIMEOUT)
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .build(connector(&config, tls, false));
         Ok(Upstream {
             config,
-            client,
+            pool,
             upgrade_client,
         })
     }
@@ -96,11 +115,14 @@ impl Upstream {
     }
 
     /// Sends one attempt and waits for the response head, at most `timeout`.
-    pub async fn send(&self, req: Request<Full<Bytes>>, timeout: Duration) -> Result<Response<Incoming>, AttemptError> {
-        match tokio::time::timeout(timeout, self.client.request(req)).await {
+    pub async fn send(
+        &self,
+        req: Request<Full<Bytes>>,
+        timeout: Duration,
+    ) -> Result<Response<UpstreamBody>, AttemptError> {
+        match tokio::time::timeout(timeout, self.pool.send(req)).await {
             Err(_) => Err(AttemptError::Timeout(timeout)),
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(classify(&e)),
+            Ok(result) => result,
         }
     }
 
@@ -118,7 +140,7 @@ impl Upstream {
     }
 }
 
-fn build_client(config: &UpstreamConfig, tls: rustls::ClientConfig, allow_h2: bool) -> HttpsClient {
+fn connector(config: &UpstreamConfig, tls: rustls::ClientConfig, allow_h2: bool) -> HttpsConnector<HttpConnector> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -127,16 +149,11 @@ fn build_client(config: &UpstreamConfig, tls: rustls::ClientConfig, allow_h2: bo
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
-    let connector = if allow_h2 {
+    if allow_h2 {
         builder.enable_http1().enable_http2().wrap_connector(http)
     } else {
         builder.enable_http1().wrap_connector(http)
-    };
-    Client::builder(TokioExecutor::new())
-        .pool_idle_timeout(POOL_IDLE_TIMEOUT)
-        .pool_timer(TokioTimer::new())
-        .timer(TokioTimer::new())
-        .build(connector)
+    }
 }
 
 /// Names a client error by hyper's predicates, not by message text.

@@ -13,6 +13,7 @@ mod idempotency;
 mod idempotency_store;
 mod jobs;
 mod passthrough;
+mod pool;
 mod process;
 mod redis_plumbing;
 mod reload;

@@ -1,0 +1,276 @@
+//! One upstream's connections, on hyper's connection-level client (`hyper::client::conn`).
+//!
+//! Why not hyper-util's pooled `Client`: for every HTTP/1 response with a body it spawns a task
+//! that waits for the connection to be reusable, and every request goes through its keyed pool
+//! and checkout machinery. Here the response body itself hands its connection back when its last
+//! frame arrives, and a checkout is a `Vec::pop` under an uncontended lock. Measured on the
+//! forward path (`bench/`), this is about a third of rebound's user CPU per request.
+//!
+//! - HTTP/1.1 connections are exclusive: idle ones wait in a LIFO stack (the most recently used
+//!   first, the warmest), at most [`MAX_IDLE`], and those idle longer than [`IDLE_TIMEOUT`] are
+//!   dropped when the stack is next touched. An idle connection the upstream closes ends on its
+//!   own (its task reads the EOF).
+//! - HTTP/2 (negotiated by ALPN) is shared: one connection multiplexes every request until it
+//!   closes; then the next request opens another.
+//! - A request that could not be written because a reused connection had closed in the meantime
+//!   is sent again on another connection (hyper hands it back unsent, so this is safe for every
+//!   method). It is invisible to the retry engine, like hyper-util's own "canceled" replay.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, Uri};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::{http1, http2, TrySendError};
+use hyper_rustls::HttpsConnector;
+use hyper_util::client::legacy::connect::{Connection as _, HttpConnector};
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use tokio::time::Instant;
+use tower_service::Service as _;
+
+use super::{error_chain, refused_stream, AttemptError};
+
+type ReqBody = Full<Bytes>;
+type H1 = http1::SendRequest<ReqBody>;
+type H2 = http2::SendRequest<ReqBody>;
+
+/// Idle HTTP/1.1 connections kept per upstream, at most.
+pub const MAX_IDLE: usize = 512;
+/// How long an idle connection is kept.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The connections to one upstream.
+pub struct Pool {
+    connector: HttpsConnector<HttpConnector>,
+    /// `scheme://authority`: what the connector dials.
+    origin: Uri,
+    /// The `host` header of HTTP/1.1 requests: the authority, without a default port.
+    host: HeaderValue,
+    idle: Mutex<Vec<Idle>>,
+    h2: Mutex<Option<H2>>,
+}
+
+struct Idle {
+    sender: H1,
+    since: Instant,
+}
+
+enum Sender {
+    H1(H1),
+    H2(H2),
+}
+
+impl Pool {
+    pub fn new(connector: HttpsConnector<HttpConnector>, origin: Uri, host: HeaderValue) -> Pool {
+        Pool {
+            connector,
+            origin,
+            host,
+            idle: Mutex::new(Vec::new()),
+            h2: Mutex::new(None),
+        }
+    }
+
+    /// Sends `req` (an absolute URI) and waits for the response head.
+    pub async fn send(self: &Arc<Self>, mut req: Request<ReqBody>) -> Result<Response<UpstreamBody>, AttemptError> {
+        loop {
+            let (sender, reused) = match self.checkout().await {
+                Some(s) => (s, true),
+                // Boxed: the connect future (TLS, HTTP/2 handshake) is large and rare; inline,
+                // every request's future would carry it and be copied around with it.
+                None => (Box::pin(self.connect()).await?, false),
+            };
+            let sent = match sender {
+                Sender::H2(mut h2) => h2
+                    .try_send_request(req)
+                    .await
+                    .map(|resp| resp.map(|body| UpstreamBody::new(body, None))),
+                Sender::H1(mut h1) => {
+                    // HTTP/1.1 takes the origin form and a `host` header.
+                    if let Some(pq) = req.uri().path_and_query().cloned() {
+                        *req.uri_mut() = Uri::from(pq);
+                    }
+                    req.headers_mut().insert(http::header::HOST, self.host.clone());
+                    match h1.try_send_request(req).await {
+                        Ok(resp) => {
+                            let (parts, body) = resp.into_parts();
+                            let body = UpstreamBody::new(body, Some((self.clone(), h1)));
+                            Ok(Response::from_parts(parts, body))
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+            };
+            match sent {
+                Ok(resp) => return Ok(resp),
+                Err(e) => req = self.unsent(e, reused)?,
+            }
+        }
+    }
+
+    /// A failed send: the request back when it was never written on a reused connection (the
+    /// upstream had closed it while it was idle), else the attempt's error.
+    fn unsent(&self, mut e: TrySendError<Request<ReqBody>>, reused: bool) -> Result<Request<ReqBody>, AttemptError> {
+        match e.take_message() {
+            Some(req) if reused => {
+                tracing::debug!(error = %e.error(), "pooled connection closed before the request was written; resending");
+                lock(&self.h2).take();
+                Ok(req)
+            }
+            _ => {
+                let err = e.into_error();
+                let detail = error_chain(&err);
+                Err(if refused_stream(&err) {
+                    AttemptError::RefusedStream(detail)
+                } else {
+                    AttemptError::Reset(detail)
+                })
+            }
+        }
+    }
+
+    /// A reusable connection: the shared HTTP/2 one, else the most recently idle HTTP/1.1 one.
+    async fn checkout(&self) -> Option<Sender> {
+        {
+            let mut h2 = lock(&self.h2);
+            match h2.as_ref() {
+                Some(s) if !s.is_closed() => return Some(Sender::H2(s.clone())),
+                Some(_) => *h2 = None,
+                None => {}
+            }
+        }
+        loop {
+            let Idle { mut sender, since } = lock(&self.idle).pop()?;
+            if since.elapsed() >= IDLE_TIMEOUT {
+                continue;
+            }
+            // Ready at once, unless its connection task has yet to finish the previous exchange;
+            // an error means the upstream closed it.
+            if sender.ready().await.is_ok() {
+                return Some(Sender::H1(sender));
+            }
+        }
+    }
+
+    /// Puts an HTTP/1.1 connection back after its response ended.
+    fn checkin(&self, sender: H1) {
+        if sender.is_closed() {
+            return;
+        }
+        let now = Instant::now();
+        let mut idle = lock(&self.idle);
+        // The bottom of the stack is the longest idle: expire from there.
+        let expired = idle
+            .iter()
+            .take_while(|i| now.duration_since(i.since) >= IDLE_TIMEOUT)
+            .count();
+        idle.drain(..expired);
+        if idle.len() < MAX_IDLE {
+            idle.push(Idle { sender, since: now });
+        }
+    }
+
+    /// Opens a connection (TCP, TLS with ALPN), and speaks HTTP/2 on it if the upstream chose it.
+    async fn connect(&self) -> Result<Sender, AttemptError> {
+        let connect_failed = |detail: String| AttemptError::Connect(detail);
+        let io = self
+            .connector
+            .clone()
+            .call(self.origin.clone())
+            .await
+            .map_err(|e| connect_failed(error_chain(&*e)))?;
+        if io.connected().is_negotiated_h2() {
+            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+                .timer(TokioTimer::new())
+                .handshake(io)
+                .await
+                .map_err(|e| connect_failed(error_chain(&e)))?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
+                }
+            });
+            *lock(&self.h2) = Some(sender.clone());
+            Ok(Sender::H2(sender))
+        } else {
+            let (sender, conn) = http1::Builder::new()
+                .handshake(io)
+                .await
+                .map_err(|e| connect_failed(error_chain(&e)))?;
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "upstream connection ended with an error");
+                }
+            });
+            Ok(Sender::H1(sender))
+        }
+    }
+}
+
+/// A poisoned lock only means another request panicked mid-update of a plain list: keep going.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// An upstream response body. An HTTP/1.1 body returns its connection to the pool as soon as
+/// its last frame is in; a body dropped before its end takes the connection with it (hyper
+/// closes it: the rest of the response can never be read).
+pub struct UpstreamBody {
+    inner: Incoming,
+    give_back: Option<(Arc<Pool>, H1)>,
+}
+
+impl UpstreamBody {
+    fn new(inner: Incoming, give_back: Option<(Arc<Pool>, H1)>) -> UpstreamBody {
+        let mut body = UpstreamBody { inner, give_back };
+        if body.inner.is_end_stream() {
+            body.done();
+        }
+        body
+    }
+
+    fn done(&mut self) {
+        if let Some((pool, sender)) = self.give_back.take() {
+            pool.checkin(sender);
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(None) => self.done(),
+            Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.done(),
+            Poll::Ready(Some(Err(_))) => self.give_back = None,
+            _ => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// `host` for HTTP/1.1: the authority, without the scheme's default port (as hyper-util sets it).
+pub fn host_header(scheme: &http::uri::Scheme, authority: &http::uri::Authority) -> Option<HeaderValue> {
+    let default_port = if *scheme == http::uri::Scheme::HTTPS { 443 } else { 80 };
+    let host = match authority.port_u16() {
+        Some(port) if port != default_port => authority.as_str(),
+        _ => authority.host(),
+    };
+    HeaderValue::from_str(host).ok()
+}

@@ -4,9 +4,10 @@
 //! # Layout
 //! - [`config`]: the TOML file, typed and validated before anything binds;
 //! - [`server`]: listeners, accept loops, graceful shutdown ([`server::start`] is what tests call);
+//! - [`shutdown`]: the drain and stop signal client connections watch;
 //! - [`proxy`]: the request pipeline, top-down in one function, with header and body handling;
 //! - [`routing`]: the route table (longest prefix);
-//! - [`upstream`]: pooled hyper-util clients over rustls, and how an attempt failed;
+//! - [`upstream`]: connection pools over rustls (HTTP/1.1 and HTTP/2), and how an attempt failed;
 //! - [`retry`]: pure retry policy (backoff with jitter, Retry-After, budgets);
 //! - [`circuit`]: circuit breakers and rate-limit cooldowns per upstream, shared across the fleet;
 //! - [`jobs`]: async jobs (`Prefer: respond-async`): the queue, its workers, `/jobs/{id}`;
@@ -31,6 +32,7 @@ pub mod reload;
 pub mod retry;
 pub mod routing;
 pub mod server;
+pub mod shutdown;
 pub mod telemetry;
 pub mod time;
 pub mod upstream;

@@ -11,7 +11,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -26,6 +25,7 @@ use crate::metrics::Metrics;
 use crate::proxy::{BuildError, Proxy, Shared};
 use crate::redis::RedisHandle;
 use crate::reload::{ReloadError, Reloader};
+use crate::shutdown::ShutdownSignal;
 use arc_swap::ArcSwap;
 
 /// How long startup waits for Redis before serving without it.
@@ -189,7 +189,7 @@ async fn serve(
     drain: Drain,
     admin: &AdminState,
 ) -> Exit {
-    let graceful = GracefulShutdown::new();
+    let signal = ShutdownSignal::new();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder.http1().timer(TokioTimer::new()).keep_alive(true);
     builder.http2().timer(TokioTimer::new());
@@ -213,20 +213,14 @@ async fn serve(
             let proxy = proxy.load_full();
             async move { Ok::<_, Infallible>(proxy.handle(req).await) }
         });
-        let conn = graceful.watch(
+        let conn = signal.watch(
             builder
                 .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
                 .into_owned(),
         );
-        let hard_stop = drain.hard_stop.clone();
         drain.tasks.spawn(async move {
-            tokio::select! {
-                result = conn => {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "client connection ended with an error");
-                    }
-                }
-                _ = hard_stop.cancelled() => {}
+            if let Some(Err(e)) = conn.await {
+                tracing::debug!(error = %e, "client connection ended with an error");
             }
         });
     }
@@ -240,12 +234,8 @@ async fn serve(
         "draining"
     );
     drain.tasks.close();
-    let drained = tokio::time::timeout(drain.grace, async {
-        graceful.shutdown().await;
-        drain.tasks.wait().await;
-    })
-    .await
-    .is_ok();
+    signal.drain();
+    let drained = tokio::time::timeout(drain.grace, drain.tasks.wait()).await.is_ok();
     if drained {
         tracing::info!("drained; exiting");
         return Exit::Drained;
@@ -256,6 +246,7 @@ async fn serve(
         "shutdown grace expired; closing the remaining connections"
     );
     drain.hard_stop.cancel();
+    signal.stop();
     let _ = tokio::time::timeout(Duration::from_secs(1), drain.tasks.wait()).await;
     Exit::GraceExpired { closed }
 }

@@ -22,6 +22,7 @@ use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
+use futures_util::FutureExt as _;
 use http_body_util::Full;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -313,15 +314,17 @@ impl Proxy {
         let mut bypassed = false;
         if let Some(idem) = &route.idempotency {
             let replay = parts.extensions.get::<ReplayIdentity>();
-            let start = idem.start(
-                &parts.method,
-                parts.uri.path(),
-                parts.uri.query(),
-                &parts.headers,
-                &body,
-                replay,
-            );
-            match Box::pin(start).await {
+            match idem
+                .start(
+                    &parts.method,
+                    parts.uri.path(),
+                    parts.uri.query(),
+                    &parts.headers,
+                    &body,
+                    replay,
+                )
+                .await
+            {
                 Start::Forward { bypassed: b } => bypassed = b,
                 Start::Claimed(c) => claim = Some(c),
                 Start::Replay(stored) => return replay_response(stored, log),
@@ -345,7 +348,7 @@ impl Proxy {
         let claim = match claim {
             Some(c) if matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
             Some(c) => {
-                Box::pin(c.release()).await;
+                c.release().await;
                 None
             }
             None => None,
@@ -391,8 +394,13 @@ impl Proxy {
         let mut d = Progress::new(route.primary.name.clone());
         // The last failed response, kept while waiting: delivered if no further attempt can run.
         let mut last: Option<Response<Primed<UpstreamBody>>> = None;
+        let mut first_pass = true;
         loop {
-            let now = Instant::now();
+            let now = if std::mem::take(&mut first_pass) {
+                started
+            } else {
+                Instant::now()
+            };
             if state.deadline <= now {
                 return d.stop_before_attempt(last, Stop::Deadline, || ProxyError::Timeout {
                     upstream: route.upstream_name.to_string(),
@@ -452,8 +460,7 @@ impl Proxy {
             drop(last.take());
             state.attempts += 1;
             d.upstream = target.name.clone();
-            let result = self.attempt(route, target, req, remaining).await;
-            let received = Instant::now();
+            let (result, received) = self.attempt(route, target, req, now, remaining).await;
             let outcome = match &result {
                 Ok(resp) => Outcome::Status(resp.status()),
                 Err(e) => e.outcome(),
@@ -588,25 +595,45 @@ impl Proxy {
         route: &Route,
         target: &Target,
         req: Request<Full<Bytes>>,
+        started: Instant,
         remaining: Duration,
-    ) -> Result<Response<Primed<UpstreamBody>>, AttemptError> {
+    ) -> (Result<Response<Primed<UpstreamBody>>, AttemptError>, Instant) {
         let policy = &route.retry;
-        let started = Instant::now();
         let sent = target.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
-        target.attempts.duration.observe(started.elapsed().as_secs_f64());
-        let (parts, mut body) = sent?.into_parts();
+        let head_at = Instant::now();
+        target.attempts.duration.observe((head_at - started).as_secs_f64());
+        let (parts, mut body) = match sent {
+            Ok(resp) => resp.into_parts(),
+            Err(e) => return (Err(e), head_at),
+        };
         let mut first = None;
+        let mut received = head_at;
         if parts.status.is_success() && !body.is_end_stream() {
-            let left = remaining.saturating_sub(started.elapsed());
-            let wait = policy.first_byte_timeout.min(left);
-            first = match tokio::time::timeout(wait, body.frame()).await {
-                Err(_) => return Err(AttemptError::Timeout(wait)),
-                Ok(Some(Err(e))) => return Err(AttemptError::Reset(crate::upstream::error_chain(&e))),
+            let wait = policy
+                .first_byte_timeout
+                .min(remaining.saturating_sub(head_at - started));
+            // A small body usually came in with its head: then no timer is needed.
+            let polled = match body.frame().now_or_never() {
+                Some(frame) => Ok(frame),
+                None => {
+                    let waited = tokio::time::timeout(wait, body.frame()).await;
+                    received = Instant::now();
+                    waited
+                }
+            };
+            first = match polled {
+                Err(_) => return (Err(AttemptError::Timeout(wait)), received),
+                Ok(Some(Err(e))) => {
+                    return (
+                        Err(AttemptError::Reset(crate::upstream::error_chain(&e))),
+                        received,
+                    )
+                }
                 Ok(Some(Ok(frame))) => Some(frame),
                 Ok(None) => None,
             };
         }
-        Ok(Response::from_parts(parts, Primed::new(first, body)))
+        (Ok(Response::from_parts(parts, Primed::new(first, body))), received)
     }
 }
 

@@ -1,0 +1,108 @@
+//! The shutdown signal every client connection watches: *drain* (finish the requests in flight,
+//! take no new one) and then, if the grace runs out, *stop* (close now).
+//!
+//! A connection checks the signal each time its task wakes, which is several times per request,
+//! so the check is one atomic load. Its waker is registered once (a task's waker does not change)
+//! and woken when the signal moves. hyper-util's graceful watcher plus a cancellation token,
+//! which this replaces, took two locks on every wake-up.
+
+use std::collections::HashMap;
+use std::future::{poll_fn, Future};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Poll, Waker};
+
+use hyper_util::server::graceful::GracefulConnection;
+
+const DRAIN: u8 = 1;
+const STOP: u8 = 2;
+
+/// Sends drain and stop to every watched connection. Clones share the signal.
+#[derive(Clone, Default)]
+pub struct ShutdownSignal {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// 0 (serving), then `DRAIN`, then `STOP`: it only moves forward.
+    state: AtomicU8,
+    next_id: AtomicU64,
+    /// The waker of every connection being watched, by watch id.
+    wakers: Mutex<HashMap<u64, Waker>>,
+}
+
+impl ShutdownSignal {
+    pub fn new() -> ShutdownSignal {
+        ShutdownSignal::default()
+    }
+
+    /// Connections finish what they are serving, then close (HTTP/1.1: after the response in
+    /// flight; HTTP/2: GOAWAY).
+    pub fn drain(&self) {
+        self.advance(DRAIN);
+    }
+
+    /// Connections close now, whatever they are serving.
+    pub fn stop(&self) {
+        self.advance(STOP);
+    }
+
+    fn advance(&self, to: u8) {
+        // The store happens before the lock: a connection that registers after the wake-up
+        // below loads the new state after its own registration (under the same lock).
+        self.inner.state.fetch_max(to, Ordering::SeqCst);
+        for waker in lock(&self.inner.wakers).values() {
+            waker.wake_by_ref();
+        }
+    }
+
+    /// Serves `conn` until it ends (`Some(result)`) or the signal says stop (`None`). On drain it
+    /// asks `conn` to shut down gracefully and goes on serving it.
+    pub fn watch<C>(&self, conn: C) -> impl Future<Output = Option<C::Output>> + Send + 'static
+    where
+        C: GracefulConnection + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        async move {
+            let id = inner.next_id.fetch_add(1, Ordering::Relaxed);
+            let _registration = Registration { inner: &inner, id };
+            let mut conn = std::pin::pin!(conn);
+            let mut registered: Option<Waker> = None;
+            let mut draining = false;
+            poll_fn(|cx| {
+                if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    lock(&inner.wakers).insert(id, cx.waker().clone());
+                    registered = Some(cx.waker().clone());
+                }
+                match inner.state.load(Ordering::SeqCst) {
+                    STOP => return Poll::Ready(None),
+                    DRAIN if !draining => {
+                        draining = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                    _ => {}
+                }
+                conn.as_mut().poll(cx).map(Some)
+            })
+            .await
+        }
+    }
+}
+
+/// Removes a finished connection's waker.
+struct Registration<'a> {
+    inner: &'a Inner,
+    id: u64,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        lock(&self.inner.wakers).remove(&self.id);
+    }
+}
+
+/// A poisoned lock only means a waker call panicked: the map itself is intact.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}

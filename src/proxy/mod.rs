@@ -19,10 +19,10 @@ mod websocket;
 use std::sync::Arc;
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body::Body as _;
 use http_body_util::BodyExt as _;
-use futures_util::FutureExt as _;
 use http_body_util::Full;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -623,12 +623,7 @@ impl Proxy {
             };
             first = match polled {
                 Err(_) => return (Err(AttemptError::Timeout(wait)), received),
-                Ok(Some(Err(e))) => {
-                    return (
-                        Err(AttemptError::Reset(crate::upstream::error_chain(&e))),
-                        received,
-                    )
-                }
+                Ok(Some(Err(e))) => return (Err(AttemptError::Reset(crate::upstream::error_chain(&e))), received),
                 Ok(Some(Ok(frame))) => Some(frame),
                 Ok(None) => None,
             };
@@ -771,13 +766,12 @@ fn build_upstream_request(
     parts: &http::request::Parts,
     path: &str,
     body: Bytes,
-) -> Result<Request<Full<Bytes>>, http::Error> {
-    let uri = target.upstream.uri_for(path, parts.uri.query())?;
+) -> Result<Request<Full<Bytes>>, http::uri::InvalidUri> {
+    let uri = target.upstream.target_for(path, parts.uri.query())?;
     let body_len = body.len();
-    let mut req = Request::builder()
-        .method(parts.method.clone())
-        .uri(uri)
-        .body(Full::new(body))?;
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
     let headers = req.headers_mut();
     headers.clone_from(&parts.headers);
     headers::strip_hop_by_hop(headers, false);

@@ -114,7 +114,21 @@ impl Upstream {
             .build()
     }
 
-    /// Sends one attempt and waits for the response head, at most `timeout`.
+    /// The origin-form target (`/base/path?query`) of a forwarded request: what HTTP/1.1 sends;
+    /// the pool makes it absolute for HTTP/2.
+    pub fn target_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
+        let mut pq = String::with_capacity(self.config.base_path.len() + path.len() + 1 + query.map_or(0, str::len));
+        pq.push_str(&self.config.base_path);
+        pq.push_str(path);
+        if let Some(q) = query {
+            pq.push('?');
+            pq.push_str(q);
+        }
+        http::uri::PathAndQuery::try_from(pq).map(Uri::from)
+    }
+
+    /// Sends one attempt (its URI in origin form, from [`Upstream::target_for`]) and waits for
+    /// the response head, at most `timeout`.
     pub async fn send(
         &self,
         req: Request<Full<Bytes>>,

@@ -76,7 +76,7 @@ impl Pool {
         }
     }
 
-    /// Sends `req` (an absolute URI) and waits for the response head.
+    /// Sends `req` (its URI in origin form) and waits for the response head.
     pub async fn send(self: &Arc<Self>, mut req: Request<ReqBody>) -> Result<Response<UpstreamBody>, AttemptError> {
         loop {
             let (sender, reused) = match self.checkout().await {
@@ -86,15 +86,17 @@ impl Pool {
                 None => (Box::pin(self.connect()).await?, false),
             };
             let sent = match sender {
-                Sender::H2(mut h2) => h2
-                    .try_send_request(req)
-                    .await
-                    .map(|resp| resp.map(|body| UpstreamBody::new(body, None))),
+                Sender::H2(mut h2) => {
+                    // HTTP/2 takes the scheme and authority as pseudo-headers, from an absolute URI.
+                    if req.uri().scheme().is_none() {
+                        *req.uri_mut() = self.absolute(req.uri());
+                    }
+                    h2.try_send_request(req)
+                        .await
+                        .map(|resp| resp.map(|body| UpstreamBody::new(body, None)))
+                }
                 Sender::H1(mut h1) => {
                     // HTTP/1.1 takes the origin form and a `host` header.
-                    if let Some(pq) = req.uri().path_and_query().cloned() {
-                        *req.uri_mut() = Uri::from(pq);
-                    }
                     req.headers_mut().insert(http::header::HOST, self.host.clone());
                     match h1.try_send_request(req).await {
                         Ok(resp) => {
@@ -111,6 +113,15 @@ impl Pool {
                 Err(e) => req = self.unsent(e, reused)?,
             }
         }
+    }
+
+    /// `target` (origin form) on this upstream, as an absolute URI.
+    fn absolute(&self, target: &Uri) -> Uri {
+        let mut parts = http::uri::Parts::default();
+        parts.scheme = self.origin.scheme().cloned();
+        parts.authority = self.origin.authority().cloned();
+        parts.path_and_query = target.path_and_query().cloned();
+        Uri::from_parts(parts).unwrap_or_else(|_| target.clone())
     }
 
     /// A failed send: the request back when it was never written on a reused connection (the

@@ -5,7 +5,8 @@
 //! given back by the response body) and nothing else: no routing table, retries, breakers,
 //! timers, metrics, logs or header hygiene. What it costs per request is what any proxy built on
 //! hyper costs before it does any work of its own; rebound's figure minus this one is what its
-//! features cost.
+//! features cost. (It is standalone on purpose, not built on rebound's own pool: that pool's
+//! connector, TLS-capable, would already be part of what is measured.)
 //!
 //! ```sh
 //! cargo run --release --example hyper-floor -- --listen 127.0.0.1:18082 --upstream 127.0.0.1:19000

@@ -98,25 +98,24 @@ impl Upstream {
         })
     }
 
-    /// The upstream URI for a forwarded path (already stripped) and query.
+    /// The upstream URI for a forwarded path (already stripped) and query, absolute (for the
+    /// upgrade client).
     pub fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
-        let mut pq = String::with_capacity(self.config.base_path.len() + path.len() + 1 + query.map_or(0, str::len));
-        pq.push_str(&self.config.base_path);
-        pq.push_str(path);
-        if let Some(q) = query {
-            pq.push('?');
-            pq.push_str(q);
-        }
         Uri::builder()
             .scheme(self.config.scheme.clone())
             .authority(self.config.authority.clone())
-            .path_and_query(pq)
+            .path_and_query(self.path_and_query(path, query))
             .build()
     }
 
     /// The origin-form target (`/base/path?query`) of a forwarded request: what HTTP/1.1 sends;
     /// the pool makes it absolute for HTTP/2.
     pub fn target_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
+        http::uri::PathAndQuery::try_from(self.path_and_query(path, query)).map(Uri::from)
+    }
+
+    /// `base_path` + `path` + `?query`.
+    fn path_and_query(&self, path: &str, query: Option<&str>) -> String {
         let mut pq = String::with_capacity(self.config.base_path.len() + path.len() + 1 + query.map_or(0, str::len));
         pq.push_str(&self.config.base_path);
         pq.push_str(path);
@@ -124,7 +123,7 @@ impl Upstream {
             pq.push('?');
             pq.push_str(q);
         }
-        http::uri::PathAndQuery::try_from(pq).map(Uri::from)
+        pq
     }
 
     /// Sends one attempt (its URI in origin form, from [`Upstream::target_for`]) and waits for

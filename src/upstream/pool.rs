@@ -201,11 +201,7 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(|e| connect_failed(error_chain(&e)))?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream HTTP/2 connection ended with an error");
-                }
-            });
+            tokio::spawn(drive(conn));
             *lock(&self.h2) = Some(sender.clone());
             Ok(Sender::H2(sender))
         } else {
@@ -213,13 +209,16 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(|e| connect_failed(error_chain(&e)))?;
-            tokio::spawn(async move {
-                if let Err(e) = conn.await {
-                    tracing::debug!(error = %e, "upstream connection ended with an error");
-                }
-            });
+            tokio::spawn(drive(conn));
             Ok(Sender::H1(sender))
         }
+    }
+}
+
+/// Runs an upstream connection (its reads and writes) until it closes.
+async fn drive(conn: impl std::future::Future<Output = hyper::Result<()>>) {
+    if let Err(e) = conn.await {
+        tracing::debug!(error = %e, "upstream connection ended with an error");
     }
 }
 

@@ -267,7 +267,7 @@ impl Proxy {
         }
         // The job API (`/jobs/{id}`, `/jobs/{id}/result`), when a route is async.
         if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(req.uri().path())) {
-            return Box::pin(jobs.api(req.method(), req.uri().path(), req.headers(), log)).await;
+            return jobs.api(req.method(), req.uri().path(), req.headers(), log).await;
         }
 
         // 2. Route.
@@ -284,7 +284,7 @@ impl Proxy {
 
         // 3. WebSocket upgrades pass through.
         if headers::is_upgrade(req.headers()) {
-            return Box::pin(websocket::pass_through(&self, &route, &path, req, log)).await;
+            return websocket::pass_through(&self, &route, &path, req, log).await;
         }
 
         // 4. The request body, capped.
@@ -305,7 +305,7 @@ impl Proxy {
         // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
         if route.config.async_jobs {
             if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::wants_async(&parts)) {
-                return Box::pin(jobs.submit(&route, &parts, body, log)).await;
+                return jobs.submit(&route, &parts, body, log).await;
             }
         }
 

@@ -91,26 +91,23 @@ impl Pool {
                     if req.uri().scheme().is_none() {
                         *req.uri_mut() = self.absolute(req.uri());
                     }
-                    h2.try_send_request(req)
-                        .await
-                        .map(|resp| resp.map(|body| UpstreamBody::new(body, None)))
+                    let sent = h2.try_send_request(req).await;
+                    if sent.as_ref().is_err_and(|e| e.message().is_some()) {
+                        // The shared connection is going away: the next request opens another.
+                        lock(&self.h2).take();
+                    }
+                    sent.map(|resp| resp.map(|body| UpstreamBody::new(body, None)))
                 }
                 Sender::H1(mut h1) => {
                     // HTTP/1.1 takes the origin form and a `host` header.
                     req.headers_mut().insert(http::header::HOST, self.host.clone());
-                    match h1.try_send_request(req).await {
-                        Ok(resp) => {
-                            let (parts, body) = resp.into_parts();
-                            let body = UpstreamBody::new(body, Some((self.clone(), h1)));
-                            Ok(Response::from_parts(parts, body))
-                        }
-                        Err(e) => Err(e),
-                    }
+                    let sent = h1.try_send_request(req).await;
+                    sent.map(|resp| resp.map(|body| UpstreamBody::new(body, Some((self.clone(), h1)))))
                 }
             };
             match sent {
                 Ok(resp) => return Ok(resp),
-                Err(e) => req = self.unsent(e, reused)?,
+                Err(e) => req = Pool::unsent(e, reused)?,
             }
         }
     }
@@ -126,11 +123,10 @@ impl Pool {
 
     /// A failed send: the request back when it was never written on a reused connection (the
     /// upstream had closed it while it was idle), else the attempt's error.
-    fn unsent(&self, mut e: TrySendError<Request<ReqBody>>, reused: bool) -> Result<Request<ReqBody>, AttemptError> {
+    fn unsent(mut e: TrySendError<Request<ReqBody>>, reused: bool) -> Result<Request<ReqBody>, AttemptError> {
         match e.take_message() {
             Some(req) if reused => {
                 tracing::debug!(error = %e.error(), "pooled connection closed before the request was written; resending");
-                lock(&self.h2).take();
                 Ok(req)
             }
             _ => {

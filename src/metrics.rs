@@ -54,6 +54,13 @@ pub struct Metrics {
     /// Idempotency outcomes by route and result (`stored`, `replayed`, `conflict`, `mismatch`,
     /// `invalid`, `store_error`, `not_stored`).
     pub idempotency_requests_total: IntCounterVec,
+    /// Completions of delivered responses that did not land at the first write, by route and
+    /// result: `late` (written after the store failed to answer; duplicates meanwhile answered
+    /// from the replica that held the response) or `lost` (never written: a retry with the key
+    /// may run again).
+    pub idempotency_completions_total: IntCounterVec,
+    /// Delivered responses held by this replica until their completion is written.
+    pub idempotency_completions_pending: IntGauge,
     /// Redis command latency by operation.
     pub redis_command_duration_seconds: HistogramVec,
     /// Requests recorded as dead letters, by route and reason.
@@ -150,6 +157,18 @@ impl Metrics {
                 "idempotency_requests_total",
                 "Idempotency outcomes by route and result.",
                 &["route", "result"],
+            )?,
+            idempotency_completions_total: counter(
+                "idempotency_completions_total",
+                "Completions of delivered responses not written at the first try, by route and result (late, lost).",
+                &["route", "result"],
+            )?,
+            idempotency_completions_pending: reg(
+                r,
+                IntGauge::new(
+                    "idempotency_completions_pending",
+                    "Delivered responses held by this replica until their completion is written.",
+                )?,
             )?,
             redis_command_duration_seconds: histogram(
                 "redis_command_duration_seconds",

@@ -16,6 +16,13 @@ pub fn wall_now() -> SystemTime {
     SystemTime::now()
 }
 
+/// Wall-clock now in unix milliseconds (0 before 1970).
+pub fn unix_ms_now() -> i64 {
+    wall_now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
 /// A UTC date and time of day from unix milliseconds: `(year, month, day, hour, minute, second,
 /// millisecond)` (Howard Hinnant's `civil_from_days`).
 pub fn civil_from_unix_ms(ms: u64) -> (i64, u32, u32, u32, u32, u32, u32) {

@@ -17,6 +17,7 @@
 //! streams to the client.
 
 pub mod fingerprint;
+pub mod held;
 pub mod redis_store;
 pub mod store;
 
@@ -31,6 +32,7 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 use rand::Rng;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
@@ -38,6 +40,7 @@ use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
 use crate::proxy::body::BoxError;
+pub use held::{Held, HeldCompletion};
 pub use redis_store::RedisStore;
 pub use store::{Begin, Completion, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};
 
@@ -57,6 +60,34 @@ pub const KEPT_HEADERS: [&str; 9] = [
 
 /// The longest pause between two looks at an in-progress record while waiting.
 const MAX_WAIT_STEP: Duration = Duration::from_millis(500);
+
+/// The first and the longest pause between two tries of a write the store did not answer.
+const WRITE_RETRY_FIRST: Duration = Duration::from_millis(50);
+const WRITE_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// The most releases of unanswered claims pending at once (each a small task retrying until the
+/// store answers); past it, such a claim is left to its lease (and to the script's `not_after`).
+const MAX_ORPHAN_RELEASES: usize = 1024;
+
+/// The store and what this replica holds beside it, for the whole process (survives reloads).
+#[derive(Clone)]
+pub struct Records {
+    pub store: AnyStore,
+    /// Delivered responses whose write has not landed yet.
+    pub held: Arc<Held>,
+    /// Releases of unanswered claims in flight.
+    orphan_releases: Arc<AtomicUsize>,
+}
+
+impl Records {
+    pub fn new(store: AnyStore) -> Records {
+        Records {
+            store,
+            held: Arc::new(Held::default()),
+            orphan_releases: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
 
 /// One store for the whole process: in memory, or Redis when `[redis]` is configured.
 #[derive(Clone)]
@@ -81,13 +112,14 @@ impl Store for AnyStore {
     async fn complete(
         &self,
         key: &str,
+        fingerprint: &str,
         owner: &str,
         completion: &Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         match self {
-            AnyStore::Memory(s) => s.complete(key, owner, completion, ttl).await,
-            AnyStore::Redis(s) => s.complete(key, owner, completion, ttl).await,
+            AnyStore::Memory(s) => s.complete(key, fingerprint, owner, completion, ttl).await,
+            AnyStore::Redis(s) => s.complete(key, fingerprint, owner, completion, ttl).await,
         }
     }
     async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
@@ -102,8 +134,12 @@ impl Store for AnyStore {
 pub struct Idempotency {
     pub policy: Arc<IdempotencyPolicy>,
     store: AnyStore,
+    held: Arc<Held>,
+    orphan_releases: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
     tasks: TaskTracker,
+    /// Cancelled when the shutdown grace runs out: writes still pending give up then.
+    hard_stop: CancellationToken,
     route: Arc<str>,
 }
 
@@ -132,16 +168,26 @@ pub enum Start {
 impl Idempotency {
     pub fn new(
         policy: Arc<IdempotencyPolicy>,
-        store: AnyStore,
+        records: &Records,
         metrics: Arc<Metrics>,
         tasks: TaskTracker,
+        hard_stop: CancellationToken,
         route: Arc<str>,
     ) -> Idempotency {
+        // Exported from startup (0), so that an alert on the first lost completion can fire.
+        for result in ["late", "lost"] {
+            metrics
+                .idempotency_completions_total
+                .with_label_values(&[&*route, result]);
+        }
         Idempotency {
             policy,
-            store,
+            store: records.store.clone(),
+            held: records.held.clone(),
+            orphan_releases: records.orphan_releases.clone(),
             metrics,
             tasks,
+            hard_stop,
             route,
         }
     }
@@ -210,6 +256,11 @@ impl Idempotency {
         let record = format!("idem:{{{}:{scope}:{key_hash}}}", self.route);
         let owner = owner_token();
 
+        // A delivered response whose write has not landed yet is answered from here.
+        if let Some(held) = self.held.get(&record) {
+            return self.answer_held(&held, &fp);
+        }
+
         let waited_until = tokio::time::Instant::now() + p.wait_timeout;
         let mut step = Duration::from_millis(20);
         loop {
@@ -218,12 +269,16 @@ impl Idempotency {
                 Err(e) => {
                     self.count("store_error");
                     tracing::warn!(route = %self.route, error = %e, "idempotency store unavailable");
+                    if e.maybe_applied {
+                        // The claim may still run once the store answers: take it back then.
+                        self.release_orphan(record, owner);
+                    }
                     return match p.on_store_error {
                         OnStoreError::FailClosed => Start::Refuse(ProxyError::StoreUnavailable),
                         OnStoreError::FailOpen => Start::Forward { bypassed: true },
                     };
                 }
-                Ok(Begin::Claimed) => return Start::Claimed(self.claim(record, owner)),
+                Ok(Begin::Claimed) => return Start::Claimed(self.claim(record, owner, fp)),
                 Ok(Begin::Completed(r)) => {
                     self.count("replayed");
                     return Start::Replay(r);
@@ -252,8 +307,45 @@ impl Idempotency {
         }
     }
 
+    /// Answers a duplicate of a key whose delivered response this replica still holds.
+    fn answer_held(&self, held: &HeldCompletion, fingerprint: &str) -> Start {
+        if held.fingerprint != fingerprint {
+            self.count("mismatch");
+            return Start::Refuse(ProxyError::IdempotencyKeyReused);
+        }
+        match &held.completion {
+            Completion::Kept(r) => {
+                self.count("replayed");
+                Start::Replay(r.clone())
+            }
+            Completion::NotKept => {
+                self.count("conflict");
+                Start::Refuse(ProxyError::IdempotencyResponseNotKept)
+            }
+        }
+    }
+
+    /// Releases a claim whose reply never came (it may have run late, or its reply was lost), as
+    /// soon as the store answers again, so that it cannot hold the key for its whole lease.
+    fn release_orphan(&self, record: String, owner: String) {
+        if self.orphan_releases.fetch_add(1, Ordering::AcqRel) >= MAX_ORPHAN_RELEASES {
+            self.orphan_releases.fetch_sub(1, Ordering::AcqRel);
+            return;
+        }
+        let writer = Writer {
+            store: self.store.clone(),
+            hard_stop: self.hard_stop.clone(),
+            route: self.route.clone(),
+        };
+        let (lease, pending) = (self.policy.lease, self.orphan_releases.clone());
+        self.tasks.spawn(async move {
+            writer.release_until_answered(&record, &owner, lease, false).await;
+            pending.fetch_sub(1, Ordering::AcqRel);
+        });
+    }
+
     /// Takes ownership of a fresh claim: renews its lease until it is recorded or released.
-    fn claim(&self, record: String, owner: String) -> Claim {
+    fn claim(&self, record: String, owner: String, fingerprint: String) -> Claim {
         let stop = CancellationToken::new();
         let (store, lease, route) = (self.store.clone(), self.policy.lease, self.route.clone());
         let (key, who, token) = (record.clone(), owner.clone(), stop.clone());
@@ -277,11 +369,16 @@ impl Idempotency {
             inner: Some(ClaimInner {
                 record,
                 owner,
-                store: self.store.clone(),
+                fingerprint,
+                writer: Writer {
+                    store: self.store.clone(),
+                    hard_stop: self.hard_stop.clone(),
+                    route: self.route.clone(),
+                },
+                held: self.held.clone(),
                 policy: self.policy.clone(),
                 metrics: self.metrics.clone(),
                 tasks: self.tasks.clone(),
-                route: self.route.clone(),
                 _renewal: stop.drop_guard(),
             }),
         }
@@ -302,49 +399,172 @@ pub struct Claim {
 struct ClaimInner {
     record: String,
     owner: String,
-    store: AnyStore,
+    fingerprint: String,
+    writer: Writer,
+    held: Arc<Held>,
     policy: Arc<IdempotencyPolicy>,
     metrics: Arc<Metrics>,
     tasks: TaskTracker,
-    route: Arc<str>,
-    /// Stops the lease renewal when the claim ends.
+    /// Stops the lease renewal when the claim ends (after its write landed or was given up).
     _renewal: DropGuard,
+}
+
+/// How a write that must land (a completion, a release) ended.
+enum Written {
+    /// At the first try.
+    AtOnce,
+    /// After the store failed to answer at least once.
+    Late,
+    /// Another owner holds or completed the key (a duplicate ran), or nobody holds it any more.
+    Refused,
+    /// Given up: the shutdown grace ran out, or the time it was worth trying passed.
+    Abandoned,
+}
+
+/// Writes to the store that are retried until they land: the store answered no, or it answered.
+struct Writer {
+    store: AnyStore,
+    hard_stop: CancellationToken,
+    route: Arc<str>,
+}
+
+impl Writer {
+    /// Tries `op` until the store answers, with jittered exponential backoff, for at most `bound`
+    /// and never past the shutdown grace. `failed`: a first try already failed (pause first).
+    async fn until_answered<F, Fut>(&self, bound: Duration, mut failed: bool, mut op: F) -> Written
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Result<bool, StoreError>>,
+    {
+        let give_up = tokio::time::Instant::now() + bound;
+        let mut step = WRITE_RETRY_FIRST;
+        loop {
+            if failed {
+                let pause = step.mul_f64(rand::rng().random_range(0.5..=1.0));
+                if tokio::time::Instant::now() + pause >= give_up {
+                    return Written::Abandoned;
+                }
+                tokio::select! {
+                    _ = self.hard_stop.cancelled() => return Written::Abandoned,
+                    _ = tokio::time::sleep(pause) => {}
+                }
+                step = (step * 2).min(WRITE_RETRY_MAX);
+            }
+            match op().await {
+                Ok(true) if failed => return Written::Late,
+                Ok(true) => return Written::AtOnce,
+                Ok(false) => return Written::Refused,
+                Err(e) if !failed => {
+                    tracing::warn!(route = %self.route, error = %e, "idempotency write failed; retrying until the store answers");
+                    failed = true;
+                }
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Frees `record` for `owner`, retried until the store answers (at most `lease`: after it the
+    /// claim has lapsed anyway).
+    async fn release_until_answered(&self, record: &str, owner: &str, lease: Duration, failed: bool) -> Written {
+        let written = self
+            .until_answered(lease, failed, || self.store.release(record, owner))
+            .await;
+        if matches!(written, Written::Abandoned) {
+            tracing::warn!(route = %self.route, "idempotency release not written; the key frees when its lease ends");
+        }
+        written
+    }
 }
 
 impl ClaimInner {
     fn count(&self, result: &str) {
         self.metrics
             .idempotency_requests_total
-            .with_label_values(&[&*self.route, result])
+            .with_label_values(&[&*self.writer.route, result])
             .inc();
     }
 
+    fn count_write(&self, result: &str) {
+        self.metrics
+            .idempotency_completions_total
+            .with_label_values(&[&*self.writer.route, result])
+            .inc();
+    }
+
+    /// Frees the key, retried until the store answers (run as a task).
     async fn release(self) {
         self.count("not_stored");
-        if let Err(e) = self.store.release(&self.record, &self.owner).await {
-            // The lease lapses by itself: a retry waits at most `lease`.
-            tracing::warn!(route = %self.route, error = %e, "idempotency release failed; the key frees when its lease ends");
+        self.release_retried(false).await;
+    }
+
+    async fn release_retried(self, failed: bool) {
+        self.writer
+            .release_until_answered(&self.record, &self.owner, self.policy.lease, failed)
+            .await;
+    }
+
+    /// Frees the key with one try (a response waits for it: bounded by `command_timeout`); a try
+    /// the store does not answer goes on in the background.
+    async fn release_now(self) {
+        match self.writer.store.release(&self.record, &self.owner).await {
+            Ok(_) => self.count("not_stored"),
+            Err(e) => {
+                self.count("not_stored");
+                tracing::warn!(route = %self.writer.route, error = %e, "idempotency release failed; retrying in the background");
+                let tasks = self.tasks.clone();
+                tasks.spawn(self.release_retried(true));
+            }
         }
     }
 
+    /// Records a delivered response. A write the store does not answer is retried, the lease still
+    /// renewed, until it lands, another owner has the key, or `ttl` (or the shutdown grace) runs
+    /// out; meanwhile a duplicate reaching this replica is answered from the held response.
     async fn complete(self, completion: Completion) {
-        match self
-            .store
-            .complete(&self.record, &self.owner, &completion, self.policy.ttl)
-            .await
-        {
-            Ok(true) => self.count(if matches!(completion, Completion::Kept(_)) {
-                "stored"
-            } else {
-                "not_stored"
-            }),
-            Ok(false) => {
-                self.count("not_stored");
-                tracing::warn!(route = %self.route, "idempotency key lost before completion: the response was not stored");
-            }
+        let kept = matches!(completion, Completion::Kept(_));
+        let (record, owner, fp, ttl) = (&self.record, &self.owner, &self.fingerprint, self.policy.ttl);
+        let first = self.writer.store.complete(record, fp, owner, &completion, ttl).await;
+        let written = match first {
+            Ok(true) => Written::AtOnce,
+            Ok(false) => Written::Refused,
             Err(e) => {
+                tracing::warn!(route = %self.writer.route, error = %e, "idempotency completion not written; retrying, and answering duplicates here meanwhile");
+                let held = Arc::new(HeldCompletion {
+                    fingerprint: fp.clone(),
+                    completion,
+                });
+                if self.held.hold(record, held.clone()) {
+                    let pending = &self.metrics.idempotency_completions_pending;
+                    pending.inc();
+                    let store = &self.writer.store;
+                    let written = self
+                        .writer
+                        .until_answered(ttl, true, || store.complete(record, fp, owner, &held.completion, ttl))
+                        .await;
+                    self.held.forget(record);
+                    pending.dec();
+                    written
+                } else {
+                    Written::Abandoned
+                }
+            }
+        };
+        match written {
+            Written::AtOnce => self.count(if kept { "stored" } else { "not_stored" }),
+            Written::Late => {
+                self.count(if kept { "stored" } else { "not_stored" });
+                self.count_write("late");
+                tracing::info!(route = %self.writer.route, "idempotency completion written late");
+            }
+            Written::Refused => {
+                self.count("not_stored");
+                self.count_write("lost");
+                tracing::warn!(route = %self.writer.route, "idempotency key taken by another request before completion: the response was not stored");
+            }
+            Written::Abandoned => {
                 self.count("store_error");
-                tracing::warn!(route = %self.route, error = %e, "idempotency completion failed; the key frees when its lease ends");
+                self.count_write("lost");
+                tracing::warn!(route = %self.writer.route, "idempotency completion not written: a retry with this key may run again");
             }
         }
     }
@@ -361,7 +581,7 @@ impl Claim {
     /// Frees the key now (an outcome outside `store_statuses`, or rebound's own error).
     pub async fn release(mut self) {
         if let Some(inner) = self.inner.take() {
-            inner.release().await;
+            inner.release_now().await;
         }
     }
 

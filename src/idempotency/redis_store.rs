@@ -36,10 +36,10 @@ struct Meta {
 impl RedisStore {
     pub fn new(redis: RedisHandle) -> RedisStore {
         let scripts = Scripts {
-            begin: Script::new(include_str!("../redis/scripts/idem_begin_v1.lua")),
-            renew: Script::new(include_str!("../redis/scripts/idem_renew_v1.lua")),
-            complete: Script::new(include_str!("../redis/scripts/idem_complete_v1.lua")),
-            release: Script::new(include_str!("../redis/scripts/idem_release_v1.lua")),
+            begin: Script::new(include_str!("../redis/scripts/idem_begin_v2.lua")),
+            renew: Script::new(include_str!("../redis/scripts/idem_renew_v2.lua")),
+            complete: Script::new(include_str!("../redis/scripts/idem_complete_v2.lua")),
+            release: Script::new(include_str!("../redis/scripts/idem_release_v2.lua")),
         };
         RedisStore {
             redis,
@@ -57,7 +57,14 @@ fn ms(d: Duration) -> u64 {
 }
 
 fn err(e: crate::redis::RedisError) -> StoreError {
-    StoreError(e.to_string())
+    use crate::redis::RedisError as E;
+    // A command that timed out or lost its connection after it was sent may still run.
+    let maybe_applied = match &e {
+        E::NotConnected => false,
+        E::Timeout { .. } => true,
+        E::Command { source, .. } => source.is_io_error() || source.is_timeout(),
+    };
+    StoreError::new(e.to_string(), maybe_applied)
 }
 
 fn text(v: Option<&Value>) -> Option<String> {
@@ -69,8 +76,10 @@ fn text(v: Option<&Value>) -> Option<String> {
 }
 
 fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
-    let bad = || StoreError("unexpected reply from idem_begin_v1".into());
+    let bad = || StoreError::new("unexpected reply from idem_begin_v2", false);
     match text(reply.first()).as_deref() {
+        // Only when this replica's estimate of Redis's clock is off by more than the time left.
+        Some("late") => Err(StoreError::new("idem_begin_v2 ran after its caller gave up", false)),
         Some("claimed") => Ok(Begin::Claimed),
         Some("mismatch") => Ok(Begin::Mismatch),
         Some("not_kept") => Ok(Begin::NotKept),
@@ -105,6 +114,7 @@ impl Store for RedisStore {
     async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
         let key = self.full_key(key);
         let script = &self.scripts.begin;
+        let give_up_at = self.redis.give_up_at_ms();
         let reply: Vec<Value> = self
             .redis
             .run("idem_begin", |mut c| async move {
@@ -113,6 +123,7 @@ impl Store for RedisStore {
                     .arg(fingerprint)
                     .arg(owner)
                     .arg(ms(lease))
+                    .arg(give_up_at)
                     .invoke_async(&mut c)
                     .await
             })
@@ -124,19 +135,30 @@ impl Store for RedisStore {
     async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
         let key = self.full_key(key);
         let script = &self.scripts.renew;
+        let give_up_at = self.redis.give_up_at_ms();
         let n: i64 = self
             .redis
             .run("idem_renew", |mut c| async move {
-                script.key(&key).arg(owner).arg(ms(lease)).invoke_async(&mut c).await
+                script
+                    .key(&key)
+                    .arg(owner)
+                    .arg(ms(lease))
+                    .arg(give_up_at)
+                    .invoke_async(&mut c)
+                    .await
             })
             .await
             .map_err(err)?;
-        Ok(n == 1)
+        match n {
+            -1 => Err(StoreError::new("idem_renew_v2 ran after its caller gave up", false)),
+            n => Ok(n == 1),
+        }
     }
 
     async fn complete(
         &self,
         key: &str,
+        fingerprint: &str,
         owner: &str,
         completion: &Completion,
         ttl: Duration,
@@ -163,12 +185,13 @@ impl Store for RedisStore {
                     .arg(meta)
                     .arg(body.as_ref())
                     .arg(ms(ttl))
+                    .arg(fingerprint)
                     .invoke_async(&mut c)
                     .await
             })
             .await
             .map_err(err)?;
-        Ok(n == 1)
+        Ok(n >= 1)
     }
 
     async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {

@@ -53,8 +53,22 @@ pub enum Completion {
 
 /// The store could not answer (Redis down or slower than `command_timeout`).
 #[derive(Debug, thiserror::Error)]
-#[error("idempotency store unavailable: {0}")]
-pub struct StoreError(pub String);
+#[error("idempotency store unavailable: {message}")]
+pub struct StoreError {
+    pub message: String,
+    /// The command was sent and may still run (it timed out, or its connection broke after it
+    /// was written): a claim made this way is released once the store answers again.
+    pub maybe_applied: bool,
+}
+
+impl StoreError {
+    pub fn new(message: impl Into<String>, maybe_applied: bool) -> StoreError {
+        StoreError {
+            message: message.into(),
+            maybe_applied,
+        }
+    }
+}
 
 /// The operations the idempotency semantics need. Keys are already hashed; owners are random.
 pub trait Store: Send + Sync + 'static {
@@ -68,10 +82,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
     /// Extends `owner`'s lease; false when `owner` no longer holds the key.
     fn renew(&self, key: &str, owner: &str, lease: Duration) -> impl Future<Output = Result<bool, StoreError>> + Send;
-    /// Records the outcome, kept for `ttl`; false when `owner` no longer holds the key.
+    /// Records the outcome of a delivered response, kept for `ttl`. True when it is recorded: now,
+    /// by an earlier call of the same owner (safe to repeat), or because the record had gone
+    /// (lapsed or lost: nobody holds it, so the delivered response is what a retry must replay).
+    /// False when another owner holds or completed the key: nothing is overwritten.
     fn complete(
         &self,
         key: &str,
+        fingerprint: &str,
         owner: &str,
         completion: &Completion,
         ttl: Duration,
@@ -111,12 +129,14 @@ struct Memory {
 
 struct Entry {
     fingerprint: String,
+    /// The claim's owner; kept after completion so that a repeated completion is recognised.
+    owner: String,
     state: MemState,
     expires: Instant,
 }
 
 enum MemState {
-    InProgress { owner: String },
+    InProgress,
     Completed(StoredResponse),
     NotKept,
 }
@@ -196,7 +216,7 @@ impl Memory {
         let mut completed: Vec<(Instant, String)> = self
             .map
             .iter()
-            .filter(|(_, e)| !matches!(e.state, MemState::InProgress { .. }))
+            .filter(|(_, e)| !matches!(e.state, MemState::InProgress))
             .map(|(k, e)| (e.expires, k.clone()))
             .collect();
         completed.sort();
@@ -216,9 +236,8 @@ impl Store for MemoryStore {
             let Some(entry) = m.live(key, now) else {
                 let entry = Entry {
                     fingerprint: fingerprint.to_string(),
-                    state: MemState::InProgress {
-                        owner: owner.to_string(),
-                    },
+                    owner: owner.to_string(),
+                    state: MemState::InProgress,
                     expires: now + lease,
                 };
                 m.insert(key, entry, limits, now);
@@ -228,11 +247,11 @@ impl Store for MemoryStore {
                 return Begin::Mismatch;
             }
             match &entry.state {
-                MemState::InProgress { owner: held } if held == owner => {
+                MemState::InProgress if entry.owner == owner => {
                     entry.expires = now + lease;
                     Begin::Claimed
                 }
-                MemState::InProgress { .. } => Begin::InProgress {
+                MemState::InProgress => Begin::InProgress {
                     lease_left: entry.expires - now,
                 },
                 MemState::Completed(r) => Begin::Completed(r.clone()),
@@ -243,7 +262,7 @@ impl Store for MemoryStore {
 
     async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
         Ok(self.with(|m, now| match m.live(key, now) {
-            Some(e) if matches!(&e.state, MemState::InProgress { owner: o } if o == owner) => {
+            Some(e) if matches!(e.state, MemState::InProgress) && e.owner == owner => {
                 e.expires = now + lease;
                 true
             }
@@ -254,16 +273,19 @@ impl Store for MemoryStore {
     async fn complete(
         &self,
         key: &str,
+        fingerprint: &str,
         owner: &str,
         completion: &Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let limits = self.limits;
         Ok(self.with(|m, now| {
-            let fingerprint = match m.live(key, now) {
-                Some(e) if matches!(&e.state, MemState::InProgress { owner: o } if o == owner) => e.fingerprint.clone(),
-                _ => return false,
-            };
+            match m.live(key, now) {
+                Some(e) if e.owner != owner => return false,
+                Some(e) if !matches!(e.state, MemState::InProgress) => return true,
+                // Ours, or gone (nobody holds it): record the delivered response.
+                _ => {}
+            }
             let state = match completion {
                 Completion::Kept(r) => MemState::Completed(r.clone()),
                 Completion::NotKept => MemState::NotKept,
@@ -271,7 +293,8 @@ impl Store for MemoryStore {
             m.insert(
                 key,
                 Entry {
-                    fingerprint,
+                    fingerprint: fingerprint.to_string(),
+                    owner: owner.to_string(),
                     state,
                     expires: now + ttl,
                 },
@@ -284,7 +307,7 @@ impl Store for MemoryStore {
 
     async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
         Ok(self.with(|m, now| match m.live(key, now) {
-            Some(e) if matches!(&e.state, MemState::InProgress { owner: o } if o == owner) => {
+            Some(e) if matches!(e.state, MemState::InProgress) && e.owner == owner => {
                 m.remove(key);
                 true
             }

@@ -35,7 +35,7 @@ use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::ProxyError;
 use crate::idempotency::{
-    AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, RedisStore, ReplayIdentity, Start, StoredResponse,
+    AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, Records, RedisStore, ReplayIdentity, Start, StoredResponse,
 };
 use crate::jobs::{self, Jobs};
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics};
@@ -124,8 +124,9 @@ pub struct Shared {
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace runs out.
     pub hard_stop: CancellationToken,
-    /// The idempotency store: Redis when configured (any replica answers), else in memory.
-    pub store: AnyStore,
+    /// The idempotency store (Redis when configured: any replica answers; else in memory), and
+    /// the delivered responses this replica holds until their write lands.
+    pub store: Records,
     /// Requests that failed for good: a Redis Stream when configured, else a ring in memory.
     pub dead_letters: DeadLetters,
     /// Every upstream's breaker and cooldowns (state survives reloads).
@@ -136,11 +137,11 @@ pub struct Shared {
 
 impl Shared {
     /// The store for `redis`: Redis when configured, else a bounded map in memory (one replica).
-    pub fn store_for(redis: Option<RedisHandle>) -> AnyStore {
-        match redis {
+    pub fn store_for(redis: Option<RedisHandle>) -> Records {
+        Records::new(match redis {
             Some(r) => AnyStore::Redis(RedisStore::new(r)),
             None => AnyStore::Memory(MemoryStore::new(MemoryLimits::default())),
-        }
+        })
     }
 }
 
@@ -224,9 +225,10 @@ impl Proxy {
                     .map(|policy| {
                         Idempotency::new(
                             policy.clone(),
-                            store.clone(),
+                            &store,
                             metrics.clone(),
                             tasks.clone(),
+                            hard_stop.clone(),
                             Arc::from(r.name.as_str()),
                         )
                     }),

@@ -6,7 +6,7 @@
 //! background, and each feature decides how to degrade while [`RedisHandle::is_up`] is false.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -16,6 +16,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{redact_url, RedisConfig};
 use crate::metrics::Metrics;
+use crate::time;
 
 /// How often the supervisor pings Redis.
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
@@ -44,6 +45,9 @@ struct Inner {
     config: RedisConfig,
     conn: RwLock<Option<ConnectionManager>>,
     up: AtomicBool,
+    /// Redis's clock minus this replica's, in ms, measured by every health check (`TIME`);
+    /// `i64::MIN` until the first one answers.
+    clock_offset_ms: AtomicI64,
     metrics: Arc<Metrics>,
 }
 
@@ -61,6 +65,7 @@ impl RedisHandle {
                 config,
                 conn: RwLock::new(None),
                 up: AtomicBool::new(false),
+                clock_offset_ms: AtomicI64::new(i64::MIN),
                 metrics,
             }),
         };
@@ -90,6 +95,21 @@ impl RedisHandle {
     /// Whether the last health check answered.
     pub fn is_up(&self) -> bool {
         self.inner.up.load(Ordering::Relaxed)
+    }
+
+    /// Redis's clock now (unix ms), from this replica's clock and the offset measured by the last
+    /// health check; `None` before the first one answered. Scripts compare it with `TIME` to refuse
+    /// a command that ran after its caller gave up on it (it sat in a frozen Redis's buffer).
+    pub fn redis_now_ms(&self) -> Option<i64> {
+        let offset = self.inner.clock_offset_ms.load(Ordering::Relaxed);
+        (offset != i64::MIN).then(|| time::unix_ms_now().saturating_add(offset))
+    }
+
+    /// The instant on Redis's clock (unix ms) after which a command sent now has been given up
+    /// on: now plus `command_timeout`. 0 (no bound) while the offset is unknown.
+    pub fn give_up_at_ms(&self) -> i64 {
+        let timeout = i64::try_from(self.inner.config.command_timeout.as_millis()).unwrap_or(i64::MAX);
+        self.redis_now_ms().map_or(0, |now| now.saturating_add(timeout))
     }
 
     /// `key_prefix` + `suffix`.
@@ -167,12 +187,20 @@ impl RedisHandle {
                     }
                 }
             }
-            let healthy = self
+            // The health check is `TIME`: as cheap as `PING`, and it keeps the clock offset fresh.
+            let sent = time::unix_ms_now();
+            let reply = self
                 .run("ping", |mut c| async move {
-                    redis::cmd("PING").query_async::<String>(&mut c).await
+                    redis::cmd("TIME").query_async::<(i64, i64)>(&mut c).await
                 })
-                .await
-                .is_ok();
+                .await;
+            let healthy = reply.is_ok();
+            if let Ok((secs, micros)) = reply {
+                let received = time::unix_ms_now();
+                let theirs = secs.saturating_mul(1000).saturating_add(micros / 1000);
+                let ours = sent + (received - sent) / 2;
+                self.inner.clock_offset_ms.store(theirs - ours, Ordering::Relaxed);
+            }
             if healthy && !self.is_up() {
                 tracing::info!(redis = %url, "redis connected");
                 announced_down = false;

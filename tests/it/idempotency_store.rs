@@ -31,11 +31,11 @@ async fn contract<S: Store>(s: &S, ns: &str) {
     assert_eq!(s.begin(&k("a"), "fp2", "owner2", LEASE).await.unwrap(), Begin::Mismatch);
     // Only the owner completes.
     assert!(!s
-        .complete(&k("a"), "owner2", &Completion::Kept(response("x")), TTL)
+        .complete(&k("a"), "fp1", "owner2", &Completion::Kept(response("x")), TTL)
         .await
         .unwrap());
     assert!(s
-        .complete(&k("a"), "owner1", &Completion::Kept(response("{\"ok\":1}")), TTL)
+        .complete(&k("a"), "fp1", "owner1", &Completion::Kept(response("{\"ok\":1}")), TTL)
         .await
         .unwrap());
     assert_eq!(
@@ -43,9 +43,36 @@ async fn contract<S: Store>(s: &S, ns: &str) {
         Begin::Completed(response("{\"ok\":1}"))
     );
     assert_eq!(s.begin(&k("a"), "fp2", "owner3", LEASE).await.unwrap(), Begin::Mismatch);
-    // A completed record cannot be completed or released again, even by its old owner.
-    assert!(!s.complete(&k("a"), "owner1", &Completion::NotKept, TTL).await.unwrap());
+    // Completing again is acknowledged for the owner whose completion landed (a retried write
+    // whose first reply was lost) but overwrites nothing; a completed record is never released.
+    assert!(s
+        .complete(&k("a"), "fp1", "owner1", &Completion::NotKept, TTL)
+        .await
+        .unwrap());
+    assert!(!s
+        .complete(&k("a"), "fp1", "owner2", &Completion::NotKept, TTL)
+        .await
+        .unwrap());
+    assert_eq!(
+        s.begin(&k("a"), "fp1", "owner3", LEASE).await.unwrap(),
+        Begin::Completed(response("{\"ok\":1}"))
+    );
     assert!(!s.release(&k("a"), "owner1").await.unwrap());
+
+    // A delivered response whose claim is gone (lapsed while the store was unreachable, or the
+    // store restarted empty) is recorded: nobody holds the key, and a retry must replay it.
+    assert!(s
+        .complete(&k("gone"), "fpg", "o1", &Completion::Kept(response("delivered")), TTL)
+        .await
+        .unwrap());
+    assert_eq!(
+        s.begin(&k("gone"), "fpg", "o2", LEASE).await.unwrap(),
+        Begin::Completed(response("delivered"))
+    );
+    assert_eq!(
+        s.begin(&k("gone"), "other", "o2", LEASE).await.unwrap(),
+        Begin::Mismatch
+    );
 
     // Release frees the key for the next claim; only the owner releases.
     assert_eq!(s.begin(&k("b"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
@@ -55,7 +82,10 @@ async fn contract<S: Store>(s: &S, ns: &str) {
 
     // Not kept.
     assert_eq!(s.begin(&k("c"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
-    assert!(s.complete(&k("c"), "o1", &Completion::NotKept, TTL).await.unwrap());
+    assert!(s
+        .complete(&k("c"), "fp", "o1", &Completion::NotKept, TTL)
+        .await
+        .unwrap());
     assert_eq!(s.begin(&k("c"), "fp", "o2", LEASE).await.unwrap(), Begin::NotKept);
 
     // A lease that is not renewed lapses; a renewed one holds; a stale owner cannot renew.
@@ -80,11 +110,11 @@ async fn contract<S: Store>(s: &S, ns: &str) {
     );
     // The stale owner of d cannot complete over the new owner.
     assert!(!s
-        .complete(&k("d"), "o1", &Completion::Kept(response("stale")), TTL)
+        .complete(&k("d"), "fp", "o1", &Completion::Kept(response("stale")), TTL)
         .await
         .unwrap());
     assert!(s
-        .complete(&k("d"), "o2", &Completion::Kept(response("fresh")), TTL)
+        .complete(&k("d"), "fp", "o2", &Completion::Kept(response("fresh")), TTL)
         .await
         .unwrap());
     assert_eq!(
@@ -100,7 +130,7 @@ async fn contract<S: Store>(s: &S, ns: &str) {
     };
     assert_eq!(s.begin(&k("f"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
     assert!(s
-        .complete(&k("f"), "o1", &Completion::Kept(bin.clone()), TTL)
+        .complete(&k("f"), "fp", "o1", &Completion::Kept(bin.clone()), TTL)
         .await
         .unwrap());
     assert_eq!(
@@ -155,7 +185,7 @@ async fn memory_store_stays_within_its_bounds() {
         let key = format!("k{i}");
         assert_eq!(s.begin(&key, "fp", "o", TTL).await.unwrap(), Begin::Claimed);
         assert!(s
-            .complete(&key, "o", &Completion::Kept(response("body")), TTL)
+            .complete(&key, "fp", "o", &Completion::Kept(response("body")), TTL)
             .await
             .unwrap());
     }
@@ -165,4 +195,76 @@ async fn memory_store_stays_within_its_bounds() {
         s.begin("k999", "fp", "o2", TTL).await.unwrap(),
         Begin::Completed(_)
     ));
+}
+
+/// The scripts refuse a claim or a renewal that runs after its caller gave up on it (`not_after`
+/// on Redis's clock): such a command sat in a frozen Redis's socket buffer and must change nothing.
+#[tokio::test]
+async fn redis_scripts_refuse_a_claim_or_renewal_that_runs_too_late() {
+    let redis = RedisServer::start();
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let begin = ::redis::Script::new(include_str!("../../src/redis/scripts/idem_begin_v2.lua"));
+    let renew = ::redis::Script::new(include_str!("../../src/redis/scripts/idem_renew_v2.lua"));
+    let (secs, micros): (i64, i64) = ::redis::cmd("TIME").query_async(&mut c).await.unwrap();
+    let now_ms = secs * 1000 + micros / 1000;
+
+    let late: Vec<String> = begin
+        .key("idem:{late}")
+        .arg("fp")
+        .arg("o1")
+        .arg(30_000)
+        .arg(now_ms - 1)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(late, vec!["late".to_string()]);
+    let exists: i64 = ::redis::cmd("EXISTS")
+        .arg("idem:{late}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(exists, 0, "a late claim leaves nothing behind");
+
+    // In time: claimed. A late renewal does not extend the lease; one in time does.
+    let claimed: Vec<String> = begin
+        .key("idem:{late}")
+        .arg("fp")
+        .arg("o1")
+        .arg(30_000)
+        .arg(now_ms + 60_000)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(claimed, vec!["claimed".to_string()]);
+    let _: () = ::redis::cmd("PEXPIRE")
+        .arg("idem:{late}")
+        .arg(5_000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let n: i64 = renew
+        .key("idem:{late}")
+        .arg("o1")
+        .arg(30_000)
+        .arg(now_ms - 1)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n, -1);
+    let pttl: i64 = ::redis::cmd("PTTL")
+        .arg("idem:{late}")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    assert!(pttl <= 5_000, "the late renewal changed nothing: {pttl}");
+    let n: i64 = renew
+        .key("idem:{late}")
+        .arg("o1")
+        .arg(30_000)
+        .arg(0)
+        .invoke_async(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
 }

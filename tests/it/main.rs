@@ -10,6 +10,7 @@ mod circuit_shared;
 mod config_files;
 mod dead_letters;
 mod idempotency;
+mod idempotency_faults;
 mod idempotency_store;
 mod jobs;
 mod passthrough;

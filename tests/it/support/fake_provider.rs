@@ -54,6 +54,8 @@ pub enum Step {
     Reset,
     /// Wait this long before answering normally.
     Delay { ms: u64 },
+    /// Wait this long, then answer with this status and an OpenAI-shaped error body.
+    StatusAfter { ms: u64, status: u16 },
     /// Send the response head, then never send a body byte.
     Stall,
     /// Send the head and the first SSE chunk, then abort the stream.
@@ -285,6 +287,13 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         .and_then(|v| v.get("stream").and_then(|s| s.as_bool()))
         .unwrap_or(false);
 
+    let step = match step {
+        Some(Step::StatusAfter { ms, status }) => {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Some(Step::status(status))
+        }
+        other => other,
+    };
     match step {
         Some(Step::Status { status, headers, body }) => {
             let mut resp = Response::builder()
@@ -300,6 +309,7 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
         }
         Some(Step::Reset) => return Err(ResetConnection),
         Some(Step::Delay { ms }) => tokio::time::sleep(Duration::from_millis(ms)).await,
+        Some(Step::StatusAfter { .. }) => {}
         Some(Step::Stall) => {
             let stream = futures_util::stream::pending::<Result<Frame<Bytes>, std::io::Error>>();
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));

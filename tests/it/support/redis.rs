@@ -32,6 +32,23 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", free_port())
     }
 
+    /// Freezes the server (SIGSTOP): connections stay open, commands sit in its socket buffers
+    /// and run when it is thawed, as with a Redis stalled by a long command, swap or a VM pause.
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Resumes a frozen server (SIGCONT).
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.as_ref().expect("running").id().to_string();
+        let ok = Command::new("kill").args([sig, &pid]).status().expect("kill").success();
+        assert!(ok, "kill {sig} {pid}");
+    }
+
     /// Stops the server (its data is gone: nothing is persisted).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {

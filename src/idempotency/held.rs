@@ -1,0 +1,145 @@
+//! Completions this replica delivered but has not yet written to the store (Redis did not answer
+//! in time). Until the write lands, a duplicate of the key that reaches this replica is answered
+//! from here, never run again; other replicas see the original's claim, still renewed, and wait.
+//!
+//! Bounded: at most [`MAX_ENTRIES`] completions and [`MAX_BYTES`] of responses. A completion that
+//! finds it full is not held: it gets the single write it always had, and is counted as lost when
+//! that fails (`rebound_idempotency_completions_total{result="lost"}`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::store::Completion;
+
+/// The most completions held at once.
+pub const MAX_ENTRIES: usize = 10_000;
+/// The most response bytes held at once.
+pub const MAX_BYTES: usize = 64 << 20;
+
+/// A delivered response waiting for its write.
+#[derive(Debug)]
+pub struct HeldCompletion {
+    pub fingerprint: String,
+    pub completion: Completion,
+}
+
+impl HeldCompletion {
+    fn size(&self) -> usize {
+        let body = match &self.completion {
+            Completion::Kept(r) => r.body.len() + r.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
+            Completion::NotKept => 0,
+        };
+        body + self.fingerprint.len() + 128
+    }
+}
+
+/// The process's held completions, by record key (shared by every route and survives reloads).
+#[derive(Default)]
+pub struct Held {
+    map: Mutex<HeldMap>,
+    /// Entries held; read without the lock so that the common case (nothing held) costs one load.
+    len: AtomicUsize,
+}
+
+#[derive(Default)]
+struct HeldMap {
+    map: HashMap<String, Arc<HeldCompletion>>,
+    bytes: usize,
+}
+
+impl Held {
+    /// The completion held for `record`, if any.
+    pub fn get(&self, record: &str) -> Option<Arc<HeldCompletion>> {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        let m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        m.map.get(record).cloned()
+    }
+
+    /// Holds `completion` for `record`; false (nothing held) when the bounds are reached.
+    pub fn hold(&self, record: &str, completion: Arc<HeldCompletion>) -> bool {
+        let size = completion.size();
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if m.map.len() >= MAX_ENTRIES || m.bytes + size > MAX_BYTES {
+            return false;
+        }
+        if let Some(old) = m.map.insert(record.to_string(), completion) {
+            m.bytes = m.bytes.saturating_sub(old.size());
+        }
+        m.bytes += size;
+        self.len.store(m.map.len(), Ordering::Release);
+        true
+    }
+
+    /// Lets go of `record`'s completion (written, or given up).
+    pub fn forget(&self, record: &str) {
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(old) = m.map.remove(record) {
+            m.bytes = m.bytes.saturating_sub(old.size());
+        }
+        self.len.store(m.map.len(), Ordering::Release);
+    }
+
+    /// Completions held now.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Acquire)
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::idempotency::StoredResponse;
+    use bytes::Bytes;
+
+    fn held(body: usize) -> Arc<HeldCompletion> {
+        Arc::new(HeldCompletion {
+            fingerprint: "fp".into(),
+            completion: Completion::Kept(StoredResponse {
+                status: 200,
+                headers: vec![],
+                body: Bytes::from(vec![b'x'; body]),
+            }),
+        })
+    }
+
+    #[test]
+    fn holds_until_forgotten() {
+        let h = Held::default();
+        assert!(h.get("a").is_none());
+        assert!(h.hold("a", held(10)));
+        assert_eq!(h.len(), 1);
+        assert!(h.get("a").is_some());
+        assert!(h.get("b").is_none());
+        h.forget("a");
+        assert!(h.get("a").is_none());
+        assert!(h.is_empty());
+    }
+
+    #[test]
+    fn refuses_past_its_bytes() {
+        let h = Held::default();
+        assert!(h.hold("a", held(MAX_BYTES / 2)));
+        assert!(!h.hold("b", held(MAX_BYTES / 2 + 1)), "over the byte bound");
+        assert!(h.get("b").is_none());
+        h.forget("a");
+        assert!(h.hold("b", held(MAX_BYTES / 2 + 1)), "room again");
+    }
+
+    #[test]
+    fn refuses_past_its_entries() {
+        let h = Held::default();
+        for i in 0..MAX_ENTRIES {
+            assert!(h.hold(&i.to_string(), held(1)));
+        }
+        assert!(!h.hold("one more", held(1)));
+        assert_eq!(h.len(), MAX_ENTRIES);
+    }
+}

@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::DeadLettersConfig;
 use crate::metrics::Metrics;
-use crate::proxy::headers::SENSITIVE;
 use crate::redis::RedisHandle;
+use crate::wire::headers::SENSITIVE;
 
 /// One attempt, as the entry shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -2,7 +2,10 @@
 //! `x-should-retry`. The body is both an RFC 9457 problem and the `{"error": {...}}` shape the
 //! OpenAI and Anthropic SDKs parse.
 
-use http::StatusCode;
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::wire::body::{Delivered, ProxyBody, RequestLog};
+use crate::wire::headers;
 
 /// A failure rebound answers for itself (an upstream's own response is passed through instead).
 #[derive(Debug, thiserror::Error)]
@@ -185,6 +188,28 @@ impl ProxyError {
         })
         .to_string()
     }
+}
+
+/// Rebound's own error: JSON body, `x-rebound-error`, `x-should-retry`.
+pub fn error_response(err: ProxyError, log: RequestLog) -> Response<ProxyBody> {
+    let status = err.status();
+    let mut resp = Response::new(ProxyBody::full(err.body(), log, status.as_u16()));
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    h.insert(headers::X_REBOUND_ERROR, HeaderValue::from_static(err.code()));
+    h.insert(
+        headers::X_SHOULD_RETRY,
+        HeaderValue::from_static(if err.should_retry() { "true" } else { "false" }),
+    );
+    if let Some(after) = err.retry_after() {
+        h.insert(http::header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
+    }
+    resp.extensions_mut().insert(Delivered {
+        attempts: 0,
+        error: Some(err.code()),
+    });
+    resp
 }
 
 #[cfg(test)]

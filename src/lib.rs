@@ -15,7 +15,8 @@
 //! - [`admin`]: `/healthz`, `/readyz`, `/metrics`;
 //! - [`metrics`]: every metric, defined once on an owned registry;
 //! - [`error`]: rebound's own errors and their one mapping to responses;
-//! - [`telemetry`]: the log subscriber.
+//! - [`telemetry`]: the log subscriber;
+//! - [`wire`]: the HTTP vocabulary every layer shares (header names and hygiene, body types).
 
 pub mod admin;
 pub mod circuit;
@@ -36,6 +37,7 @@ pub mod shutdown;
 pub mod telemetry;
 pub mod time;
 pub mod upstream;
+pub mod wire;
 
 pub use config::Config;
 pub use server::{start, Exit, Server};

@@ -9,6 +9,7 @@
 //! pipeline does not use them yet, so that a config that loads today keeps loading.
 
 pub mod interpolate;
+pub mod jitter;
 pub mod raw;
 pub mod units;
 pub mod validate;
@@ -26,7 +27,7 @@ use http::{HeaderName, HeaderValue};
 
 pub use error::{ConfigError, ConfigErrors};
 
-use crate::retry::backoff::Jitter;
+pub use jitter::Jitter;
 
 /// The whole validated configuration.
 #[derive(Debug, Clone)]

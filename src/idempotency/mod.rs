@@ -39,7 +39,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
-use crate::proxy::body::BoxError;
+use crate::wire::body::BoxError;
 pub use held::{Held, HeldCompletion};
 pub use redis_store::RedisStore;
 pub use store::{Begin, Completion, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};

@@ -34,8 +34,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
 use bytes::Bytes;
+use futures_util::future::BoxFuture;
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt as _, Full, Limited};
 use rand::Rng as _;
@@ -45,12 +45,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, JobsConfig};
+use crate::error::error_response;
 use crate::error::ProxyError;
 use crate::idempotency::fingerprint::{self, digest};
+use crate::idempotency::Idempotency;
 use crate::metrics::Metrics;
-use crate::proxy::body::{ProxyBody, RequestLog};
-use crate::proxy::{error_response, headers as hygiene, Proxy, Route};
 use crate::redis::RedisHandle;
+use crate::wire::body::{Delivered, ProxyBody, RequestLog};
+use crate::wire::headers as hygiene;
 use callback::Callbacks;
 use memory::MemoryQueue;
 use record::{CallbackView, Finished, JobResult, JobState, NewJob, StoredRequest, Submitted};
@@ -82,6 +84,14 @@ const REDIS_BACKOFF: Duration = Duration::from_secs(1);
 /// How often consumers of departed processes are looked for, and how idle they must be.
 const DEPARTED_EVERY: Duration = Duration::from_secs(300);
 const DEPARTED_IDLE: Duration = Duration::from_secs(3600);
+
+/// The request pipeline as the job workers see it. Jobs defines it and the server injects it (the
+/// proxy implements it), so that the dependency runs one way: the pipeline uses jobs, never the
+/// reverse. A run answers like any request; its [`Delivered`] extension says what it cost.
+pub trait Pipeline: Send + Sync + 'static {
+    /// Runs `req` through the pipeline of the configuration in force now.
+    fn run(&self, req: Request<Full<Bytes>>) -> BoxFuture<'static, Response<ProxyBody>>;
+}
 
 /// Marks a request run by a job worker (it is never queued again; dead letters name the job).
 #[derive(Debug, Clone)]
@@ -154,7 +164,7 @@ enum Backend {
 }
 
 struct RuntimeParts {
-    proxy: Arc<ArcSwap<Proxy>>,
+    pipeline: Arc<dyn Pipeline>,
     tasks: TaskTracker,
     draining: CancellationToken,
     stop: CancellationToken,
@@ -201,14 +211,14 @@ impl Jobs {
     /// an async route is configured, else when a reload brings one.
     pub fn start(
         &self,
-        proxy: Arc<ArcSwap<Proxy>>,
+        pipeline: Arc<dyn Pipeline>,
         tasks: &TaskTracker,
         draining: CancellationToken,
         stop: CancellationToken,
     ) {
         if let Ok(mut slot) = self.inner.runtime.lock() {
             *slot = Some(RuntimeParts {
-                proxy,
+                pipeline,
                 tasks: tasks.clone(),
                 draining,
                 stop,
@@ -229,7 +239,7 @@ impl Jobs {
         let workers = self.inner.config.workers;
         let rt = Arc::new(Runtime {
             jobs: self.clone(),
-            proxy: parts.proxy,
+            pipeline: parts.pipeline,
             callbacks: Callbacks::new(),
             stop: parts.stop,
             consumer: consumer_name(),
@@ -268,7 +278,8 @@ impl Jobs {
     /// rebound's error (400 callback or key, 422 key reused, 503 queue full or store down).
     pub async fn submit(
         &self,
-        route: &Route,
+        route: &str,
+        idempotency: Option<&Idempotency>,
         parts: &http::request::Parts,
         body: Bytes,
         log: RequestLog,
@@ -292,11 +303,7 @@ impl Jobs {
         // Same key, same tenant: same job id. The identity (hashes only) goes with the job so
         // that every run claims the same idempotency record.
         let mut keyed = None;
-        if let Some(idem) = route
-            .idempotency
-            .as_ref()
-            .filter(|_| matches!(parts.method, Method::POST | Method::PATCH))
-        {
+        if let Some(idem) = idempotency.filter(|_| matches!(parts.method, Method::POST | Method::PATCH)) {
             match fingerprint::request_key(&parts.headers, &idem.policy.header) {
                 None if idem.policy.require_key => {
                     let header = idem.policy.header.to_string();
@@ -323,7 +330,7 @@ impl Jobs {
             Some((key, identity)) => {
                 let id = digest(&[
                     b"rebound-job-v1",
-                    route.name.as_bytes(),
+                    route.as_bytes(),
                     identity.scope.as_bytes(),
                     key.as_bytes(),
                 ])[..32]
@@ -334,7 +341,7 @@ impl Jobs {
         };
 
         // Credentials and the raw idempotency key are sealed (Redis), the rest kept as sent.
-        let key_header = route.idempotency.as_ref().map(|i| &i.policy.header);
+        let key_header = idempotency.map(|i| &i.policy.header);
         let mut kept = parts.headers.clone();
         hygiene::strip_hop_by_hop(&mut kept, false);
         let (mut headers, mut credentials) = (Vec::new(), Vec::new());
@@ -352,7 +359,7 @@ impl Jobs {
         }
         let job = NewJob {
             id: id.clone(),
-            route: route.name.to_string(),
+            route: route.to_string(),
             fingerprint,
             access: access_of(&parts.headers),
             created_ms: record::now_ms(),
@@ -388,18 +395,18 @@ impl Jobs {
         };
         match submitted {
             Ok(Submitted::Queued) => {
-                self.count(&route.name, "queued");
-                tracing::debug!(route = %route.name, job = %id, "job queued");
+                self.count(route, "queued");
+                tracing::debug!(route = %route, job = %id, "job queued");
                 accepted(&id, JobState::Queued, false, log)
             }
             Ok(Submitted::Exists(state)) => {
-                self.count(&route.name, "deduplicated");
+                self.count(route, "deduplicated");
                 accepted(&id, state, true, log)
             }
             Ok(Submitted::Mismatch) => error_response(ProxyError::IdempotencyKeyReused, log),
             Ok(Submitted::Full) => {
-                self.count(&route.name, "rejected");
-                tracing::warn!(route = %route.name, max_queue = config.max_queue, "job queue full; submission refused");
+                self.count(route, "rejected");
+                tracing::warn!(route = %route, max_queue = config.max_queue, "job queue full; submission refused");
                 error_response(
                     ProxyError::QueueFull {
                         max_queue: config.max_queue,
@@ -408,8 +415,8 @@ impl Jobs {
                 )
             }
             Err(e) => {
-                self.count(&route.name, "rejected");
-                tracing::warn!(route = %route.name, error = %e, "job store unavailable; submission refused");
+                self.count(route, "rejected");
+                tracing::warn!(route = %route, error = %e, "job store unavailable; submission refused");
                 error_response(ProxyError::JobsUnavailable, log)
             }
         }
@@ -556,7 +563,7 @@ fn owner_token() -> String {
 /// What the workers share.
 struct Runtime {
     jobs: Jobs,
-    proxy: Arc<ArcSwap<Proxy>>,
+    pipeline: Arc<dyn Pipeline>,
     callbacks: Callbacks,
     /// Abandons running jobs (shutdown).
     stop: CancellationToken,
@@ -903,14 +910,10 @@ impl Runtime {
         if let Some(identity) = stored.identity {
             req.extensions_mut().insert(identity);
         }
-        let resp = self.proxy.load_full().handle(req).await;
+        let resp = self.pipeline.run(req).await;
         let status = resp.status().as_u16();
-        let attempts = resp
-            .headers()
-            .get("x-rebound-attempts")
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        let delivered = resp.extensions().get::<Delivered>().copied().unwrap_or_default();
+        let attempts = delivered.attempts;
         let headers: Vec<(String, String)> = resp
             .headers()
             .iter()
@@ -919,11 +922,7 @@ impl Runtime {
             })
             .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
             .collect();
-        let rebound_error = resp
-            .headers()
-            .get("x-rebound-error")
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_string);
+        let rebound_error = delivered.error.map(str::to_string);
         let state = if status < 400 {
             JobState::Succeeded
         } else {

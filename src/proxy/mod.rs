@@ -11,8 +11,6 @@
 //!
 //! Later stages (idempotency, circuit and cooldown, the retry loop) slot in between 4 and 6.
 
-pub mod body;
-pub mod headers;
 pub mod stream;
 mod websocket;
 
@@ -33,7 +31,7 @@ use std::time::Duration;
 use crate::circuit::{credential_hash, release_delay, Attempt, Circuits, CredentialHash, CREDENTIAL_NAMES};
 use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
-use crate::error::ProxyError;
+use crate::error::{error_response, ProxyError};
 use crate::idempotency::{
     AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, Records, RedisStore, ReplayIdentity, Start, StoredResponse,
 };
@@ -45,7 +43,8 @@ use crate::retry::{self, Backoff, RetryBudget};
 use crate::routing::{forwarded_path, RouteTable};
 use crate::time;
 use crate::upstream::{AttemptError, Upstream, UpstreamBody};
-use body::{BodyError, ProxyBody, RequestLog};
+use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
+use crate::wire::headers;
 use stream::{IdleTimeout, Primed};
 
 /// A route with everything it refers to resolved.
@@ -142,6 +141,14 @@ impl Shared {
             Some(r) => AnyStore::Redis(RedisStore::new(r)),
             None => AnyStore::Memory(MemoryStore::new(MemoryLimits::default())),
         })
+    }
+}
+
+/// The job workers run their requests through the configuration in force when each one starts.
+impl jobs::Pipeline for arc_swap::ArcSwap<Proxy> {
+    fn run(&self, req: Request<Full<Bytes>>) -> futures_util::future::BoxFuture<'static, Response<ProxyBody>> {
+        let proxy = self.load_full();
+        Box::pin(proxy.handle(req))
     }
 }
 
@@ -291,6 +298,7 @@ impl Proxy {
 
         // 4. The request body, capped.
         let (parts, body) = req.into_parts();
+        let job_run = parts.extensions.get::<jobs::JobRun>().is_some();
         let body = match body::read_capped(body, &parts.headers, self.max_request_body).await {
             Ok(b) => b,
             Err(BodyError::TooLarge) => {
@@ -307,7 +315,9 @@ impl Proxy {
         // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
         if route.config.async_jobs {
             if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::wants_async(&parts)) {
-                return jobs.submit(&route, &parts, body, log).await;
+                return jobs
+                    .submit(&route.name, route.idempotency.as_ref(), &parts, body, log)
+                    .await;
             }
         }
 
@@ -358,12 +368,20 @@ impl Proxy {
         let attempts = delivery.attempts.len() as u32;
         let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
         let mut resp = match delivery.result {
-            Ok(resp) => upstream_response(resp, &route, attempts, outcome, claim, log),
+            Ok(resp) => {
+                let mut resp = upstream_response(resp, &route, attempts, outcome, claim, log);
+                if job_run {
+                    resp.extensions_mut().insert(Delivered { attempts, error: None });
+                }
+                resp
+            }
             Err(err) => {
+                let error = Some(err.code());
                 let mut resp = error_response(err, log);
                 if attempts > 0 {
                     resp.headers_mut()
                         .insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(attempts));
+                    resp.extensions_mut().insert(Delivered { attempts, error });
                 }
                 resp
             }
@@ -848,23 +866,5 @@ fn replay_response(stored: StoredResponse, log: RequestLog) -> Response<ProxyBod
     }
     h.insert(headers::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     h.insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(0u32));
-    resp
-}
-
-/// Rebound's own error: JSON body, `x-rebound-error`, `x-should-retry`.
-pub fn error_response(err: ProxyError, log: RequestLog) -> Response<ProxyBody> {
-    let status = err.status();
-    let mut resp = Response::new(ProxyBody::full(err.body(), log, status.as_u16()));
-    *resp.status_mut() = status;
-    let h = resp.headers_mut();
-    h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    h.insert(headers::X_REBOUND_ERROR, HeaderValue::from_static(err.code()));
-    h.insert(
-        headers::X_SHOULD_RETRY,
-        HeaderValue::from_static(if err.should_retry() { "true" } else { "false" }),
-    );
-    if let Some(after) = err.retry_after() {
-        h.insert(http::header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
-    }
     resp
 }

@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use tokio::time::Sleep;
 
-use super::body::BoxError;
+use crate::wire::body::BoxError;
 
 /// A body whose first frame was already read.
 pub struct Primed<B> {

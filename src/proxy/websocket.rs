@@ -8,9 +8,11 @@ use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 
-use super::body::{ProxyBody, RequestLog};
-use super::{attempt_error, error_response, headers, upstream_response, Proxy, Route};
+use super::{attempt_error, upstream_response, Proxy, Route};
+use crate::error::error_response;
 use crate::error::ProxyError;
+use crate::wire::body::{ProxyBody, RequestLog};
+use crate::wire::headers;
 
 pub(super) async fn pass_through<B>(
     proxy: &Proxy,

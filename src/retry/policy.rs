@@ -280,7 +280,7 @@ impl RetryState {
 /// `x-stainless-read-timeout` (seconds: the SDK gives up then, so retrying past it is waste).
 /// Unparseable values are ignored.
 pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> (u32, Duration) {
-    use crate::proxy::headers::{
+    use crate::wire::headers::{
         X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_STAINLESS_READ_TIMEOUT, X_STAINLESS_TIMEOUT,
     };
     let value = |name: &http::HeaderName| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
@@ -307,7 +307,7 @@ pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> (u32, 
 /// it then counts against the retry budget, so that two layers cannot multiply an outage.
 pub fn is_sdk_retry(headers: &http::HeaderMap) -> bool {
     headers
-        .get(crate::proxy::headers::X_STAINLESS_RETRY_COUNT)
+        .get(crate::wire::headers::X_STAINLESS_RETRY_COUNT)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.trim().parse::<u32>().ok())
         .is_some_and(|n| n > 0)

@@ -5,6 +5,7 @@
 mod support;
 
 mod admin;
+mod architecture;
 mod circuit;
 mod circuit_shared;
 mod config_files;

@@ -15,6 +15,15 @@ use tokio::time::Instant;
 
 use crate::metrics::{Metrics, RouteMetrics};
 
+/// What the pipeline delivered, as a response extension, for a caller inside the process (a job
+/// worker) that needs it typed rather than read back from `x-rebound-*` headers: the upstream
+/// attempts made, and rebound's own error code when rebound answered for itself.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Delivered {
+    pub attempts: u32,
+    pub error: Option<&'static str>,
+}
+
 /// The error type of bodies rebound streams.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 

@@ -1,0 +1,9 @@
+//! The HTTP vocabulary every layer shares, and nothing else: header names and header hygiene
+//! ([`headers`]), the body types and the per-request log that rides on a response body ([`body`]).
+//!
+//! A leaf: it imports only [`crate::metrics`] (the request log counts the response when its body
+//! ends). The pipeline, jobs, dead letters, idempotency and the retry policy all use it; it never
+//! uses them.
+
+pub mod body;
+pub mod headers;

@@ -546,7 +546,6 @@ fn id_order(id: &str) -> (u64, u64) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn entry(route: &str, reason: &str, t: u64) -> DeadLetter {

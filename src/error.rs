@@ -214,7 +214,6 @@ pub fn error_response(err: ProxyError, log: RequestLog) -> Response<ProxyBody> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]

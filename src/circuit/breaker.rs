@@ -962,7 +962,6 @@ impl Breaker {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use http::StatusCode;

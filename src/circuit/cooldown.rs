@@ -195,7 +195,6 @@ impl CooldownTable {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use http::HeaderValue;

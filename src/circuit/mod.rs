@@ -520,7 +520,6 @@ impl Entry {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use http::StatusCode;

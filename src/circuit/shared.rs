@@ -613,7 +613,6 @@ async fn subscribe(circuits: Arc<Circuits>, redis: RedisHandle, stop: Cancellati
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use crate::circuit::breaker::{Breaker, CircuitState};

@@ -240,7 +240,6 @@ fn segments(path: &str) -> Vec<Seg<'_>> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     const SRC: &str = "[server]\nlisten = \"x\"\n\n[upstreams.openai]\nurl = \"https://a\"\nset_headers = { authorization = \"k\" }\n\n[[routes]]\nname = \"a\"\n\n[[routes]]\nname = \"b\"\nupstream = \"nope\"\nfallback = [\"x\", \"y\"]\n";

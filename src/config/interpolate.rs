@@ -49,7 +49,6 @@ pub fn interpolate(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Stri
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn env(name: &str) -> Option<String> {

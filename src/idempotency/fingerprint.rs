@@ -218,7 +218,6 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn headers(pairs: &[(&str, &str)]) -> HeaderMap {

@@ -241,7 +241,6 @@ impl State {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn job(id: &str, fp: &str) -> NewJob {

@@ -1052,7 +1052,6 @@ fn failed(error: String) -> Finished {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn prefer(values: &[&str]) -> HeaderMap {

@@ -176,7 +176,6 @@ fn from_nanos(nanos: u128) -> Duration {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
     use proptest::prelude::*;

@@ -236,7 +236,6 @@ fn totals(state: &State) -> (u64, u64) {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
 
     use super::*;
 

@@ -315,7 +315,6 @@ pub fn is_sdk_retry(headers: &http::HeaderMap) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::config::validate::default_retry;
     use crate::retry::retry_after::HintSource;

@@ -116,7 +116,6 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> HeaderMap {

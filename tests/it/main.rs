@@ -1,6 +1,6 @@
 //! rebound's integration tests: one binary (one link), real sockets throughout.
 
-#![allow(clippy::unwrap_used, clippy::expect_used)] // tests and fixtures fail loudly by design
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // fixtures (outside #[test] fns) fail loudly by design
 
 mod support;
 

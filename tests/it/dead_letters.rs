@@ -12,7 +12,7 @@ const TOKEN: &str = "admin-token-123";
 
 fn config(provider: &str, redis: Option<&str>, extra_route: &str, extra: &str) -> String {
     let mut tables = format!(
-        "\n[retry.fast]\nmax_attempts = 3\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n[idempotency.idem]\nlease = \"2s\"\n\n[dead_letters]\nmax_entries = 20\nsensitive_headers = [\"x-tenant-secret\"]\n{extra}"
+        "\n[retry.fast]\nmax_attempts = 3\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\njitter = \"none\"\n\n[idempotency.idem]\nlease = \"2s\"\n\n[dead_letters]\nmax_entries = 20\nsensitive_headers = [\"x-tenant-secret\"]\n{extra}"
     );
     if let Some(url) = redis {
         tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\n"));
@@ -96,7 +96,9 @@ async fn exhausted_request_is_recorded(redis: Option<&RedisServer>) {
             .collect::<Vec<_>>(),
         [503, 502, 503]
     );
-    assert!(attempts[0]["wait_ms"].as_u64().unwrap() > 0 || attempts[1]["wait_ms"].as_u64().unwrap() > 0);
+    // Without jitter the waits are the backoff caps, 10 ms then 20 ms (a deterministic check).
+    assert!(attempts[0]["wait_ms"].as_u64().unwrap() >= 10, "{attempts:?}");
+    assert!(attempts[1]["wait_ms"].as_u64().unwrap() >= 20, "{attempts:?}");
     assert_eq!(attempts[2]["wait_ms"], 0);
     assert_eq!(e["body_kept"], true);
     assert!(e["body_base64"].as_str().is_some());

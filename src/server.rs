@@ -51,7 +51,8 @@ pub enum StartError {
 pub enum Exit {
     /// Every in-flight request finished within the grace period.
     Drained,
-    /// The grace period ran out; this many connections were closed unfinished.
+    /// The grace period ran out; this many tasks (connections, pending writes, job runs) were
+    /// ended unfinished.
     GraceExpired { closed: usize },
 }
 
@@ -175,7 +176,8 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
 }
 
 struct Drain {
-    /// Every connection task and upgraded connection.
+    /// Every task the drain waits for: client connections, upgraded connections, and the work
+    /// that outlives a request (idempotency writes, dead-letter writes, job runs).
     tasks: TaskTracker,
     /// Cancelled when the grace runs out: closes what is left.
     hard_stop: CancellationToken,
@@ -229,7 +231,7 @@ async fn serve(
     admin.draining.store(true, Ordering::SeqCst);
     let open = drain.tasks.len();
     tracing::info!(
-        open_connections = open,
+        open_tasks = open,
         grace_ms = drain.grace.as_millis() as u64,
         "draining"
     );
@@ -242,8 +244,8 @@ async fn serve(
     }
     let closed = drain.tasks.len();
     tracing::warn!(
-        closed_connections = closed,
-        "shutdown grace expired; closing the remaining connections"
+        closed_tasks = closed,
+        "shutdown grace expired; closing the remaining connections and abandoning unfinished work"
     );
     drain.hard_stop.cancel();
     signal.stop();

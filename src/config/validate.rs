@@ -56,7 +56,7 @@ pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Re
     }
 }
 
-/// The defaults of a `[retry.*]` table (DESIGN.md section 2).
+/// The defaults of a `[retry.*]` table (README, "Configuration").
 pub fn default_retry(name: &str) -> RetryPolicy {
     RetryPolicy {
         name: name.to_string(),

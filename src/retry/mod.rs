@@ -10,13 +10,15 @@
 //! - [`budget`]: the per-route retry budget (`budget_ratio`, `budget_min_per_second`), a
 //!   Linkerd/tower-style sliding window that caps how much retries add to a route's traffic.
 //!
-//! It does not own: the retry loop itself, the classification of an attempt's outcome, which
-//! outcomes are retryable for which methods (`retry_on`, `non_idempotent`), deadlines and
-//! timeouts, the cooldown that a 429's hint triggers, metrics, or reading the clock; those belong
-//! to the proxy pipeline, the upstream client and the circuit/cooldown modules, which call in
-//! here.
+//! - [`policy`]: which outcomes are retryable for which methods (`retry_on`, `retry_once_on`,
+//!   `non_idempotent`), the request's deadline (shortened by `x-rebound-deadline-ms` and the
+//!   SDK's `x-stainless-timeout`), and the decision after each attempt.
 //!
-//! How the pieces combine for one retry, as the design (section 2) specifies:
+//! It does not own: the retry loop itself, the classification of an attempt's transport failure,
+//! the cooldown that a 429's hint triggers, metrics, or reading the clock; those belong to the
+//! proxy pipeline, the upstream client and the circuit/cooldown modules, which call in here.
+//!
+//! How the pieces combine for one retry (README, "Retries"):
 //! 1. the attempt failed in a retryable way; [`RetryBudget::withdraw`] must say yes;
 //! 2. `backoff = Backoff::delay(n, prev, rng)`;
 //! 3. when `respect_retry_after` and [`parse_hint`] finds a hint: a hint over `max_retry_after`

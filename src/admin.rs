@@ -255,9 +255,7 @@ async fn replay(state: &AdminState, entry: DeadLetter) -> ReplayOutcome {
     let from_store = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
     // Read the response to its end: that is what completes its idempotency record.
     let _ = resp.into_body().collect().await;
-    let at_ms = time::wall_now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let at_ms = time::now_unix_ms();
     if let Err(e) = state
         .dead_letters
         .record_replay(
@@ -285,8 +283,8 @@ fn parse_filter(query: Option<&str>) -> Filter {
     let since = query_param(query, "since").and_then(|s| {
         s.parse::<u64>().ok().or_else(|| {
             crate::retry::retry_after::parse_rfc3339(&s)
-                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-                .map(|d| d.as_millis() as u64)
+                .filter(|t| *t >= std::time::UNIX_EPOCH)
+                .map(time::unix_ms)
         })
     });
     Filter {

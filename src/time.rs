@@ -16,11 +16,21 @@ pub fn wall_now() -> SystemTime {
     SystemTime::now()
 }
 
-/// Wall-clock now in unix milliseconds (0 before 1970).
+/// Unix milliseconds of a wall-clock time (0 before 1970): the one conversion, used by every
+/// timestamp rebound records (dead letters, jobs) and by the Redis clock offset.
+pub fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Wall-clock now in unix milliseconds.
+pub fn now_unix_ms() -> u64 {
+    unix_ms(wall_now())
+}
+
+/// Wall-clock now in unix milliseconds, signed (for offsets between clocks).
 pub fn unix_ms_now() -> i64 {
-    wall_now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+    i64::try_from(now_unix_ms()).unwrap_or(i64::MAX)
 }
 
 /// A UTC date and time of day from unix milliseconds: `(year, month, day, hour, minute, second,

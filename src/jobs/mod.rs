@@ -362,7 +362,7 @@ impl Jobs {
             route: route.to_string(),
             fingerprint,
             access: access_of(&parts.headers),
-            created_ms: record::now_ms(),
+            created_ms: crate::time::now_unix_ms(),
             request: StoredRequest {
                 method: parts.method.to_string(),
                 uri: parts
@@ -599,7 +599,7 @@ struct ToRun {
 async fn memory_worker(rt: Arc<Runtime>, queue: Arc<MemoryQueue>, draining: CancellationToken) {
     loop {
         let taken = tokio::select! {
-            t = queue.take(record::now_ms) => t,
+            t = queue.take(crate::time::now_unix_ms) => t,
             _ = draining.cancelled() => return,
         };
         let lease = Lease {
@@ -781,7 +781,7 @@ impl Runtime {
         let config = &self.jobs.inner.config;
         let owner = owner_token();
         let started = queue
-            .start(&id, &entry, &owner, record::now_ms(), MAX_RUNS, config.result_ttl)
+            .start(&id, &entry, &owner, crate::time::now_unix_ms(), MAX_RUNS, config.result_ttl)
             .await;
         let lease = Lease {
             id: id.clone(),
@@ -953,7 +953,7 @@ impl Runtime {
         };
         Finished {
             state,
-            finished_ms: record::now_ms(),
+            finished_ms: crate::time::now_unix_ms(),
             attempts,
             http_status: Some(status),
             result,
@@ -1042,7 +1042,7 @@ impl Runtime {
 fn failed(error: String) -> Finished {
     Finished {
         state: JobState::Failed,
-        finished_ms: record::now_ms(),
+        finished_ms: crate::time::now_unix_ms(),
         attempts: 0,
         http_status: None,
         result: None,

@@ -197,12 +197,6 @@ pub fn rfc3339(ms: u64) -> String {
     crate::time::rfc3339(ms)
 }
 
-/// Wall-clock unix milliseconds.
-pub fn now_ms() -> u64 {
-    crate::time::wall_now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
 
 #[cfg(test)]
 mod tests {

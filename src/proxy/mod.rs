@@ -575,9 +575,7 @@ impl Proxy {
         let idem = route.idempotency.as_ref();
         let entry = DeadLetter {
             id: String::new(),
-            time_ms: time::wall_now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
+            time_ms: time::now_unix_ms(),
             route: route.name.to_string(),
             upstream: d.upstream.to_string(),
             method: parts.method.to_string(),

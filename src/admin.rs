@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::dead_letters::{DeadLetter, DeadLetters, Filter, ReplayRecord};
+use crate::error::{problem_body, ErrorKind};
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::redis::RedisHandle;
@@ -119,11 +120,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
 
 async fn admin_api(state: &AdminState, rest: &str, req: Request<Incoming>) -> Response<Full<Bytes>> {
     let Some(token) = &state.token else {
-        return problem(
-            StatusCode::NOT_FOUND,
-            "admin_disabled",
-            "the admin API is disabled: set [admin] token",
-        );
+        return problem(ErrorKind::AdminDisabled, "the admin API is disabled: set [admin] token");
     };
     let presented = req
         .headers()
@@ -133,8 +130,7 @@ async fn admin_api(state: &AdminState, rest: &str, req: Request<Incoming>) -> Re
         .unwrap_or("");
     if !constant_time_eq(presented.as_bytes(), token.as_bytes()) {
         let mut resp = problem(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorKind::AdminUnauthorized,
             "send Authorization: Bearer <[admin] token>",
         );
         resp.headers_mut()
@@ -156,16 +152,12 @@ async fn admin_api(state: &AdminState, rest: &str, req: Request<Incoming>) -> Re
         (Method::GET, ["dead-letters", "summary"]) => dl.summary(&filter).await.map(|s| json(StatusCode::OK, &s)),
         (Method::GET, ["dead-letters", id]) => dl.get(id).await.map(|e| match e {
             Some(e) => json(StatusCode::OK, &e),
-            None => problem(StatusCode::NOT_FOUND, "not_found", "no dead letter with this id"),
+            None => problem(ErrorKind::AdminNotFound, "no dead letter with this id"),
         }),
         (Method::POST, ["dead-letters", "replay"]) => replay_matching(state, &filter).await,
         (Method::POST, ["dead-letters", id, "replay"]) => match dl.get(id).await {
             Ok(Some(e)) => Ok(json(StatusCode::OK, &replay(state, e).await)),
-            Ok(None) => Ok(problem(
-                StatusCode::NOT_FOUND,
-                "not_found",
-                "no dead letter with this id",
-            )),
+            Ok(None) => Ok(problem(ErrorKind::AdminNotFound, "no dead letter with this id")),
             Err(e) => Err(e),
         },
         (Method::DELETE, ["dead-letters"]) => dl
@@ -173,12 +165,11 @@ async fn admin_api(state: &AdminState, rest: &str, req: Request<Incoming>) -> Re
             .await
             .map(|n| json(StatusCode::OK, &serde_json::json!({ "purged": n }))),
         _ => Ok(problem(
-            StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorKind::AdminNotFound,
             "unknown admin path; see the README's dead letters section",
         )),
     };
-    result.unwrap_or_else(|e| problem(StatusCode::SERVICE_UNAVAILABLE, "store_unavailable", &e.to_string()))
+    result.unwrap_or_else(|e| problem(ErrorKind::DeadLetterStoreUnavailable, &e.to_string()))
 }
 
 /// What one replay did.
@@ -349,16 +340,12 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
     resp
 }
 
-fn problem(status: StatusCode, code: &str, message: &str) -> Response<Full<Bytes>> {
-    json(
-        status,
-        &serde_json::json!({
-            "type": format!("https://rebound.dev/errors/{code}"),
-            "status": status.as_u16(),
-            "detail": message,
-            "error": { "type": "rebound_error", "code": code, "message": message },
-        }),
-    )
+fn problem(kind: ErrorKind, message: &str) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(Bytes::from(problem_body(kind, message))));
+    *resp.status_mut() = kind.row().status;
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
+    resp
 }
 
 fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {

@@ -1,5 +1,5 @@
-//! Errors rebound itself answers with, and their single mapping to status, code, message and
-//! `x-should-retry`. The body is both an RFC 9457 problem and the `{"error": {...}}` shape the
+//! Errors rebound itself answers with, and their one table ([`ErrorKind::row`]: status, code,
+//! title, `x-should-retry`), used by the data plane, the job API and the admin API. The body is both an RFC 9457 problem and the `{"error": {...}}` shape the
 //! OpenAI and Anthropic SDKs parse.
 
 use http::{HeaderValue, Response, StatusCode};
@@ -16,6 +16,8 @@ pub enum ProxyError {
     BodyTooLarge { limit: u64 },
     #[error("the request body could not be read: {0}")]
     BadRequestBody(String),
+    #[error("the request target cannot be forwarded: {0}")]
+    InvalidRequestTarget(String),
     #[error("absolute-form request targets are refused: rebound is a reverse proxy, not an open proxy; send the path only, e.g. POST /openai/v1/chat/completions")]
     AbsoluteForm,
     #[error("CONNECT is refused: rebound is a reverse proxy, not an open proxy")]
@@ -64,95 +66,201 @@ pub enum ProxyError {
     CallbackNotAllowed { allowed: String },
 }
 
+/// Every kind of answer rebound gives for itself, data plane, job API and admin API alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    NoRoute,
+    BodyTooLarge,
+    BadRequestBody,
+    InvalidRequestTarget,
+    AbsoluteForm,
+    Connect,
+    UpstreamUnreachable,
+    DeadlineExceeded,
+    IdempotencyKeyRequired,
+    InvalidIdempotencyKey,
+    IdempotencyInProgress,
+    IdempotencyKeyReused,
+    IdempotencyResponseNotKept,
+    StoreUnavailable,
+    CircuitOpen,
+    Cooldown,
+    QueueFull,
+    JobsUnavailable,
+    JobNotFound,
+    JobNotFinished,
+    JobResultUnavailable,
+    JobMethodNotAllowed,
+    CallbackNotAllowed,
+    AdminDisabled,
+    AdminUnauthorized,
+    AdminNotFound,
+    DeadLetterStoreUnavailable,
+}
+
+/// One row of the error table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorRow {
+    /// The HTTP status.
+    pub status: StatusCode,
+    /// The stable machine-readable code (`x-rebound-error`, `error.code`).
+    pub code: &'static str,
+    /// A short title for the problem document.
+    pub title: &'static str,
+    /// Whether the client may usefully retry (`x-should-retry`). Only an in-progress idempotent
+    /// request (the same key then gets the replay) and an unfinished job's result are worth coming
+    /// back for; everything else is final: rebound already spent its own retries, or the request
+    /// cannot succeed as sent.
+    pub retryable: bool,
+}
+
+impl ErrorKind {
+    /// The error table: status, code, title, retryable.
+    pub const fn row(self) -> ErrorRow {
+        use ErrorKind as K;
+        use StatusCode as S;
+        let (status, code, title, retryable) = match self {
+            K::NoRoute => (S::NOT_FOUND, "no_route", "No route", false),
+            K::BodyTooLarge => (S::PAYLOAD_TOO_LARGE, "body_too_large", "Request body too large", false),
+            K::BadRequestBody => (S::BAD_REQUEST, "bad_request_body", "Unreadable request body", false),
+            K::InvalidRequestTarget => (
+                S::BAD_REQUEST,
+                "invalid_request_target",
+                "Invalid request target",
+                false,
+            ),
+            K::AbsoluteForm => (S::BAD_REQUEST, "forward_proxy_refused", "Not a forward proxy", false),
+            K::Connect => (
+                S::METHOD_NOT_ALLOWED,
+                "forward_proxy_refused",
+                "Not a forward proxy",
+                false,
+            ),
+            K::UpstreamUnreachable => (S::BAD_GATEWAY, "upstream_unreachable", "Upstream unreachable", false),
+            K::DeadlineExceeded => (S::GATEWAY_TIMEOUT, "deadline_exceeded", "Deadline exceeded", false),
+            K::IdempotencyKeyRequired => (
+                S::BAD_REQUEST,
+                "idempotency_key_required",
+                "Idempotency key required",
+                false,
+            ),
+            K::InvalidIdempotencyKey => (
+                S::BAD_REQUEST,
+                "invalid_idempotency_key",
+                "Invalid idempotency key",
+                false,
+            ),
+            K::IdempotencyInProgress => (S::CONFLICT, "idempotency_in_progress", "Request in progress", true),
+            K::IdempotencyKeyReused => (
+                S::UNPROCESSABLE_ENTITY,
+                "idempotency_key_reused",
+                "Idempotency key reused",
+                false,
+            ),
+            K::IdempotencyResponseNotKept => (S::CONFLICT, "idempotency_response_not_kept", "Response not kept", false),
+            K::StoreUnavailable => (
+                S::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "Idempotency store unavailable",
+                false,
+            ),
+            K::CircuitOpen => (S::SERVICE_UNAVAILABLE, "circuit_open", "Circuit open", false),
+            K::Cooldown => (S::TOO_MANY_REQUESTS, "cooldown", "Rate-limit cooldown", false),
+            K::QueueFull => (S::SERVICE_UNAVAILABLE, "queue_full", "Job queue full", false),
+            K::JobsUnavailable => (
+                S::SERVICE_UNAVAILABLE,
+                "jobs_unavailable",
+                "Job store unavailable",
+                false,
+            ),
+            K::JobNotFound => (S::NOT_FOUND, "job_not_found", "No such job", false),
+            K::JobNotFinished => (S::NOT_FOUND, "job_not_finished", "Job not finished", true),
+            K::JobResultUnavailable => (S::NOT_FOUND, "job_result_unavailable", "No job result", false),
+            K::JobMethodNotAllowed => (S::METHOD_NOT_ALLOWED, "method_not_allowed", "Method not allowed", false),
+            K::CallbackNotAllowed => (S::BAD_REQUEST, "callback_not_allowed", "Callback not allowed", false),
+            K::AdminDisabled => (S::NOT_FOUND, "admin_disabled", "Admin API disabled", false),
+            K::AdminUnauthorized => (S::UNAUTHORIZED, "unauthorized", "Unauthorized", false),
+            K::AdminNotFound => (S::NOT_FOUND, "not_found", "Not found", false),
+            K::DeadLetterStoreUnavailable => (
+                S::SERVICE_UNAVAILABLE,
+                "store_unavailable",
+                "Dead-letter store unavailable",
+                false,
+            ),
+        };
+        ErrorRow {
+            status,
+            code,
+            title,
+            retryable,
+        }
+    }
+}
+
+/// The JSON body of every error rebound answers for itself: RFC 9457 fields plus the
+/// `{"error": {...}}` object the OpenAI and Anthropic SDKs read.
+pub fn problem_body(kind: ErrorKind, message: &str) -> String {
+    let row = kind.row();
+    serde_json::json!({
+        "type": format!("https://rebound.dev/errors/{}", row.code),
+        "title": row.title,
+        "status": row.status.as_u16(),
+        "detail": message,
+        "error": {
+            "type": "rebound_error",
+            "code": row.code,
+            "message": message,
+            // Where the Anthropic SDKs look for a machine-readable code.
+            "details": { "error_code": row.code },
+        }
+    })
+    .to_string()
+}
+
 impl ProxyError {
+    /// Its row in the error table.
+    pub fn kind(&self) -> ErrorKind {
+        use ErrorKind as K;
+        match self {
+            ProxyError::NoRoute { .. } => K::NoRoute,
+            ProxyError::BodyTooLarge { .. } => K::BodyTooLarge,
+            ProxyError::BadRequestBody(_) => K::BadRequestBody,
+            ProxyError::InvalidRequestTarget(_) => K::InvalidRequestTarget,
+            ProxyError::AbsoluteForm => K::AbsoluteForm,
+            ProxyError::Connect => K::Connect,
+            ProxyError::UpstreamUnreachable { .. } => K::UpstreamUnreachable,
+            ProxyError::Timeout { .. } => K::DeadlineExceeded,
+            ProxyError::IdempotencyKeyRequired { .. } => K::IdempotencyKeyRequired,
+            ProxyError::InvalidIdempotencyKey { .. } => K::InvalidIdempotencyKey,
+            ProxyError::IdempotencyInProgress { .. } => K::IdempotencyInProgress,
+            ProxyError::IdempotencyKeyReused => K::IdempotencyKeyReused,
+            ProxyError::IdempotencyResponseNotKept => K::IdempotencyResponseNotKept,
+            ProxyError::StoreUnavailable => K::StoreUnavailable,
+            ProxyError::CircuitOpen { .. } => K::CircuitOpen,
+            ProxyError::Cooldown { .. } => K::Cooldown,
+            ProxyError::QueueFull { .. } => K::QueueFull,
+            ProxyError::JobsUnavailable => K::JobsUnavailable,
+            ProxyError::JobNotFound => K::JobNotFound,
+            ProxyError::JobNotFinished { .. } => K::JobNotFinished,
+            ProxyError::JobResultUnavailable { .. } => K::JobResultUnavailable,
+            ProxyError::JobMethodNotAllowed => K::JobMethodNotAllowed,
+            ProxyError::CallbackNotAllowed { .. } => K::CallbackNotAllowed,
+        }
+    }
+
     /// The HTTP status rebound answers with.
     pub fn status(&self) -> StatusCode {
-        match self {
-            ProxyError::NoRoute { .. } => StatusCode::NOT_FOUND,
-            ProxyError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ProxyError::BadRequestBody(_) | ProxyError::AbsoluteForm => StatusCode::BAD_REQUEST,
-            ProxyError::Connect => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::UpstreamUnreachable { .. } => StatusCode::BAD_GATEWAY,
-            ProxyError::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-            ProxyError::IdempotencyKeyRequired { .. } | ProxyError::InvalidIdempotencyKey { .. } => {
-                StatusCode::BAD_REQUEST
-            }
-            ProxyError::IdempotencyInProgress { .. } | ProxyError::IdempotencyResponseNotKept => StatusCode::CONFLICT,
-            ProxyError::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
-            ProxyError::StoreUnavailable | ProxyError::CircuitOpen { .. } => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::Cooldown { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ProxyError::QueueFull { .. } | ProxyError::JobsUnavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ProxyError::JobNotFound | ProxyError::JobNotFinished { .. } | ProxyError::JobResultUnavailable { .. } => {
-                StatusCode::NOT_FOUND
-            }
-            ProxyError::JobMethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ProxyError::CallbackNotAllowed { .. } => StatusCode::BAD_REQUEST,
-        }
+        self.kind().row().status
     }
 
     /// The stable machine-readable code (`x-rebound-error`, `error.code`).
     pub fn code(&self) -> &'static str {
-        match self {
-            ProxyError::NoRoute { .. } => "no_route",
-            ProxyError::BodyTooLarge { .. } => "body_too_large",
-            ProxyError::BadRequestBody(_) => "bad_request_body",
-            ProxyError::AbsoluteForm | ProxyError::Connect => "forward_proxy_refused",
-            ProxyError::UpstreamUnreachable { .. } => "upstream_unreachable",
-            ProxyError::Timeout { .. } => "deadline_exceeded",
-            ProxyError::IdempotencyKeyRequired { .. } => "idempotency_key_required",
-            ProxyError::InvalidIdempotencyKey { .. } => "invalid_idempotency_key",
-            ProxyError::IdempotencyInProgress { .. } => "idempotency_in_progress",
-            ProxyError::IdempotencyKeyReused => "idempotency_key_reused",
-            ProxyError::IdempotencyResponseNotKept => "idempotency_response_not_kept",
-            ProxyError::StoreUnavailable => "store_unavailable",
-            ProxyError::CircuitOpen { .. } => "circuit_open",
-            ProxyError::Cooldown { .. } => "cooldown",
-            ProxyError::QueueFull { .. } => "queue_full",
-            ProxyError::JobsUnavailable => "jobs_unavailable",
-            ProxyError::JobNotFound => "job_not_found",
-            ProxyError::JobNotFinished { .. } => "job_not_finished",
-            ProxyError::JobResultUnavailable { .. } => "job_result_unavailable",
-            ProxyError::JobMethodNotAllowed => "method_not_allowed",
-            ProxyError::CallbackNotAllowed { .. } => "callback_not_allowed",
-        }
+        self.kind().row().code
     }
 
-    /// A short title for the problem document.
-    fn title(&self) -> &'static str {
-        match self {
-            ProxyError::NoRoute { .. } => "No route",
-            ProxyError::BodyTooLarge { .. } => "Request body too large",
-            ProxyError::BadRequestBody(_) => "Unreadable request body",
-            ProxyError::AbsoluteForm | ProxyError::Connect => "Not a forward proxy",
-            ProxyError::UpstreamUnreachable { .. } => "Upstream unreachable",
-            ProxyError::Timeout { .. } => "Deadline exceeded",
-            ProxyError::IdempotencyKeyRequired { .. } => "Idempotency key required",
-            ProxyError::InvalidIdempotencyKey { .. } => "Invalid idempotency key",
-            ProxyError::IdempotencyInProgress { .. } => "Request in progress",
-            ProxyError::IdempotencyKeyReused => "Idempotency key reused",
-            ProxyError::IdempotencyResponseNotKept => "Response not kept",
-            ProxyError::StoreUnavailable => "Idempotency store unavailable",
-            ProxyError::CircuitOpen { .. } => "Circuit open",
-            ProxyError::Cooldown { .. } => "Rate-limit cooldown",
-            ProxyError::QueueFull { .. } => "Job queue full",
-            ProxyError::JobsUnavailable => "Job store unavailable",
-            ProxyError::JobNotFound => "No such job",
-            ProxyError::JobNotFinished { .. } => "Job not finished",
-            ProxyError::JobResultUnavailable { .. } => "No job result",
-            ProxyError::JobMethodNotAllowed => "Method not allowed",
-            ProxyError::CallbackNotAllowed { .. } => "Callback not allowed",
-        }
-    }
-
-    /// Whether the client may usefully retry. Only an in-progress idempotent request (the same
-    /// key then gets the replay) and an unfinished job's result are worth coming back for;
-    /// everything else is final: rebound already spent its own retries, or the request cannot
-    /// succeed as sent.
+    /// Whether the client may usefully retry (see [`ErrorRow::retryable`]).
     pub fn should_retry(&self) -> bool {
-        matches!(
-            self,
-            ProxyError::IdempotencyInProgress { .. } | ProxyError::JobNotFinished { .. }
-        )
+        self.kind().row().retryable
     }
 
     /// When to come back (`retry-after`), where that is known.
@@ -170,23 +278,9 @@ impl ProxyError {
         }
     }
 
-    /// The JSON body: RFC 9457 fields plus the SDK-readable `error` object.
+    /// The JSON body (see [`problem_body`]).
     pub fn body(&self) -> String {
-        let message = self.to_string();
-        serde_json::json!({
-            "type": format!("https://rebound.dev/errors/{}", self.code()),
-            "title": self.title(),
-            "status": self.status().as_u16(),
-            "detail": message,
-            "error": {
-                "type": "rebound_error",
-                "code": self.code(),
-                "message": message,
-                // Where the Anthropic SDKs look for a machine-readable code.
-                "details": { "error_code": self.code() },
-            }
-        })
-        .to_string()
+        problem_body(self.kind(), &self.to_string())
     }
 }
 
@@ -228,5 +322,54 @@ mod tests {
         assert_eq!(v["error"]["type"], "rebound_error");
         assert_eq!(v["type"], "https://rebound.dev/errors/no_route");
         assert!(v["detail"].as_str().unwrap().contains("/openai/"));
+    }
+
+    #[test]
+    fn every_code_names_one_status_and_title() {
+        use ErrorKind as K;
+        let all = [
+            K::NoRoute,
+            K::BodyTooLarge,
+            K::BadRequestBody,
+            K::InvalidRequestTarget,
+            K::AbsoluteForm,
+            K::Connect,
+            K::UpstreamUnreachable,
+            K::DeadlineExceeded,
+            K::IdempotencyKeyRequired,
+            K::InvalidIdempotencyKey,
+            K::IdempotencyInProgress,
+            K::IdempotencyKeyReused,
+            K::IdempotencyResponseNotKept,
+            K::StoreUnavailable,
+            K::CircuitOpen,
+            K::Cooldown,
+            K::QueueFull,
+            K::JobsUnavailable,
+            K::JobNotFound,
+            K::JobNotFinished,
+            K::JobResultUnavailable,
+            K::JobMethodNotAllowed,
+            K::CallbackNotAllowed,
+            K::AdminDisabled,
+            K::AdminUnauthorized,
+            K::AdminNotFound,
+            K::DeadLetterStoreUnavailable,
+        ];
+        for k in all {
+            let row = k.row();
+            assert!(row.status.is_client_error() || row.status.is_server_error(), "{k:?}");
+            assert!(!row.code.is_empty() && row.code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'));
+            let v: serde_json::Value = serde_json::from_str(&problem_body(k, "m")).unwrap();
+            assert_eq!(v["error"]["code"], row.code);
+            assert_eq!(v["status"], row.status.as_u16());
+        }
+        let retryable: Vec<_> = all.into_iter().filter(|k| k.row().retryable).collect();
+        assert_eq!(retryable, [K::IdempotencyInProgress, K::JobNotFinished]);
+        let target = ProxyError::InvalidRequestTarget("bad".into());
+        assert_eq!(
+            (target.status().as_u16(), target.code()),
+            (400, "invalid_request_target")
+        );
     }
 }

@@ -230,11 +230,7 @@ async fn serve(
     drop(listener);
     admin.draining.store(true, Ordering::SeqCst);
     let open = drain.tasks.len();
-    tracing::info!(
-        open_tasks = open,
-        grace_ms = drain.grace.as_millis() as u64,
-        "draining"
-    );
+    tracing::info!(open_tasks = open, grace_ms = drain.grace.as_millis() as u64, "draining");
     drain.tasks.close();
     signal.drain();
     let drained = tokio::time::timeout(drain.grace, drain.tasks.wait()).await.is_ok();

@@ -781,7 +781,14 @@ impl Runtime {
         let config = &self.jobs.inner.config;
         let owner = owner_token();
         let started = queue
-            .start(&id, &entry, &owner, crate::time::now_unix_ms(), MAX_RUNS, config.result_ttl)
+            .start(
+                &id,
+                &entry,
+                &owner,
+                crate::time::now_unix_ms(),
+                MAX_RUNS,
+                config.result_ttl,
+            )
             .await;
         let lease = Lease {
             id: id.clone(),

@@ -197,7 +197,6 @@ pub fn rfc3339(ms: u64) -> String {
     crate::time::rfc3339(ms)
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;

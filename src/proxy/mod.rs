@@ -450,8 +450,9 @@ impl Proxy {
             let req = match build_upstream_request(target, parts, path, body.clone()) {
                 Ok(r) => r,
                 Err(e) => {
-                    return d
-                        .stop_before_attempt(None, Stop::NotRetryable, || ProxyError::BadRequestBody(e.to_string()))
+                    return d.stop_before_attempt(None, Stop::NotRetryable, || {
+                        ProxyError::InvalidRequestTarget(e.to_string())
+                    })
                 }
             };
 

@@ -1,6 +1,6 @@
 //! Errors rebound itself answers with, and their one table ([`ErrorKind::row`]: status, code,
-//! title, `x-should-retry`), used by the data plane, the job API and the admin API. The body is both an RFC 9457 problem and the `{"error": {...}}` shape the
-//! OpenAI and Anthropic SDKs parse.
+//! title, `x-should-retry`), used by the data plane, the job API and the admin API. The body is
+//! both an RFC 9457 problem and the `{"error": {...}}` shape the OpenAI and Anthropic SDKs parse.
 
 use http::{HeaderValue, Response, StatusCode};
 

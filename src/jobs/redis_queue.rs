@@ -27,6 +27,7 @@ use super::record::{
     CallbackState, CallbackView, Finished, JobResult, JobState, JobView, NewJob, StoredRequest, Submitted,
 };
 use super::seal::Sealer;
+use super::JobsError;
 use crate::redis::{RedisError, RedisHandle};
 
 /// The consumer group every replica's workers read through.
@@ -301,13 +302,13 @@ impl RedisQueue {
     }
 
     /// Reads one new entry for `consumer`, blocking up to `block` on a connection of its own.
-    /// `Ok(None)`: nothing arrived. A missing group is reported as [`ReadError::NoGroup`].
+    /// `Ok(None)`: nothing arrived. A missing group is reported as [`JobsError::NoGroup`].
     pub async fn read_new(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
         consumer: &str,
         block: Duration,
-    ) -> Result<Option<(String, Option<String>)>, ReadError> {
+    ) -> Result<Option<(String, Option<String>)>, JobsError> {
         let reply: Value = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(GROUP)
@@ -323,9 +324,9 @@ impl RedisQueue {
             .await
             .map_err(|e| {
                 if e.code() == Some("NOGROUP") {
-                    ReadError::NoGroup
+                    JobsError::NoGroup
                 } else {
-                    ReadError::Redis(e.to_string())
+                    JobsError::Read(e)
                 }
             })?;
         // [[stream, [[id, [field, value]]]]] (a map under RESP3).
@@ -605,26 +606,15 @@ impl RedisQueue {
     }
 }
 
-/// Why a blocking read failed.
-#[derive(Debug)]
-pub enum ReadError {
-    /// The group is gone (Redis restarted without persistence, or the stream was deleted).
-    NoGroup,
-    Redis(String),
-}
-
 /// Opens the sealed credentials of a job.
-pub fn open_credentials(sealer: Option<&Sealer>, id: &str, sealed: &str) -> Result<Vec<(String, String)>, String> {
+pub fn open_credentials(sealer: Option<&Sealer>, id: &str, sealed: &str) -> Result<Vec<(String, String)>, JobsError> {
     if sealed.is_empty() {
         return Ok(Vec::new());
     }
     sealer
         .and_then(|s| s.open(id, sealed))
         .and_then(|plain| serde_json::from_slice(&plain).ok())
-        .ok_or_else(|| {
-            "the request's credentials could not be unsealed: [jobs] secret must be the same on every replica"
-                .to_string()
-        })
+        .ok_or(JobsError::Sealed)
 }
 
 fn ms(d: Duration) -> u64 {

@@ -64,10 +64,10 @@ pub fn default_retry(name: &str) -> RetryPolicy {
         base_delay: Duration::from_millis(500),
         max_delay: Duration::from_secs(30),
         jitter: Jitter::Full,
-        per_try_timeout: Duration::from_secs(60),
-        first_byte_timeout: Duration::from_secs(30),
+        per_try_timeout: Duration::from_secs(600),
+        first_byte_timeout: Duration::from_secs(600),
         stream_idle_timeout: Duration::from_secs(60),
-        deadline: Duration::from_secs(300),
+        deadline: Duration::from_secs(900),
         retry_on: vec![
             RetryOn::ConnectFailure,
             RetryOn::RefusedStream,

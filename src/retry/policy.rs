@@ -614,7 +614,11 @@ mod tests {
             Duration::from_secs(600)
         );
         assert_eq!(
-            request_limits(&h(&[("x-stainless-read-timeout", "60"), ("x-stainless-timeout", "NOT_GIVEN")]), &p).1,
+            request_limits(
+                &h(&[("x-stainless-read-timeout", "60"), ("x-stainless-timeout", "NOT_GIVEN")]),
+                &p
+            )
+            .1,
             Duration::from_secs(60)
         );
         assert_eq!(

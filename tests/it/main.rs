@@ -12,6 +12,7 @@ mod dead_letters;
 mod idempotency;
 mod idempotency_store;
 mod jobs;
+mod long_generation;
 mod passthrough;
 mod pool;
 mod process;

@@ -160,7 +160,7 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 /// How long a probe may hold its slot (and its fleet lease) without reporting: the longest an
 /// attempt can take before its outcome is known under any retry policy (`per_try_timeout` plus
-/// `first_byte_timeout`), plus a second.
+/// `first_byte_timeout`, but never past the `deadline`, which bounds both), plus a second.
 pub fn probe_lease(config: &Config) -> Duration {
     let default = RetryPolicy::no_retries();
     config
@@ -168,7 +168,7 @@ pub fn probe_lease(config: &Config) -> Duration {
         .values()
         .map(|p| p.as_ref())
         .chain(std::iter::once(&default))
-        .map(|p| p.per_try_timeout.saturating_add(p.first_byte_timeout))
+        .map(|p| p.per_try_timeout.saturating_add(p.first_byte_timeout).min(p.deadline))
         .max()
         .unwrap_or(Duration::from_secs(90))
         .saturating_add(Duration::from_secs(1))
@@ -706,8 +706,16 @@ fallback = ["b"]
 
     #[test]
     fn probe_lease_covers_the_slowest_attempt() {
-        let cfg = config("\n[retry.slow]\nper_try_timeout = \"100s\"\nfirst_byte_timeout = \"50s\"\n");
-        assert_eq!(probe_lease(&cfg), Duration::from_secs(151));
-        assert_eq!(probe_lease(&config("")), Duration::from_secs(91));
+        let cfg = config(
+            "\n[retry.slow]\nper_try_timeout = \"1000s\"\nfirst_byte_timeout = \"500s\"\ndeadline = \"2000s\"\n",
+        );
+        assert_eq!(probe_lease(&cfg), Duration::from_secs(1501));
+        // The deadline bounds an attempt, so it bounds the lease too.
+        let cfg = config(
+            "\n[retry.slow]\nper_try_timeout = \"1000s\"\nfirst_byte_timeout = \"500s\"\ndeadline = \"1200s\"\n",
+        );
+        assert_eq!(probe_lease(&cfg), Duration::from_secs(1201));
+        // The defaults: 600 s + 600 s, within the 900 s deadline.
+        assert_eq!(probe_lease(&config("")), Duration::from_secs(901));
     }
 }

@@ -192,6 +192,9 @@ pub struct UpstreamConfig {
     /// The URL's path without a trailing slash (`""` for none): prepended to forwarded paths.
     pub base_path: String,
     pub connect_timeout: Duration,
+    /// Liveness probing of idle-looking connections (`None`: off): TCP keepalive on every
+    /// connection, HTTP/2 PINGs while a request is in flight. See [`UpstreamConfig::keepalive`].
+    pub keepalive: Option<Duration>,
     pub circuit: Option<String>,
     pub cooldown: CooldownMode,
     pub ca_file: Option<PathBuf>,
@@ -212,6 +215,7 @@ impl std::fmt::Debug for UpstreamConfig {
             .field("name", &self.name)
             .field("url", &self.url())
             .field("connect_timeout", &self.connect_timeout)
+            .field("keepalive", &self.keepalive)
             .field("circuit", &self.circuit)
             .field("cooldown", &self.cooldown)
             .field("ca_file", &self.ca_file)

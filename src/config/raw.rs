@@ -63,6 +63,7 @@ pub struct RawRedis {
 pub struct RawUpstream {
     pub url: Option<String>,
     pub connect_timeout: Option<String>,
+    pub keepalive: Option<String>,
     pub circuit: Option<String>,
     pub cooldown: Option<String>,
     pub ca_file: Option<String>,

@@ -77,10 +77,11 @@ pub(super) fn render(c: &Config) -> String {
     for u in c.upstreams.values() {
         let _ = write!(
             out,
-            "  {:<14} {} connect_timeout {}, circuit {}, cooldown {:?}",
+            "  {:<14} {} connect_timeout {}, keepalive {}, circuit {}, cooldown {:?}",
             u.name,
             u.url(),
             d(u.connect_timeout),
+            u.keepalive.map_or_else(|| "off".to_string(), d),
             u.circuit.as_deref().unwrap_or("none"),
             u.cooldown
         );

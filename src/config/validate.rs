@@ -56,6 +56,9 @@ pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Re
     }
 }
 
+/// An upstream's default `keepalive`: a dead peer is found within about twice this.
+pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+
 /// The defaults of a `[retry.*]` table (README, "Configuration").
 pub fn default_retry(name: &str) -> RetryPolicy {
     RetryPolicy {
@@ -64,10 +67,10 @@ pub fn default_retry(name: &str) -> RetryPolicy {
         base_delay: Duration::from_millis(500),
         max_delay: Duration::from_secs(30),
         jitter: Jitter::Full,
-        per_try_timeout: Duration::from_secs(60),
-        first_byte_timeout: Duration::from_secs(30),
+        per_try_timeout: Duration::from_secs(600),
+        first_byte_timeout: Duration::from_secs(600),
         stream_idle_timeout: Duration::from_secs(60),
-        deadline: Duration::from_secs(300),
+        deadline: Duration::from_secs(900),
         retry_on: vec![
             RetryOn::ConnectFailure,
             RetryOn::RefusedStream,
@@ -138,6 +141,32 @@ impl Validator<'_> {
             return default;
         }
         d
+    }
+
+    /// An upstream's `keepalive`: a duration from 1s to 1h (TCP counts keepalive in whole
+    /// seconds), or `"off"`.
+    fn keepalive(&mut self, key: &str, raw: &Option<String>) -> Option<Duration> {
+        let default = Some(DEFAULT_KEEPALIVE);
+        let Some(s) = self.string(key, raw.as_deref()) else {
+            return default;
+        };
+        if s.trim() == "off" {
+            return None;
+        }
+        match parse_duration(&s) {
+            Ok(d) if (Duration::from_secs(1)..=Duration::from_secs(3600)).contains(&d) => Some(d),
+            Ok(_) => {
+                self.err(
+                    key,
+                    format!("expected a duration from 1s to 1h, or \"off\", found {s:?}"),
+                );
+                default
+            }
+            Err(expected) => {
+                self.err(key, format!("expected {expected} or \"off\", found {s:?}"));
+                default
+            }
+        }
     }
 
     fn size(&mut self, key: &str, raw: &Option<String>, default: u64) -> u64 {
@@ -544,6 +573,7 @@ impl Validator<'_> {
                 &u.connect_timeout,
                 Duration::from_secs(5),
             ),
+            keepalive: self.keepalive(&key("keepalive"), &u.keepalive),
             circuit,
             cooldown,
             ca_file,

@@ -591,7 +591,7 @@ mod tests {
             }
             m
         };
-        assert_eq!(request_limits(&h(&[]), &p), (3, Duration::from_secs(300)));
+        assert_eq!(request_limits(&h(&[]), &p), (3, Duration::from_secs(900)));
         assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "1")]), &p).0, 1);
         assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "9")]), &p).0, 3);
         assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "0")]), &p).0, 1);
@@ -602,7 +602,7 @@ mod tests {
         );
         assert_eq!(
             request_limits(&h(&[("x-rebound-deadline-ms", "999999999")]), &p).1,
-            Duration::from_secs(300)
+            Duration::from_secs(900)
         );
         assert_eq!(
             request_limits(&h(&[("x-stainless-timeout", "2.5")]), &p).1,
@@ -610,11 +610,19 @@ mod tests {
         );
         assert_eq!(
             request_limits(&h(&[("x-stainless-read-timeout", "600")]), &p).1,
-            Duration::from_secs(300)
+            Duration::from_secs(600)
+        );
+        assert_eq!(
+            request_limits(
+                &h(&[("x-stainless-read-timeout", "60"), ("x-stainless-timeout", "NOT_GIVEN")]),
+                &p
+            )
+            .1,
+            Duration::from_secs(60)
         );
         assert_eq!(
             request_limits(&h(&[("x-stainless-timeout", "-1")]), &p).1,
-            Duration::from_secs(300)
+            Duration::from_secs(900)
         );
         assert!(is_sdk_retry(&h(&[("x-stainless-retry-count", "1")])));
         assert!(!is_sdk_retry(&h(&[("x-stainless-retry-count", "0")])));

@@ -85,7 +85,12 @@ impl Upstream {
             .map_err(|e| SetupError::Address(e.to_string()))?;
         let host = pool::host_header(&config.scheme, &config.authority)
             .ok_or_else(|| SetupError::Address(format!("{} is not a valid host header", config.authority)))?;
-        let pool = Arc::new(pool::Pool::new(connector(&config, tls.clone(), true), origin, host));
+        let pool = Arc::new(pool::Pool::new(
+            connector(&config, tls.clone(), true),
+            origin,
+            host,
+            config.keepalive,
+        ));
         let upgrade_client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(pool::IDLE_TIMEOUT)
             .pool_timer(TokioTimer::new())
@@ -153,12 +158,29 @@ impl Upstream {
     }
 }
 
+/// Unanswered TCP keepalive probes after which the connection is dead.
+const TCP_KEEPALIVE_PROBES: u32 = 3;
+
+/// The gap between TCP keepalive probes: a third of `keepalive` (whole seconds, at least one), so
+/// that the last of [`TCP_KEEPALIVE_PROBES`] goes unanswered about `keepalive` after the first.
+pub fn tcp_keepalive_interval(keepalive: Duration) -> Duration {
+    Duration::from_secs((keepalive.as_secs() / u64::from(TCP_KEEPALIVE_PROBES)).max(1))
+}
+
 fn connector(config: &UpstreamConfig, tls: rustls::ClientConfig, allow_h2: bool) -> HttpsConnector<HttpConnector> {
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(Some(config.connect_timeout));
-    http.set_keepalive(Some(Duration::from_secs(60)));
+    // TCP keepalive: a peer that vanished (host gone, a middlebox that dropped the flow) fails the
+    // connection within about twice `keepalive`, while a live peer's kernel answers every probe
+    // however long its model thinks. The probes also keep NAT and load-balancer mappings of a
+    // silent connection (a long non-streamed generation) from expiring.
+    if let Some(keepalive) = config.keepalive {
+        http.set_keepalive(Some(keepalive));
+        http.set_keepalive_interval(Some(tcp_keepalive_interval(keepalive)));
+        http.set_keepalive_retries(Some(TCP_KEEPALIVE_PROBES));
+    }
     let builder = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_or_http();
@@ -207,4 +229,61 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
         src = s.source();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use tower_service::Service as _;
+
+    fn upstream(extra: &str) -> UpstreamConfig {
+        let toml = format!(
+            "[upstreams.u]\nurl = \"http://127.0.0.1:1\"\n{extra}\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n"
+        );
+        let c = crate::config::Config::parse(&toml, std::path::Path::new("t.toml"), &|_| None).unwrap();
+        (*c.upstreams["u"]).clone()
+    }
+
+    /// The TCP keepalive options of a socket the upstream connector opened: `None` when off,
+    /// else (idle time, probe interval, probes).
+    async fn keepalive_of(config: &UpstreamConfig) -> Option<(Duration, Duration, u32)> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let uri: Uri = format!("http://{}", listener.local_addr().unwrap()).parse().unwrap();
+        let mut connector = connector(config, tls::client_config(None).unwrap(), true);
+        let io = connector.call(uri).await.unwrap();
+        let hyper_rustls::MaybeHttpsStream::Http(tcp) = io else {
+            panic!("plain http expected");
+        };
+        let socket = socket2::SockRef::from(tcp.inner());
+        if !socket.keepalive().unwrap() {
+            return None;
+        }
+        Some((
+            socket.tcp_keepalive_time().unwrap(),
+            socket.tcp_keepalive_interval().unwrap(),
+            socket.tcp_keepalive_retries().unwrap(),
+        ))
+    }
+
+    #[tokio::test]
+    async fn upstream_sockets_carry_tcp_keepalive() {
+        // The default: first probe after 15 s of silence, then every 5 s, dead after 3 misses.
+        let default = upstream("");
+        assert_eq!(
+            keepalive_of(&default).await,
+            Some((Duration::from_secs(15), Duration::from_secs(5), 3))
+        );
+        let custom = upstream("keepalive = \"60s\"");
+        assert_eq!(
+            keepalive_of(&custom).await,
+            Some((Duration::from_secs(60), Duration::from_secs(20), 3))
+        );
+        let short = upstream("keepalive = \"1s\"");
+        assert_eq!(
+            keepalive_of(&short).await,
+            Some((Duration::from_secs(1), Duration::from_secs(1), 3))
+        );
+        assert_eq!(keepalive_of(&upstream("keepalive = \"off\"")).await, None);
+    }
 }

@@ -53,6 +53,8 @@ pub struct Pool {
     host: HeaderValue,
     idle: Mutex<Vec<Idle>>,
     h2: Mutex<Option<H2>>,
+    /// HTTP/2 PING interval and ack timeout (the upstream's `keepalive`).
+    keepalive: Option<Duration>,
 }
 
 struct Idle {
@@ -66,13 +68,19 @@ enum Sender {
 }
 
 impl Pool {
-    pub fn new(connector: HttpsConnector<HttpConnector>, origin: Uri, host: HeaderValue) -> Pool {
+    pub fn new(
+        connector: HttpsConnector<HttpConnector>,
+        origin: Uri,
+        host: HeaderValue,
+        keepalive: Option<Duration>,
+    ) -> Pool {
         Pool {
             connector,
             origin,
             host,
             idle: Mutex::new(Vec::new()),
             h2: Mutex::new(None),
+            keepalive,
         }
     }
 
@@ -192,8 +200,20 @@ impl Pool {
             .await
             .map_err(|e| connect_failed(error_chain(&*e)))?;
         if io.connected().is_negotiated_h2() {
-            let (sender, conn) = http2::Builder::new(TokioExecutor::new())
-                .timer(TokioTimer::new())
+            let mut builder = http2::Builder::new(TokioExecutor::new());
+            builder.timer(TokioTimer::new());
+            // PINGs while a request is in flight, after `keepalive` without a frame from the
+            // provider: the peer's HTTP/2 stack acks them whatever its model is doing, so only a
+            // dead connection misses the ack, and fails its requests as resets (retried per
+            // policy). Not while idle: some servers answer pings on an idle connection with
+            // GOAWAY, and the socket's TCP keepalive finds an idle connection's death anyway.
+            if let Some(keepalive) = self.keepalive {
+                builder
+                    .keep_alive_interval(keepalive)
+                    .keep_alive_timeout(keepalive)
+                    .keep_alive_while_idle(false);
+            }
+            let (sender, conn) = builder
                 .handshake(io)
                 .await
                 .map_err(|e| connect_failed(error_chain(&e)))?;

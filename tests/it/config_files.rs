@@ -182,3 +182,39 @@ fn secrets_never_appear_in_debug_or_summary() {
     assert!(!shown.contains("SECRET"), "{shown}");
     assert!(shown.contains("authorization"));
 }
+
+#[test]
+fn upstream_keepalive_is_typed_validated_and_shown() {
+    // Default: 15 s; "off" turns it off; shown by `rebound check`.
+    let c = Config::parse(BASE, Path::new("t.toml"), &|_| None).unwrap();
+    assert_eq!(c.upstreams["u"].keepalive, Some(std::time::Duration::from_secs(15)));
+    assert!(c.summary().contains("keepalive 15s"), "{}", c.summary());
+    let with = |v: &str| {
+        BASE.replace(
+            "url = \"https://x\"\n",
+            &format!("url = \"https://x\"\nkeepalive = {v}\n"),
+        )
+    };
+    let c = Config::parse(&with("\"off\""), Path::new("t.toml"), &|_| None).unwrap();
+    assert_eq!(c.upstreams["u"].keepalive, None);
+    assert!(c.summary().contains("keepalive off"), "{}", c.summary());
+    let c = Config::parse(&with("\"30s\""), Path::new("t.toml"), &|_| None).unwrap();
+    assert_eq!(c.upstreams["u"].keepalive, Some(std::time::Duration::from_secs(30)));
+    // Errors name the file, line, key and what was expected.
+    assert_eq!(
+        errors(&with("\"500ms\"")),
+        [r#"t.toml:3:13: upstreams.u.keepalive: expected a duration from 1s to 1h, or "off", found "500ms""#]
+    );
+    let e = errors(&with("\"often\""));
+    assert_eq!(e.len(), 1, "{e:?}");
+    assert!(
+        e[0].starts_with("t.toml:3:13: upstreams.u.keepalive: expected a duration such as")
+            && e[0].ends_with(r#"or "off", found "often""#),
+        "{e:?}"
+    );
+    let e = errors(&with("15"));
+    assert!(
+        e[0].starts_with("t.toml:3:13: upstreams.u.keepalive: invalid type"),
+        "{e:?}"
+    );
+}

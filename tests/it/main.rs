@@ -14,6 +14,7 @@ mod idempotency;
 mod idempotency_faults;
 mod idempotency_store;
 mod jobs;
+mod long_generation;
 mod passthrough;
 mod pool;
 mod process;

@@ -22,7 +22,7 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,6 +62,17 @@ pub enum Step {
     CutAfterFirstChunk,
     /// Send the head and the first SSE chunk, then nothing more (the connection stays open).
     StallAfterFirstChunk,
+    /// A model that thinks before it streams: the SSE head at once, then the normal stream's first
+    /// event `ms` later. Meanwhile, every `ping_every_ms` (0: never), a keep-alive: Anthropic's
+    /// `event: ping` on `/messages`, an SSE comment (`: keep-alive`) elsewhere.
+    ThinkThenStream {
+        ms: u64,
+        #[serde(default)]
+        ping_every_ms: u64,
+    },
+    /// Stop reading and writing this connection for good (its process hangs, its kernel still
+    /// answers TCP): an HTTP/2 PING is never acknowledged, nothing is ever answered.
+    Freeze,
 }
 
 impl Step {
@@ -210,8 +221,13 @@ async fn accept_loop(
         state.connections.fetch_add(1, Ordering::SeqCst);
         let state = state.clone();
         let acceptor = acceptor.clone();
+        let frozen = Arc::new(AtomicBool::new(false));
+        let tcp = Freezable {
+            inner: tcp,
+            frozen: frozen.clone(),
+        };
         tokio::spawn(async move {
-            let svc = hyper::service::service_fn(move |req| handle(state.clone(), req));
+            let svc = hyper::service::service_fn(move |req| handle(state.clone(), frozen.clone(), req));
             let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             match acceptor {
                 Some(acceptor) => {
@@ -236,7 +252,67 @@ impl std::fmt::Display for ResetConnection {
 }
 impl std::error::Error for ResetConnection {}
 
-async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Body>, ResetConnection> {
+/// An Anthropic stream's keep-alive event.
+pub const ANTHROPIC_PING: &str = "event: ping\ndata: {\"type\": \"ping\"}\n\n";
+/// An SSE comment, as servers send to keep a stream alive.
+pub const SSE_COMMENT: &str = ": keep-alive\n\n";
+
+/// A connection's I/O that can be frozen ([`Step::Freeze`]): once frozen, every read and write
+/// stays pending forever.
+struct Freezable<T> {
+    inner: T,
+    frozen: Arc<AtomicBool>,
+}
+
+impl<T: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Freezable<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Freezable<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.frozen.load(Ordering::SeqCst) {
+            return std::task::Poll::Pending;
+        }
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+async fn handle(
+    state: Arc<State>,
+    frozen: Arc<AtomicBool>,
+    req: Request<Incoming>,
+) -> Result<Response<Body>, ResetConnection> {
     let path = req.uri().path().to_string();
     if path.starts_with("/_fake/") {
         return Ok(control(&state, req).await);
@@ -328,6 +404,18 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Bo
             let first = futures_util::stream::iter(vec![Ok(Frame::data(Bytes::from(sse_chunk(0))))]);
             let stream = futures_util::StreamExt::chain(first, futures_util::stream::pending());
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
+        Some(Step::ThinkThenStream { ms, ping_every_ms }) => {
+            let anthropic = path.ends_with("/messages");
+            let ping = if anthropic { ANTHROPIC_PING } else { SSE_COMMENT };
+            let thinking = thinking(Duration::from_millis(ms), Duration::from_millis(ping_every_ms), ping);
+            let events = sse_events(state, key, chunks, gap, anthropic);
+            let stream = futures_util::StreamExt::chain(thinking, events);
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
+        Some(Step::Freeze) => {
+            frozen.store(true, Ordering::SeqCst);
+            return futures_util::future::pending().await;
         }
         None => {}
     }
@@ -502,8 +590,40 @@ pub fn sse_stream_bytes(chunks: usize) -> String {
     s
 }
 
+/// `ping` every `every` (never when zero) until `think` has passed from now (the response head
+/// goes out at once), then the end of this part of the body.
+fn thinking(
+    think: Duration,
+    every: Duration,
+    ping: &'static str,
+) -> impl futures_util::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send {
+    let until = tokio::time::Instant::now() + think;
+    futures_util::stream::unfold((), move |()| async move {
+        let next = if every.is_zero() {
+            until
+        } else {
+            (tokio::time::Instant::now() + every).min(until)
+        };
+        tokio::time::sleep_until(next).await;
+        (next < until).then(|| (Ok(Frame::data(Bytes::from_static(ping.as_bytes()))), ()))
+    })
+}
+
 fn sse_stream(state: Arc<State>, key: String, chunks: usize, gap: Duration, anthropic: bool) -> Response<Body> {
-    let stream = futures_util::stream::unfold(0usize, move |i| {
+    sse_response(BodyExt::boxed(StreamBody::new(sse_events(
+        state, key, chunks, gap, anthropic,
+    ))))
+}
+
+/// The events of a normal stream of `chunks` deltas, `gap` apart.
+fn sse_events(
+    state: Arc<State>,
+    key: String,
+    chunks: usize,
+    gap: Duration,
+    anthropic: bool,
+) -> impl futures_util::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send {
+    futures_util::stream::unfold(0usize, move |i| {
         let state = state.clone();
         let key = key.clone();
         async move {
@@ -531,8 +651,7 @@ fn sse_stream(state: Arc<State>, key: String, chunks: usize, gap: Duration, anth
             };
             Some((Ok::<_, std::io::Error>(Frame::data(Bytes::from(data))), i + 1))
         }
-    });
-    sse_response(BodyExt::boxed(StreamBody::new(stream)))
+    })
 }
 
 /// A ~1 KB OpenAI chat completion.

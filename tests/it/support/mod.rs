@@ -48,11 +48,23 @@ impl Answer {
 
 /// Sends a request and reads the whole response (10 s at most).
 pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: impl Into<Bytes>) -> Answer {
-    let resp = send_streaming(method, url, headers, body).await;
+    send_within(Duration::from_secs(10), method, url, headers, body).await
+}
+
+/// Sends a request and reads the whole response, with `within` for the head and as much again
+/// for the body (slow generations).
+pub async fn send_within(
+    within: Duration,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Answer {
+    let resp = send_streaming_within(within, method, url, headers, body).await;
     let (parts, body) = resp.into_parts();
-    let body = tokio::time::timeout(Duration::from_secs(10), body.collect())
+    let body = tokio::time::timeout(within, body.collect())
         .await
-        .expect("body within 10 s")
+        .unwrap_or_else(|_| panic!("body within {within:?}"))
         .expect("body read")
         .to_bytes();
     Answer {
@@ -69,14 +81,25 @@ pub async fn send_streaming(
     headers: &[(&str, &str)],
     body: impl Into<Bytes>,
 ) -> Response<Incoming> {
+    send_streaming_within(Duration::from_secs(10), method, url, headers, body).await
+}
+
+/// Sends a request and returns the response, its head within `within`, its body unread.
+pub async fn send_streaming_within(
+    within: Duration,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Bytes>,
+) -> Response<Incoming> {
     let mut req = Request::builder().method(method).uri(url);
     for (k, v) in headers {
         req = req.header(*k, *v);
     }
     let req = req.body(Full::new(body.into())).expect("request");
-    tokio::time::timeout(Duration::from_secs(10), client().request(req))
+    tokio::time::timeout(within, client().request(req))
         .await
-        .expect("response within 10 s")
+        .unwrap_or_else(|_| panic!("response within {within:?}"))
         .expect("response")
 }
 

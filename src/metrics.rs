@@ -12,9 +12,10 @@ use prometheus::{
     TextEncoder,
 };
 
-/// Request-latency buckets (seconds): sub-millisecond proxy errors up to multi-minute generations.
+/// Request-latency buckets (seconds): sub-millisecond proxy errors up to generations as long as
+/// the default limits allow (600 s per try, 900 s in all).
 const REQUEST_BUCKETS: &[f64] = &[
-    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
+    0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 900.0,
 ];
 
 /// Redis command buckets (seconds).

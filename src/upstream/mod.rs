@@ -233,7 +233,6 @@ pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
 
 #[cfg(test)]
 mod tests {
-    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
     use tower_service::Service as _;
 

@@ -1,15 +1,19 @@
-//! The request pipeline, top-down in one function ([`Proxy::handle`]):
+//! The request pipeline, top-down in one function ([`Proxy::handle`]), its steps numbered in the
+//! code as here:
 //!
-//! 1. refuse forward-proxy use (CONNECT, absolute-form targets);
+//! 1. refuse forward-proxy use (CONNECT, absolute-form targets); serve the job API (`/jobs/{id}`)
+//!    when a route is async;
 //! 2. route: the longest `path_prefix` wins, else 404 `no_route`;
 //! 3. WebSocket upgrades pass through untouched ([`websocket`]);
-//! 4. take the request body, capped at `max_request_body` (413 beyond it, nothing forwarded);
-//! 5. the attempt: build the upstream request (hop-by-hop headers out, `set_headers` in), send it,
-//!    wait for the head within `per_try_timeout`;
-//! 6. respond: the upstream's status, headers (minus hop-by-hop) and body, streamed frame by
-//!    frame, with `x-rebound-attempts`; or rebound's own error ([`crate::error`]).
-//!
-//! Later stages (idempotency, circuit and cooldown, the retry loop) slot in between 4 and 6.
+//! 4. take the request body, capped at `max_request_body` (413 beyond it, nothing forwarded); on
+//!    an async route, `Prefer: respond-async` queues it as a job instead (202);
+//! 5. idempotency: replay a completed original, hold or refuse a duplicate, or claim the key;
+//! 6. the attempts ([`Proxy::attempts`]): admit (deadline, circuit, cooldown), send, observe,
+//!    decide, until an outcome is delivered;
+//! 7. a failure for good is recorded as a dead letter;
+//! 8. respond ([`Proxy::respond`]): the upstream's status, headers (minus hop-by-hop) and body,
+//!    streamed frame by frame through the idempotency recorder, with `x-rebound-attempts`; or
+//!    rebound's own error ([`crate::error`]).
 
 pub mod stream;
 mod websocket;
@@ -28,7 +32,7 @@ use tokio_util::task::TaskTracker;
 
 use std::time::Duration;
 
-use crate::circuit::{credential_hash, release_delay, Attempt, Circuits, CredentialHash, CREDENTIAL_NAMES};
+use crate::circuit::{credential_hash, release_delay, Attempt, Circuits, CredentialHash, Permit, CREDENTIAL_NAMES};
 use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::{error_response, ProxyError};
@@ -51,8 +55,6 @@ use stream::{IdleTimeout, Primed};
 pub struct Route {
     pub name: Arc<str>,
     pub config: RouteConfig,
-    pub upstream: Arc<Upstream>,
-    pub upstream_name: Arc<str>,
     pub retry: Arc<RetryPolicy>,
     /// Whether the route names a retry policy (rebound is then the retry layer).
     pub retries: bool,
@@ -61,10 +63,8 @@ pub struct Route {
     pub budget: RetryBudget,
     /// The route's idempotency policy and the store, when it names one.
     pub idempotency: Option<Idempotency>,
-    /// The upstream, then the `fallback` upstreams, in order.
-    pub targets: Vec<Target>,
-    /// `targets[0]`.
-    pub primary: Target,
+    /// The route's upstream, then its `fallback` upstreams.
+    pub targets: Targets,
     /// This route's metric children.
     pub metrics: Arc<RouteMetrics>,
 }
@@ -91,10 +91,28 @@ impl Target {
     }
 }
 
+/// The upstreams a route may use: its own, then its fallbacks in order (never empty).
+pub struct Targets {
+    primary: Target,
+    fallbacks: Vec<Target>,
+}
+
+impl Targets {
+    /// All of them, the route's own first.
+    pub fn iter(&self) -> impl Iterator<Item = &Target> {
+        std::iter::once(&self.primary).chain(&self.fallbacks)
+    }
+}
+
 impl Route {
+    /// The route's own upstream.
+    pub fn primary(&self) -> &Target {
+        &self.targets.primary
+    }
+
     /// The target named `name` (one of `targets`; the primary if unknown).
     fn target(&self, name: &str) -> &Target {
-        self.targets.iter().find(|t| &*t.name == name).unwrap_or(&self.primary)
+        self.targets.iter().find(|t| &*t.name == name).unwrap_or(self.primary())
     }
 }
 
@@ -213,17 +231,18 @@ impl Proxy {
             let route = Route {
                 name: Arc::from(r.name.as_str()),
                 config: r.clone(),
-                upstream: upstream.clone(),
-                upstream_name: Arc::from(r.upstream.as_str()),
                 retries: r.retry.is_some(),
                 retry,
                 backoff,
                 budget,
-                targets: std::iter::once(&r.upstream)
-                    .chain(&r.fallback)
-                    .filter_map(|name| upstreams.get(name).map(|u| Target::new(&r.name, name, u, &metrics)))
-                    .collect(),
-                primary: Target::new(&r.name, &r.upstream, upstream, &metrics),
+                targets: Targets {
+                    primary: Target::new(&r.name, &r.upstream, upstream, &metrics),
+                    fallbacks: r
+                        .fallback
+                        .iter()
+                        .filter_map(|name| upstreams.get(name).map(|u| Target::new(&r.name, name, u, &metrics)))
+                        .collect(),
+                },
                 metrics: Arc::new(RouteMetrics::new(&metrics, &r.name)),
                 idempotency: r
                     .idempotency
@@ -357,6 +376,20 @@ impl Proxy {
 
         // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
         // frees the key first, so that the app's retry runs instead of waiting for the lease.
+        self.respond(&route, delivery, claim, bypassed, job_run, log).await
+    }
+
+    /// Step 8: the upstream's response (through the idempotency recorder when its status is
+    /// stored, the key released otherwise) or rebound's own error, with rebound's headers.
+    async fn respond(
+        &self,
+        route: &Route,
+        delivery: Delivery,
+        claim: Option<Claim>,
+        bypassed: bool,
+        job_run: bool,
+        log: RequestLog,
+    ) -> Response<ProxyBody> {
         let claim = match claim {
             Some(c) if matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
             Some(c) => {
@@ -369,7 +402,7 @@ impl Proxy {
         let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
         let mut resp = match delivery.result {
             Ok(resp) => {
-                let mut resp = upstream_response(resp, &route, attempts, outcome, claim, log);
+                let mut resp = upstream_response(resp, route, attempts, outcome, claim, log);
                 if job_run {
                     resp.extensions_mut().insert(Delivered { attempts, error: None });
                 }
@@ -397,13 +430,13 @@ impl Proxy {
         resp
     }
 
-    /// The retry loop, until an outcome is delivered. Before every attempt the circuits choose
-    /// the upstream (the route's, else its fallbacks in order; all open: 503 `circuit_open`) and
-    /// the cooldown of the credential is checked (held or 429 `cooldown`); after it the outcome
-    /// feeds the breaker, a 429's reset hint the cooldown, and the retry policy decides.
+    /// The retry loop, until an outcome is delivered, as four phases per attempt: **admit** (the
+    /// deadline, the circuits choosing the upstream: the route's, else its fallbacks in order, all
+    /// open: 503 `circuit_open`; the credential's cooldown: held or 429 `cooldown`), **send**,
+    /// **observe** (the outcome feeds the breaker, a 429's reset hint the cooldown, the metrics)
+    /// and **decide** (the pure retry policy: deliver, or wait and go round again).
     async fn attempts(&self, route: &Route, parts: &http::request::Parts, path: &str, body: &Bytes) -> Delivery {
-        let policy = &route.retry;
-        let (max_attempts, deadline) = retry::policy::request_limits(&parts.headers, policy);
+        let (max_attempts, deadline) = retry::policy::request_limits(&parts.headers, &route.retry);
         let started = Instant::now();
         let mut state = RetryState::new(max_attempts, started + deadline);
         if retry::policy::is_sdk_retry(&parts.headers) {
@@ -411,145 +444,56 @@ impl Proxy {
         } else {
             route.budget.deposit(started);
         }
-        let mut d = Progress::new(route.primary.name.clone());
-        // The last failed response, kept while waiting: delivered if no further attempt can run.
-        let mut last: Option<Response<Primed<UpstreamBody>>> = None;
-        let mut first_pass = true;
+        let mut d = Progress::new(route.primary().name.clone(), deadline);
+        let mut now = started;
         loop {
-            let now = if std::mem::take(&mut first_pass) {
-                started
-            } else {
-                Instant::now()
-            };
-            if state.deadline <= now {
-                return d.stop_before_attempt(last, Stop::Deadline, || ProxyError::Timeout {
-                    upstream: route.upstream_name.to_string(),
-                    timeout_ms: deadline.as_millis(),
-                });
-            }
-            let remaining = state.deadline - now;
-
-            // Circuit: the first upstream whose breaker admits this attempt.
-            let kind = if state.attempts == 0 {
-                Attempt::First
-            } else {
-                Attempt::Retry
-            };
-            let (target, permit) = match self
-                .circuits
-                .admit_first(route.targets.iter().map(|t| &*t.name), kind, now)
-            {
-                Ok((name, permit)) => (route.target(name), permit),
-                Err(retry_after) => {
-                    return d.stop_before_attempt(last, Stop::CircuitOpen, || ProxyError::CircuitOpen {
-                        upstream: route.upstream_name.to_string(),
-                        retry_after,
-                    })
+            let go = match self.admit(route, parts, path, body, &state, &mut d, now).await {
+                Admit::Go(go) => go,
+                Admit::Held => {
+                    now = Instant::now();
+                    continue;
                 }
+                Admit::Stop(delivery) => return delivery,
             };
-            let req = match build_upstream_request(target, parts, path, body.clone()) {
-                Ok(r) => r,
-                Err(e) => {
-                    return d.stop_before_attempt(None, Stop::NotRetryable, || {
-                        ProxyError::InvalidRequestTarget(e.to_string())
-                    })
-                }
-            };
-
-            // Cooldown: the provider told this credential to wait. The credential is hashed only
-            // when some cooldown holds this upstream, or after a 429.
-            let credential_values = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
-            if self.circuits.cooldowns_active(&target.name) {
-                let credential = credential_hash_of(&credential_values);
-                if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
-                    if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
-                        drop(permit);
-                        let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
-                        tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
-                        tokio::time::sleep(hold).await;
-                        continue;
-                    }
-                    self.circuits.count_cooldown_rejection(&target.name);
-                    return d.stop_before_attempt(last, Stop::Cooldown, || ProxyError::Cooldown {
-                        upstream: target.name.to_string(),
-                        retry_after: left,
-                    });
-                }
-            }
-
-            // The attempt.
-            drop(last.take());
+            d.last = None;
             state.attempts += 1;
-            d.upstream = target.name.clone();
-            let (result, received) = self.attempt(route, target, req, now, remaining).await;
-            let outcome = match &result {
-                Ok(resp) => Outcome::Status(resp.status()),
-                Err(e) => e.outcome(),
-            };
-            target.attempts.count(outcome.label());
-            let hint = match &result {
-                Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
-                _ => None,
-            };
-            permit.record(
-                outcome,
-                hint.filter(|h| h.source.is_explicit()).map(|h| h.delay),
-                received,
-            );
-            if let (Outcome::Status(StatusCode::TOO_MANY_REQUESTS), Some(h)) = (outcome, hint) {
-                let credential = credential_hash_of(&credential_values);
-                self.circuits
-                    .cooldown_note(&target.name, credential, received + h.delay, received);
-            }
+            d.upstream = go.target.name.clone();
+            let (result, received) = self
+                .attempt(
+                    route,
+                    go.target,
+                    go.req,
+                    now,
+                    state.deadline.saturating_duration_since(now),
+                )
+                .await;
+            let (outcome, hint) = self.observe(go.target, go.permit, &go.credentials, &result, received);
+            let target = go.target;
             d.record(
                 outcome,
                 result.as_ref().ok().map(|r| r.status().as_u16()),
                 received - now,
             );
-
-            let decision = {
-                let mut rng = rand::rng();
-                state.decide(
-                    policy,
-                    &route.backoff,
-                    &parts.method,
-                    outcome,
-                    hint,
-                    &route.budget,
-                    received,
-                    &mut rng,
-                )
-            };
+            let decision = state.decide(
+                &route.retry,
+                &route.backoff,
+                &parts.method,
+                outcome,
+                hint,
+                &route.budget,
+                received,
+                &mut rand::rng(),
+            );
             match decision {
                 Decision::Retry { wait, source, reason } => {
-                    let reason = reason.to_string();
-                    self.metrics
-                        .retries_total
-                        .with_label_values(&[&*route.name, &reason])
-                        .inc();
-                    self.metrics
-                        .retry_wait_seconds
-                        .with_label_values(&[&*route.name, source.as_str()])
-                        .observe(wait.as_secs_f64());
-                    tracing::debug!(route = %route.name, attempt = state.attempts, reason, wait_ms = wait.as_millis() as u64, source = source.as_str(), "retrying");
+                    self.count_retry(route, state.attempts, &reason.to_string(), wait, source.as_str());
                     d.waited(wait);
-                    last = result.ok();
+                    d.last = result.ok();
                     tokio::time::sleep(wait).await;
+                    now = Instant::now();
                 }
                 Decision::Deliver(stop) => {
-                    match stop {
-                        Stop::Exhausted => self
-                            .metrics
-                            .retries_exhausted_total
-                            .with_label_values(&[&*route.name])
-                            .inc(),
-                        Stop::BudgetExhausted => self
-                            .metrics
-                            .retry_budget_exhausted_total
-                            .with_label_values(&[&*route.name])
-                            .inc(),
-                        _ => {}
-                    }
+                    self.count_stop(route, stop);
                     let result = result.map_err(|e| {
                         tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
                         attempt_error(&target.name, e)
@@ -561,6 +505,133 @@ impl Proxy {
                 }
             }
         }
+    }
+
+    /// Admission of the next attempt: the deadline, the circuits (which upstream), the request
+    /// for it, and the credential's cooldown (which may hold the request, then look again).
+    #[allow(clippy::too_many_arguments)]
+    async fn admit<'r>(
+        &self,
+        route: &'r Route,
+        parts: &http::request::Parts,
+        path: &str,
+        body: &Bytes,
+        state: &RetryState,
+        d: &mut Progress,
+        now: Instant,
+    ) -> Admit<'r> {
+        if state.deadline <= now {
+            let (upstream, timeout_ms) = (route.primary().name.to_string(), d.deadline.as_millis());
+            return Admit::Stop(d.stop_before_attempt(Stop::Deadline, || ProxyError::Timeout { upstream, timeout_ms }));
+        }
+        let kind = if state.attempts == 0 {
+            Attempt::First
+        } else {
+            Attempt::Retry
+        };
+        let (target, permit) = match self
+            .circuits
+            .admit_first(route.targets.iter().map(|t| &*t.name), kind, now)
+        {
+            Ok((name, permit)) => (route.target(name), permit),
+            Err(retry_after) => {
+                let upstream = route.primary().name.to_string();
+                return Admit::Stop(
+                    d.stop_before_attempt(Stop::CircuitOpen, || ProxyError::CircuitOpen { upstream, retry_after }),
+                );
+            }
+        };
+        let req = match build_upstream_request(target, parts, path, body.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                d.last = None;
+                return Admit::Stop(
+                    d.stop_before_attempt(Stop::NotRetryable, || ProxyError::InvalidRequestTarget(e.to_string())),
+                );
+            }
+        };
+        // The credential is hashed only when some cooldown holds this upstream, or after a 429.
+        let credentials = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
+        if self.circuits.cooldowns_active(&target.name) {
+            let credential = credential_hash_of(&credentials);
+            if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
+                if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
+                    drop(permit);
+                    let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
+                    tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
+                    tokio::time::sleep(hold).await;
+                    return Admit::Held;
+                }
+                self.circuits.count_cooldown_rejection(&target.name);
+                let upstream = target.name.to_string();
+                return Admit::Stop(d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown {
+                    upstream,
+                    retry_after: left,
+                }));
+            }
+        }
+        Admit::Go(Go {
+            target,
+            permit,
+            req,
+            credentials,
+        })
+    }
+
+    /// What an attempt's result tells: its outcome (counted), the breaker fed through `permit`,
+    /// a 429's reset hint noted as a cooldown for the credential, and the hint for the decision.
+    fn observe(
+        &self,
+        target: &Target,
+        permit: Permit,
+        credentials: &[Option<HeaderValue>; 3],
+        result: &Result<Response<Primed<UpstreamBody>>, AttemptError>,
+        received: Instant,
+    ) -> (Outcome, Option<retry::RetryHint>) {
+        let outcome = match result {
+            Ok(resp) => Outcome::Status(resp.status()),
+            Err(e) => e.outcome(),
+        };
+        target.attempts.count(outcome.label());
+        let hint = match result {
+            Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
+            _ => None,
+        };
+        permit.record(
+            outcome,
+            hint.filter(|h| h.source.is_explicit()).map(|h| h.delay),
+            received,
+        );
+        if let (Outcome::Status(StatusCode::TOO_MANY_REQUESTS), Some(h)) = (outcome, hint) {
+            self.circuits.cooldown_note(
+                &target.name,
+                credential_hash_of(credentials),
+                received + h.delay,
+                received,
+            );
+        }
+        (outcome, hint)
+    }
+
+    fn count_retry(&self, route: &Route, attempt: u32, reason: &str, wait: Duration, source: &str) {
+        self.metrics
+            .retries_total
+            .with_label_values(&[&*route.name, reason])
+            .inc();
+        self.metrics
+            .retry_wait_seconds
+            .with_label_values(&[&*route.name, source])
+            .observe(wait.as_secs_f64());
+        tracing::debug!(route = %route.name, attempt, reason, wait_ms = wait.as_millis() as u64, source, "retrying");
+    }
+
+    fn count_stop(&self, route: &Route, stop: Stop) {
+        let family = match stop {
+            Stop::Exhausted => &self.metrics.retries_exhausted_total,
+            Stop::BudgetExhausted => &self.metrics.retry_budget_exhausted_total,
+            _ => return,
+        };
+        family.with_label_values(&[&*route.name]).inc();
     }
 
     /// Records a dead letter in the background (the response does not wait for the store).
@@ -658,14 +729,20 @@ struct Progress {
     attempts: Vec<AttemptRecord>,
     /// The upstream of the last attempt (a fallback, when the primary's circuit was open).
     upstream: Arc<str>,
+    /// The last failed response, kept while waiting: delivered if no further attempt can run.
+    last: Option<Response<Primed<UpstreamBody>>>,
+    /// The request's whole deadline (for the error that reports it).
+    deadline: Duration,
 }
 
 impl Progress {
-    fn new(upstream: Arc<str>) -> Progress {
+    fn new(upstream: Arc<str>, deadline: Duration) -> Progress {
         Progress {
             outcome: None,
             attempts: Vec::new(),
             upstream,
+            last: None,
+            deadline,
         }
     }
 
@@ -686,26 +763,41 @@ impl Progress {
     }
 
     /// Ends the loop with this result.
-    fn deliver(self, result: Result<Response<Primed<UpstreamBody>>, ProxyError>, stop: Stop) -> Delivery {
+    fn deliver(&mut self, result: Result<Response<Primed<UpstreamBody>>, ProxyError>, stop: Stop) -> Delivery {
         Delivery {
             result,
             outcome: self.outcome,
-            attempts: self.attempts,
+            attempts: std::mem::take(&mut self.attempts),
             stop,
-            upstream: self.upstream,
+            upstream: self.upstream.clone(),
         }
     }
 
     /// Ends the loop before an attempt could run: the last failed response, if one is kept,
     /// else rebound's own error.
-    fn stop_before_attempt(
-        self,
-        last: Option<Response<Primed<UpstreamBody>>>,
-        stop: Stop,
-        err: impl FnOnce() -> ProxyError,
-    ) -> Delivery {
-        self.deliver(last.map_or_else(|| Err(err()), Ok), stop)
+    fn stop_before_attempt(&mut self, stop: Stop, err: impl FnOnce() -> ProxyError) -> Delivery {
+        let result = self.last.take().map_or_else(|| Err(err()), Ok);
+        self.deliver(result, stop)
     }
+}
+
+/// What admission decided for the next attempt.
+enum Admit<'r> {
+    /// Send it.
+    Go(Go<'r>),
+    /// A cooldown held the request for a while; admit again.
+    Held,
+    /// No attempt can run: this is delivered.
+    Stop(Delivery),
+}
+
+/// An admitted attempt: where it goes, the circuit's permit, the request, and its credential
+/// header values (hashed only when a cooldown needs them).
+struct Go<'r> {
+    target: &'r Target,
+    permit: Permit,
+    req: Request<Full<Bytes>>,
+    credentials: [Option<HeaderValue>; 3],
 }
 
 /// What the retry loop hands back.

@@ -23,7 +23,7 @@ pub(super) async fn pass_through<B>(
 ) -> Response<ProxyBody> {
     let client_side = hyper::upgrade::on(&mut req);
     let (parts, _) = req.into_parts();
-    let uri = match route.upstream.uri_for(path, parts.uri.query()) {
+    let uri = match route.primary().upstream.uri_for(path, parts.uri.query()) {
         Ok(u) => u,
         Err(e) => return error_response(ProxyError::BadRequestBody(e.to_string()), log),
     };
@@ -34,20 +34,21 @@ pub(super) async fn pass_through<B>(
     h.clone_from(&parts.headers);
     headers::strip_hop_by_hop(h, true);
     headers::remove_all(h, &headers::NOT_FORWARDED);
-    for (name, value) in &route.upstream.config.set_headers {
+    for (name, value) in &route.primary().upstream.config.set_headers {
         h.insert(name.clone(), value.clone());
     }
 
     let result = route
+        .primary()
         .upstream
         .send_upgrade(upstream_req, route.retry.per_try_timeout)
         .await;
-    log.set_upstream(&route.upstream_name, 1);
+    log.set_upstream(&route.primary().name, 1);
     let mut resp = match result {
         Ok(resp) => resp,
         Err(e) => {
-            tracing::warn!(route = %route.name, upstream = %route.upstream_name, error = %e, "upgrade attempt failed");
-            return error_response(attempt_error(&route.upstream_name, e), log);
+            tracing::warn!(route = %route.name, upstream = %route.primary().name, error = %e, "upgrade attempt failed");
+            return error_response(attempt_error(&route.primary().name, e), log);
         }
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {

@@ -1,0 +1,153 @@
+//! `[upstreams.NAME]`: the URL, TLS trust, headers set on every request, circuit and cooldown.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::{HeaderName, HeaderValue};
+
+use super::super::raw::*;
+use super::super::*;
+use super::{names, Validator};
+
+impl Validator<'_> {
+    pub(super) fn upstream(
+        &mut self,
+        name: &str,
+        u: &RawUpstream,
+        circuits: &BTreeMap<String, Arc<CircuitPolicy>>,
+    ) -> Option<UpstreamConfig> {
+        let key = |k: &str| format!("upstreams.{name}.{k}");
+        let (scheme, authority, base_path) = self.upstream_url(name, u)?;
+        let circuit = u.circuit.clone();
+        if let Some(c) = &circuit {
+            if !circuits.contains_key(c) {
+                self.err(
+                    &key("circuit"),
+                    format!(
+                        "expected the name of a [circuit.*] table ({}), found {c:?}",
+                        names(circuits)
+                    ),
+                );
+            }
+        }
+        let cooldown = self.choice(
+            &key("cooldown"),
+            &u.cooldown,
+            CooldownMode::Wait,
+            &[
+                ("wait", CooldownMode::Wait),
+                ("reject", CooldownMode::Reject),
+                ("off", CooldownMode::Off),
+            ],
+        );
+        let ca_file = self.ca_file(&key("ca_file"), u);
+        let set_headers = self.set_headers(name, u);
+        Some(UpstreamConfig {
+            name: name.to_string(),
+            scheme,
+            authority,
+            base_path,
+            connect_timeout: self.positive_duration(
+                &key("connect_timeout"),
+                &u.connect_timeout,
+                Duration::from_secs(5),
+            ),
+            keepalive: self.keepalive(&key("keepalive"), &u.keepalive),
+            circuit,
+            cooldown,
+            ca_file,
+            set_headers,
+        })
+    }
+
+    /// `url`: an absolute http(s) URL without query or credentials; its path is a base prepended
+    /// to forwarded paths.
+    fn upstream_url(
+        &mut self,
+        name: &str,
+        u: &RawUpstream,
+    ) -> Option<(http::uri::Scheme, http::uri::Authority, String)> {
+        let key = format!("upstreams.{name}.url");
+        let Some(url) = self.string(&key, u.url.as_deref()) else {
+            if u.url.is_none() {
+                self.err(
+                    &format!("upstreams.{name}"),
+                    "expected a `url` key (e.g. url = \"https://api.openai.com\"), found none",
+                );
+            }
+            return None;
+        };
+        let absolute = || format!("expected an absolute http:// or https:// URL, found {url:?}");
+        let Ok(uri) = url.parse::<http::Uri>() else {
+            self.err(&key, absolute());
+            return None;
+        };
+        let (Some(scheme), Some(authority)) = (uri.scheme().cloned(), uri.authority().cloned()) else {
+            self.err(&key, absolute());
+            return None;
+        };
+        if scheme != http::uri::Scheme::HTTP && scheme != http::uri::Scheme::HTTPS {
+            self.err(&key, format!("expected an http:// or https:// URL, found {url:?}"));
+            return None;
+        }
+        if uri.query().is_some() || authority.as_str().contains('@') {
+            self.err(
+                &key,
+                format!("expected a URL without query or credentials, found {url:?}"),
+            );
+            return None;
+        }
+        let base_path = uri.path().trim_end_matches('/').to_string();
+        Some((scheme, authority, base_path))
+    }
+
+    /// `ca_file`: a readable PEM file (relative to the config file when not found as given).
+    fn ca_file(&mut self, key: &str, u: &RawUpstream) -> Option<PathBuf> {
+        let ca_file = self.string(key, u.ca_file.as_deref()).map(|p| {
+            let p = PathBuf::from(p);
+            if p.is_relative() && !p.exists() {
+                self.base_dir.join(p)
+            } else {
+                p
+            }
+        });
+        if let Some(p) = &ca_file {
+            if !p.is_file() {
+                self.err(
+                    key,
+                    format!("expected a readable PEM file, found {:?} (no such file)", p.display()),
+                );
+            }
+        }
+        ca_file
+    }
+
+    /// `set_headers`: valid names, visible-ASCII values (never echoed: usually credentials).
+    fn set_headers(&mut self, name: &str, u: &RawUpstream) -> Vec<(HeaderName, HeaderValue)> {
+        let mut set_headers = Vec::new();
+        for (h, raw_value) in &u.set_headers {
+            let k = format!("upstreams.{name}.set_headers.{h}");
+            let Ok(header) = HeaderName::from_bytes(h.as_bytes()) else {
+                self.err(&k, format!("expected a valid HTTP header name, found {h:?}"));
+                continue;
+            };
+            let Some(value) = self.string(&k, Some(raw_value)) else {
+                continue;
+            };
+            match HeaderValue::from_str(&value) {
+                Ok(mut v) => {
+                    v.set_sensitive(true);
+                    set_headers.push((header, v));
+                }
+                // Never echo the value: it is usually a credential.
+                Err(_) => self.err(
+                    &k,
+                    "expected a header value of visible ASCII characters (the value is not shown)",
+                ),
+            }
+        }
+        set_headers
+    }
+}

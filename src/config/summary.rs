@@ -7,6 +7,16 @@ use super::*;
 
 pub(super) fn render(c: &Config) -> String {
     let mut out = String::new();
+    listeners(&mut out, c);
+    routes(&mut out, c);
+    upstreams(&mut out, c);
+    policies(&mut out, c);
+    jobs_and_idempotency(&mut out, c);
+    out
+}
+
+/// The listeners and Redis.
+fn listeners(out: &mut String, c: &Config) {
     let _ = writeln!(out, "{}: valid", c.source.display());
     let _ = writeln!(
         out,
@@ -36,7 +46,10 @@ pub(super) fn render(c: &Config) -> String {
             let _ = writeln!(out, "redis: none (state in memory, one replica)");
         }
     }
+}
 
+/// Routes, longest prefix first.
+fn routes(out: &mut String, c: &Config) {
     let _ = writeln!(out, "\nroutes (longest prefix wins):");
     let mut routes: Vec<&RouteConfig> = c.routes.iter().collect();
     routes.sort_by(|a, b| {
@@ -72,7 +85,10 @@ pub(super) fn render(c: &Config) -> String {
         }
         out.push('\n');
     }
+}
 
+/// Upstreams (header values hidden).
+fn upstreams(out: &mut String, c: &Config) {
     let _ = writeln!(out, "\nupstreams:");
     for u in c.upstreams.values() {
         let _ = write!(
@@ -94,7 +110,10 @@ pub(super) fn render(c: &Config) -> String {
         }
         out.push('\n');
     }
+}
 
+/// Retry policies and circuit breakers.
+fn policies(out: &mut String, c: &Config) {
     if !c.retry.is_empty() {
         let _ = writeln!(out, "\nretry policies:");
     }
@@ -140,6 +159,10 @@ pub(super) fn render(c: &Config) -> String {
             if p.shared { "shared" } else { "local" }
         );
     }
+}
+
+/// The job queue (when a route is async) and the idempotency policies.
+fn jobs_and_idempotency(out: &mut String, c: &Config) {
     if c.routes.iter().any(|r| r.async_jobs) {
         let j = &c.jobs;
         let _ = writeln!(
@@ -181,5 +204,4 @@ pub(super) fn render(c: &Config) -> String {
             p.on_store_error
         );
     }
-    out
 }

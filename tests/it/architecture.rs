@@ -163,3 +163,112 @@ fn the_scan_sees_every_import_form_and_reports_a_cycle_with_its_files() {
     assert!(text.contains("jobs -> wire: src/jobs/mod.rs"), "{text}");
     assert!(text.contains("wire -> proxy: src/wire/body.rs"), "{text}");
 }
+
+/// Code lines of a source text outside `#[cfg(test)] mod ... { }` blocks: (line number, text),
+/// blank lines and `//` comment lines left out.
+fn code_lines(text: &str) -> Vec<(usize, &str)> {
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < lines.len() {
+        let is_test_mod = lines[i].trim() == "#[cfg(test)]"
+            && lines.get(i + 1).is_some_and(|l| {
+                let l = l.trim_start();
+                (l.starts_with("mod ") || l.starts_with("pub mod ")) && l.ends_with('{')
+            });
+        if is_test_mod {
+            let mut depth = 0i64;
+            i += 1;
+            while i < lines.len() {
+                depth += lines[i].matches('{').count() as i64 - lines[i].matches('}').count() as i64;
+                i += 1;
+                if depth <= 0 {
+                    break;
+                }
+            }
+            continue;
+        }
+        let t = lines[i].trim();
+        if !t.is_empty() && !t.starts_with("//") {
+            out.push((i + 1, lines[i]));
+        }
+        i += 1;
+    }
+    out
+}
+
+/// Functions (name, first line, code lines) of a file's code lines.
+fn functions<'a>(code: &[(usize, &'a str)]) -> Vec<(&'a str, usize, usize)> {
+    let mut out = Vec::new();
+    for (k, (line, text)) in code.iter().enumerate() {
+        let t = text.trim_start();
+        let t = t
+            .strip_prefix("pub(super) ")
+            .or_else(|| t.strip_prefix("pub(crate) "))
+            .unwrap_or(t);
+        let t = t.strip_prefix("pub ").unwrap_or(t);
+        let t = t.strip_prefix("async ").unwrap_or(t);
+        let t = t.strip_prefix("const ").unwrap_or(t);
+        let Some(rest) = t.strip_prefix("fn ") else { continue };
+        if text.trim_end().ends_with(';') {
+            continue;
+        }
+        let name: &str = rest
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .next()
+            .unwrap_or("");
+        let (mut depth, mut started, mut n) = (0i64, false, 0);
+        for (_, l) in &code[k..] {
+            n += 1;
+            depth += l.matches('{').count() as i64 - l.matches('}').count() as i64;
+            started |= l.contains('{');
+            if started && depth <= 0 {
+                break;
+            }
+        }
+        out.push((name, *line, n));
+    }
+    out
+}
+
+/// Functions allowed past the limit, each with its reason.
+const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[(
+    "src/metrics.rs",
+    "new",
+    "the one table of metric families: a flat list of definitions, one statement each",
+)];
+
+#[test]
+fn no_file_over_800_code_lines_and_no_function_over_100() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut over = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let rel = format!("src/{}", file.strip_prefix(&src).unwrap().display());
+        let code = code_lines(&text);
+        if code.len() > 800 {
+            over.push(format!("{rel}: {} code lines", code.len()));
+        }
+        for (name, line, n) in functions(&code) {
+            let allowed = LONG_FUNCTIONS.iter().any(|(f, fun, _)| *f == rel && *fun == name);
+            if n > 100 && !allowed {
+                over.push(format!("{rel}:{line}: fn {name} has {n} code lines"));
+            }
+        }
+    }
+    assert!(
+        over.is_empty(),
+        "over the size limits (split by concept):\n{}",
+        over.join("\n")
+    );
+}
+
+#[test]
+fn the_size_scan_skips_tests_and_counts_functions() {
+    let text = "fn a() {\n    let x = 1;\n\n    // note\n}\n#[cfg(test)]\nmod tests {\n    fn t() {}\n}\npub async fn b(\n    y: u8,\n) -> u8 {\n    y\n}\n";
+    let code = code_lines(text);
+    assert_eq!(code.len(), 8, "{code:?}");
+    assert_eq!(functions(&code), vec![("a", 1, 3), ("b", 10, 5)]);
+}

@@ -15,10 +15,10 @@ fn config(provider: &str, redis: Option<&str>, circuit: &str, cooldown: &str, ex
     if let Some(url) = redis {
         tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\nsync_interval = \"100ms\"\n"));
     }
-    config_for(provider, &tables).replace(
-        "connect_timeout = \"1s\"\n",
-        &format!("connect_timeout = \"1s\"\ncircuit = \"c\"\ncooldown = \"{cooldown}\"\n"),
-    )
+    Edit::new(&config_for(provider, &tables))
+        .set("upstreams.fake", "circuit", "c")
+        .set("upstreams.fake", "cooldown", cooldown)
+        .to_string()
 }
 
 async fn call(url: &str, key: &str) -> Answer {
@@ -99,10 +99,10 @@ async fn an_open_circuit_fails_fast_then_probes_once_and_recovers() {
 async fn an_open_circuit_falls_back_and_says_so() {
     let (primary, backup) = (FakeProvider::start().await, FakeProvider::start().await);
     let extra = format!("\n[upstreams.backup]\nurl = \"{}\"\ncircuit = \"c\"\n", backup.url());
-    let toml = config(&primary.url(), None, "", "off", &extra).replace(
-        "strip_prefix = true\n",
-        "strip_prefix = true\nfallback = [\"backup\"]\ndead_letters = true\n",
-    );
+    let toml = Edit::new(&config(&primary.url(), None, "", "off", &extra))
+        .route_set("fake", "fallback", toml_edit::Array::from_iter(["backup"]))
+        .route_set("fake", "dead_letters", true)
+        .to_string();
     let rebound = Rebound::start(&toml).await;
     primary.script("k", vec![Step::status(503); 100]);
     for _ in 0..3 {
@@ -119,10 +119,10 @@ async fn an_open_circuit_falls_back_and_says_so() {
 #[tokio::test]
 async fn no_fallback_left_is_a_dead_letter() {
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), None, "", "off", "\n[admin]\n")
-        .replace("[admin]\nlisten", "[admin]\ntoken = \"t\"\nlisten")
-        .replace("strip_prefix = true\n", "strip_prefix = true\ndead_letters = true\n");
-    let toml = toml.replace("\n[admin]\n\n", "\n");
+    let toml = Edit::new(&config(&provider.url(), None, "", "off", ""))
+        .set("admin", "token", "t")
+        .route_set("fake", "dead_letters", true)
+        .to_string();
     let rebound = Rebound::start(&toml).await;
     provider.script("k", vec![Step::status(503); 10]);
     for _ in 0..4 {
@@ -147,8 +147,9 @@ async fn no_fallback_left_is_a_dead_letter() {
 async fn the_fleet_opens_together_and_probes_once() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "open_for = \"2s\"\n", "off", "")
-        .replace("open_for = \"1s\"\n", "");
+    let toml = Edit::new(&config(&provider.url(), Some(&redis.url()), "", "off", ""))
+        .change("circuit.c", "open_for", "2s")
+        .to_string();
     let a = Rebound::start(&toml).await;
     let b = Rebound::start(&toml).await;
     let c = Rebound::start(&toml).await;

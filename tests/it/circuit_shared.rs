@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::support::redis::RedisServer;
+use crate::support::{eventually, time_until};
 
 const SYNC: Duration = Duration::from_millis(100);
 const OPEN_FOR: Duration = Duration::from_secs(1);
@@ -123,7 +124,7 @@ async fn fleet(redis: &RedisServer) -> [Replica; 3] {
     ];
     for r in &fleet {
         assert!(
-            wait_until(Duration::from_secs(10), || r.redis.is_up()).await,
+            eventually(Duration::from_secs(10), || r.redis.is_up()).await,
             "redis up"
         );
     }
@@ -132,22 +133,9 @@ async fn fleet(redis: &RedisServer) -> [Replica; 3] {
     fleet
 }
 
-/// Polls `f` every 5 ms; the time it took, or `None` after `within`.
-async fn time_until(within: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
-    let start = Instant::now();
-    loop {
-        if f() {
-            return Some(start.elapsed());
-        }
-        if start.elapsed() > within {
-            return None;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-async fn wait_until(within: Duration, f: impl FnMut() -> bool) -> bool {
-    time_until(within, f).await.is_some()
+/// Whether every replica of `fleet` reaches a state that satisfies `want` within `within`.
+async fn fleet_reaches(fleet: &[&Replica], within: Duration, want: impl Fn(CircuitState) -> bool) -> bool {
+    eventually(within, || fleet.iter().all(|r| want(r.state()))).await
 }
 
 /// Admits on every replica every 10 ms for `during`, keeping every permit: the probes granted.
@@ -194,12 +182,7 @@ async fn failures_on_one_replica_open_the_fleet_and_the_fleet_probes_at_most_hal
 
     // Half-open: whatever the three replicas ask, the fleet grants at most `half_open_probes`.
     let all = [&a, &b, &c];
-    assert!(
-        wait_until(Duration::from_secs(3), || all
-            .iter()
-            .all(|r| r.state() != CircuitState::Open))
-        .await
-    );
+    assert!(fleet_reaches(&all, Duration::from_secs(3), |s| s != CircuitState::Open).await);
     let probes = collect_probes(&all, Duration::from_millis(1500)).await;
     assert!(!probes.is_empty(), "the fleet must probe");
     assert!(
@@ -246,35 +229,20 @@ async fn a_failed_probe_reopens_the_fleet_for_longer() {
     let redis = RedisServer::start();
     let [a, b, c] = fleet(&redis).await;
     a.fail(3);
-    assert!(wait_until(Duration::from_secs(2), || c.state() == CircuitState::Open).await);
+    assert!(eventually(Duration::from_secs(2), || c.state() == CircuitState::Open).await);
     let all = [&a, &b, &c];
-    assert!(
-        wait_until(Duration::from_secs(3), || all
-            .iter()
-            .all(|r| r.state() != CircuitState::Open))
-        .await
-    );
+    assert!(fleet_reaches(&all, Duration::from_secs(3), |s| s != CircuitState::Open).await);
     let probes = collect_probes(&all, Duration::from_millis(500)).await;
     assert!(!probes.is_empty() && probes.len() <= PROBES);
     let opened = Instant::now();
     for p in probes {
         p.record(Outcome::ConnectFailure, None, time::now());
     }
-    assert!(
-        wait_until(Duration::from_secs(1), || all
-            .iter()
-            .all(|r| r.state() == CircuitState::Open))
-        .await
-    );
+    assert!(fleet_reaches(&all, Duration::from_secs(1), |s| s == CircuitState::Open).await);
     // The second opening lasts twice as long: about 2 s, not 1 s.
     tokio::time::sleep(Duration::from_millis(1500).saturating_sub(opened.elapsed())).await;
     assert!(all.iter().all(|r| r.state() == CircuitState::Open), "re-opened for 2 s");
-    assert!(
-        wait_until(Duration::from_secs(2), || all
-            .iter()
-            .all(|r| r.state() != CircuitState::Open))
-        .await
-    );
+    assert!(fleet_reaches(&all, Duration::from_secs(2), |s| s != CircuitState::Open).await);
     for r in [a, b, c] {
         r.shutdown().await;
     }
@@ -309,12 +277,7 @@ async fn without_redis_each_replica_runs_locally_and_they_converge_when_it_retur
 
     // The fleet is open when Redis goes away.
     a.fail(3);
-    assert!(
-        wait_until(Duration::from_secs(2), || all
-            .iter()
-            .all(|r| r.state() == CircuitState::Open))
-        .await
-    );
+    assert!(fleet_reaches(&all, Duration::from_secs(2), |s| s == CircuitState::Open).await);
     redis.stop();
 
     // The request path never waits for Redis.
@@ -330,12 +293,7 @@ async fn without_redis_each_replica_runs_locally_and_they_converge_when_it_retur
 
     // Once the open time is up, every replica probes on its own (no lease to wait for): the
     // half-open state cannot wedge on a missing Redis.
-    assert!(
-        wait_until(Duration::from_secs(3), || all
-            .iter()
-            .all(|r| r.state() != CircuitState::Open))
-        .await
-    );
+    assert!(fleet_reaches(&all, Duration::from_secs(3), |s| s != CircuitState::Open).await);
     tokio::time::sleep(SYNC * 4).await;
     for r in all {
         let probes = collect_probes(&[r], Duration::from_millis(100)).await;
@@ -344,12 +302,7 @@ async fn without_redis_each_replica_runs_locally_and_they_converge_when_it_retur
             p.record(Outcome::Status(StatusCode::OK), None, time::now());
         }
     }
-    assert!(
-        wait_until(Duration::from_secs(1), || all
-            .iter()
-            .all(|r| r.state() == CircuitState::Closed))
-        .await
-    );
+    assert!(fleet_reaches(&all, Duration::from_secs(1), |s| s == CircuitState::Closed).await);
 
     // Local breakers keep working: B trips alone, the others know nothing of it.
     b.fail(3);
@@ -371,17 +324,12 @@ async fn without_redis_each_replica_runs_locally_and_they_converge_when_it_retur
     for r in all {
         // The health check runs every second: it may lag behind the reconnection.
         assert!(
-            wait_until(Duration::from_secs(5), || r.redis.is_up()).await,
+            eventually(Duration::from_secs(5), || r.redis.is_up()).await,
             "reconnected"
         );
     }
     // And it is one fleet again: one half-open phase, at most `half_open_probes` probes in all.
-    assert!(
-        wait_until(Duration::from_secs(3), || all
-            .iter()
-            .all(|r| r.state() != CircuitState::Open))
-        .await
-    );
+    assert!(fleet_reaches(&all, Duration::from_secs(3), |s| s != CircuitState::Open).await);
     let probes = collect_probes(&all, Duration::from_millis(1000)).await;
     assert!(!probes.is_empty() && probes.len() <= PROBES, "{} probes", probes.len());
     assert!(back.elapsed() < Duration::from_secs(10));
@@ -425,7 +373,7 @@ async fn a_cooldown_noted_on_one_replica_holds_that_credential_everywhere() {
     // A replica that starts later (it missed the message) learns it at its first sync.
     let d = Replica::start(&redis.url());
     assert!(
-        wait_until(Duration::from_secs(3), || d
+        eventually(Duration::from_secs(3), || d
             .circuits
             .cooldown_check("up", &k1, time::now())
             .is_some())
@@ -435,7 +383,7 @@ async fn a_cooldown_noted_on_one_replica_holds_that_credential_everywhere() {
 
     // It ends when it should, everywhere.
     assert!(
-        wait_until(Duration::from_secs(4), || {
+        eventually(Duration::from_secs(4), || {
             [&a, &b, &c, &d]
                 .iter()
                 .all(|r| r.circuits.cooldown_check("up", &k1, time::now()).is_none())

@@ -4,6 +4,8 @@ use std::path::{Path, PathBuf};
 
 use rebound::Config;
 
+use crate::support::Edit;
+
 fn shipped_configs() -> Vec<PathBuf> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut out = Vec::new();
@@ -190,10 +192,9 @@ fn upstream_keepalive_is_typed_validated_and_shown() {
     assert_eq!(c.upstreams["u"].keepalive, Some(std::time::Duration::from_secs(15)));
     assert!(c.summary().contains("keepalive 15s"), "{}", c.summary());
     let with = |v: &str| {
-        BASE.replace(
-            "url = \"https://x\"\n",
-            &format!("url = \"https://x\"\nkeepalive = {v}\n"),
-        )
+        Edit::new(BASE)
+            .set("upstreams.u", "keepalive", v.parse::<toml_edit::Value>().unwrap())
+            .to_string()
     };
     let c = Config::parse(&with("\"off\""), Path::new("t.toml"), &|_| None).unwrap();
     assert_eq!(c.upstreams["u"].keepalive, None);

@@ -10,21 +10,23 @@ use crate::support::*;
 
 const TOKEN: &str = "admin-token-123";
 
-fn config(provider: &str, redis: Option<&str>, extra_route: &str, extra: &str) -> String {
+fn config(provider: &str, redis: Option<&str>, bodies: bool, extra: &str) -> String {
     let mut tables = format!(
         "\n[retry.fast]\nmax_attempts = 3\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\njitter = \"none\"\n\n[idempotency.idem]\nlease = \"2s\"\n\n[dead_letters]\nmax_entries = 20\nsensitive_headers = [\"x-tenant-secret\"]\n{extra}"
     );
     if let Some(url) = redis {
         tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\n"));
     }
-    config_for(provider, &tables)
-        .replace(
-            "strip_prefix = true\n",
-            &format!(
-                "strip_prefix = true\nretry = \"fast\"\nidempotency = \"idem\"\ndead_letters = true\n{extra_route}"
-            ),
-        )
-        .replace("[admin]\n", &format!("[admin]\ntoken = \"{TOKEN}\"\n"))
+    let edit = Edit::new(&config_for(provider, &tables))
+        .route_set("fake", "retry", "fast")
+        .route_set("fake", "idempotency", "idem")
+        .route_set("fake", "dead_letters", true)
+        .set("admin", "token", TOKEN);
+    if bodies {
+        edit.route_set("fake", "dead_letter_bodies", true).to_string()
+    } else {
+        edit.to_string()
+    }
 }
 
 async fn admin(rebound: &Rebound, method: &str, path: &str) -> Answer {
@@ -67,13 +69,7 @@ async fn wait_for_entries(rebound: &Rebound, n: usize) -> serde_json::Value {
 async fn exhausted_request_is_recorded(redis: Option<&RedisServer>) {
     let provider = FakeProvider::start().await;
     let url = redis.map(RedisServer::url);
-    let rebound = Rebound::start(&config(
-        &provider.url(),
-        url.as_deref(),
-        "dead_letter_bodies = true\n",
-        "",
-    ))
-    .await;
+    let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), true, "")).await;
     provider.script("k", vec![Step::status(503), Step::status(502), Step::status(503)]);
     let a = failing_call(&rebound, "k", "dl-1", r#"{"model":"m"}"#).await;
     assert_eq!(a.status, 503);
@@ -149,7 +145,7 @@ async fn exhausted_requests_are_recorded_in_redis() {
 #[tokio::test]
 async fn bodies_are_kept_only_where_the_route_says_and_4xx_is_not_a_dead_letter() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "", "")).await;
+    let rebound = Rebound::start(&config(&provider.url(), None, false, "")).await;
     provider.script("k", vec![Step::status(503); 3]);
     failing_call(&rebound, "k", "nobody", r#"{"secret_prompt":1}"#).await;
     let page = wait_for_entries(&rebound, 1).await;
@@ -177,13 +173,7 @@ async fn bodies_are_kept_only_where_the_route_says_and_4xx_is_not_a_dead_letter(
 async fn replay_after_recovery_succeeds_and_never_duplicates() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(
-        &provider.url(),
-        Some(&redis.url()),
-        "dead_letter_bodies = true\n",
-        "",
-    ))
-    .await;
+    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), true, "")).await;
     provider.script("a", vec![Step::status(503); 3]);
     provider.script("b", vec![Step::status(503); 3]);
     failing_call(&rebound, "a", "replay-a", r#"{"n":"a"}"#).await;
@@ -255,7 +245,7 @@ async fn replay_after_recovery_succeeds_and_never_duplicates() {
 #[tokio::test]
 async fn admin_api_needs_the_token_and_is_off_without_one() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "", "")).await;
+    let rebound = Rebound::start(&config(&provider.url(), None, false, "")).await;
     let none = send("GET", &format!("{}/admin/dead-letters", rebound.admin), &[], "").await;
     assert_eq!(none.status, 401);
     let wrong = send(
@@ -284,7 +274,7 @@ async fn admin_api_needs_the_token_and_is_off_without_one() {
 #[tokio::test]
 async fn the_cli_prints_readable_tables() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "dead_letter_bodies = true\n", "")).await;
+    let rebound = Rebound::start(&config(&provider.url(), None, true, "")).await;
     provider.script("k", vec![Step::status(503); 6]);
     failing_call(&rebound, "k", "cli-1", "{}").await;
     failing_call(&rebound, "k", "cli-2", "{}").await;
@@ -340,7 +330,7 @@ async fn ring_and_stream_stay_within_their_caps() {
     let provider = FakeProvider::start().await;
     for url in [None, Some(redis.url())] {
         // max_entries = 20; 200 failures.
-        let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), "", "")).await;
+        let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), false, "")).await;
         provider.script("cap", vec![Step::status(503); 1000]);
         for i in 0..200 {
             let a = send(

@@ -21,10 +21,10 @@ fn config(provider: &str, redis: Option<&str>, policy: &str) -> String {
     if let Some(url) = redis {
         extra.push_str(&format!("\n[redis]\nurl = \"{url}\"\ncommand_timeout = \"200ms\"\n"));
     }
-    config_for(provider, &extra).replace(
-        "strip_prefix = true\n",
-        "strip_prefix = true\nretry = \"fast\"\nidempotency = \"idem\"\n",
-    )
+    Edit::new(&config_for(provider, &extra))
+        .route_set("fake", "retry", "fast")
+        .route_set("fake", "idempotency", "idem")
+        .to_string()
 }
 
 async fn call(url: &str, fake_key: &str, idem_key: Option<&str>, body: &str, extra: &[(&str, &str)]) -> Answer {

@@ -24,10 +24,9 @@ url = "{redis}"
 command_timeout = "100ms"
 "#
     );
-    let toml = config_for(provider, &extra);
-    let routed = toml.replace("strip_prefix = true\n", "strip_prefix = true\nidempotency = \"idem\"\n");
-    assert_ne!(routed, toml, "the route gets its idempotency policy");
-    routed
+    Edit::new(&config_for(provider, &extra))
+        .route_set("fake", "idempotency", "idem")
+        .to_string()
 }
 
 async fn call(url: &str, fake_key: &str, idem_key: &str) -> Answer {

@@ -24,12 +24,13 @@ fn config(provider: &str, redis: Option<&str>, jobs: &str) -> String {
     if let Some(url) = redis {
         tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\n"));
     }
-    config_for(provider, &tables)
-        .replace(
-            "strip_prefix = true\n",
-            "strip_prefix = true\nasync = true\nretry = \"fast\"\nidempotency = \"idem\"\ndead_letters = true\n",
-        )
-        .replace("[admin]\n", &format!("[admin]\ntoken = \"{TOKEN}\"\n"))
+    Edit::new(&config_for(provider, &tables))
+        .route_set("fake", "async", true)
+        .route_set("fake", "retry", "fast")
+        .route_set("fake", "idempotency", "idem")
+        .route_set("fake", "dead_letters", true)
+        .set("admin", "token", TOKEN)
+        .to_string()
 }
 
 async fn submit(base: &str, fake_key: &str, idem: Option<&str>, body: &str, extra: &[(&str, &str)]) -> Answer {
@@ -648,8 +649,9 @@ fn jobs_config_is_validated_and_located() {
     );
     assert!(e.contains("jobs.max_queue"), "{e}");
     let e = config_errors(
-        &config("http://127.0.0.1:1", None, "")
-            .replace("visibility_timeout = \"1s\"", "visibility_timeout = \"200ms\""),
+        &Edit::new(&config("http://127.0.0.1:1", None, ""))
+            .change("jobs", "visibility_timeout", "200ms")
+            .to_string(),
     );
     assert!(e.contains("jobs.visibility_timeout: expected at least 1s"), "{e}");
     let e = config_errors(&config(
@@ -662,18 +664,22 @@ fn jobs_config_is_validated_and_located() {
         "{e}"
     );
     // With Redis, an async route needs the secret its credentials are sealed with.
-    let no_secret = config("http://127.0.0.1:1", Some("redis://127.0.0.1:1/0"), "")
-        .replace(&format!("secret = \"{SECRET}\"\n"), "");
+    let no_secret = Edit::new(&config("http://127.0.0.1:1", Some("redis://127.0.0.1:1/0"), ""))
+        .remove("jobs", "secret")
+        .to_string();
     let e = config_errors(&no_secret);
     assert!(e.contains("routes[0].async: expected [jobs] secret"), "{e}");
     assert!(e.contains("jobs.toml:"), "located: {e}");
-    let short = config("http://127.0.0.1:1", None, "").replace(SECRET, "short");
+    let short = Edit::new(&config("http://127.0.0.1:1", None, ""))
+        .change("jobs", "secret", "short")
+        .to_string();
     let e = config_errors(&short);
     assert!(e.contains("jobs.secret: expected at least 16 characters"), "{e}");
     assert!(!e.contains("short\""), "the value is never echoed: {e}");
     // The job API's paths stay free.
-    let shadowed =
-        config("http://127.0.0.1:1", None, "").replace("path_prefix = \"/fake/\"", "path_prefix = \"/jobs/x/\"");
+    let shadowed = Edit::new(&config("http://127.0.0.1:1", None, ""))
+        .route_set("fake", "path_prefix", "/jobs/x/")
+        .to_string();
     let e = config_errors(&shadowed);
     assert!(
         e.contains("routes[0].path_prefix: expected a prefix outside /jobs/"),

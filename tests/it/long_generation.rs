@@ -320,13 +320,10 @@ async fn http2_pings_tell_a_dead_connection_from_a_thinking_model() {
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
     let policy = "retry = \"p\"\n\n[retry.p]\n";
-    let toml = config_for(&provider.url(), policy).replace(
-        "connect_timeout = \"1s\"",
-        &format!(
-            "connect_timeout = \"1s\"\nkeepalive = \"1s\"\nca_file = \"{}\"",
-            ca.display()
-        ),
-    );
+    let toml = Edit::new(&config_for(&provider.url(), policy))
+        .set("upstreams.fake", "keepalive", "1s")
+        .set("upstreams.fake", "ca_file", ca.display().to_string())
+        .to_string();
     let rebound = Rebound::start(&toml).await;
     let url = "/fake/v1/chat/completions";
 

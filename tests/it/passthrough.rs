@@ -93,11 +93,10 @@ async fn sse_first_chunk_arrives_before_the_provider_sends_the_last() {
 #[tokio::test]
 async fn oversized_body_is_refused_with_413_and_not_forwarded() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), "").replace(
-        "shutdown_grace = \"5s\"",
-        "shutdown_grace = \"5s\"\nmax_request_body = \"1KiB\"",
-    ))
-    .await;
+    let toml = Edit::new(&config_for(&provider.url(), ""))
+        .set("server", "max_request_body", "1KiB")
+        .to_string();
+    let rebound = Rebound::start(&toml).await;
     let big = "x".repeat(2048);
     let a = send(
         "POST",
@@ -339,8 +338,9 @@ async fn unreachable_upstream_is_502_and_slow_one_is_504() {
 max_attempts = 1
 per_try_timeout = "200ms"
 "#;
-    let toml =
-        config_for(&provider.url(), extra).replace("strip_prefix = true\n", "strip_prefix = true\nretry = \"short\"\n");
+    let toml = Edit::new(&config_for(&provider.url(), extra))
+        .route_set("fake", "retry", "short")
+        .to_string();
     let rebound = Rebound::start(&toml).await;
     provider.script("slow", vec![Step::Delay { ms: 2000 }]);
     let started = std::time::Instant::now();

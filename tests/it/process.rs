@@ -97,7 +97,9 @@ name = "injected"
 path_prefix = "/injected/"
 upstream = "injected"
 "#;
-    let toml = config_for(&provider.url(), extra).replace("level = \"debug\"", "level = \"trace\"");
+    let toml = Edit::new(&config_for(&provider.url(), extra))
+        .change("log", "level", "trace")
+        .to_string();
     let rebound = ReboundProcess::start(&toml, &[("UPSTREAM_KEY", &format!("{CANARY}-env"))]).await;
     let secret_headers = [
         ("authorization", format!("Bearer {CANARY}-auth")),
@@ -173,7 +175,9 @@ async fn sigterm_drains_an_inflight_stream_then_exits_zero() {
 async fn sigterm_past_the_grace_exits_three() {
     let provider = FakeProvider::start().await;
     provider.script("stall", vec![Step::StallAfterFirstChunk]);
-    let toml = config_for(&provider.url(), "").replace("shutdown_grace = \"5s\"", "shutdown_grace = \"200ms\"");
+    let toml = Edit::new(&config_for(&provider.url(), ""))
+        .change("server", "shutdown_grace", "200ms")
+        .to_string();
     let mut rebound = ReboundProcess::start(&toml, &[]).await;
     let resp = send_streaming(
         "POST",

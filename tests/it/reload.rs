@@ -8,10 +8,11 @@ use crate::support::sidecar::{config_for, ReboundProcess};
 use crate::support::*;
 
 fn versioned(provider: &str, version: &str) -> String {
-    config_for(provider, "").replace(
-        "connect_timeout = \"1s\"\n",
-        &format!("connect_timeout = \"1s\"\nset_headers = {{ x-config-version = \"{version}\" }}\n"),
-    )
+    let mut headers = toml_edit::InlineTable::new();
+    headers.insert("x-config-version", version.into());
+    Edit::new(&config_for(provider, ""))
+        .set("upstreams.fake", "set_headers", headers)
+        .to_string()
 }
 
 #[tokio::test]
@@ -58,7 +59,9 @@ async fn reload_under_load_loses_nothing_and_refuses_an_invalid_config() {
     // An invalid change: refused, counted, the running config stays.
     std::fs::write(
         &path,
-        versioned(&provider.url(), "3").replace("[server]", "[server]\nmax_attemps = 1"),
+        Edit::new(&versioned(&provider.url(), "3"))
+            .set("server", "max_attemps", 1)
+            .to_string(),
     )
     .unwrap();
     let failures = || async {
@@ -96,7 +99,9 @@ async fn sighup_reloads_and_a_bad_file_is_logged_precisely() {
     let path = rebound.config_path();
     std::fs::write(
         &path,
-        versioned(&provider.url(), "2").replace("upstream = \"fake\"", "upstream = \"typo\""),
+        Edit::new(&versioned(&provider.url(), "2"))
+            .route_set("fake", "upstream", "typo")
+            .to_string(),
     )
     .unwrap();
     rebound.signal("HUP");

@@ -26,8 +26,9 @@ async fn with_policy(policy: &str) -> (FakeProvider, Rebound) {
         }
     }
     table.push_str(policy);
-    let toml =
-        config_for(&provider.url(), &table).replace("strip_prefix = true\n", "strip_prefix = true\nretry = \"p\"\n");
+    let toml = Edit::new(&config_for(&provider.url(), &table))
+        .route_set("fake", "retry", "p")
+        .to_string();
     let rebound = Rebound::start(&toml).await;
     (provider, rebound)
 }

@@ -47,7 +47,9 @@ async fn drain_keeps_an_inflight_stream_alive_to_its_end() {
 #[tokio::test]
 async fn grace_expiry_closes_what_is_left() {
     let provider = FakeProvider::start().await;
-    let toml = config_for(&provider.url(), "").replace("shutdown_grace = \"5s\"", "shutdown_grace = \"300ms\"");
+    let toml = Edit::new(&config_for(&provider.url(), ""))
+        .change("server", "shutdown_grace", "300ms")
+        .to_string();
     let mut rebound = Rebound::start(&toml).await;
     provider.script("stall", vec![Step::StallAfterFirstChunk]);
     let resp = send_streaming(

@@ -15,10 +15,9 @@ async fn tls_setup(alpn: Option<Vec<Vec<u8>>>) -> (FakeProvider, Rebound, tempfi
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
-    let toml = config_for(&provider.url(), "").replace(
-        "connect_timeout = \"1s\"",
-        &format!("connect_timeout = \"1s\"\nca_file = \"{}\"", ca.display()),
-    );
+    let toml = Edit::new(&config_for(&provider.url(), ""))
+        .set("upstreams.fake", "ca_file", ca.display().to_string())
+        .to_string();
     let rebound = Rebound::start(&toml).await;
     (provider, rebound, dir)
 }

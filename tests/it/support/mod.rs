@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod config_edit;
 pub mod fake_provider;
 pub mod redis;
 pub mod sidecar;
@@ -19,6 +20,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+pub use config_edit::Edit;
 pub use fake_provider::{FakeProvider, Step};
 pub use sidecar::Rebound;
 
@@ -120,16 +122,23 @@ pub async fn raw_exchange(addr: std::net::SocketAddr, request: &[u8]) -> String 
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// Polls `f` every 20 ms until it is true or `within` passes.
-pub async fn eventually(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + within;
-    while tokio::time::Instant::now() < end {
+/// Polls `f` every 5 ms until it is true: the time it took, or `None` after `within`.
+pub async fn time_until(within: Duration, mut f: impl FnMut() -> bool) -> Option<Duration> {
+    let start = tokio::time::Instant::now();
+    loop {
         if f() {
-            return true;
+            return Some(start.elapsed());
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        if start.elapsed() > within {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    f()
+}
+
+/// Polls `f` until it is true (true) or `within` passes (false).
+pub async fn eventually(within: Duration, f: impl FnMut() -> bool) -> bool {
+    time_until(within, f).await.is_some()
 }
 
 /// The value of a metric sample line `name{labels} value` in a Prometheus page (0 when absent).

@@ -218,10 +218,22 @@ enum Backend {
     Redis(RedisHandle),
 }
 
+/// The in-memory entries, oldest first. Ids are assigned in increasing order as entries are
+/// added (and purging keeps the order), so the ring is sorted by id: a lookup by id or cursor is
+/// a binary search, never a walk over the ring.
 #[derive(Default)]
 struct Ring {
     entries: VecDeque<DeadLetter>,
     last_id: (u64, u64),
+}
+
+impl Ring {
+    /// The index of the entry with this exact id.
+    fn position(&self, id: &str) -> Option<usize> {
+        let key = id_order(id);
+        let i = self.entries.binary_search_by(|e| id_order(&e.id).cmp(&key)).ok()?;
+        (self.entries.get(i)?.id == id).then_some(i)
+    }
 }
 
 /// Appends a replay record to an entry's JSON list (KEYS[1] the replays hash, ARGV[1] the entry
@@ -337,7 +349,7 @@ impl DeadLetters {
         match &self.backend {
             Backend::Memory(ring) => {
                 let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
-                Ok(ring.entries.iter().find(|e| e.id == id).cloned())
+                Ok(ring.position(id).and_then(|i| ring.entries.get(i)).cloned())
             }
             Backend::Redis(r) => {
                 let mut cmd = redis::cmd("XRANGE");
@@ -385,7 +397,7 @@ impl DeadLetters {
         match &self.backend {
             Backend::Memory(ring) => {
                 let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(e) = ring.entries.iter_mut().find(|e| e.id == id) {
+                if let Some(e) = ring.position(id).and_then(|i| ring.entries.get_mut(i)) {
                     e.replays.push(replay);
                 }
                 Ok(())
@@ -470,15 +482,12 @@ impl DeadLetters {
         match &self.backend {
             Backend::Memory(ring) => {
                 let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
-                let older = |e: &DeadLetter| before.is_none_or(|b| id_order(&e.id) < id_order(b));
-                Ok(ring
-                    .entries
-                    .iter()
-                    .rev()
-                    .filter(|e| older(e))
-                    .take(count)
-                    .cloned()
-                    .collect())
+                // The ring is in id order: the entries older than `before` are a prefix of it.
+                let end = before.map_or(ring.entries.len(), |b| {
+                    let b = id_order(b);
+                    ring.entries.partition_point(|e| id_order(&e.id) < b)
+                });
+                Ok(ring.entries.range(..end).rev().take(count).cloned().collect())
             }
             Backend::Redis(r) => {
                 let end = before.map_or_else(|| "+".to_string(), |b| format!("({b}"));
@@ -621,5 +630,44 @@ mod tests {
         assert_eq!(summary.groups.len(), 2);
         assert_eq!(s.purge(&a).await.unwrap(), 25);
         assert_eq!(s.list(&Filter::default(), 1000, None).await.unwrap().items.len(), 25);
+    }
+
+    #[tokio::test]
+    async fn entries_are_found_by_id_after_wrapping_and_purging() {
+        let s = store(100);
+        let mut ids = Vec::new();
+        for i in 0..300u64 {
+            let route = if i % 3 == 0 { "a" } else { "b" };
+            ids.push(s.add(entry(route, "retries_exhausted", 1000 + i / 7)).await.unwrap());
+        }
+        let a = Filter {
+            route: Some("a".into()),
+            ..Filter::default()
+        };
+        assert_eq!(s.purge(&a).await.unwrap(), 33);
+        for (i, id) in ids.iter().enumerate() {
+            let kept = i >= 200 && i % 3 != 0;
+            assert_eq!(s.get(id).await.unwrap().map(|e| e.id), kept.then(|| id.clone()), "{id}");
+        }
+        // Same order numbers, not the same id: not found.
+        let (ms, seq) = ids[250].split_once('-').unwrap();
+        assert!(s.get(&format!("{ms}-0{seq}")).await.unwrap().is_none());
+        assert!(s.get("nonsense").await.unwrap().is_none());
+        let replay = ReplayRecord {
+            at_ms: 5,
+            status: 200,
+            from_store: true,
+        };
+        s.record_replay(&ids[299], replay.clone()).await.unwrap();
+        s.record_replay(&ids[0], replay.clone()).await.unwrap();
+        assert_eq!(s.get(&ids[299]).await.unwrap().unwrap().replays, vec![replay]);
+        // A cursor that is no longer in the ring still pages from where it was.
+        let page = s.list(&Filter::default(), 5, Some(&ids[150])).await.unwrap();
+        assert_eq!(page.items.len(), 0);
+        let page = s.list(&Filter::default(), 5, Some(&ids[201])).await.unwrap();
+        assert_eq!(page.items.iter().map(|e| &e.id).collect::<Vec<_>>(), vec![&ids[200]]);
+        let page = s.list(&Filter::default(), 5, Some(&ids[210])).await.unwrap();
+        let want: Vec<&String> = [209, 208, 206, 205, 203].iter().map(|i| &ids[*i]).collect();
+        assert_eq!(page.items.iter().map(|e| &e.id).collect::<Vec<_>>(), want);
     }
 }

@@ -10,9 +10,11 @@
 //!
 //! The table keeps the latest deadline per credential (a shorter hint never shortens a cooldown),
 //! drops expired entries as it goes and holds at most `capacity` entries: when full, the entry
-//! that expires soonest makes room (it is the one whose loss costs least).
+//! that expires soonest makes room (it is the one whose loss costs least). The entries are also
+//! indexed by deadline, so pruning and eviction take the front of that index: O(log n) per
+//! entry, never a walk over the whole table.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -118,6 +120,8 @@ pub fn release_delay(left: Duration, rng: &mut impl Rng) -> Duration {
 #[derive(Debug, Clone)]
 pub struct CooldownTable {
     entries: HashMap<CredentialHash, Instant>,
+    /// The same entries, soonest deadline first.
+    by_deadline: BTreeSet<(Instant, CredentialHash)>,
     capacity: usize,
 }
 
@@ -131,6 +135,7 @@ impl CooldownTable {
     pub fn new(capacity: usize) -> CooldownTable {
         CooldownTable {
             entries: HashMap::new(),
+            by_deadline: BTreeSet::new(),
             capacity: capacity.max(1),
         }
     }
@@ -145,6 +150,8 @@ impl CooldownTable {
             if *t >= until {
                 return false;
             }
+            self.by_deadline.remove(&(*t, cred));
+            self.by_deadline.insert((until, cred));
             *t = until;
             return true;
         }
@@ -152,17 +159,18 @@ impl CooldownTable {
             self.prune(now);
         }
         if self.entries.len() >= self.capacity {
-            let soonest = self.entries.iter().min_by_key(|(_, t)| **t).map(|(k, t)| (*k, *t));
-            match soonest {
+            match self.by_deadline.first().copied() {
                 // The newcomer expires sooner than anything held: it is the one to lose.
-                Some((_, t)) if t >= until => return false,
-                Some((k, _)) => {
-                    self.entries.remove(&k);
+                Some((t, _)) if t >= until => return false,
+                Some(soonest) => {
+                    self.by_deadline.remove(&soonest);
+                    self.entries.remove(&soonest.1);
                 }
                 None => {}
             }
         }
         self.entries.insert(cred, until);
+        self.by_deadline.insert((until, cred));
         true
     }
 
@@ -179,9 +187,16 @@ impl CooldownTable {
         self.entries.get(cred).copied().filter(|t| *t > now)
     }
 
-    /// Drops expired entries.
+    /// Drops expired entries, from the front of the deadline index (each once: O(log n) per
+    /// entry dropped, nothing for the live ones).
     pub fn prune(&mut self, now: Instant) {
-        self.entries.retain(|_, t| *t > now);
+        while let Some(&(t, cred)) = self.by_deadline.first() {
+            if t > now {
+                break;
+            }
+            self.by_deadline.remove(&(t, cred));
+            self.entries.remove(&cred);
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -264,6 +279,36 @@ mod tests {
         assert!(t.note(cred(6), now + 40 * SEC + SEC, now + 15 * SEC));
         assert_eq!(t.check(&cred(1), now + 15 * SEC), None);
         assert_eq!(t.len(), 3);
+    }
+
+    #[test]
+    fn the_deadline_index_follows_every_change() {
+        let now = Instant::now();
+        let mut t = CooldownTable::new(100);
+        for i in 0..=255u8 {
+            // Deadlines not in insertion order; every third one extended later.
+            t.note(cred(i), now + u32::from(i.wrapping_mul(37) % 200 + 1) * SEC, now);
+            if i % 3 == 0 {
+                t.note(cred(i / 2), now + 300 * SEC, now);
+            }
+            assert!(t.len() <= 100);
+            assert_eq!(t.by_deadline.len(), t.entries.len());
+            for (c, until) in &t.entries {
+                assert!(t.by_deadline.contains(&(*until, *c)));
+            }
+        }
+        // An extended entry is evicted by its new deadline, not its old one: the ones at 300 s
+        // outlive everything else.
+        for i in 0..=255u8 {
+            if i % 3 == 0 && t.entries.len() == 100 {
+                assert!(t.until(&cred(i / 2), now).is_none_or(|u| u == now + 300 * SEC));
+            }
+        }
+        t.prune(now + 250 * SEC);
+        assert!(t.entries.values().all(|u| *u == now + 300 * SEC));
+        assert_eq!(t.by_deadline.len(), t.entries.len());
+        t.prune(now + 300 * SEC);
+        assert!(t.is_empty() && t.by_deadline.is_empty());
     }
 
     #[test]

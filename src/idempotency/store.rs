@@ -5,7 +5,7 @@
 //! kept, or "completed, not kept" when it was too large). Every transition after the claim checks
 //! the owner, so a stale owner can never overwrite a newer one.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -116,15 +116,41 @@ impl Default for MemoryLimits {
 
 /// The single-replica store: a bounded map with TTL eviction. Completed records are evicted
 /// soonest-expiring first when the bounds are reached; leases are never evicted.
+///
+/// Every operation is O(log n) under the one mutex, whatever the fill level: the records are in a
+/// hash map, and two ordered indexes by `(expiry, insertion sequence)`, one of completed records
+/// and one of leases, give the soonest-expiring of each kind without looking at the others.
+/// Expired records are purged from the front of the indexes, at most [`PURGE_PER_CALL`] of each
+/// kind per call (a record is purged once, so this keeps up with any arrival rate, amortised),
+/// and when an insert goes over a bound the front of the completed index is evicted.
+///
+/// When the store is full of leases only (every record an in-progress request), a new claim is
+/// still accepted, over the bound: leases are bounded by the requests in flight and each one
+/// lapses within its lease, and refusing would fail a live request for want of room. The next
+/// insert past the bound evicts completed records again as soon as there are some.
 #[derive(Clone)]
 pub struct MemoryStore {
     inner: Arc<Mutex<Memory>>,
     limits: MemoryLimits,
 }
 
+/// The most expired records of each kind (completed, leases) one call purges: no call does
+/// unbounded work, and since a record is purged only once the purge keeps up, amortised.
+pub const PURGE_PER_CALL: usize = 64;
+
+/// A position in an expiry index: the expiry, then a sequence number that makes it unique.
+type Slot = (Instant, u64);
+
 struct Memory {
-    map: HashMap<String, Entry>,
+    map: HashMap<Arc<str>, Entry>,
+    /// Completed records (kept or not kept), soonest-expiring first: the eviction order.
+    completed: BTreeMap<Slot, Arc<str>>,
+    /// In-progress leases, soonest-expiring first: only ever purged once lapsed, never evicted.
+    leases: BTreeMap<Slot, Arc<str>>,
+    /// The sum of the records' sizes (an estimate of the memory they hold).
     bytes: usize,
+    /// The next insertion sequence number.
+    seq: u64,
 }
 
 struct Entry {
@@ -133,6 +159,8 @@ struct Entry {
     owner: String,
     state: MemState,
     expires: Instant,
+    /// Its insertion sequence number: `(expires, seq)` is its slot in its index.
+    seq: u64,
 }
 
 enum MemState {
@@ -148,6 +176,18 @@ impl Entry {
             _ => 128,
         }
     }
+
+    fn is_lease(&self) -> bool {
+        matches!(self.state, MemState::InProgress)
+    }
+
+    fn held_by(&self, owner: &str) -> bool {
+        self.is_lease() && self.owner == owner
+    }
+
+    fn slot(&self) -> Slot {
+        (self.expires, self.seq)
+    }
 }
 
 impl MemoryStore {
@@ -155,20 +195,30 @@ impl MemoryStore {
         MemoryStore {
             inner: Arc::new(Mutex::new(Memory {
                 map: HashMap::new(),
+                completed: BTreeMap::new(),
+                leases: BTreeMap::new(),
                 bytes: 0,
+                seq: 0,
             })),
             limits,
         }
     }
 
+    /// Runs `f` under the lock, after purging at most [`PURGE_PER_CALL`] expired records of each kind.
     fn with<T>(&self, f: impl FnOnce(&mut Memory, Instant) -> T) -> T {
         let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        f(&mut m, time::now())
+        let now = time::now();
+        m.purge(now, PURGE_PER_CALL);
+        f(&mut m, now)
     }
 
-    /// Live records (for tests and metrics).
+    /// Live records (for tests and metrics). Not on the request path: it purges every expired
+    /// record first (each is purged once, from the front of its index, so its cost is the expired
+    /// records it frees, never the live ones), then reads the map's own count.
     pub fn len(&self) -> usize {
-        self.with(|m, now| m.map.values().filter(|e| e.expires > now).count())
+        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        m.purge(time::now(), usize::MAX);
+        m.map.len()
     }
 
     /// Whether no live record is held.
@@ -178,53 +228,104 @@ impl MemoryStore {
 }
 
 impl Memory {
-    fn live(&mut self, key: &str, now: Instant) -> Option<&mut Entry> {
+    /// The record for `key` unless it has expired (an expired one is removed).
+    fn live(&mut self, key: &str, now: Instant) -> Option<&Entry> {
         if self.map.get(key).is_some_and(|e| e.expires <= now) {
             self.remove(key);
         }
-        self.map.get_mut(key)
+        self.map.get(key)
     }
 
-    fn remove(&mut self, key: &str) {
-        if let Some(e) = self.map.remove(key) {
-            self.bytes = self.bytes.saturating_sub(e.size());
+    fn index(&mut self, lease: bool) -> &mut BTreeMap<Slot, Arc<str>> {
+        if lease {
+            &mut self.leases
+        } else {
+            &mut self.completed
         }
     }
 
-    fn insert(&mut self, key: &str, entry: Entry, limits: MemoryLimits, now: Instant) {
-        self.remove(key);
+    /// Removes `key`'s record and its index slot; the key's shared name is handed back.
+    fn remove(&mut self, key: &str) -> Option<Arc<str>> {
+        let (name, e) = self.map.remove_entry(key)?;
+        self.index(e.is_lease()).remove(&e.slot());
+        self.bytes = self.bytes.saturating_sub(e.size());
+        Some(name)
+    }
+
+    /// Inserts (or replaces) `key`'s record, then evicts until the bounds hold again.
+    #[allow(clippy::too_many_arguments)]
+    fn insert(
+        &mut self,
+        key: &str,
+        fingerprint: String,
+        owner: String,
+        state: MemState,
+        expires: Instant,
+        limits: MemoryLimits,
+        now: Instant,
+    ) {
+        let name = self.remove(key).unwrap_or_else(|| Arc::from(key));
+        self.seq += 1;
+        let entry = Entry {
+            fingerprint,
+            owner,
+            state,
+            expires,
+            seq: self.seq,
+        };
         self.bytes += entry.size();
-        self.map.insert(key.to_string(), entry);
-        if self.map.len() > limits.max_entries || self.bytes > limits.max_bytes {
-            self.evict(limits, now);
+        self.index(entry.is_lease()).insert(entry.slot(), name.clone());
+        self.map.insert(name, entry);
+        self.evict(limits, now);
+    }
+
+    /// Moves `key`'s record to a new expiry (a lease renewed), keeping its index in order.
+    fn set_expiry(&mut self, key: &str, expires: Instant) {
+        let Some(e) = self.map.get_mut(key) else {
+            return;
+        };
+        let index = if e.is_lease() {
+            &mut self.leases
+        } else {
+            &mut self.completed
+        };
+        if let Some(name) = index.remove(&(e.expires, e.seq)) {
+            e.expires = expires;
+            index.insert((e.expires, e.seq), name);
         }
     }
 
-    fn evict(&mut self, limits: MemoryLimits, now: Instant) {
-        let expired: Vec<String> = self
-            .map
-            .iter()
-            .filter(|(_, e)| e.expires <= now)
-            .map(|(k, _)| k.clone())
-            .collect();
-        for k in expired {
-            self.remove(&k);
-        }
-        if self.map.len() <= limits.max_entries && self.bytes <= limits.max_bytes {
-            return;
-        }
-        let mut completed: Vec<(Instant, String)> = self
-            .map
-            .iter()
-            .filter(|(_, e)| !matches!(e.state, MemState::InProgress))
-            .map(|(k, e)| (e.expires, k.clone()))
-            .collect();
-        completed.sort();
-        for (_, k) in completed {
-            if self.map.len() <= limits.max_entries && self.bytes <= limits.max_bytes {
-                break;
+    /// Removes up to `max` expired records of each kind, soonest-expired first.
+    fn purge(&mut self, now: Instant, max: usize) {
+        for lease in [false, true] {
+            for _ in 0..max {
+                let index = self.index(lease);
+                let name = match index.first_key_value() {
+                    Some(((expires, _), name)) if *expires <= now => name.clone(),
+                    _ => break,
+                };
+                self.remove(&name);
             }
-            self.remove(&k);
+        }
+    }
+
+    fn over(&self, limits: MemoryLimits) -> bool {
+        self.map.len() > limits.max_entries || self.bytes > limits.max_bytes
+    }
+
+    /// While over a bound: drop a lapsed lease if there is one, else the soonest-expiring
+    /// completed record. Live leases are never evicted: with only those left, it stops (over the
+    /// bound, see [`MemoryStore`]). Each step is O(log n) and removes a record.
+    fn evict(&mut self, limits: MemoryLimits, now: Instant) {
+        while self.over(limits) {
+            let name = match self.leases.first_key_value() {
+                Some(((expires, _), name)) if *expires <= now => name.clone(),
+                _ => match self.completed.first_key_value() {
+                    Some((_, name)) => name.clone(),
+                    None => return,
+                },
+            };
+            self.remove(&name);
         }
     }
 }
@@ -233,40 +334,41 @@ impl Store for MemoryStore {
     async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
         let limits = self.limits;
         Ok(self.with(|m, now| {
-            let Some(entry) = m.live(key, now) else {
-                let entry = Entry {
-                    fingerprint: fingerprint.to_string(),
-                    owner: owner.to_string(),
-                    state: MemState::InProgress,
-                    expires: now + lease,
-                };
-                m.insert(key, entry, limits, now);
-                return Begin::Claimed;
+            let found = match m.live(key, now) {
+                None => None,
+                Some(e) if e.fingerprint != fingerprint => Some(Begin::Mismatch),
+                Some(e) => Some(match &e.state {
+                    MemState::InProgress if e.owner == owner => Begin::Claimed,
+                    MemState::InProgress => Begin::InProgress {
+                        lease_left: e.expires - now,
+                    },
+                    MemState::Completed(r) => Begin::Completed(r.clone()),
+                    MemState::NotKept => Begin::NotKept,
+                }),
             };
-            if entry.fingerprint != fingerprint {
-                return Begin::Mismatch;
-            }
-            match &entry.state {
-                MemState::InProgress if entry.owner == owner => {
-                    entry.expires = now + lease;
+            match found {
+                None => {
+                    let (fp, who) = (fingerprint.to_string(), owner.to_string());
+                    m.insert(key, fp, who, MemState::InProgress, now + lease, limits, now);
                     Begin::Claimed
                 }
-                MemState::InProgress => Begin::InProgress {
-                    lease_left: entry.expires - now,
-                },
-                MemState::Completed(r) => Begin::Completed(r.clone()),
-                MemState::NotKept => Begin::NotKept,
+                Some(Begin::Claimed) => {
+                    // The same owner again: its lease starts over.
+                    m.set_expiry(key, now + lease);
+                    Begin::Claimed
+                }
+                Some(other) => other,
             }
         }))
     }
 
     async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
-        Ok(self.with(|m, now| match m.live(key, now) {
-            Some(e) if matches!(e.state, MemState::InProgress) && e.owner == owner => {
-                e.expires = now + lease;
-                true
+        Ok(self.with(|m, now| {
+            if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
+                return false;
             }
-            _ => false,
+            m.set_expiry(key, now + lease);
+            true
         }))
     }
 
@@ -282,7 +384,7 @@ impl Store for MemoryStore {
         Ok(self.with(|m, now| {
             match m.live(key, now) {
                 Some(e) if e.owner != owner => return false,
-                Some(e) if !matches!(e.state, MemState::InProgress) => return true,
+                Some(e) if !e.is_lease() => return true,
                 // Ours, or gone (nobody holds it): record the delivered response.
                 _ => {}
             }
@@ -290,28 +392,319 @@ impl Store for MemoryStore {
                 Completion::Kept(r) => MemState::Completed(r.clone()),
                 Completion::NotKept => MemState::NotKept,
             };
-            m.insert(
-                key,
-                Entry {
-                    fingerprint: fingerprint.to_string(),
-                    owner: owner.to_string(),
-                    state,
-                    expires: now + ttl,
-                },
-                limits,
-                now,
-            );
+            let (fp, who) = (fingerprint.to_string(), owner.to_string());
+            m.insert(key, fp, who, state, now + ttl, limits, now);
             true
         }))
     }
 
     async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
-        Ok(self.with(|m, now| match m.live(key, now) {
-            Some(e) if matches!(e.state, MemState::InProgress) && e.owner == owner => {
-                m.remove(key);
-                true
+        Ok(self.with(|m, now| {
+            if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
+                return false;
             }
-            _ => false,
+            m.remove(key);
+            true
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TTL: Duration = Duration::from_secs(3600);
+    const LEASE: Duration = Duration::from_secs(30);
+
+    fn response(body: &str) -> StoredResponse {
+        StoredResponse {
+            status: 200,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Bytes::from(body.to_string()),
+        }
+    }
+
+    fn store(max_entries: usize, max_bytes: usize) -> MemoryStore {
+        MemoryStore::new(MemoryLimits { max_entries, max_bytes })
+    }
+
+    /// Records held (expired ones not yet purged included), without purging anything.
+    fn held(s: &MemoryStore) -> usize {
+        s.inner.lock().unwrap().map.len()
+    }
+
+    fn bytes(s: &MemoryStore) -> usize {
+        s.inner.lock().unwrap().bytes
+    }
+
+    /// The indexes and the byte count agree with the map (walks it: tests only).
+    fn check_consistent(s: &MemoryStore) {
+        let m = s.inner.lock().unwrap();
+        assert_eq!(m.map.len(), m.completed.len() + m.leases.len());
+        for (name, e) in &m.map {
+            let index = if e.is_lease() { &m.leases } else { &m.completed };
+            assert_eq!(index.get(&e.slot()).map(|n| &**n), Some(&**name));
+        }
+        assert_eq!(m.bytes, m.map.values().map(Entry::size).sum::<usize>());
+    }
+
+    async fn put(s: &MemoryStore, key: &str, ttl: Duration) {
+        assert_eq!(s.begin(key, "fp", "o", LEASE).await.unwrap(), Begin::Claimed);
+        assert!(s
+            .complete(key, "fp", "o", &Completion::Kept(response(key)), ttl)
+            .await
+            .unwrap());
+    }
+
+    /// Whether `key` holds a live completed record; looks without claiming or purging anything.
+    async fn kept(s: &MemoryStore, key: &str) -> bool {
+        let m = s.inner.lock().unwrap();
+        m.map
+            .get(key)
+            .is_some_and(|e| e.expires > time::now() && matches!(e.state, MemState::Completed(_)))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eviction_keeps_the_entry_bound_and_drops_the_soonest_expiring_first() {
+        let s = store(100, 1 << 30);
+        // 300 records whose expiries are not in insertion order: key i expires at (i * 7919 % 300) s.
+        let expiry = |i: u64| Duration::from_secs(1000 + i * 7919 % 300);
+        for i in 0..300u64 {
+            put(&s, &format!("k{i}"), expiry(i)).await;
+            assert!(held(&s) <= 100, "{}", held(&s));
+            tokio::time::advance(Duration::from_millis(1)).await;
+        }
+        check_consistent(&s);
+        assert_eq!(s.len(), 100);
+        // The survivors are what the policy predicts: each claim takes a slot (a lease is never
+        // evicted), so it evicts the soonest-expiring completed record held at that moment.
+        let mut model = std::collections::BTreeSet::new();
+        for i in 0..300u64 {
+            if model.len() == 100 {
+                model.pop_first();
+            }
+            model.insert((i * 7919 % 300, i));
+        }
+        for i in 0..300u64 {
+            let survives = model.contains(&(i * 7919 % 300, i));
+            assert_eq!(kept(&s, &format!("k{i}")).await, survives, "k{i}");
+        }
+        // Mostly the latest-expiring: 90 of the 100 latest expiries are there.
+        assert!(model.iter().filter(|(e, _)| *e >= 200).count() >= 90);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn eviction_keeps_the_byte_bound() {
+        let body = "x".repeat(1000);
+        let size = response(&body).size();
+        let s = store(10_000, 10 * size);
+        for i in 0..50 {
+            let key = format!("k{i}");
+            assert_eq!(s.begin(&key, "fp", "o", LEASE).await.unwrap(), Begin::Claimed);
+            assert!(s
+                .complete(&key, "fp", "o", &Completion::Kept(response(&body)), TTL)
+                .await
+                .unwrap());
+            assert!(bytes(&s) <= 10 * size, "{}", bytes(&s));
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        check_consistent(&s);
+        assert_eq!(s.len(), 10);
+        // The ten latest (latest expiries) are the ones kept.
+        for i in 0..50 {
+            assert_eq!(kept(&s, &format!("k{i}")).await, i >= 40, "k{i}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn leases_are_never_evicted() {
+        let s = store(100, 1 << 30);
+        for i in 0..40 {
+            assert_eq!(
+                s.begin(&format!("lease{i}"), "fp", "holder", LEASE).await.unwrap(),
+                Begin::Claimed
+            );
+        }
+        for i in 0..500 {
+            put(&s, &format!("k{i}"), TTL).await;
+            assert!(held(&s) <= 100);
+        }
+        check_consistent(&s);
+        for i in 0..40 {
+            assert!(matches!(
+                s.begin(&format!("lease{i}"), "fp", "other", LEASE).await.unwrap(),
+                Begin::InProgress { .. }
+            ));
+            // The owner still holds it: it can complete it.
+            assert!(s.renew(&format!("lease{i}"), "holder", LEASE).await.unwrap());
+        }
+        // The completed records that are left are the newest 60.
+        assert!(kept(&s, "k499").await);
+        assert!(kept(&s, "k440").await);
+        assert!(!kept(&s, "k439").await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_store_full_of_leases_still_accepts_a_new_claim() {
+        let s = store(10, 1 << 30);
+        put(&s, "done", TTL).await;
+        for i in 0..10 {
+            assert_eq!(
+                s.begin(&format!("lease{i}"), "fp", "o", LEASE).await.unwrap(),
+                Begin::Claimed
+            );
+        }
+        // The completed record made room for the tenth lease; then only leases are left.
+        assert!(!kept(&s, "done").await);
+        assert_eq!(s.begin("one-more", "fp", "o", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.len(), 11, "over the bound by the leases in flight, as documented");
+        for i in 0..10 {
+            assert!(matches!(
+                s.begin(&format!("lease{i}"), "fp", "other", LEASE).await.unwrap(),
+                Begin::InProgress { .. }
+            ));
+        }
+        // Completing one puts a completed record back in the eviction order: the bound is
+        // restored by evicting it, never a lease.
+        assert!(s
+            .complete("lease0", "fp", "o", &Completion::NotKept, TTL)
+            .await
+            .unwrap());
+        assert_eq!(s.len(), 10);
+        check_consistent(&s);
+        // Once the leases lapse they are purged, and the bound holds again.
+        tokio::time::advance(LEASE).await;
+        assert_eq!(s.len(), 0);
+        check_consistent(&s);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_records_are_purged_a_bounded_number_per_call() {
+        let s = store(10_000, 1 << 30);
+        for i in 0..1000 {
+            put(&s, &format!("k{i}"), Duration::from_secs(60)).await;
+        }
+        for i in 0..300 {
+            assert_eq!(
+                s.begin(&format!("lease{i}"), "fp", "o", LEASE).await.unwrap(),
+                Begin::Claimed
+            );
+        }
+        assert_eq!(held(&s), 1300);
+        tokio::time::advance(Duration::from_secs(61)).await;
+        // One call purges at most PURGE_PER_CALL of each kind (and here adds one record).
+        assert_eq!(s.begin("fresh", "fp", "o", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(held(&s), 1300 - 2 * PURGE_PER_CALL + 1);
+        check_consistent(&s);
+        // An expired record is never answered, purged yet or not.
+        assert_eq!(s.begin("k999", "fp", "new", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.begin("lease299", "fp", "new", LEASE).await.unwrap(), Begin::Claimed);
+        // len() counts live records only.
+        assert_eq!(s.len(), 3);
+        assert_eq!(held(&s), 3);
+        check_consistent(&s);
+        // Calls keep purging until nothing expired is left.
+        tokio::time::advance(TTL).await;
+        for _ in 0..2 {
+            let _ = s.renew("nothing", "o", LEASE).await.unwrap();
+        }
+        assert_eq!(held(&s), 0);
+        assert!(s.is_empty());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn expired_records_make_room_before_live_ones_are_evicted() {
+        let s = store(10, 1 << 30);
+        for i in 0..5 {
+            put(&s, &format!("short{i}"), Duration::from_secs(10)).await;
+        }
+        for i in 0..5 {
+            put(&s, &format!("long{i}"), TTL).await;
+        }
+        for i in 0..5 {
+            assert_eq!(
+                s.begin(&format!("lapsing{i}"), "fp", "o", Duration::from_secs(5))
+                    .await
+                    .unwrap(),
+                Begin::Claimed
+            );
+        }
+        // The five lapsing leases pushed out the five short-lived records (soonest-expiring).
+        assert_eq!(held(&s), 10);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        // The leases have lapsed: they go, no live completed record does.
+        for i in 0..5 {
+            put(&s, &format!("new{i}"), TTL).await;
+        }
+        for i in 0..5 {
+            assert!(kept(&s, &format!("long{i}")).await, "long{i}");
+            assert!(kept(&s, &format!("new{i}")).await, "new{i}");
+        }
+        check_consistent(&s);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ownership_is_checked_on_every_transition() {
+        let s = store(100, 1 << 30);
+        assert_eq!(s.begin("k", "fp", "a", LEASE).await.unwrap(), Begin::Claimed);
+        // Another owner sees it in progress with the lease left; a mismatch wins over that.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(
+            s.begin("k", "fp", "b", LEASE).await.unwrap(),
+            Begin::InProgress {
+                lease_left: Duration::from_secs(20)
+            }
+        );
+        assert_eq!(s.begin("k", "other", "b", LEASE).await.unwrap(), Begin::Mismatch);
+        assert!(!s.renew("k", "b", LEASE).await.unwrap());
+        assert!(!s.complete("k", "fp", "b", &Completion::NotKept, TTL).await.unwrap());
+        assert!(!s.release("k", "b").await.unwrap());
+        // The same owner again renews its lease (re-indexed: it does not lapse at the old time).
+        assert_eq!(s.begin("k", "fp", "a", LEASE).await.unwrap(), Begin::Claimed);
+        tokio::time::advance(Duration::from_secs(25)).await;
+        assert!(s.renew("k", "a", LEASE).await.unwrap());
+        tokio::time::advance(Duration::from_secs(25)).await;
+        assert!(matches!(
+            s.begin("k", "fp", "b", LEASE).await.unwrap(),
+            Begin::InProgress { .. }
+        ));
+        check_consistent(&s);
+        // Lapsed: the next owner takes it, and the stale owner can no longer write.
+        tokio::time::advance(Duration::from_secs(6)).await;
+        assert_eq!(s.begin("k", "fp", "b", LEASE).await.unwrap(), Begin::Claimed);
+        assert!(!s
+            .complete("k", "fp", "a", &Completion::Kept(response("stale")), TTL)
+            .await
+            .unwrap());
+        assert!(!s.release("k", "a").await.unwrap());
+        assert!(s
+            .complete("k", "fp", "b", &Completion::Kept(response("new")), TTL)
+            .await
+            .unwrap());
+        assert_eq!(
+            s.begin("k", "fp", "c", LEASE).await.unwrap(),
+            Begin::Completed(response("new"))
+        );
+        // Completed records are not leases: no renew or release by anyone; completing again is
+        // acknowledged for the owner whose completion landed (a retried write) and overwrites
+        // nothing; another owner is refused.
+        assert!(!s.renew("k", "b", LEASE).await.unwrap());
+        assert!(!s.release("k", "b").await.unwrap());
+        assert!(s.complete("k", "fp", "b", &Completion::NotKept, TTL).await.unwrap());
+        assert!(!s.complete("k", "fp", "c", &Completion::NotKept, TTL).await.unwrap());
+        assert_eq!(
+            s.begin("k", "fp", "c", LEASE).await.unwrap(),
+            Begin::Completed(response("new"))
+        );
+        // A released key is free again.
+        assert_eq!(s.begin("r", "fp", "a", LEASE).await.unwrap(), Begin::Claimed);
+        assert!(s.release("r", "a").await.unwrap());
+        assert_eq!(s.begin("r", "fp", "b", LEASE).await.unwrap(), Begin::Claimed);
+        // Not kept stays not kept until its ttl ends.
+        assert!(s.complete("r", "fp", "b", &Completion::NotKept, TTL).await.unwrap());
+        assert_eq!(s.begin("r", "fp", "c", LEASE).await.unwrap(), Begin::NotKept);
+        tokio::time::advance(TTL).await;
+        assert_eq!(s.begin("r", "fp", "c", LEASE).await.unwrap(), Begin::Claimed);
+        check_consistent(&s);
     }
 }

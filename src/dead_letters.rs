@@ -18,6 +18,7 @@ use http::HeaderMap;
 use serde::{Deserialize, Serialize};
 
 use crate::config::DeadLettersConfig;
+use crate::idempotency::ReplayIdentity;
 use crate::metrics::Metrics;
 use crate::redis::RedisHandle;
 use crate::wire::headers::SENSITIVE;
@@ -243,6 +244,60 @@ static APPEND_REPLAY: std::sync::LazyLock<redis::Script> =
 
 /// Entries read per Redis round trip while scanning.
 const SCAN_BATCH: usize = 500;
+
+/// What the pipeline knows of a request that failed for good: the dead letter is made of it
+/// here, where what may be kept (headers, query, body) is decided.
+pub struct Failure<'a> {
+    pub route: &'a str,
+    /// The upstream of the last attempt.
+    pub upstream: &'a str,
+    pub parts: &'a http::request::Parts,
+    pub body: &'a Bytes,
+    /// `dead_letter_bodies` on the route (an empty body is always "kept").
+    pub keep_body: bool,
+    /// The route's idempotency header, when the route has idempotency.
+    pub idempotency_header: Option<&'a http::HeaderName>,
+    /// The idempotency identity a replay must carry to find the original's record.
+    pub identity: Option<ReplayIdentity>,
+    pub reason: &'a str,
+    pub error_class: &'a str,
+    pub final_status: u16,
+    pub attempts: Vec<AttemptRecord>,
+    pub job_id: Option<String>,
+}
+
+impl DeadLetter {
+    /// The entry for `f`, with only what may be kept: sensitive headers and query values out, the
+    /// body only where the route keeps bodies.
+    pub fn of(f: Failure<'_>, config: &DeadLettersConfig) -> DeadLetter {
+        let Failure { parts, body, .. } = f;
+        let keep_body = f.keep_body || body.is_empty();
+        DeadLetter {
+            id: String::new(),
+            time_ms: crate::time::now_unix_ms(),
+            route: f.route.to_string(),
+            upstream: f.upstream.to_string(),
+            method: parts.method.to_string(),
+            path: parts.uri.path().to_string(),
+            query: parts.uri.query().map(redact_query),
+            idempotency_key: f
+                .idempotency_header
+                .and_then(|h| parts.headers.get(h))
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            reason: f.reason.to_string(),
+            error_class: f.error_class.to_string(),
+            final_status: f.final_status,
+            attempts: f.attempts,
+            headers: keepable_headers(&parts.headers, config),
+            body_base64: (keep_body && !body.is_empty()).then(|| encode_body(body)),
+            body_kept: keep_body,
+            idempotency: f.identity,
+            replays: Vec::new(),
+            job_id: f.job_id,
+        }
+    }
+}
 
 impl DeadLetters {
     pub fn new(config: &DeadLettersConfig, redis: Option<RedisHandle>, metrics: Arc<Metrics>) -> DeadLetters {

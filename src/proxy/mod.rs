@@ -643,32 +643,23 @@ impl Proxy {
         d: &Delivery,
         reason: &str,
     ) {
-        let keep_body = route.config.dead_letter_bodies || body.is_empty();
         let idem = route.idempotency.as_ref();
-        let entry = DeadLetter {
-            id: String::new(),
-            time_ms: time::now_unix_ms(),
-            route: route.name.to_string(),
-            upstream: d.upstream.to_string(),
-            method: parts.method.to_string(),
-            path: parts.uri.path().to_string(),
-            query: parts.uri.query().map(dead_letters::redact_query),
-            idempotency_key: idem
-                .and_then(|i| parts.headers.get(&i.policy.header))
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_string),
-            reason: reason.to_string(),
-            error_class: d.error_class().to_string(),
+        let failure = dead_letters::Failure {
+            route: &route.name,
+            upstream: &d.upstream,
+            parts,
+            body,
+            keep_body: route.config.dead_letter_bodies,
+            idempotency_header: idem.map(|i| &i.policy.header),
+            identity: idem
+                .map(|i| i.identity_of(&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers, body)),
+            reason,
+            error_class: d.error_class(),
             final_status: d.status(),
             attempts: d.attempts.clone(),
-            headers: dead_letters::keepable_headers(&parts.headers, &self.dead_letter_config),
-            body_base64: (keep_body && !body.is_empty()).then(|| dead_letters::encode_body(body)),
-            body_kept: keep_body,
-            idempotency: idem
-                .map(|i| i.identity_of(&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers, body)),
-            replays: Vec::new(),
             job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.clone()),
         };
+        let entry = DeadLetter::of(failure, &self.dead_letter_config);
         let store = self.dead_letters.clone();
         self.tasks.spawn(async move {
             if let Err(e) = store.add(entry).await {

@@ -159,9 +159,19 @@ async fn a_claim_that_ran_after_its_request_gave_up_does_not_hold_the_key() {
     let retry = call(&a.url, "claim", "k-claim").await;
     assert_eq!(retry.status, 200, "{}", retry.text());
     assert_eq!(provider.count("claim"), 1);
-    let held = records(&redis.url()).await;
-    assert_eq!(held.len(), 2, "{held:?}");
-    assert!(held.iter().all(|(_, st)| st == "C"), "{held:?}");
+    // The retry's completion is written as its body ends (in the background): wait for it.
+    let end = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let held = records(&redis.url()).await;
+        if held.len() == 2 && held.iter().all(|(_, st)| st == "C") {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "both keys completed, none held: {held:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// Renewal: Redis frozen for a while as the original runs (renewals time out, and the late ones

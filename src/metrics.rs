@@ -5,6 +5,8 @@
 //! sets. No label ever holds a path, a key or a credential.
 
 use prometheus::core::Collector;
+
+use crate::config::{Config, CooldownMode};
 use std::sync::{Arc, Mutex};
 
 use prometheus::{
@@ -237,6 +239,56 @@ impl Metrics {
         Ok(m)
     }
 
+    /// Creates, at 0, every labelled series whose labels the config determines, so that `rate()`,
+    /// `increase()` and `absent()` work before the first failure and a dashboard has data on day
+    /// one. Called for each configuration loaded (a reload adds the series of new routes and
+    /// upstreams); a series that exists already keeps its value.
+    pub fn init_series(&self, config: &Config) {
+        for (name, u) in &config.upstreams {
+            if u.circuit.is_some() {
+                self.circuit_state.with_label_values(&[name]);
+                self.circuit_rejections_total.with_label_values(&[name]);
+                for to in ["closed", "half_open", "open"] {
+                    self.circuit_transitions_total.with_label_values(&[name, to]);
+                }
+            }
+            if u.cooldown != CooldownMode::Off {
+                self.cooldown_rejections_total.with_label_values(&[name]);
+            }
+        }
+        for r in &config.routes {
+            let route = r.name.as_str();
+            // The success series: other codes appear with their first answer.
+            self.requests_total.with_label_values(&[route, "200"]);
+            if let Some(policy) = r.retry.as_ref().and_then(|p| config.retry.get(p)) {
+                for reason in policy.retry_on.iter().chain(&policy.retry_once_on) {
+                    self.retries_total.with_label_values(&[route, &reason.to_string()]);
+                }
+                for source in ["backoff", "retry_after"] {
+                    self.retry_wait_seconds.with_label_values(&[route, source]);
+                }
+                self.retries_exhausted_total.with_label_values(&[route]);
+                self.retry_budget_exhausted_total.with_label_values(&[route]);
+            }
+            if r.idempotency.is_some() {
+                for result in IDEMPOTENCY_RESULTS {
+                    self.idempotency_requests_total.with_label_values(&[route, result]);
+                }
+                for result in ["late", "lost"] {
+                    self.idempotency_completions_total.with_label_values(&[route, result]);
+                }
+            }
+            if r.dead_letters {
+                for reason in DEAD_LETTER_REASONS {
+                    self.dead_letters_total.with_label_values(&[route, reason]);
+                }
+            }
+        }
+        if config.redis.is_some() {
+            self.redis_errors_total.with_label_values(&["ping"]);
+        }
+    }
+
     /// The Prometheus text exposition of every family.
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 * 1024);
@@ -245,6 +297,28 @@ impl Metrics {
         out
     }
 }
+
+/// The `result` label values of `rebound_idempotency_requests_total`.
+pub const IDEMPOTENCY_RESULTS: [&str; 7] = [
+    "stored",
+    "replayed",
+    "conflict",
+    "mismatch",
+    "invalid",
+    "store_error",
+    "not_stored",
+];
+
+/// The `reason` label values of `rebound_dead_letters_total`.
+pub const DEAD_LETTER_REASONS: [&str; 7] = [
+    "retries_exhausted",
+    "budget_exhausted",
+    "deadline_exceeded",
+    "retry_after_too_long",
+    "unsafe_to_replay",
+    "circuit_open",
+    "cooldown",
+];
 
 /// The `outcome` label values of `rebound_upstream_attempts_total`, in a fixed order.
 pub const OUTCOMES: [&str; 7] = [

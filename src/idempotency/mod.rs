@@ -174,12 +174,7 @@ impl Idempotency {
         hard_stop: CancellationToken,
         route: Arc<str>,
     ) -> Idempotency {
-        // Exported from startup (0), so that an alert on the first lost completion can fire.
-        for result in ["late", "lost"] {
-            metrics
-                .idempotency_completions_total
-                .with_label_values(&[&*route, result]);
-        }
+        // Its series are exported from startup (`Metrics::init_series`).
         Idempotency {
             policy,
             store: records.store.clone(),

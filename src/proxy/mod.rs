@@ -190,6 +190,7 @@ pub struct Proxy {
 impl Proxy {
     /// Resolves routes against upstreams and policies and builds the connection pools.
     pub fn new(config: &Config, shared: &Shared) -> Result<Proxy, BuildError> {
+        shared.metrics.init_series(config);
         let Shared {
             metrics,
             tasks,

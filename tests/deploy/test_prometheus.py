@@ -173,3 +173,31 @@ def test_dashboard_queries_run_in_prometheus(prometheus, exercised):
                 empty.append((where, q))
     assert not empty, f"queries on exported metrics that return nothing: {empty}"
     assert checked >= 25, checked
+
+
+def test_a_fresh_sidecar_gives_every_dashboard_metric_a_sample(rebound_bin, fake, redis, tmp_path):
+    """Before any request, every rebound_* name the dashboard queries has a sample in a real
+    Prometheus: the series the config determines are exported from startup at 0, so the panels
+    (and rate(), increase(), absent()) have data on day one, not only after the first incident."""
+    from conftest import exercise_config
+    from deploy_support import Rebound
+
+    names: set[str] = set()
+    for _, expr in dashboard_expressions(json.loads(DASHBOARD.read_text())):
+        names |= promql_metric_names(expr)
+    rebound = Rebound(tmp_path / "fresh-rebound", exercise_config(fake.url, redis.url))
+    prom = None
+    try:
+        prom = Prometheus(tmp_path / "prometheus-fresh", rebound.admin_addr)
+
+        def missing() -> list[str]:
+            return [n for n in sorted(names) if not prom.query(f'count({{__name__="{n}"}})')]
+
+        try:
+            wait_until("every dashboard metric in Prometheus", lambda: not missing(), timeout=30)
+        except AssertionError:
+            raise AssertionError(f"no sample on a fresh sidecar for: {missing()}") from None
+    finally:
+        if prom:
+            prom.stop()
+        rebound.stop()

@@ -116,3 +116,38 @@ async fn a_client_that_gives_up_early_is_counted_out_of_flight() {
     }
     assert!(back_to_zero, "the abandoned request must leave the in-flight gauge");
 }
+
+/// A fresh sidecar exports every series its config determines, at 0, before any request: the
+/// dashboard and the alerts have data on day one (rate(), increase() and absent() work).
+#[tokio::test]
+async fn a_fresh_sidecar_exports_the_series_its_config_determines() {
+    let provider = FakeProvider::start().await;
+    let toml = Edit::new(&config_for(
+        &provider.url(),
+        "\n[retry.r]\nretry_on = [\"503\"]\nretry_once_on = [\"500\"]\n\n[idempotency.i]\n\n[circuit.c]\n",
+    ))
+    .route_set("fake", "retry", "r")
+    .route_set("fake", "idempotency", "i")
+    .route_set("fake", "dead_letters", true)
+    .set("upstreams.fake", "circuit", "c")
+    .to_string();
+    let rebound = Rebound::start(&toml).await;
+    let page = rebound.metrics().await;
+    for sample in [
+        r#"rebound_circuit_state{upstream="fake"} 0"#,
+        r#"rebound_circuit_rejections_total{upstream="fake"} 0"#,
+        r#"rebound_circuit_transitions_total{to="open",upstream="fake"} 0"#,
+        r#"rebound_cooldown_rejections_total{upstream="fake"} 0"#,
+        r#"rebound_requests_total{code="200",route="fake"} 0"#,
+        r#"rebound_retries_total{reason="503",route="fake"} 0"#,
+        r#"rebound_retries_total{reason="500",route="fake"} 0"#,
+        r#"rebound_retries_exhausted_total{route="fake"} 0"#,
+        r#"rebound_retry_budget_exhausted_total{route="fake"} 0"#,
+        r#"rebound_retry_wait_seconds_count{route="fake",source="retry_after"} 0"#,
+        r#"rebound_idempotency_requests_total{result="replayed",route="fake"} 0"#,
+        r#"rebound_idempotency_completions_total{result="lost",route="fake"} 0"#,
+        r#"rebound_dead_letters_total{reason="retries_exhausted",route="fake"} 0"#,
+    ] {
+        assert!(page.lines().any(|l| l == sample), "missing {sample}:\n{page}");
+    }
+}

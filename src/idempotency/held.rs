@@ -26,11 +26,11 @@ pub struct HeldCompletion {
 
 impl HeldCompletion {
     fn size(&self) -> usize {
-        let body = match &self.completion {
-            Completion::Kept(r) => r.body.len() + r.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>(),
+        let response = match &self.completion {
+            Completion::Kept(r) => r.size(),
             Completion::NotKept => 0,
         };
-        body + self.fingerprint.len() + 128
+        response + self.fingerprint.len() + 128
     }
 }
 

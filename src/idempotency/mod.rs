@@ -133,9 +133,7 @@ impl Store for AnyStore {
 /// A route's idempotency: its policy and the process's store.
 pub struct Idempotency {
     pub policy: Arc<IdempotencyPolicy>,
-    store: AnyStore,
-    held: Arc<Held>,
-    orphan_releases: Arc<AtomicUsize>,
+    records: Records,
     metrics: Arc<Metrics>,
     tasks: TaskTracker,
     /// Cancelled when the shutdown grace runs out: writes still pending give up then.
@@ -177,9 +175,7 @@ impl Idempotency {
         // Its series are exported from startup (`Metrics::init_series`).
         Idempotency {
             policy,
-            store: records.store.clone(),
-            held: records.held.clone(),
-            orphan_releases: records.orphan_releases.clone(),
+            records: records.clone(),
             metrics,
             tasks,
             hard_stop,
@@ -249,17 +245,16 @@ impl Idempotency {
         let key_hash = &fingerprint::digest(&[key.as_bytes()])[..32];
         // One hash tag per record: every script touches this one key.
         let record = format!("idem:{{{}:{scope}:{key_hash}}}", self.route);
-        let owner = owner_token();
-
         // A delivered response whose write has not landed yet is answered from here.
-        if let Some(held) = self.held.get(&record) {
+        if let Some(held) = self.records.held.get(&record) {
             return self.answer_held(&held, &fp);
         }
+        let owner = owner_token();
 
         let waited_until = tokio::time::Instant::now() + p.wait_timeout;
         let mut step = Duration::from_millis(20);
         loop {
-            let begin = self.store.begin(&record, &fp, &owner, p.lease).await;
+            let begin = self.records.store.begin(&record, &fp, &owner, p.lease).await;
             match begin {
                 Err(e) => {
                     self.count("store_error");
@@ -323,26 +318,31 @@ impl Idempotency {
     /// Releases a claim whose reply never came (it may have run late, or its reply was lost), as
     /// soon as the store answers again, so that it cannot hold the key for its whole lease.
     fn release_orphan(&self, record: String, owner: String) {
-        if self.orphan_releases.fetch_add(1, Ordering::AcqRel) >= MAX_ORPHAN_RELEASES {
-            self.orphan_releases.fetch_sub(1, Ordering::AcqRel);
+        let pending = self.records.orphan_releases.clone();
+        if pending.fetch_add(1, Ordering::AcqRel) >= MAX_ORPHAN_RELEASES {
+            pending.fetch_sub(1, Ordering::AcqRel);
             return;
         }
-        let writer = Writer {
-            store: self.store.clone(),
-            hard_stop: self.hard_stop.clone(),
-            route: self.route.clone(),
-        };
-        let (lease, pending) = (self.policy.lease, self.orphan_releases.clone());
+        let (writer, lease) = (self.writer(), self.policy.lease);
         self.tasks.spawn(async move {
             writer.release_until_answered(&record, &owner, lease, false).await;
             pending.fetch_sub(1, Ordering::AcqRel);
         });
     }
 
+    /// Writes retried until the store answers, on this route's behalf.
+    fn writer(&self) -> Writer {
+        Writer {
+            store: self.records.store.clone(),
+            hard_stop: self.hard_stop.clone(),
+            route: self.route.clone(),
+        }
+    }
+
     /// Takes ownership of a fresh claim: renews its lease until it is recorded or released.
     fn claim(&self, record: String, owner: String, fingerprint: String) -> Claim {
         let stop = CancellationToken::new();
-        let (store, lease, route) = (self.store.clone(), self.policy.lease, self.route.clone());
+        let (store, lease, route) = (self.records.store.clone(), self.policy.lease, self.route.clone());
         let (key, who, token) = (record.clone(), owner.clone(), stop.clone());
         self.tasks.spawn(async move {
             loop {
@@ -365,12 +365,8 @@ impl Idempotency {
                 record,
                 owner,
                 fingerprint,
-                writer: Writer {
-                    store: self.store.clone(),
-                    hard_stop: self.hard_stop.clone(),
-                    route: self.route.clone(),
-                },
-                held: self.held.clone(),
+                writer: self.writer(),
+                held: self.records.held.clone(),
                 policy: self.policy.clone(),
                 metrics: self.metrics.clone(),
                 tasks: self.tasks.clone(),
@@ -501,14 +497,11 @@ impl ClaimInner {
     /// Frees the key with one try (a response waits for it: bounded by `command_timeout`); a try
     /// the store does not answer goes on in the background.
     async fn release_now(self) {
-        match self.writer.store.release(&self.record, &self.owner).await {
-            Ok(_) => self.count("not_stored"),
-            Err(e) => {
-                self.count("not_stored");
-                tracing::warn!(route = %self.writer.route, error = %e, "idempotency release failed; retrying in the background");
-                let tasks = self.tasks.clone();
-                tasks.spawn(self.release_retried(true));
-            }
+        self.count("not_stored");
+        if let Err(e) = self.writer.store.release(&self.record, &self.owner).await {
+            tracing::warn!(route = %self.writer.route, error = %e, "idempotency release failed; retrying in the background");
+            let tasks = self.tasks.clone();
+            tasks.spawn(self.release_retried(true));
         }
     }
 

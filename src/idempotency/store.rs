@@ -24,7 +24,8 @@ pub struct StoredResponse {
 }
 
 impl StoredResponse {
-    fn size(&self) -> usize {
+    /// An estimate of the memory it holds (body, headers, bookkeeping).
+    pub(crate) fn size(&self) -> usize {
         self.body.len() + self.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() + 64
     }
 }

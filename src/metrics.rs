@@ -299,9 +299,10 @@ impl Metrics {
 }
 
 /// The `result` label values of `rebound_idempotency_requests_total`.
-pub const IDEMPOTENCY_RESULTS: [&str; 7] = [
+pub const IDEMPOTENCY_RESULTS: [&str; 8] = [
     "stored",
     "replayed",
+    "followed",
     "conflict",
     "mismatch",
     "invalid",

@@ -332,6 +332,8 @@ pub struct CircuitPolicy {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnConcurrent {
+    /// Duplicates receive the original's response as it is produced.
+    Follow,
     Wait,
     Conflict,
 }

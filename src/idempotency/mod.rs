@@ -18,19 +18,18 @@
 
 pub mod fingerprint;
 pub mod held;
+pub mod live;
+mod recorder;
 pub mod redis_store;
+mod relay;
 pub mod store;
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, Method};
-use http_body::{Body, Frame, SizeHint};
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::BodyExt;
+use http_body::Body;
 use rand::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -39,9 +38,13 @@ use tokio_util::task::TaskTracker;
 use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::error::ProxyError;
 use crate::metrics::Metrics;
+use crate::redis::RedisHandle;
 use crate::wire::body::BoxError;
 pub use held::{Held, HeldCompletion};
+pub use live::{End, Follower, Head, HeadOrEnd, Live, Lives};
+pub use recorder::Recorder;
 pub use redis_store::RedisStore;
+use relay::Relay;
 pub use store::{Begin, Completion, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};
 
 /// Response headers kept with a stored response (and replayed). Never `set-cookie`, rate-limit
@@ -77,6 +80,10 @@ pub struct Records {
     pub held: Arc<Held>,
     /// Releases of unanswered claims in flight.
     orphan_releases: Arc<AtomicUsize>,
+    /// The responses of this replica's in-flight claims, for their followers.
+    pub lives: Arc<Lives>,
+    /// Follows originals on other replicas, and relays this one's to their followers (Redis).
+    relay: Option<Arc<Relay>>,
 }
 
 impl Records {
@@ -85,7 +92,18 @@ impl Records {
             store,
             held: Arc::new(Held::default()),
             orphan_releases: Arc::new(AtomicUsize::new(0)),
+            lives: Arc::new(Lives::default()),
+            relay: None,
         }
+    }
+
+    /// Records on Redis, with the relay of live responses between replicas (started here).
+    pub fn with_relay(store: AnyStore, redis: RedisHandle, tasks: &TaskTracker, stop: CancellationToken) -> Records {
+        let mut records = Records::new(store);
+        let relay = Relay::new(redis, records.lives.clone(), tasks.clone(), stop);
+        relay.start();
+        records.relay = Some(relay);
+        records
     }
 }
 
@@ -159,8 +177,17 @@ pub enum Start {
     Claimed(Claim),
     /// The stored response of a completed original.
     Replay(StoredResponse),
+    /// The response of the original still in flight, as it is produced (`on_concurrent =
+    /// "follow"`).
+    Follow(Followed),
     /// Rebound answers (400, 409, 422, 503).
     Refuse(ProxyError),
+}
+
+/// A duplicate following an in-flight original: its head, and its body from byte 0.
+pub struct Followed {
+    pub head: Head,
+    pub body: Follower,
 }
 
 impl Idempotency {
@@ -251,9 +278,20 @@ impl Idempotency {
         }
         let owner = owner_token();
 
+        let follow = p.on_concurrent == OnConcurrent::Follow;
         let waited_until = tokio::time::Instant::now() + p.wait_timeout;
         let mut step = Duration::from_millis(20);
         loop {
+            // The original runs on this replica: follow it with no store round trip.
+            if let Some(live) = self.records.lives.get(&record).filter(|_| follow) {
+                if live.fingerprint != fp {
+                    self.count("mismatch");
+                    return Start::Refuse(ProxyError::IdempotencyKeyReused);
+                }
+                if let Some(start) = self.follow(&live).await {
+                    return start;
+                }
+            }
             let begin = self.records.store.begin(&record, &fp, &owner, p.lease).await;
             match begin {
                 Err(e) => {
@@ -268,7 +306,7 @@ impl Idempotency {
                         OnStoreError::FailOpen => Start::Forward { bypassed: true },
                     };
                 }
-                Ok(Begin::Claimed) => return Start::Claimed(self.claim(record, owner, fp)),
+                Ok(Begin::Claimed) => return Start::Claimed(self.claim(record, owner, fp, follow)),
                 Ok(Begin::Completed(r)) => {
                     self.count("replayed");
                     return Start::Replay(r);
@@ -281,7 +319,18 @@ impl Idempotency {
                     self.count("conflict");
                     return Start::Refuse(ProxyError::IdempotencyResponseNotKept);
                 }
-                Ok(Begin::InProgress { lease_left }) => {
+                Ok(Begin::InProgress {
+                    lease_left,
+                    owner: theirs,
+                }) => {
+                    // The original runs on another replica: follow it through Redis.
+                    if let Some(relay) = self.records.relay.as_ref().filter(|_| follow && !theirs.is_empty()) {
+                        let cap = usize::try_from(p.max_stored_body).unwrap_or(usize::MAX);
+                        let live = relay.mirror(&record, &theirs, &fp, cap);
+                        if let Some(start) = self.follow(&live).await {
+                            return start;
+                        }
+                    }
                     let now = tokio::time::Instant::now();
                     if p.on_concurrent == OnConcurrent::Conflict || now + step > waited_until {
                         self.count("conflict");
@@ -294,6 +343,26 @@ impl Idempotency {
                     step = (step * 2).min(MAX_WAIT_STEP);
                 }
             }
+        }
+    }
+
+    /// Follows an in-flight original from its head on (which may take as long as the original's
+    /// attempts: the wait ends with them). `None`: it released the key without a response to
+    /// share, so the duplicate goes round again (and usually claims the key).
+    async fn follow(&self, live: &Arc<Live>) -> Option<Start> {
+        match live.head().await {
+            HeadOrEnd::Head(head) => {
+                self.count("followed");
+                Some(Start::Follow(Followed {
+                    head,
+                    body: live.follower(),
+                }))
+            }
+            HeadOrEnd::TooLarge => {
+                self.count("conflict");
+                Some(Start::Refuse(ProxyError::IdempotencyResponseNotKept))
+            }
+            HeadOrEnd::End(_) => None,
         }
     }
 
@@ -340,7 +409,10 @@ impl Idempotency {
     }
 
     /// Takes ownership of a fresh claim: renews its lease until it is recorded or released.
-    fn claim(&self, record: String, owner: String, fingerprint: String) -> Claim {
+    fn claim(&self, record: String, owner: String, fingerprint: String, follow: bool) -> Claim {
+        let cap = usize::try_from(self.policy.max_stored_body).unwrap_or(usize::MAX);
+        let live = Arc::new(Live::new(fingerprint.clone(), owner.clone(), cap));
+        let registered = follow.then(|| self.records.lives.register(&record, live.clone()));
         let stop = CancellationToken::new();
         let (store, lease, route) = (self.records.store.clone(), self.policy.lease, self.route.clone());
         let (key, who, token) = (record.clone(), owner.clone(), stop.clone());
@@ -370,6 +442,8 @@ impl Idempotency {
                 policy: self.policy.clone(),
                 metrics: self.metrics.clone(),
                 tasks: self.tasks.clone(),
+                live,
+                _registered: registered,
                 _renewal: stop.drop_guard(),
             }),
         }
@@ -396,6 +470,10 @@ struct ClaimInner {
     policy: Arc<IdempotencyPolicy>,
     metrics: Arc<Metrics>,
     tasks: TaskTracker,
+    /// The response as it is produced: the recorder's buffer, and what followers read.
+    live: Arc<Live>,
+    /// Followers on this replica find `live` while the claim lasts (`"follow"` only).
+    _registered: Option<live::Registered>,
     /// Stops the lease renewal when the claim ends (after its write landed or was given up).
     _renewal: DropGuard,
 }
@@ -484,6 +562,7 @@ impl ClaimInner {
 
     /// Frees the key, retried until the store answers (run as a task).
     async fn release(self) {
+        self.live.finish(End::Released);
         self.count("not_stored");
         self.release_retried(false).await;
     }
@@ -497,6 +576,7 @@ impl ClaimInner {
     /// Frees the key with one try (a response waits for it: bounded by `command_timeout`); a try
     /// the store does not answer goes on in the background.
     async fn release_now(self) {
+        self.live.finish(End::Released);
         self.count("not_stored");
         if let Err(e) = self.writer.store.release(&self.record, &self.owner).await {
             tracing::warn!(route = %self.writer.route, error = %e, "idempotency release failed; retrying in the background");
@@ -573,29 +653,18 @@ impl Claim {
         }
     }
 
-    /// Wraps a response body to be stored as it streams to the client.
+    /// Wraps a response body to be stored as it streams to the client (and shared, as it is
+    /// produced, with the duplicates that follow it).
     pub fn record<B>(mut self, status: u16, headers: &HeaderMap, body: B) -> Recorder
     where
         B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
     {
-        let kept = headers
+        let kept: Vec<(String, String)> = headers
             .iter()
             .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
             .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
             .collect();
-        let inner = self.inner.take();
-        let limit = inner
-            .as_ref()
-            .map_or(0, |c| usize::try_from(c.policy.max_stored_body).unwrap_or(usize::MAX));
-        Recorder {
-            body: Some(body.boxed_unsync()),
-            claim: inner,
-            status,
-            headers: kept,
-            buf: BytesMut::new(),
-            limit,
-            over: false,
-        }
+        Recorder::new(self.inner.take(), Head { status, headers: kept }, body)
     }
 }
 
@@ -604,167 +673,6 @@ impl Drop for Claim {
         if let Some(inner) = self.inner.take() {
             let tasks = inner.tasks.clone();
             tasks.spawn(inner.release());
-        }
-    }
-}
-
-/// Tees a response into the idempotency store while it streams to the client, frame by frame,
-/// with no added delay. At the end the response is completed in the store (or marked "not kept"
-/// when it outgrew `max_stored_body`); a failed stream releases the key. With
-/// `complete_on_disconnect`, a client that goes away mid-stream does not stop the upstream read:
-/// the rest is read and stored, so the app's retry replays the generation it already paid for.
-pub struct Recorder {
-    body: Option<UnsyncBoxBody<Bytes, BoxError>>,
-    claim: Option<ClaimInner>,
-    status: u16,
-    headers: Vec<(String, String)>,
-    buf: BytesMut,
-    limit: usize,
-    over: bool,
-}
-
-impl Recorder {
-    fn keep(&mut self, data: &Bytes) {
-        if self.over {
-            return;
-        }
-        if self.buf.len() + data.len() > self.limit {
-            self.over = true;
-            self.buf = BytesMut::new();
-        } else {
-            self.buf.extend_from_slice(data);
-        }
-    }
-
-    fn completion(&mut self) -> Completion {
-        if self.over {
-            Completion::NotKept
-        } else {
-            let body = std::mem::take(&mut self.buf).freeze();
-            Completion::Kept(StoredResponse {
-                status: self.status,
-                headers: std::mem::take(&mut self.headers),
-                body,
-            })
-        }
-    }
-
-    fn finish(&mut self) {
-        if let Some(claim) = self.claim.take() {
-            let completion = self.completion();
-            let tasks = claim.tasks.clone();
-            tasks.spawn(claim.complete(completion));
-        }
-    }
-
-    fn fail(&mut self) {
-        if let Some(claim) = self.claim.take() {
-            let tasks = claim.tasks.clone();
-            tasks.spawn(claim.release());
-        }
-    }
-}
-
-impl Body for Recorder {
-    type Data = Bytes;
-    type Error = BoxError;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        let Some(body) = self.body.as_mut() else {
-            return Poll::Ready(None);
-        };
-        let polled = Pin::new(body).poll_frame(cx);
-        match &polled {
-            Poll::Ready(Some(Ok(frame))) => {
-                if let Some(data) = frame.data_ref() {
-                    let data = data.clone();
-                    self.keep(&data);
-                }
-            }
-            Poll::Ready(None) => self.finish(),
-            Poll::Ready(Some(Err(_))) => self.fail(),
-            Poll::Pending => {}
-        }
-        polled
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.as_ref().is_none_or(Body::is_end_stream)
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.as_ref().map(Body::size_hint).unwrap_or_default()
-    }
-}
-
-impl Drop for Recorder {
-    fn drop(&mut self) {
-        let Some(claim) = self.claim.take() else { return };
-        let tasks = claim.tasks.clone();
-        let body = self.body.take();
-        if !claim.policy.complete_on_disconnect {
-            tasks.spawn(claim.release());
-            return;
-        }
-        let Some(body) = body else {
-            tasks.spawn(claim.release());
-            return;
-        };
-        // The client went away mid-stream: read the upstream to its end and store it. The body
-        // is wrapped in the stream idle timeout, so this read cannot hang.
-        let state = self.take_state();
-        tasks.spawn(drain_and_store(body, state, claim));
-    }
-}
-
-impl Recorder {
-    fn take_state(&mut self) -> RecorderState {
-        RecorderState {
-            status: self.status,
-            headers: std::mem::take(&mut self.headers),
-            buf: std::mem::take(&mut self.buf),
-            limit: self.limit,
-            over: self.over,
-        }
-    }
-}
-
-struct RecorderState {
-    status: u16,
-    headers: Vec<(String, String)>,
-    buf: BytesMut,
-    limit: usize,
-    over: bool,
-}
-
-async fn drain_and_store(body: UnsyncBoxBody<Bytes, BoxError>, state: RecorderState, claim: ClaimInner) {
-    let mut rec = Recorder {
-        body: Some(body),
-        claim: Some(claim),
-        status: state.status,
-        headers: state.headers,
-        buf: state.buf,
-        limit: state.limit,
-        over: state.over,
-    };
-    tracing::debug!("client went away mid-stream; reading the rest for the idempotency store");
-    loop {
-        let Some(body) = rec.body.as_mut() else { return };
-        match body.frame().await {
-            Some(Ok(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    let data = data.clone();
-                    rec.keep(&data);
-                }
-            }
-            Some(Err(_)) => {
-                rec.fail();
-                return;
-            }
-            None => {
-                rec.finish();
-                return;
-            }
         }
     }
 }

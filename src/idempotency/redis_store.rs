@@ -36,7 +36,7 @@ struct Meta {
 impl RedisStore {
     pub fn new(redis: RedisHandle) -> RedisStore {
         let scripts = Scripts {
-            begin: Script::new(include_str!("../redis/scripts/idem_begin_v2.lua")),
+            begin: Script::new(include_str!("../redis/scripts/idem_begin_v3.lua")),
             renew: Script::new(include_str!("../redis/scripts/idem_renew_v2.lua")),
             complete: Script::new(include_str!("../redis/scripts/idem_complete_v2.lua")),
             release: Script::new(include_str!("../redis/scripts/idem_release_v2.lua")),
@@ -76,10 +76,10 @@ fn text(v: Option<&Value>) -> Option<String> {
 }
 
 fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
-    let bad = || StoreError::new("unexpected reply from idem_begin_v2", false);
+    let bad = || StoreError::new("unexpected reply from idem_begin_v3", false);
     match text(reply.first()).as_deref() {
         // Only when this replica's estimate of Redis's clock is off by more than the time left.
-        Some("late") => Err(StoreError::new("idem_begin_v2 ran after its caller gave up", false)),
+        Some("late") => Err(StoreError::new("idem_begin_v3 ran after its caller gave up", false)),
         Some("claimed") => Ok(Begin::Claimed),
         Some("mismatch") => Ok(Begin::Mismatch),
         Some("not_kept") => Ok(Begin::NotKept),
@@ -90,6 +90,7 @@ fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
             };
             Ok(Begin::InProgress {
                 lease_left: Duration::from_millis(pttl),
+                owner: text(reply.get(2)).unwrap_or_default(),
             })
         }
         Some("completed") => {

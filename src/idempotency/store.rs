@@ -35,8 +35,9 @@ impl StoredResponse {
 pub enum Begin {
     /// The caller now owns the key (it was absent, or already held by this same owner).
     Claimed,
-    /// Another request holds the key; its lease has this long left.
-    InProgress { lease_left: Duration },
+    /// Another request holds the key; its lease has this long left. `owner`: its owner token
+    /// (names the relay of its response to followers on other replicas; empty if unknown).
+    InProgress { lease_left: Duration, owner: String },
     /// The original completed: replay this.
     Completed(StoredResponse),
     /// The original completed but its response was too large to keep.
@@ -342,6 +343,7 @@ impl Store for MemoryStore {
                     MemState::InProgress if e.owner == owner => Begin::Claimed,
                     MemState::InProgress => Begin::InProgress {
                         lease_left: e.expires - now,
+                        owner: e.owner.to_string(),
                     },
                     MemState::Completed(r) => Begin::Completed(r.clone()),
                     MemState::NotKept => Begin::NotKept,
@@ -653,7 +655,8 @@ mod tests {
         assert_eq!(
             s.begin("k", "fp", "b", LEASE).await.unwrap(),
             Begin::InProgress {
-                lease_left: Duration::from_secs(20)
+                lease_left: Duration::from_secs(20),
+                owner: "a".into(),
             }
         );
         assert_eq!(s.begin("k", "other", "b", LEASE).await.unwrap(), Begin::Mismatch);

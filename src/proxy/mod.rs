@@ -37,7 +37,8 @@ use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::{error_response, ProxyError};
 use crate::idempotency::{
-    AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, Records, RedisStore, ReplayIdentity, Start, StoredResponse,
+    AnyStore, Claim, Followed, Idempotency, MemoryLimits, MemoryStore, Records, RedisStore, ReplayIdentity, Start,
+    StoredResponse,
 };
 use crate::jobs::{self, Jobs};
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics};
@@ -153,12 +154,14 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// The store for `redis`: Redis when configured, else a bounded map in memory (one replica).
-    pub fn store_for(redis: Option<RedisHandle>) -> Records {
-        Records::new(match redis {
-            Some(r) => AnyStore::Redis(RedisStore::new(r)),
-            None => AnyStore::Memory(MemoryStore::new(MemoryLimits::default())),
-        })
+    /// The store for `redis`: Redis when configured (with the relay that lets duplicates follow
+    /// an original on another replica, its tasks on `tasks` until `stop`), else a bounded map in
+    /// memory (one replica).
+    pub fn store_for(redis: Option<RedisHandle>, tasks: &TaskTracker, stop: CancellationToken) -> Records {
+        match redis {
+            Some(r) => Records::with_relay(AnyStore::Redis(RedisStore::new(r.clone())), r, tasks, stop),
+            None => Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default()))),
+        }
     }
 }
 
@@ -360,6 +363,7 @@ impl Proxy {
                 Start::Forward { bypassed: b } => bypassed = b,
                 Start::Claimed(c) => claim = Some(c),
                 Start::Replay(stored) => return replay_response(stored, log),
+                Start::Follow(followed) => return follow_response(followed, log),
                 Start::Refuse(err) => return error_response(err, log),
             }
         }
@@ -939,10 +943,23 @@ where
 /// A completed original's stored response: no upstream call.
 fn replay_response(stored: StoredResponse, log: RequestLog) -> Response<ProxyBody> {
     let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let mut resp = Response::new(ProxyBody::full(stored.body, log, status.as_u16()));
+    let body = ProxyBody::full(stored.body, log, status.as_u16());
+    shared_response(status, &stored.headers, body)
+}
+
+/// The response of an original still in flight, as it is produced: no upstream call.
+fn follow_response(followed: Followed, log: RequestLog) -> Response<ProxyBody> {
+    let status = StatusCode::from_u16(followed.head.status).unwrap_or(StatusCode::OK);
+    let body = ProxyBody::new(followed.body, log, status.as_u16());
+    shared_response(status, &followed.head.headers, body)
+}
+
+/// Another request's response (replayed or followed), with its kept headers.
+fn shared_response(status: StatusCode, kept: &[(String, String)], body: ProxyBody) -> Response<ProxyBody> {
+    let mut resp = Response::new(body);
     *resp.status_mut() = status;
     let h = resp.headers_mut();
-    for (name, value) in &stored.headers {
+    for (name, value) in kept {
         if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
             h.append(name, value);
         }

@@ -24,9 +24,10 @@ async fn contract<S: Store>(s: &S, ns: &str) {
     // Absent → claimed; the same owner may claim again (an ambiguous timeout is safe).
     assert_eq!(s.begin(&k("a"), "fp1", "owner1", LEASE).await.unwrap(), Begin::Claimed);
     assert_eq!(s.begin(&k("a"), "fp1", "owner1", LEASE).await.unwrap(), Begin::Claimed);
-    // Another owner sees it in progress; another fingerprint is a mismatch, whatever the state.
+    // Another owner sees it in progress, and whose it is (followers on other replicas ask that
+    // owner for its response); another fingerprint is a mismatch, whatever the state.
     assert!(
-        matches!(s.begin(&k("a"), "fp1", "owner2", LEASE).await.unwrap(), Begin::InProgress { lease_left } if lease_left <= LEASE)
+        matches!(s.begin(&k("a"), "fp1", "owner2", LEASE).await.unwrap(), Begin::InProgress { lease_left, owner } if lease_left <= LEASE && owner == "owner1")
     );
     assert_eq!(s.begin(&k("a"), "fp2", "owner2", LEASE).await.unwrap(), Begin::Mismatch);
     // Only the owner completes.
@@ -204,7 +205,7 @@ async fn redis_scripts_refuse_a_claim_or_renewal_that_runs_too_late() {
     let redis = RedisServer::start();
     let client = ::redis::Client::open(redis.url()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let begin = ::redis::Script::new(include_str!("../../src/redis/scripts/idem_begin_v2.lua"));
+    let begin = ::redis::Script::new(include_str!("../../src/redis/scripts/idem_begin_v3.lua"));
     let renew = ::redis::Script::new(include_str!("../../src/redis/scripts/idem_renew_v2.lua"));
     let (secs, micros): (i64, i64) = ::redis::cmd("TIME").query_async(&mut c).await.unwrap();
     let now_ms = secs * 1000 + micros / 1000;

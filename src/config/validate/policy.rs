@@ -256,8 +256,12 @@ impl Validator<'_> {
             on_concurrent: self.choice(
                 &key("on_concurrent"),
                 &r.on_concurrent,
-                OnConcurrent::Wait,
-                &[("wait", OnConcurrent::Wait), ("conflict", OnConcurrent::Conflict)],
+                OnConcurrent::Follow,
+                &[
+                    ("follow", OnConcurrent::Follow),
+                    ("wait", OnConcurrent::Wait),
+                    ("conflict", OnConcurrent::Conflict),
+                ],
             ),
             wait_timeout: self.positive_duration(&key("wait_timeout"), &r.wait_timeout, Duration::from_secs(120)),
             store_statuses,

@@ -1,10 +1,12 @@
--- idem_begin_v2: claim the record or report its state, in one round trip.
+-- idem_begin_v3: claim the record or report its state, in one round trip.
 -- KEYS[1] record; ARGV[1] fingerprint, ARGV[2] owner token, ARGV[3] lease (ms),
 -- ARGV[4] not_after: Redis TIME (ms) after which the caller has given up waiting; 0: no bound.
 -- A claim that runs after not_after (it sat in the socket buffer of a frozen or stalled Redis while
 -- the request was answered 503 or forwarded unprotected) is refused, so that no claim outlives the
 -- request that made it.
--- Returns {"claimed"} | {"mismatch"} | {"in_progress", pttl} | {"not_kept"} | {"completed", meta, body}
+-- v3: an in-progress reply carries the owner token, which names the relay of the original's
+-- response to followers on other replicas (`on_concurrent = "follow"`).
+-- Returns {"claimed"} | {"mismatch"} | {"in_progress", pttl, owner} | {"not_kept"} | {"completed", meta, body}
 -- | {"late"}.
 local na = tonumber(ARGV[4]) or 0
 if na > 0 then
@@ -27,7 +29,7 @@ if st == 'P' then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
     return {'claimed'}
   end
-  return {'in_progress', redis.call('PTTL', KEYS[1])}
+  return {'in_progress', redis.call('PTTL', KEYS[1]), redis.call('HGET', KEYS[1], 'own')}
 end
 if st == 'U' then
   return {'not_kept'}

@@ -1,0 +1,509 @@
+//! Live responses (`on_concurrent = "follow"`): what an in-flight original has produced so far,
+//! shared with the duplicates that follow it.
+//!
+//! A [`Live`] is created with the claim. Its head is set when the original's response is decided
+//! (a status the route stores), its body grows frame by frame as the original streams to its own
+//! client, and it ends as the original ends: complete, aborted mid-stream, or released (no stored
+//! response: followers then run the request themselves, as `"wait"` would).
+//!
+//! Every follower reads the same bytes from byte 0 at its own pace: a slow one never slows the
+//! original or the others. Memory is bounded by `max_stored_body` per in-flight key (the bytes the
+//! recorder keeps for the store anyway): past it the oldest bytes are dropped, the response is not
+//! stored, and a follower still behind them is cut with an abort.
+
+use std::collections::{HashMap, VecDeque};
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+use bytes::{Bytes, BytesMut};
+use http_body::{Body, Frame, SizeHint};
+
+use crate::wire::body::BoxError;
+
+/// How an original's response ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// Its body ended cleanly.
+    Complete,
+    /// Its body failed mid-stream (upstream reset, idle timeout): followers are aborted too.
+    Aborted,
+    /// No response to share (an outcome the route does not store, or the request was dropped
+    /// before its response): followers run the request themselves.
+    Released,
+}
+
+/// The status and the kept headers of a live response.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Head {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+}
+
+/// What a follower waiting for the head learns.
+#[derive(Debug)]
+pub enum HeadOrEnd {
+    Head(Head),
+    /// The response ended before a head could be shared.
+    End(End),
+    /// The head was decided, but the first bytes were already dropped (over `max_stored_body`):
+    /// a follower cannot get the response from byte 0.
+    TooLarge,
+}
+
+/// One in-flight original's response, as produced.
+pub struct Live {
+    /// The request's fingerprint (a duplicate with another one is 422, not a follower).
+    pub fingerprint: String,
+    /// The claim's owner token (names its relay through Redis).
+    pub owner: String,
+    /// Whether it is being relayed to other replicas already.
+    relaying: AtomicBool,
+    state: Mutex<State>,
+}
+
+/// What a relay reads next: the chunks after the ones it sent, and how the response ended.
+#[derive(Debug, Default)]
+pub struct Batch {
+    pub data: Vec<Bytes>,
+    /// The index of the chunk after `data`.
+    pub next: u64,
+    pub end: Option<End>,
+    /// The reader fell behind what was dropped (or the response outgrew the cap).
+    pub cut: bool,
+}
+
+struct State {
+    head: Option<Head>,
+    chunks: VecDeque<Bytes>,
+    /// Chunks dropped from the front (over the cap): chunk `i` of the body is `chunks[i - dropped]`.
+    dropped: u64,
+    /// Bytes in `chunks`.
+    held: usize,
+    cap: usize,
+    end: Option<End>,
+    /// Tasks waiting for a change, by waiter id.
+    wakers: Vec<(u64, Waker)>,
+    next_waiter: u64,
+}
+
+/// The follower cannot get the rest: it fell more than `max_stored_body` behind.
+#[derive(Debug, thiserror::Error)]
+#[error("the follower fell more than max_stored_body behind the original")]
+pub struct FollowerCut;
+
+/// The original's response failed mid-stream.
+#[derive(Debug, thiserror::Error)]
+#[error("the original response was aborted mid-stream")]
+pub struct OriginalAborted;
+
+impl Live {
+    pub fn new(fingerprint: String, owner: String, cap: usize) -> Live {
+        Live {
+            fingerprint,
+            owner,
+            relaying: AtomicBool::new(false),
+            state: Mutex::new(State {
+                head: None,
+                chunks: VecDeque::new(),
+                dropped: 0,
+                held: 0,
+                cap,
+                end: None,
+                wakers: Vec::new(),
+                next_waiter: 0,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The response's status and kept headers are decided.
+    pub fn set_head(&self, head: Head) {
+        let mut s = self.lock();
+        if s.head.is_none() && s.end.is_none() {
+            s.head = Some(head);
+            s.wake_all();
+        }
+    }
+
+    /// The original sent these bytes to its client (copied once: the chunk is shared by every
+    /// follower and becomes the stored body).
+    pub fn push(&self, data: &[u8]) {
+        if data.is_empty() {
+            return;
+        }
+        let mut s = self.lock();
+        if s.end.is_some() {
+            return;
+        }
+        s.chunks.push_back(Bytes::copy_from_slice(data));
+        s.held += data.len();
+        while s.held > s.cap {
+            let Some(first) = s.chunks.pop_front() else { break };
+            s.held -= first.len();
+            s.dropped += 1;
+        }
+        s.wake_all();
+    }
+
+    /// The original's response ended (the first end counts).
+    pub fn finish(&self, end: End) {
+        let mut s = self.lock();
+        if s.end.is_none() {
+            s.end = Some(end);
+            s.wake_all();
+        }
+    }
+
+    /// Ends a response that cannot be shared from byte 0 (a relay's source outgrew the cap):
+    /// followers waiting for the head are refused, the others cut.
+    pub fn cut(&self) {
+        let mut s = self.lock();
+        s.dropped = s.dropped.max(1) + s.chunks.len() as u64;
+        s.held = 0;
+        s.chunks.clear();
+        if s.end.is_none() {
+            s.end = Some(End::Aborted);
+        }
+        s.wake_all();
+    }
+
+    /// Claims the right to relay this response (once).
+    pub fn start_relay(&self) -> bool {
+        !self.relaying.swap(true, Ordering::AcqRel)
+    }
+
+    /// Waits for chunks from index `from` on (at most about `max_bytes` of them) or the end.
+    pub async fn next_batch(&self, from: u64, max_bytes: usize) -> Batch {
+        let id = self.lock().waiter_id();
+        let out = poll_fn(|cx| {
+            let mut s = self.lock();
+            if from < s.dropped {
+                return Poll::Ready(Batch {
+                    cut: true,
+                    ..Batch::default()
+                });
+            }
+            let local = usize::try_from(from - s.dropped).unwrap_or(usize::MAX);
+            let mut batch = Batch {
+                next: from,
+                ..Batch::default()
+            };
+            let mut bytes = 0;
+            for chunk in s.chunks.iter().skip(local) {
+                if bytes > 0 && bytes + chunk.len() > max_bytes {
+                    break;
+                }
+                bytes += chunk.len();
+                batch.data.push(chunk.clone());
+                batch.next += 1;
+            }
+            let all = local.saturating_add(batch.data.len()) >= s.chunks.len();
+            batch.end = s.end.filter(|_| all);
+            if batch.data.is_empty() && batch.end.is_none() {
+                s.register(id, cx.waker());
+                return Poll::Pending;
+            }
+            Poll::Ready(batch)
+        })
+        .await;
+        self.lock().unregister(id);
+        out
+    }
+
+    /// Whether the response kept its first byte (it never outgrew `max_stored_body`).
+    pub fn is_whole(&self) -> bool {
+        self.lock().dropped == 0
+    }
+
+    /// The whole body, when none of it was dropped (one copy, unless it is one chunk).
+    pub fn body(&self) -> Option<Bytes> {
+        let s = self.lock();
+        if s.dropped > 0 {
+            return None;
+        }
+        match s.chunks.len() {
+            0 => Some(Bytes::new()),
+            1 => s.chunks.front().cloned(),
+            _ => {
+                let mut buf = BytesMut::with_capacity(s.held);
+                for c in &s.chunks {
+                    buf.extend_from_slice(c);
+                }
+                Some(buf.freeze())
+            }
+        }
+    }
+
+    /// Waits until the head is decided or the response ends without one.
+    pub async fn head(&self) -> HeadOrEnd {
+        let id = self.lock().waiter_id();
+        let out = poll_fn(|cx| {
+            let mut s = self.lock();
+            if s.dropped > 0 {
+                return Poll::Ready(HeadOrEnd::TooLarge);
+            }
+            if let Some(h) = &s.head {
+                return Poll::Ready(HeadOrEnd::Head(h.clone()));
+            }
+            if let Some(end) = s.end {
+                return Poll::Ready(HeadOrEnd::End(end));
+            }
+            s.register(id, cx.waker());
+            Poll::Pending
+        })
+        .await;
+        self.lock().unregister(id);
+        out
+    }
+
+    /// A body that reads this response from byte 0.
+    pub fn follower(self: &Arc<Self>) -> Follower {
+        let id = self.lock().waiter_id();
+        Follower {
+            live: self.clone(),
+            next: 0,
+            id,
+            done: false,
+        }
+    }
+
+    /// Chunk `index` of the body, or why there is none (yet).
+    fn poll_chunk(&self, index: u64, id: u64, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BoxError>>> {
+        let mut s = self.lock();
+        if index < s.dropped {
+            return Poll::Ready(Some(Err(Box::new(FollowerCut))));
+        }
+        let local = usize::try_from(index - s.dropped).unwrap_or(usize::MAX);
+        if let Some(chunk) = s.chunks.get(local) {
+            return Poll::Ready(Some(Ok(chunk.clone())));
+        }
+        match s.end {
+            Some(End::Complete) => Poll::Ready(None),
+            Some(End::Aborted | End::Released) => Poll::Ready(Some(Err(Box::new(OriginalAborted)))),
+            None => {
+                s.register(id, cx.waker());
+                Poll::Pending
+            }
+        }
+    }
+}
+
+impl State {
+    fn wake_all(&mut self) {
+        for (_, w) in self.wakers.drain(..) {
+            w.wake();
+        }
+    }
+
+    fn waiter_id(&mut self) -> u64 {
+        self.next_waiter += 1;
+        self.next_waiter
+    }
+
+    fn register(&mut self, id: u64, waker: &Waker) {
+        match self.wakers.iter_mut().find(|(i, _)| *i == id) {
+            Some((_, w)) => w.clone_from(waker),
+            None => self.wakers.push((id, waker.clone())),
+        }
+    }
+
+    fn unregister(&mut self, id: u64) {
+        self.wakers.retain(|(i, _)| *i != id);
+    }
+}
+
+/// A follower's body: the original's bytes from byte 0, as they are produced; it ends as the
+/// original ends.
+pub struct Follower {
+    live: Arc<Live>,
+    /// The next chunk to send.
+    next: u64,
+    id: u64,
+    done: bool,
+}
+
+impl Body for Follower {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let polled = self.live.poll_chunk(self.next, self.id, cx);
+        match polled {
+            Poll::Ready(Some(Ok(chunk))) => {
+                self.next += 1;
+                Poll::Ready(Some(Ok(Frame::data(chunk))))
+            }
+            Poll::Ready(other) => {
+                self.done = true;
+                Poll::Ready(other.map(|r| r.map(Frame::data)))
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+impl Drop for Follower {
+    fn drop(&mut self) {
+        self.live.lock().unregister(self.id);
+    }
+}
+
+/// The live responses of this replica's in-flight claims, by record key.
+#[derive(Default)]
+pub struct Lives {
+    map: Mutex<HashMap<String, Arc<Live>>>,
+}
+
+impl Lives {
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Live>>> {
+        self.map.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The live response of an in-flight claim of `record` on this replica.
+    pub fn get(&self, record: &str) -> Option<Arc<Live>> {
+        self.lock().get(record).cloned()
+    }
+
+    /// Registers a fresh claim's response; the returned guard ends and unregisters it when dropped.
+    pub fn register(self: &Arc<Self>, record: &str, live: Arc<Live>) -> Registered {
+        self.lock().insert(record.to_string(), live.clone());
+        Registered {
+            lives: self.clone(),
+            record: record.to_string(),
+            live,
+        }
+    }
+
+    /// How many are registered.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A registered live response: unregistered when the claim ends (its write landed or was given
+/// up), and ended as released if nothing else ended it.
+pub struct Registered {
+    lives: Arc<Lives>,
+    record: String,
+    pub live: Arc<Live>,
+}
+
+impl Drop for Registered {
+    fn drop(&mut self) {
+        self.live.finish(End::Released);
+        let mut map = self.lives.lock();
+        // A later claim of the same key may have registered its own since.
+        if map.get(&self.record).is_some_and(|l| Arc::ptr_eq(l, &self.live)) {
+            map.remove(&self.record);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn head() -> Head {
+        Head {
+            status: 200,
+            headers: vec![("content-type".into(), "text/event-stream".into())],
+        }
+    }
+
+    #[tokio::test]
+    async fn a_follower_gets_every_byte_from_the_first_and_ends_with_the_original() {
+        let live = Arc::new(Live::new("fp".into(), "me".into(), 1024));
+        live.set_head(head());
+        live.push(b"one ");
+        let follower = live.follower();
+        let reader = tokio::spawn(async move { follower.collect().await.map(|c| c.to_bytes()) });
+        live.push(b"two ");
+        live.push(b"three");
+        live.finish(End::Complete);
+        let got = reader.await.unwrap().unwrap();
+        assert_eq!(&got[..], b"one two three");
+        assert_eq!(live.body().unwrap(), Bytes::from_static(b"one two three"));
+        assert!(matches!(live.head().await, HeadOrEnd::Head(h) if h == head()));
+    }
+
+    #[tokio::test]
+    async fn an_aborted_original_aborts_its_followers_after_the_bytes_they_had() {
+        let live = Arc::new(Live::new("fp".into(), "me".into(), 1024));
+        live.set_head(head());
+        live.push(b"partial");
+        let mut follower = live.follower();
+        let first = follower.frame().await.unwrap().unwrap().into_data().unwrap();
+        assert_eq!(&first[..], b"partial");
+        live.finish(End::Aborted);
+        assert!(follower.frame().await.unwrap().is_err());
+        assert!(follower.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_released_original_has_no_head_to_share() {
+        let live = Arc::new(Live::new("fp".into(), "me".into(), 1024));
+        let waiting = {
+            let live = live.clone();
+            tokio::spawn(async move { live.head().await })
+        };
+        live.finish(End::Released);
+        assert!(matches!(waiting.await.unwrap(), HeadOrEnd::End(End::Released)));
+    }
+
+    #[tokio::test]
+    async fn past_the_cap_the_response_is_not_whole_and_a_late_follower_is_cut() {
+        let live = Arc::new(Live::new("fp".into(), "me".into(), 8));
+        live.set_head(head());
+        let mut early = live.follower();
+        live.push(b"12345");
+        assert_eq!(
+            &early.frame().await.unwrap().unwrap().into_data().unwrap()[..],
+            b"12345"
+        );
+        let mut late = live.follower();
+        live.push(b"6789");
+        assert!(!live.is_whole());
+        assert!(live.body().is_none());
+        // The early follower read the dropped chunk already: it goes on.
+        assert_eq!(&early.frame().await.unwrap().unwrap().into_data().unwrap()[..], b"6789");
+        // The late one is behind what was dropped: cut.
+        assert!(late.frame().await.unwrap().is_err());
+        assert!(matches!(live.head().await, HeadOrEnd::TooLarge));
+    }
+
+    #[test]
+    fn a_registration_ends_and_unregisters_only_its_own_response() {
+        let lives = Arc::new(Lives::default());
+        let first = Arc::new(Live::new("fp".into(), "me".into(), 8));
+        let reg = lives.register("k", first.clone());
+        let second = Arc::new(Live::new("fp".into(), "me".into(), 8));
+        let reg2 = lives.register("k", second.clone());
+        drop(reg);
+        assert!(Arc::ptr_eq(&lives.get("k").unwrap(), &second));
+        assert!(matches!(first.lock().end, Some(End::Released)));
+        drop(reg2);
+        assert!(lives.is_empty());
+    }
+}

@@ -1,0 +1,431 @@
+//! Following an original that runs on another replica (`on_concurrent = "follow"` with Redis).
+//!
+//! Nothing is relayed until someone follows: a replica whose duplicate finds the key in progress
+//! elsewhere publishes `record owner` on the fleet's follow channel; the replica that owns the
+//! claim (its owner token names it) then relays the response, from byte 0, into a Redis Stream of
+//! its own (`{record}:live:{owner}`, same hash tag as the record): a head entry, data entries (as
+//! much as is ready per `XADD`, one write in flight), and an end entry, at most
+//! `max_stored_body` of data (past it: an end entry `cut`), the stream expiring a lease after
+//! its last write. On the follower's replica, one reader per followed response (a dedicated
+//! connection, `XREAD BLOCK`) fills a local [`Live`] mirror that every follower there reads.
+//!
+//! A reader that hears nothing keeps asking (the owner may not have registered its claim yet),
+//! and checks the record: once it is no longer in progress under that owner, a response that
+//! never arrived is treated as released (the followers then look at the record again: usually a
+//! replay), one cut short as aborted.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use futures_util::StreamExt as _;
+use redis::streams::StreamReadReply;
+use redis::Value;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::live::{End, Head, HeadOrEnd, Live, Lives};
+use crate::redis::RedisHandle;
+
+/// The most data per stream entry.
+const MAX_ENTRY: usize = 256 << 10;
+/// How long a reader blocks for the next entries before it looks at the record.
+const READ_BLOCK: Duration = Duration::from_millis(1000);
+/// The first and the longest pause before a follow request is published again.
+const ASK_FIRST: Duration = Duration::from_millis(50);
+const ASK_MAX: Duration = Duration::from_secs(1);
+
+/// The relay of this replica: answers follow requests, and mirrors followed responses.
+pub struct Relay {
+    redis: RedisHandle,
+    lives: Arc<Lives>,
+    channel: String,
+    /// Mirrors of responses followed here, by relay stream key.
+    mirrors: Mutex<HashMap<String, Arc<Live>>>,
+    tasks: TaskTracker,
+    stop: CancellationToken,
+}
+
+/// The relay stream of the claim `owner` holds on `record` (a store key, without the prefix).
+fn stream_key(redis: &RedisHandle, record: &str, owner: &str) -> String {
+    redis.key(&format!("{record}:live:{owner}"))
+}
+
+impl Relay {
+    pub fn new(redis: RedisHandle, lives: Arc<Lives>, tasks: TaskTracker, stop: CancellationToken) -> Arc<Relay> {
+        let channel = redis.key("idem:follow");
+        Arc::new(Relay {
+            redis,
+            lives,
+            channel,
+            mirrors: Mutex::new(HashMap::new()),
+            tasks,
+            stop,
+        })
+    }
+
+    /// Starts answering follow requests (until the process stops).
+    pub fn start(self: &Arc<Self>) {
+        let relay = self.clone();
+        self.tasks.spawn(async move { relay.listen().await });
+    }
+
+    /// The mirror of the response `owner` produces for `record` on another replica (one per
+    /// response on this replica, shared by its followers here).
+    pub fn mirror(self: &Arc<Self>, record: &str, owner: &str, fingerprint: &str, cap: usize) -> Arc<Live> {
+        let key = stream_key(&self.redis, record, owner);
+        let mut mirrors = self.mirrors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(live) = mirrors.get(&key) {
+            return live.clone();
+        }
+        let live = Arc::new(Live::new(fingerprint.to_string(), owner.to_string(), cap));
+        mirrors.insert(key.clone(), live.clone());
+        let reader = Reader {
+            relay: self.clone(),
+            record: self.redis.key(record),
+            ask: format!("{record} {owner}"),
+            owner: owner.to_string(),
+            key,
+            live: live.clone(),
+        };
+        self.tasks.spawn(reader.run());
+        live
+    }
+
+    /// Listens for follow requests, resubscribing after any loss.
+    async fn listen(self: Arc<Self>) {
+        let client = match self.redis.client() {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for idempotency follow requests; duplicates on other replicas wait instead");
+                return;
+            }
+        };
+        let connect_timeout = self.redis.command_timeout().max(Duration::from_millis(500));
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            let connect = async {
+                let mut pubsub = client.get_async_pubsub().await?;
+                pubsub.subscribe(&self.channel).await?;
+                Ok::<_, redis::RedisError>(pubsub)
+            };
+            let subscribed = tokio::select! {
+                _ = self.stop.cancelled() => return,
+                r = tokio::time::timeout(connect_timeout, connect) => r,
+            };
+            if let Ok(Ok(pubsub)) = subscribed {
+                backoff = Duration::from_millis(100);
+                let mut messages = pubsub.into_on_message();
+                loop {
+                    tokio::select! {
+                        _ = self.stop.cancelled() => return,
+                        msg = messages.next() => match msg {
+                            Some(msg) => {
+                                if let Ok(payload) = msg.get_payload::<String>() {
+                                    self.answer(&payload);
+                                }
+                            }
+                            None => break,
+                        },
+                    }
+                }
+            }
+            tokio::select! {
+                _ = self.stop.cancelled() => return,
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    }
+
+    /// A follow request `record owner`: relay that response if it runs here (once).
+    fn answer(self: &Arc<Self>, request: &str) {
+        let Some((record, owner)) = request.split_once(' ') else {
+            return;
+        };
+        let Some(live) = self.lives.get(record).filter(|l| l.owner == owner) else {
+            return;
+        };
+        if !live.start_relay() {
+            return;
+        }
+        let relay = self.clone();
+        let key = stream_key(&self.redis, record, owner);
+        self.tasks.spawn(async move {
+            tokio::select! {
+                _ = relay.stop.cancelled() => {}
+                () = relay.send(key, live) => {}
+            }
+        });
+    }
+
+    /// Relays `live` into its stream, from its head to its end.
+    async fn send(&self, key: String, live: Arc<Live>) {
+        let ttl = self.redis.command_timeout().max(Duration::from_secs(30));
+        self.append(&key, &[("a", Bytes::new())], ttl).await;
+        let head = match live.head().await {
+            HeadOrEnd::Head(h) => h,
+            HeadOrEnd::TooLarge => {
+                self.append(&key, &[("e", Bytes::from_static(b"cut"))], ttl).await;
+                return;
+            }
+            HeadOrEnd::End(end) => {
+                self.append(&key, &[("e", end_name(end))], ttl).await;
+                return;
+            }
+        };
+        let Ok(head) = serde_json::to_vec(&(head.status, &head.headers)) else {
+            return;
+        };
+        if !self.append(&key, &[("h", Bytes::from(head))], ttl).await {
+            return;
+        }
+        let mut next = 0;
+        loop {
+            let batch = live.next_batch(next, MAX_ENTRY).await;
+            if batch.cut {
+                self.append(&key, &[("e", Bytes::from_static(b"cut"))], ttl).await;
+                return;
+            }
+            next = batch.next;
+            let mut fields = Vec::with_capacity(2);
+            if !batch.data.is_empty() {
+                fields.push(("d", concat(&batch.data)));
+            }
+            if let Some(end) = batch.end {
+                fields.push(("e", end_name(end)));
+            }
+            if !self.append(&key, &fields, ttl).await || batch.end.is_some() {
+                return;
+            }
+        }
+    }
+
+    /// One stream entry, and the stream's expiry pushed back (one round trip).
+    async fn append(&self, key: &str, fields: &[(&str, Bytes)], ttl: Duration) -> bool {
+        let ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        let written = self
+            .redis
+            .run("idem_relay", |mut c| async move {
+                let mut xadd = redis::cmd("XADD");
+                xadd.arg(key).arg("*");
+                for (name, value) in fields {
+                    xadd.arg(*name).arg(value.as_ref());
+                }
+                redis::pipe()
+                    .add_command(xadd)
+                    .ignore()
+                    .cmd("PEXPIRE")
+                    .arg(key)
+                    .arg(ms)
+                    .ignore()
+                    .query_async::<()>(&mut c)
+                    .await
+            })
+            .await;
+        if let Err(e) = &written {
+            tracing::warn!(error = %e, "idempotency relay write failed; followers elsewhere are cut");
+        }
+        written.is_ok()
+    }
+}
+
+fn concat(chunks: &[Bytes]) -> Bytes {
+    match chunks {
+        [one] => one.clone(),
+        _ => {
+            let mut buf = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
+            for c in chunks {
+                buf.extend_from_slice(c);
+            }
+            buf.freeze()
+        }
+    }
+}
+
+fn end_name(end: End) -> Bytes {
+    Bytes::from_static(match end {
+        End::Complete => b"complete",
+        End::Aborted => b"aborted",
+        End::Released => b"released",
+    })
+}
+
+/// Fills one mirror from its relay stream.
+struct Reader {
+    relay: Arc<Relay>,
+    /// The record's full key.
+    record: String,
+    /// The follow request to publish.
+    ask: String,
+    owner: String,
+    key: String,
+    live: Arc<Live>,
+}
+
+/// What the reader learned from one read.
+enum Read {
+    /// Entries came (the relay runs).
+    Entries { accepted: bool, ended: bool },
+    /// Nothing within the block time.
+    Nothing,
+    /// The connection failed.
+    Failed,
+}
+
+impl Reader {
+    async fn run(self) {
+        tokio::select! {
+            _ = self.relay.stop.cancelled() => self.live.finish(End::Aborted),
+            () = self.read() => {}
+        }
+        let mut mirrors = self.relay.mirrors.lock().unwrap_or_else(|e| e.into_inner());
+        if mirrors.get(&self.key).is_some_and(|l| Arc::ptr_eq(l, &self.live)) {
+            mirrors.remove(&self.key);
+        }
+    }
+
+    async fn read(&self) {
+        let redis = &self.relay.redis;
+        let conn = match redis.client() {
+            Ok(client) => {
+                let timeout = redis.command_timeout().max(Duration::from_millis(500));
+                tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot follow an original on another replica");
+                return self.live.finish(End::Released);
+            }
+        };
+        let Ok(Ok(mut conn)) = conn else {
+            return self.live.finish(End::Released);
+        };
+        let mut last = String::from("0");
+        let mut accepted = false;
+        let mut ask_every = ASK_FIRST;
+        let mut asked_at = None;
+        loop {
+            if !accepted && asked_at.is_none_or(|at: tokio::time::Instant| at.elapsed() >= ask_every) {
+                self.ask().await;
+                asked_at = Some(tokio::time::Instant::now());
+                ask_every = (ask_every * 2).min(ASK_MAX);
+            }
+            let block = if accepted { READ_BLOCK } else { ask_every };
+            match self.read_once(&mut conn, &mut last, block).await {
+                Read::Entries { ended: true, .. } => return,
+                Read::Entries { accepted: a, .. } => accepted |= a,
+                Read::Failed => return self.live.finish(End::Aborted),
+                Read::Nothing => {
+                    if !self.original_runs().await {
+                        // One last look: its end may have been written just before.
+                        if let Read::Entries { ended: true, .. } =
+                            self.read_once(&mut conn, &mut last, Duration::ZERO).await
+                        {
+                            return;
+                        }
+                        return self.live.finish(if accepted { End::Aborted } else { End::Released });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Asks the owner's replica to relay its response.
+    async fn ask(&self) {
+        let (channel, ask) = (&self.relay.channel, &self.ask);
+        let _ = self
+            .relay
+            .redis
+            .run("idem_follow", |mut c| async move {
+                redis::cmd("PUBLISH")
+                    .arg(channel)
+                    .arg(ask)
+                    .query_async::<i64>(&mut c)
+                    .await
+            })
+            .await;
+    }
+
+    /// Whether the record is still in progress under the owner this mirror follows (a failure
+    /// to tell counts as yes: the next look decides).
+    async fn original_runs(&self) -> bool {
+        let record = &self.record;
+        let found = self
+            .relay
+            .redis
+            .run("idem_follow", |mut c| async move {
+                redis::cmd("HMGET")
+                    .arg(record)
+                    .arg("st")
+                    .arg("own")
+                    .query_async::<(Option<String>, Option<String>)>(&mut c)
+                    .await
+            })
+            .await;
+        match found {
+            Ok((Some(st), Some(own))) => st == "P" && own == self.owner,
+            Ok(_) => false,
+            Err(_) => true,
+        }
+    }
+
+    async fn read_once(
+        &self,
+        conn: &mut redis::aio::MultiplexedConnection,
+        last: &mut String,
+        block: Duration,
+    ) -> Read {
+        let block_ms = u64::try_from(block.as_millis()).unwrap_or(1000);
+        let mut cmd = redis::cmd("XREAD");
+        if block_ms > 0 {
+            cmd.arg("BLOCK").arg(block_ms);
+        }
+        cmd.arg("COUNT").arg(64).arg("STREAMS").arg(&self.key).arg(&*last);
+        let bound = block + self.relay.redis.command_timeout();
+        let reply = tokio::time::timeout(bound, cmd.query_async::<Option<StreamReadReply>>(conn)).await;
+        let reply = match reply {
+            Ok(Ok(Some(r))) => r,
+            Ok(Ok(None)) => return Read::Nothing,
+            _ => return Read::Failed,
+        };
+        let mut accepted = false;
+        for entry in reply.keys.into_iter().flat_map(|k| k.ids) {
+            accepted = true;
+            last.clone_from(&entry.id);
+            if let Some(head) = entry.map.get("h").and_then(bytes_of).and_then(|h| parse_head(&h)) {
+                self.live.set_head(head);
+            }
+            if let Some(data) = entry.map.get("d").and_then(bytes_of) {
+                self.live.push(&data);
+            }
+            if let Some(end) = entry.map.get("e").and_then(bytes_of) {
+                match &end[..] {
+                    b"complete" => self.live.finish(End::Complete),
+                    b"released" => self.live.finish(End::Released),
+                    b"cut" => self.live.cut(),
+                    _ => self.live.finish(End::Aborted),
+                }
+                return Read::Entries { accepted, ended: true };
+            }
+        }
+        if accepted {
+            Read::Entries { accepted, ended: false }
+        } else {
+            Read::Nothing
+        }
+    }
+}
+
+fn bytes_of(v: &Value) -> Option<Vec<u8>> {
+    match v {
+        Value::BulkString(b) => Some(b.clone()),
+        Value::SimpleString(s) => Some(s.clone().into_bytes()),
+        _ => None,
+    }
+}
+
+fn parse_head(raw: &[u8]) -> Option<Head> {
+    let (status, headers): (u16, Vec<(String, String)>) = serde_json::from_slice(raw).ok()?;
+    Some(Head { status, headers })
+}

@@ -1,0 +1,219 @@
+//! `on_concurrent = "follow"` (the default) through real sockets: duplicates of an in-flight keyed
+//! request receive the original's response as it is produced, on the same replica or another one
+//! (through Redis), and a client that reconnects mid-stream gets it from byte 0; the provider is
+//! called once.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http_body_util::BodyExt;
+
+use crate::support::fake_provider::sse_stream_bytes;
+use crate::support::redis::RedisServer;
+use crate::support::sidecar::config_for;
+use crate::support::*;
+
+/// The `fake` route with `[idempotency.idem]` (follow, the default) and a fast retry policy.
+fn config(provider: &str, redis: Option<&str>, policy: &str) -> String {
+    let mut extra = format!(
+        "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n[idempotency.idem]\nlease = \"2s\"\n{policy}\n"
+    );
+    if let Some(url) = redis {
+        extra.push_str(&format!("\n[redis]\nurl = \"{url}\"\ncommand_timeout = \"500ms\"\n"));
+    }
+    Edit::new(&config_for(provider, &extra))
+        .route_set("fake", "retry", "fast")
+        .route_set("fake", "idempotency", "idem")
+        .to_string()
+}
+
+/// A streamed chat completion of `chunks` events, `gap_ms` apart, under an idempotency key.
+async fn stream(url: &str, key: &str, chunks: &str, gap_ms: &str) -> http::Response<hyper::body::Incoming> {
+    send_streaming_within(
+        Duration::from_secs(20),
+        "POST",
+        &format!("{url}/fake/v1/chat/completions"),
+        &[
+            ("x-fake-key", key),
+            ("idempotency-key", key),
+            ("x-fake-chunks", chunks),
+            ("x-fake-gap-ms", gap_ms),
+            ("content-type", "application/json"),
+        ],
+        r#"{"stream":true}"#,
+    )
+    .await
+}
+
+/// A body read to its end: the bytes, when the first one arrived, and whether it ended cleanly.
+struct Read {
+    bytes: Bytes,
+    first_at: Option<Instant>,
+    clean: bool,
+}
+
+async fn read(resp: http::Response<hyper::body::Incoming>) -> Read {
+    let mut body = resp.into_body();
+    let mut buf = BytesMut::new();
+    let mut first_at = None;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(20), body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    first_at.get_or_insert_with(Instant::now);
+                    buf.extend_from_slice(d);
+                }
+            }
+            Ok(Some(Err(_))) => {
+                return Read {
+                    bytes: buf.freeze(),
+                    first_at,
+                    clean: false,
+                }
+            }
+            Ok(None) => {
+                return Read {
+                    bytes: buf.freeze(),
+                    first_at,
+                    clean: true,
+                }
+            }
+            Err(_) => panic!("the body stalled for 20 s"),
+        }
+    }
+}
+
+/// Five duplicates, on both replicas, follow one live stream: each gets its first byte while the
+/// original is still streaming, long before it completes, and every stream is byte-identical.
+#[tokio::test]
+async fn five_followers_on_two_replicas_receive_the_one_live_stream() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let toml = config(&provider.url(), Some(&redis.url()), "");
+    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    // 8 events 250 ms apart: the original streams for ~1.75 s.
+    let started = Instant::now();
+    let original = stream(&a.url, "live", "8", "250").await;
+    assert!(original.headers().get("idempotent-replayed").is_none());
+    let original = tokio::spawn(read(original));
+    let mut followers = Vec::new();
+    for i in 0..5 {
+        let url = if i % 2 == 0 { b.url.clone() } else { a.url.clone() };
+        followers.push(tokio::spawn(async move {
+            let resp = stream(&url, "live", "8", "250").await;
+            assert_eq!(resp.status(), 200);
+            assert_eq!(resp.headers()["idempotent-replayed"], "true");
+            assert_eq!(resp.headers()["content-type"], "text/event-stream");
+            read(resp).await
+        }));
+    }
+    let original = original.await.unwrap();
+    assert!(original.clean);
+    assert_eq!(String::from_utf8_lossy(&original.bytes), sse_stream_bytes(8));
+    let first = original.first_at.unwrap();
+    for f in followers {
+        let f = f.await.unwrap();
+        assert!(f.clean, "a follower ends as the original ends");
+        assert_eq!(f.bytes, original.bytes, "byte-identical");
+        let lag = f.first_at.unwrap().saturating_duration_since(first);
+        // Live, not after the fact: well before the original's third event (500 ms later).
+        assert!(
+            lag < Duration::from_millis(400),
+            "first byte {lag:?} after the original's"
+        );
+        eprintln!("follower first byte {lag:?} after the original's");
+    }
+    assert_eq!(provider.count("live"), 1, "the provider is called once");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let (pa, pb) = (a.metrics().await, b.metrics().await);
+    let followed = |page: &str| {
+        metric(
+            page,
+            r#"rebound_idempotency_requests_total{result="followed",route="fake"}"#,
+        )
+    };
+    assert_eq!(followed(&pa) + followed(&pb), 5.0, "{pa}\n{pb}");
+}
+
+/// A client that drops after 3 events and reconnects with the same key gets every event, from
+/// byte 0, on the same replica (memory store: the shipped default) or on another one (Redis).
+#[tokio::test]
+async fn a_client_that_reconnects_mid_stream_gets_every_event() {
+    let provider = FakeProvider::start().await;
+    let alone = Rebound::start(&config(&provider.url(), None, "")).await;
+    reconnect_mid_stream(&provider, "again-local", &alone.url, &alone.url).await;
+
+    let redis = RedisServer::start();
+    let toml = config(&provider.url(), Some(&redis.url()), "");
+    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    reconnect_mid_stream(&provider, "again-remote", &a.url, &b.url).await;
+}
+
+async fn reconnect_mid_stream(provider: &FakeProvider, key: &str, first: &str, second: &str) {
+    let resp = stream(first, key, "8", "150").await;
+    let mut body = resp.into_body();
+    let mut got = BytesMut::new();
+    while got.windows(2).filter(|w| w == b"\n\n").count() < 3 {
+        let frame = body.frame().await.unwrap().unwrap();
+        got.extend_from_slice(frame.data_ref().unwrap());
+    }
+    drop(body);
+    let again = stream(second, key, "8", "150").await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again = read(again).await;
+    assert!(again.clean);
+    assert_eq!(
+        String::from_utf8_lossy(&again.bytes),
+        sse_stream_bytes(8),
+        "every event"
+    );
+    assert_eq!(provider.count(key), 1, "the provider is called once");
+}
+
+/// An original that fails mid-stream aborts its followers too (never a clean end of a cut
+/// stream); one whose outcome is not stored releases them, and the first to claim runs itself.
+#[tokio::test]
+async fn followers_end_as_the_original_ends() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let toml = config(&provider.url(), Some(&redis.url()), "");
+    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+
+    provider.script("cut", vec![Step::CutAfterFirstChunk]);
+    let original = stream(&a.url, "cut", "8", "200").await;
+    let local = tokio::spawn({
+        let url = a.url.clone();
+        async move { read(stream(&url, "cut", "8", "200").await).await }
+    });
+    let remote = tokio::spawn({
+        let url = b.url.clone();
+        async move { read(stream(&url, "cut", "8", "200").await).await }
+    });
+    let original = read(original).await;
+    assert!(!original.clean);
+    for f in [local.await.unwrap(), remote.await.unwrap()] {
+        assert!(!f.clean, "aborted like the original");
+        assert_eq!(f.bytes, original.bytes, "after the bytes the original had");
+    }
+    assert_eq!(provider.count("cut"), 1);
+
+    // A 400 is not stored: the duplicate waiting for it runs the request itself.
+    provider.script("bad", vec![Step::StatusAfter { ms: 300, status: 400 }]);
+    let body = r#"{"model":"m"}"#;
+    let post = |url: String| async move {
+        send(
+            "POST",
+            &format!("{url}/fake/v1/chat/completions"),
+            &[("x-fake-key", "bad"), ("idempotency-key", "bad")],
+            body,
+        )
+        .await
+    };
+    let original = tokio::spawn(post(a.url.clone()));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let duplicate = post(b.url.clone()).await;
+    assert_eq!(original.await.unwrap().status, 400);
+    assert_eq!(duplicate.status, 200, "{}", duplicate.text());
+    assert!(duplicate.header("idempotent-replayed").is_none());
+    assert_eq!(provider.count("bad"), 2);
+}

@@ -173,6 +173,11 @@ impl Live {
         s.wake_all();
     }
 
+    /// The most body bytes it keeps (`max_stored_body`).
+    pub fn cap(&self) -> usize {
+        self.lock().cap
+    }
+
     /// Claims the right to relay this response (once).
     pub fn start_relay(&self) -> bool {
         !self.relaying.swap(true, Ordering::AcqRel)

@@ -152,16 +152,19 @@ impl Relay {
         }
         let relay = self.clone();
         let key = stream_key(&self.redis, record, owner);
+        let cap = live.cap();
         self.tasks.spawn(async move {
             tokio::select! {
                 _ = relay.stop.cancelled() => {}
-                () = relay.send(key, live) => {}
+                () = relay.send(key, live, cap) => {}
             }
         });
     }
 
-    /// Relays `live` into its stream, from its head to its end.
-    async fn send(&self, key: String, live: Arc<Live>) {
+    /// Relays `live` into its stream, from its head to its end: at most `max_stored_body` of
+    /// data (`cap`), after which the stream ends `cut` (followers here go on; those elsewhere are
+    /// cut).
+    async fn send(&self, key: String, live: Arc<Live>, cap: usize) {
         let ttl = self.redis.command_timeout().max(Duration::from_secs(30));
         self.append(&key, &[("a", Bytes::new())], ttl).await;
         let head = match live.head().await {
@@ -181,10 +184,11 @@ impl Relay {
         if !self.append(&key, &[("h", Bytes::from(head))], ttl).await {
             return;
         }
-        let mut next = 0;
+        let (mut next, mut sent) = (0, 0usize);
         loop {
             let batch = live.next_batch(next, MAX_ENTRY).await;
-            if batch.cut {
+            sent = sent.saturating_add(batch.data.iter().map(Bytes::len).sum());
+            if batch.cut || sent > cap {
                 self.append(&key, &[("e", Bytes::from_static(b"cut"))], ttl).await;
                 return;
             }

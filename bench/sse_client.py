@@ -263,8 +263,11 @@ async def main_async(args):
         "\r\n"
     ).encode("latin-1") + body
     all_results, round_ms, per_round = [], [], []
-    for _ in range(args.rounds):
-        results, ms = await one_round(args, host, port, request)
+    for i in range(args.rounds):
+        req = request
+        if args.shared_idempotency_key:
+            req = request.replace(b"Connection: close\r\n", f"Idempotency-Key: {args.key}-{i}\r\nConnection: close\r\n".encode())
+        results, ms = await one_round(args, host, port, req)
         all_results.extend(results)
         per_round.append(results)
         round_ms.append(ms)
@@ -280,6 +283,9 @@ def main():
     ap.add_argument("--rounds", type=int, default=1, help="rounds of --streams concurrent streams")
     ap.add_argument("--timeout", type=float, default=30.0, help="seconds allowed per stream")
     ap.add_argument("--key", default="bench-sse", help="x-fake-key header (upstream counts per key)")
+    ap.add_argument("--shared-idempotency-key", action="store_true",
+                    help="every stream of a round carries the same Idempotency-Key (one per round): one "
+                         "original, the others follow it")
     args = ap.parse_args()
     if not (1 <= args.streams <= 5000 and 1 <= args.rounds <= 100 and 0 < args.timeout <= 300):
         raise SystemExit("streams must be 1..5000, rounds 1..100, timeout 0..300 s")

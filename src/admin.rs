@@ -324,11 +324,13 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    if a.len() != b.len() {
-        return false;
-    }
-    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+/// Compares a presented token with the configured one in time that depends on neither: both are
+/// hashed (SHA-256, so their lengths do not show either) and the digests compared with `subtle`.
+fn constant_time_eq(presented: &[u8], token: &[u8]) -> bool {
+    use sha2::Digest as _;
+    use subtle::ConstantTimeEq as _;
+    let (a, b) = (sha2::Sha256::digest(presented), sha2::Sha256::digest(token));
+    a.as_slice().ct_eq(b.as_slice()).into()
 }
 
 fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {

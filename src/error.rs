@@ -14,6 +14,8 @@ pub enum ProxyError {
     NoRoute { path: String, prefixes: String },
     #[error("the request body is larger than max_request_body ({limit} bytes)")]
     BodyTooLarge { limit: u64 },
+    #[error("the request line and headers ({size} bytes) are larger than max_request_head ({limit} bytes); nothing was forwarded")]
+    RequestHeadTooLarge { size: u64, limit: u64 },
     #[error("the request body could not be read: {0}")]
     BadRequestBody(String),
     #[error("the request target cannot be forwarded: {0}")]
@@ -71,6 +73,7 @@ pub enum ProxyError {
 pub enum ErrorKind {
     NoRoute,
     BodyTooLarge,
+    RequestHeadTooLarge,
     BadRequestBody,
     InvalidRequestTarget,
     AbsoluteForm,
@@ -122,6 +125,12 @@ impl ErrorKind {
         let (status, code, title, retryable) = match self {
             K::NoRoute => (S::NOT_FOUND, "no_route", "No route", false),
             K::BodyTooLarge => (S::PAYLOAD_TOO_LARGE, "body_too_large", "Request body too large", false),
+            K::RequestHeadTooLarge => (
+                S::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "request_head_too_large",
+                "Request head too large",
+                false,
+            ),
             K::BadRequestBody => (S::BAD_REQUEST, "bad_request_body", "Unreadable request body", false),
             K::InvalidRequestTarget => (
                 S::BAD_REQUEST,
@@ -224,6 +233,7 @@ impl ProxyError {
         match self {
             ProxyError::NoRoute { .. } => K::NoRoute,
             ProxyError::BodyTooLarge { .. } => K::BodyTooLarge,
+            ProxyError::RequestHeadTooLarge { .. } => K::RequestHeadTooLarge,
             ProxyError::BadRequestBody(_) => K::BadRequestBody,
             ProxyError::InvalidRequestTarget(_) => K::InvalidRequestTarget,
             ProxyError::AbsoluteForm => K::AbsoluteForm,
@@ -330,6 +340,7 @@ mod tests {
         let all = [
             K::NoRoute,
             K::BodyTooLarge,
+            K::RequestHeadTooLarge,
             K::BadRequestBody,
             K::InvalidRequestTarget,
             K::AbsoluteForm,

@@ -153,10 +153,11 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         hard_stop,
         grace: config.server.shutdown_grace,
     };
+    let limits = ClientLimits::of(&config.server);
     let done = tokio::spawn({
         let shutdown = shutdown.clone();
         async move {
-            let exit = serve(proxy_listener, proxy, shutdown, drain, &admin_state).await;
+            let exit = serve(proxy_listener, proxy, shutdown, drain, limits, &admin_state).await;
             background_stop.cancel();
             background.close();
             background.wait().await;
@@ -175,6 +176,39 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
     })
 }
 
+/// What one client may hold (startup values: a reload does not change them).
+#[derive(Clone, Copy)]
+struct ClientLimits {
+    /// Connections held at once; past it, new ones wait in the listen backlog.
+    max_connections: u32,
+    /// The request line and headers, at most. A larger head gets rebound's own 431
+    /// (`request_head_too_large`, from the proxy) while it fits hyper's read buffer
+    /// ([`ClientLimits::read_buffer`]); past that, hyper's bare 431 and the connection closed.
+    max_request_head: u64,
+    /// The first byte, then the whole request head, within this; an idle kept-alive connection
+    /// is closed after it.
+    header_read_timeout: Duration,
+}
+
+impl ClientLimits {
+    fn of(server: &crate::config::ServerConfig) -> ClientLimits {
+        ClientLimits {
+            max_connections: server.max_connections,
+            max_request_head: server.max_request_head,
+            header_read_timeout: server.header_read_timeout,
+        }
+    }
+
+    /// hyper's HTTP/1 read buffer: twice the head limit, and never below hyper's own default
+    /// (~400 KiB), so that an oversized head of up to that size gets rebound's JSON 431.
+    fn read_buffer(&self) -> usize {
+        const HYPER_DEFAULT: usize = 8192 + 4096 * 100;
+        usize::try_from(self.max_request_head.saturating_mul(2))
+            .unwrap_or(usize::MAX)
+            .max(HYPER_DEFAULT)
+    }
+}
+
 struct Drain {
     /// Every task the drain waits for: client connections, upgraded connections, and the work
     /// that outlives a request (idempotency writes, dead-letter writes, job runs).
@@ -189,13 +223,31 @@ async fn serve(
     proxy: Arc<ArcSwap<Proxy>>,
     shutdown: CancellationToken,
     drain: Drain,
+    limits: ClientLimits,
     admin: &AdminState,
 ) -> Exit {
     let signal = ShutdownSignal::new();
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder.http1().timer(TokioTimer::new()).keep_alive(true);
-    builder.http2().timer(TokioTimer::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.read_buffer());
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(u32::try_from(limits.max_request_head).unwrap_or(u32::MAX));
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections as usize));
     loop {
+        // A connection slot first: past max_connections, new connections wait in the backlog.
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            _ = shutdown.cancelled() => break,
+        };
         let tcp = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((tcp, _)) => tcp,
@@ -210,17 +262,31 @@ async fn serve(
         };
         let _ = tcp.set_nodelay(true);
         let proxy = proxy.clone();
-        let svc = hyper::service::service_fn(move |req| {
-            // Each request runs to its end on the configuration it started with.
-            let proxy = proxy.load_full();
-            async move { Ok::<_, Infallible>(proxy.handle(req).await) }
-        });
-        let conn = signal.watch(
-            builder
-                .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
-                .into_owned(),
-        );
+        let (builder, signal, shutdown) = (builder.clone(), signal.clone(), shutdown.clone());
+        let first_byte = limits.header_read_timeout;
         drain.tasks.spawn(async move {
+            let _slot = slot;
+            // A client that connects and sends nothing is closed after header_read_timeout
+            // (hyper times HTTP/1 heads and idle kept-alive connections from there on).
+            let mut probe = [0u8; 1];
+            tokio::select! {
+                peeked = tokio::time::timeout(first_byte, tcp.peek(&mut probe)) => {
+                    if !matches!(peeked, Ok(Ok(n)) if n > 0) {
+                        return;
+                    }
+                }
+                _ = shutdown.cancelled() => return,
+            }
+            let svc = hyper::service::service_fn(move |req| {
+                // Each request runs to its end on the configuration it started with.
+                let proxy = proxy.load_full();
+                async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+            });
+            let conn = signal.watch(
+                builder
+                    .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+                    .into_owned(),
+            );
             if let Some(Err(e)) = conn.await {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }

@@ -57,6 +57,13 @@ pub struct ServerConfig {
     /// With one, rebound runs on a single-threaded runtime (no cross-thread wake-ups).
     pub worker_threads: u32,
     pub max_request_body: u64,
+    /// The request line and headers, at most (larger: 431 `request_head_too_large`).
+    pub max_request_head: u64,
+    /// Client connections held at once; beyond it new ones wait in the listen backlog.
+    pub max_connections: u32,
+    /// A client must send its request head within this (from connecting, or from the end of the
+    /// previous response on a kept-alive connection): slow or silent clients are closed.
+    pub header_read_timeout: Duration,
     pub shutdown_grace: Duration,
 }
 

@@ -32,6 +32,9 @@ pub struct RawServer {
     pub listen: Option<String>,
     pub worker_threads: Option<i64>,
     pub max_request_body: Option<String>,
+    pub max_request_head: Option<String>,
+    pub max_connections: Option<i64>,
+    pub header_read_timeout: Option<String>,
     pub shutdown_grace: Option<String>,
 }
 

@@ -178,6 +178,7 @@ pub struct Proxy {
     routes: RouteTable<Arc<Route>>,
     prefixes: String,
     max_request_body: u64,
+    max_request_head: u64,
     metrics: Arc<Metrics>,
     /// Tasks that outlive their request (upgraded connections), drained on shutdown.
     tasks: TaskTracker,
@@ -271,6 +272,7 @@ impl Proxy {
             routes,
             prefixes,
             max_request_body: config.server.max_request_body,
+            max_request_head: config.server.max_request_head,
             metrics,
             tasks,
             hard_stop,
@@ -296,6 +298,11 @@ impl Proxy {
         }
         if is_absolute_form(&req) {
             return error_response(ProxyError::AbsoluteForm, log);
+        }
+        let head = headers::head_size(req.method(), req.uri(), req.headers());
+        if head > self.max_request_head {
+            let limit = self.max_request_head;
+            return error_response(ProxyError::RequestHeadTooLarge { size: head, limit }, log);
         }
         // The job API (`/jobs/{id}`, `/jobs/{id}/result`), when a route is async.
         if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(req.uri().path())) {

@@ -114,6 +114,14 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
             .any(|t| t.trim().eq_ignore_ascii_case("upgrade"))
 }
 
+/// The size of a request head as it came on the wire, near enough: the request line and each
+/// header line (`name: value\r\n`), for the `max_request_head` limit.
+pub fn head_size(method: &http::Method, uri: &http::Uri, headers: &http::HeaderMap) -> u64 {
+    let line = method.as_str().len() + uri.path_and_query().map_or(1, |p| p.as_str().len()) + 12;
+    let fields: usize = headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
+    (line + fields) as u64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

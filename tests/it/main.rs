@@ -10,6 +10,7 @@ mod circuit;
 mod circuit_shared;
 mod config_files;
 mod dead_letters;
+mod edges;
 mod follow;
 mod idempotency;
 mod idempotency_faults;

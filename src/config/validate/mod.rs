@@ -150,6 +150,24 @@ impl Validator<'_> {
         self.parsed(key, raw.as_deref(), default, parse_size)
     }
 
+    /// A size within `min..=max` (the default when out of range, with an error naming the range).
+    fn bounded_size(&mut self, key: &str, raw: &Option<String>, default: u64, (min, max): (u64, u64)) -> u64 {
+        let n = self.size(key, raw, default);
+        if (min..=max).contains(&n) {
+            return n;
+        }
+        self.err(
+            key,
+            format!(
+                "expected a size from {} to {}, found {}",
+                super::units::format_size(min),
+                super::units::format_size(max),
+                super::units::format_size(n)
+            ),
+        );
+        default
+    }
+
     fn addr(&mut self, key: &str, raw: &Option<String>, default: &str) -> SocketAddr {
         let fallback: SocketAddr = default
             .parse()
@@ -248,6 +266,18 @@ impl Validator<'_> {
             listen: self.addr("server.listen", &server.listen, "127.0.0.1:8080"),
             worker_threads: self.int("server.worker_threads", server.worker_threads, 0, 0, 256),
             max_request_body: self.size("server.max_request_body", &server.max_request_body, 8 << 20),
+            max_request_head: self.bounded_size(
+                "server.max_request_head",
+                &server.max_request_head,
+                64 << 10,
+                (1 << 10, 1 << 20),
+            ),
+            max_connections: self.int("server.max_connections", server.max_connections, 10_000, 1, 1_000_000),
+            header_read_timeout: self.positive_duration(
+                "server.header_read_timeout",
+                &server.header_read_timeout,
+                Duration::from_secs(30),
+            ),
             shutdown_grace: self.duration("server.shutdown_grace", &server.shutdown_grace, Duration::from_secs(30)),
         }
     }

@@ -13,6 +13,7 @@ mod dead_letters;
 mod idempotency;
 mod idempotency_faults;
 mod idempotency_store;
+mod inband;
 mod jobs;
 mod long_generation;
 mod passthrough;

@@ -26,7 +26,8 @@ use crate::time::Instant;
 /// What one attempt produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// A response head with this status (for 2xx, its first body byte arrived too).
+    /// A response head with this status (for 2xx, read ahead to its commit point too: the first
+    /// body byte, an event stream's first event, a JSON body's end).
     Status(StatusCode),
     /// No connection: the request was never sent.
     ConnectFailure,

@@ -47,8 +47,6 @@ use crate::time;
 use crate::upstream::{AttemptError, Upstream, UpstreamBody};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
-use crate::wire::sse::Shape;
-use std::sync::atomic::AtomicBool;
 use stream::{ErrorWatch, IdleTimeout, Primed};
 
 /// A route with everything it refers to resolved.
@@ -881,16 +879,8 @@ where
             .insert(headers::X_SHOULD_RETRY, HeaderValue::from_static("false"));
     }
     let status = parts.status.as_u16();
-    // Set when an error event passed (or the first event was one, delivered as it came).
-    let in_band = matches!(outcome, Outcome::InBand(_));
-    let (body, stream_error) = match Shape::of(&parts.headers) {
-        Shape::EventStream if !in_band => {
-            let seen = Arc::new(AtomicBool::new(false));
-            let counter = target.attempts.mid_stream_errors.clone();
-            (ErrorWatch::new(body, seen.clone(), counter), Some(seen))
-        }
-        _ => (ErrorWatch::off(body), in_band.then(|| Arc::new(AtomicBool::new(true)))),
-    };
+    let first_event_error = matches!(outcome, Outcome::InBand(_));
+    let (body, stream_error) = ErrorWatch::for_response(body, &parts.headers, first_event_error, &target.attempts);
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
     let body = match claim {
         Some(claim) => {

@@ -17,8 +17,9 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus::IntCounter;
 use tokio::time::Sleep;
 
+use crate::metrics::AttemptMetrics;
 use crate::wire::body::BoxError;
-use crate::wire::sse::ErrorScan;
+use crate::wire::sse::{ErrorScan, Shape};
 
 /// A body whose first frames were already read (the prefix), put back in order before the rest.
 /// The prefix is held as the frames came: nothing is copied.
@@ -149,6 +150,27 @@ impl<B> ErrorWatch<B> {
     pub fn off(inner: B) -> ErrorWatch<B> {
         ErrorWatch { inner, watching: None }
     }
+
+    /// The watch a delivered response needs, and its error flag: an event stream whose first
+    /// event was not an error is watched (the flag is set when an error event passes); a response
+    /// whose first event or JSON body was one is not (its flag is set already); any other response
+    /// has no flag.
+    pub fn for_response(
+        inner: B,
+        headers: &http::HeaderMap,
+        first_event_error: bool,
+        metrics: &AttemptMetrics,
+    ) -> (ErrorWatch<B>, Option<Arc<AtomicBool>>) {
+        if first_event_error {
+            return (ErrorWatch::off(inner), Some(Arc::new(AtomicBool::new(true))));
+        }
+        if Shape::of(headers) != Shape::EventStream {
+            return (ErrorWatch::off(inner), None);
+        }
+        let seen = Arc::new(AtomicBool::new(false));
+        let watch = ErrorWatch::new(inner, seen.clone(), metrics.mid_stream_errors.clone());
+        (watch, Some(seen))
+    }
 }
 
 impl<B> Body for ErrorWatch<B>
@@ -245,5 +267,46 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt as _, StreamBody};
+
+    fn frames(parts: &[&'static str]) -> http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError> {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from_static(p.as_bytes()))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync()
+    }
+
+    #[tokio::test]
+    async fn the_watch_passes_everything_through_and_counts_an_error_once() {
+        let counter = IntCounter::new("t", "t").unwrap();
+        let seen = Arc::new(AtomicBool::new(false));
+        let parts = [
+            "data: {\"a\":1}\n\n",
+            "event: er",
+            "ror\ndata: {\"type\":\"error\"}\n\n",
+            "event: error\ndata: {}\n\n",
+        ];
+        let body = ErrorWatch::new(frames(&parts), seen.clone(), counter.clone());
+        let all = body.collect().await.unwrap().to_bytes();
+        assert_eq!(all, parts.concat());
+        assert!(seen.load(Ordering::Acquire));
+        assert_eq!(counter.get(), 1);
+
+        let seen = Arc::new(AtomicBool::new(false));
+        let body = ErrorWatch::new(
+            frames(&["data: {\"a\":1}\n\n", "data: [DONE]\n\n"]),
+            seen.clone(),
+            counter.clone(),
+        );
+        body.collect().await.unwrap();
+        assert!(!seen.load(Ordering::Acquire));
+        assert_eq!(counter.get(), 1);
     }
 }

@@ -42,8 +42,12 @@ pub struct Metrics {
     /// Requests whose response has not ended yet (streams included).
     pub inflight_requests: IntGauge,
     /// Upstream attempts by route, upstream and outcome (`ok`, `status_4xx`, `status_429`,
-    /// `status_5xx`, `connect_failure`, `reset`, `timeout`).
+    /// `status_5xx`, `connect_failure`, `reset`, `timeout`, `stream_error`).
     pub upstream_attempts_total: IntCounterVec,
+    /// Errors reported inside a 2xx body, by route, upstream and position: `first_event` (the
+    /// first SSE event or the JSON body, seen before anything was forwarded: the attempt's outcome
+    /// is `stream_error`) or `mid_stream` (after bytes went to the app: passed through).
+    pub stream_errors_total: IntCounterVec,
     /// From sending an attempt to its response head, by upstream.
     pub upstream_attempt_duration_seconds: HistogramVec,
     /// Retries by route and reason (the `retry_on` entry that matched: `503`, `timeout`, ...).
@@ -128,6 +132,11 @@ impl Metrics {
                 "upstream_attempts_total",
                 "Upstream attempts by route, upstream and outcome.",
                 &["route", "upstream", "outcome"],
+            )?,
+            stream_errors_total: counter(
+                "stream_errors_total",
+                "Errors reported inside a 2xx body, by route, upstream and position (first_event, mid_stream).",
+                &["route", "upstream", "position"],
             )?,
             upstream_attempt_duration_seconds: histogram(
                 "upstream_attempt_duration_seconds",
@@ -260,6 +269,11 @@ impl Metrics {
             let route = r.name.as_str();
             // The success series: other codes appear with their first answer.
             self.requests_total.with_label_values(&[route, "200"]);
+            for upstream in std::iter::once(&r.upstream).chain(&r.fallback) {
+                for position in STREAM_ERROR_POSITIONS {
+                    self.stream_errors_total.with_label_values(&[route, upstream, position]);
+                }
+            }
             if let Some(policy) = r.retry.as_ref().and_then(|p| config.retry.get(p)) {
                 for reason in policy.retry_on.iter().chain(&policy.retry_once_on) {
                     self.retries_total.with_label_values(&[route, &reason.to_string()]);
@@ -322,7 +336,7 @@ pub const DEAD_LETTER_REASONS: [&str; 7] = [
 ];
 
 /// The `outcome` label values of `rebound_upstream_attempts_total`, in a fixed order.
-pub const OUTCOMES: [&str; 7] = [
+pub const OUTCOMES: [&str; 8] = [
     "ok",
     "status_4xx",
     "status_429",
@@ -330,7 +344,11 @@ pub const OUTCOMES: [&str; 7] = [
     "connect_failure",
     "reset",
     "timeout",
+    "stream_error",
 ];
+
+/// The `position` label values of `rebound_stream_errors_total`.
+pub const STREAM_ERROR_POSITIONS: [&str; 2] = ["first_event", "mid_stream"];
 
 /// One route's children of the request families, resolved once: the hot path hashes no labels.
 pub struct RouteMetrics {
@@ -373,15 +391,23 @@ impl RouteMetrics {
 
 /// The children of the attempt families for one (route, upstream) pair, resolved once.
 pub struct AttemptMetrics {
-    by_outcome: [IntCounter; 7],
+    by_outcome: [IntCounter; OUTCOMES.len()],
     pub duration: Histogram,
+    /// `rebound_stream_errors_total{position="first_event"}`.
+    pub first_event_errors: IntCounter,
+    /// `rebound_stream_errors_total{position="mid_stream"}`.
+    pub mid_stream_errors: IntCounter,
 }
 
 impl AttemptMetrics {
     pub fn new(m: &Metrics, route: &str, upstream: &str) -> AttemptMetrics {
+        let [first_event_errors, mid_stream_errors] =
+            STREAM_ERROR_POSITIONS.map(|p| m.stream_errors_total.with_label_values(&[route, upstream, p]));
         AttemptMetrics {
             by_outcome: OUTCOMES.map(|o| m.upstream_attempts_total.with_label_values(&[route, upstream, o])),
             duration: m.upstream_attempt_duration_seconds.with_label_values(&[upstream]),
+            first_event_errors,
+            mid_stream_errors,
         }
     }
 

@@ -22,7 +22,8 @@
 //! [`classify`] maps an attempt's [`Outcome`] to a [`Verdict`]: the `failure_on` outcomes are
 //! failures; 429 is neutral (a rate-limit signal for the cooldown, not a health signal); a 5xx or
 //! a transport failure that `failure_on` does not name is neutral too (no evidence either way);
-//! every other response (2xx, 3xx, 4xx) is a success. Neutral outcomes neither count in the window
+//! every other response (2xx, 3xx, 4xx) is a success. An in-band error (a 2xx whose first event
+//! is an error) counts as the status it stands for. Neutral outcomes neither count in the window
 //! nor break a run of failures; a neutral probe just frees its slot.
 //!
 //! Retries of one request count in the window (they are real calls, and `minimum_requests` gates
@@ -118,11 +119,12 @@ pub fn classify(outcome: Outcome, failure_on: &[FailureOn]) -> Verdict {
         Outcome::ConnectFailure => failure_if(listed(FailureOn::ConnectFailure)),
         Outcome::Reset | Outcome::RefusedStream => failure_if(listed(FailureOn::Reset)),
         Outcome::Timeout => failure_if(listed(FailureOn::Timeout)),
-        Outcome::Status(s) if s.as_u16() == 429 => Verdict::Neutral,
-        Outcome::Status(s) if s.is_server_error() => {
+        // An in-band error counts as the status it stands for.
+        Outcome::Status(s) | Outcome::InBand(s) if s.as_u16() == 429 => Verdict::Neutral,
+        Outcome::Status(s) | Outcome::InBand(s) if s.is_server_error() => {
             failure_if(listed(FailureOn::AnyServerError) || listed(FailureOn::Status(s.as_u16())))
         }
-        Outcome::Status(_) => Verdict::Success,
+        Outcome::Status(_) | Outcome::InBand(_) => Verdict::Success,
     }
 }
 
@@ -1097,6 +1099,17 @@ mod tests {
         assert_eq!(classify(Outcome::Reset, &only), Verdict::Neutral);
         assert_eq!(classify(Outcome::Timeout, &only), Verdict::Failure);
         assert_eq!(classify(status(429), &[]), Verdict::Neutral);
+
+        // An in-band error (a 200 whose first event is an error) counts as its equivalent status.
+        let in_band = |s: u16| Outcome::InBand(StatusCode::from_u16(s).unwrap());
+        for s in [200, 429, 500, 529] {
+            assert_eq!(
+                classify(in_band(s), &c.failure_on),
+                classify(status(s), &c.failure_on),
+                "{s}"
+            );
+            assert_eq!(classify(in_band(s), &only), classify(status(s), &only), "{s}");
+        }
     }
 
     #[test]

@@ -15,16 +15,14 @@
 //!    streamed frame by frame through the idempotency recorder, with `x-rebound-attempts`; or
 //!    rebound's own error ([`crate::error`]).
 
+mod commit;
 pub mod stream;
 mod websocket;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures_util::FutureExt as _;
 use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
-use http_body::Body as _;
-use http_body_util::BodyExt as _;
 use http_body_util::Full;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -50,7 +48,7 @@ use crate::time;
 use crate::upstream::{AttemptError, Upstream, UpstreamBody};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
-use stream::{IdleTimeout, Primed};
+use stream::{ErrorWatch, IdleTimeout, Primed};
 
 /// A route with everything it refers to resolved.
 pub struct Route {
@@ -392,7 +390,8 @@ impl Proxy {
     }
 
     /// Step 8: the upstream's response (through the idempotency recorder when its status is
-    /// stored, the key released otherwise) or rebound's own error, with rebound's headers.
+    /// stored and it is not an in-band error, the key released otherwise) or rebound's own error,
+    /// with rebound's headers.
     async fn respond(
         &self,
         route: &Route,
@@ -402,8 +401,10 @@ impl Proxy {
         job_run: bool,
         log: RequestLog,
     ) -> Response<ProxyBody> {
+        // An in-band error (a 200 whose first event is an error) is a failure: never stored.
+        let in_band = matches!(delivery.outcome, Some(Outcome::InBand(_)));
         let claim = match claim {
-            Some(c) if matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
+            Some(c) if !in_band && matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
             Some(c) => {
                 c.release().await;
                 None
@@ -412,9 +413,10 @@ impl Proxy {
         };
         let attempts = delivery.attempts.len() as u32;
         let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
+        let target = route.target(&delivery.upstream);
         let mut resp = match delivery.result {
             Ok(resp) => {
-                let mut resp = upstream_response(resp, route, attempts, outcome, claim, log);
+                let mut resp = upstream_response(resp, route, target, attempts, outcome, claim, log);
                 if job_run {
                     resp.extensions_mut().insert(Delivered { attempts, error: None });
                 }
@@ -431,10 +433,8 @@ impl Proxy {
                 resp
             }
         };
-        resp.headers_mut().insert(
-            headers::X_REBOUND_UPSTREAM,
-            route.target(&delivery.upstream).header.clone(),
-        );
+        resp.headers_mut()
+            .insert(headers::X_REBOUND_UPSTREAM, target.header.clone());
         if bypassed {
             resp.headers_mut()
                 .insert(headers::X_REBOUND_IDEMPOTENCY, HeaderValue::from_static("bypassed"));
@@ -470,15 +470,8 @@ impl Proxy {
             d.last = None;
             state.attempts += 1;
             d.upstream = go.target.name.clone();
-            let (result, received) = self
-                .attempt(
-                    route,
-                    go.target,
-                    go.req,
-                    now,
-                    state.deadline.saturating_duration_since(now),
-                )
-                .await;
+            let remaining = state.deadline.saturating_duration_since(now);
+            let (result, received) = commit::attempt(route, go.target, go.req, now, remaining).await;
             let (outcome, hint) = self.observe(go.target, go.permit, &go.credentials, &result, received);
             let target = go.target;
             d.record(
@@ -601,7 +594,7 @@ impl Proxy {
         received: Instant,
     ) -> (Outcome, Option<retry::RetryHint>) {
         let outcome = match result {
-            Ok(resp) => Outcome::Status(resp.status()),
+            Ok(resp) => commit::outcome_of(resp),
             Err(e) => e.outcome(),
         };
         target.attempts.count(outcome.label());
@@ -614,7 +607,7 @@ impl Proxy {
             hint.filter(|h| h.source.is_explicit()).map(|h| h.delay),
             received,
         );
-        if let (Outcome::Status(StatusCode::TOO_MANY_REQUESTS), Some(h)) = (outcome, hint) {
+        if let Some(h) = hint.filter(|_| outcome.is_rate_limited()) {
             self.circuits.cooldown_note(
                 &target.name,
                 credential_hash_of(credentials),
@@ -678,50 +671,6 @@ impl Proxy {
                 tracing::warn!(error = %e, "dead letter not recorded");
             }
         });
-    }
-
-    /// One attempt: send, wait for the response head (`per_try_timeout`), then for a successful
-    /// response's first body byte (`first_byte_timeout`): the commit point. Until then a stalled
-    /// response is still retryable; after it, nothing is.
-    async fn attempt(
-        &self,
-        route: &Route,
-        target: &Target,
-        req: Request<Full<Bytes>>,
-        started: Instant,
-        remaining: Duration,
-    ) -> (Result<Response<Primed<UpstreamBody>>, AttemptError>, Instant) {
-        let policy = &route.retry;
-        let sent = target.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
-        let head_at = Instant::now();
-        target.attempts.duration.observe((head_at - started).as_secs_f64());
-        let (parts, mut body) = match sent {
-            Ok(resp) => resp.into_parts(),
-            Err(e) => return (Err(e), head_at),
-        };
-        let mut first = None;
-        let mut received = head_at;
-        if parts.status.is_success() && !body.is_end_stream() {
-            let wait = policy
-                .first_byte_timeout
-                .min(remaining.saturating_sub(head_at - started));
-            // A small body usually came in with its head: then no timer is needed.
-            let polled = match body.frame().now_or_never() {
-                Some(frame) => Ok(frame),
-                None => {
-                    let waited = tokio::time::timeout(wait, body.frame()).await;
-                    received = Instant::now();
-                    waited
-                }
-            };
-            first = match polled {
-                Err(_) => return (Err(AttemptError::Timeout(wait)), received),
-                Ok(Some(Err(e))) => return (Err(AttemptError::Reset(crate::upstream::error_chain(&e))), received),
-                Ok(Some(Ok(frame))) => Some(frame),
-                Ok(None) => None,
-            };
-        }
-        (Ok(Response::from_parts(parts, Primed::new(first, body))), received)
     }
 }
 
@@ -916,10 +865,12 @@ fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {
 
 /// The upstream's response as it came, minus hop-by-hop headers, plus `x-rebound-attempts`. A
 /// failure on a route that retries also gets `x-should-retry: false`: rebound is the retry layer,
-/// the SDK must not retry on top. The body streams through under `stream_idle_timeout`.
+/// the SDK must not retry on top. The body streams through under `stream_idle_timeout`; an event
+/// stream is watched for an error event mid-stream (counted, passed through).
 fn upstream_response<B>(
     resp: Response<B>,
     route: &Route,
+    target: &Target,
     attempts: u32,
     outcome: Outcome,
     claim: Option<Claim>,
@@ -939,9 +890,15 @@ where
             .insert(headers::X_SHOULD_RETRY, HeaderValue::from_static("false"));
     }
     let status = parts.status.as_u16();
+    let first_event_error = matches!(outcome, Outcome::InBand(_));
+    let (body, stream_error) = ErrorWatch::for_response(body, &parts.headers, first_event_error, &target.attempts);
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
     let body = match claim {
-        Some(claim) => ProxyBody::new(claim.record(status, &parts.headers, body), log, status),
+        Some(claim) => {
+            // issue 16: the recorder releases instead of storing when this is set
+            let _stream_error = stream_error;
+            ProxyBody::new(claim.record(status, &parts.headers, body), log, status)
+        }
         None => ProxyBody::new(body, log, status),
     };
     Response::from_parts(parts, body)

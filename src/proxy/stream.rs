@@ -1,27 +1,88 @@
-//! Response bodies on their way to the client: [`Primed`] puts back the first frame that was read
-//! ahead (the commit point: a response is only forwarded once its first byte is in), and
-//! [`IdleTimeout`] aborts a stream that goes silent for longer than `stream_idle_timeout`.
+//! Response bodies on their way to the client: [`Primed`] puts back the frames that were read
+//! ahead (the commit point: a response is only forwarded once its first byte, or its first event,
+//! is in), [`ErrorWatch`] counts an error event that passes mid-stream, and [`IdleTimeout`]
+//! aborts a stream that goes silent for longer than `stream_idle_timeout`.
 
+use std::borrow::Cow;
+use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
+use prometheus::IntCounter;
 use tokio::time::Sleep;
 
+use crate::metrics::AttemptMetrics;
 use crate::wire::body::BoxError;
+use crate::wire::sse::{ErrorScan, Shape};
 
-/// A body whose first frame was already read.
+/// A body whose first frames were already read (the prefix), put back in order before the rest.
+/// The prefix is held as the frames came: nothing is copied.
 pub struct Primed<B> {
+    /// The first frame held (kept apart: the common case holds one frame and allocates nothing).
     first: Option<Frame<Bytes>>,
+    /// Frames held after it, when the commit point took several.
+    more: VecDeque<Frame<Bytes>>,
     inner: B,
 }
 
 impl<B> Primed<B> {
-    pub fn new(first: Option<Frame<Bytes>>, inner: B) -> Primed<B> {
-        Primed { first, inner }
+    /// Nothing held yet.
+    pub fn new(inner: B) -> Primed<B> {
+        Primed {
+            first: None,
+            more: VecDeque::new(),
+            inner,
+        }
+    }
+
+    /// The body still to be read.
+    pub fn inner_mut(&mut self) -> &mut B {
+        &mut self.inner
+    }
+
+    /// Holds `frame`, after those held already.
+    pub fn hold(&mut self, frame: Frame<Bytes>) {
+        if self.first.is_none() && self.more.is_empty() {
+            self.first = Some(frame);
+        } else {
+            self.more.push_back(frame);
+        }
+    }
+
+    fn held(&self) -> impl Iterator<Item = &Bytes> {
+        self.first.iter().chain(&self.more).filter_map(Frame::data_ref)
+    }
+
+    /// The data bytes held.
+    pub fn held_len(&self) -> usize {
+        self.held().map(Bytes::len).sum()
+    }
+
+    /// The first `n` data bytes held (fewer if fewer are held): borrowed when the first frame has
+    /// them all, else copied together.
+    pub fn held_prefix(&self, n: usize) -> Cow<'_, [u8]> {
+        let mut held = self.held();
+        match held.next() {
+            None => Cow::Borrowed(&[]),
+            Some(first) if first.len() >= n => Cow::Borrowed(&first[..n]),
+            Some(first) => {
+                let mut out = first.to_vec();
+                for data in held {
+                    let take = data.len().min(n - out.len());
+                    out.extend_from_slice(&data[..take]);
+                    if out.len() == n {
+                        break;
+                    }
+                }
+                Cow::Owned(out)
+            }
+        }
     }
 }
 
@@ -34,23 +95,19 @@ where
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if let Some(frame) = self.first.take() {
+        if let Some(frame) = self.first.take().or_else(|| self.more.pop_front()) {
             return Poll::Ready(Some(Ok(frame)));
         }
         Pin::new(&mut self.inner).poll_frame(cx).map_err(Into::into)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.first.is_none() && self.inner.is_end_stream()
+        self.first.is_none() && self.more.is_empty() && self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
         let inner = self.inner.size_hint();
-        let n = self
-            .first
-            .as_ref()
-            .and_then(Frame::data_ref)
-            .map_or(0, |d| d.len() as u64);
+        let n = self.held_len() as u64;
         // Upper first: `set_lower` asserts lower <= upper.
         let mut hint = SizeHint::new();
         if let Some(upper) = inner.upper() {
@@ -58,6 +115,90 @@ where
         }
         hint.set_lower(inner.lower().saturating_add(n));
         hint
+    }
+}
+
+/// Watches an event stream for an error event after the commit point (the app already has bytes:
+/// it is passed through untouched, not retried) and counts it once
+/// (`rebound_stream_errors_total{position="mid_stream"}`), setting the response's flag. Each data
+/// frame is scanned in place ([`ErrorScan`]); once an error is seen, scanning stops.
+pub struct ErrorWatch<B> {
+    inner: B,
+    watching: Option<Watching>,
+}
+
+struct Watching {
+    scan: ErrorScan,
+    seen: Arc<AtomicBool>,
+    counter: IntCounter,
+}
+
+impl<B> ErrorWatch<B> {
+    /// Scans `inner`, setting `seen` and counting with `counter` when an error event passes.
+    pub fn new(inner: B, seen: Arc<AtomicBool>, counter: IntCounter) -> ErrorWatch<B> {
+        ErrorWatch {
+            inner,
+            watching: Some(Watching {
+                scan: ErrorScan::default(),
+                seen,
+                counter,
+            }),
+        }
+    }
+
+    /// Passes `inner` through without looking.
+    pub fn off(inner: B) -> ErrorWatch<B> {
+        ErrorWatch { inner, watching: None }
+    }
+
+    /// The watch a delivered response needs, and its error flag: an event stream whose first
+    /// event was not an error is watched (the flag is set when an error event passes); a response
+    /// whose first event or JSON body was one is not (its flag is set already); any other response
+    /// has no flag.
+    pub fn for_response(
+        inner: B,
+        headers: &http::HeaderMap,
+        first_event_error: bool,
+        metrics: &AttemptMetrics,
+    ) -> (ErrorWatch<B>, Option<Arc<AtomicBool>>) {
+        if first_event_error {
+            return (ErrorWatch::off(inner), Some(Arc::new(AtomicBool::new(true))));
+        }
+        if Shape::of(headers) != Shape::EventStream {
+            return (ErrorWatch::off(inner), None);
+        }
+        let seen = Arc::new(AtomicBool::new(false));
+        let watch = ErrorWatch::new(inner, seen.clone(), metrics.mid_stream_errors.clone());
+        (watch, Some(seen))
+    }
+}
+
+impl<B> Body for ErrorWatch<B>
+where
+    B: Body<Data = Bytes, Error = BoxError> + Unpin,
+{
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        let this = &mut *self;
+        let polled = Pin::new(&mut this.inner).poll_frame(cx);
+        if let (Poll::Ready(Some(Ok(frame))), Some(w)) = (&polled, &mut this.watching) {
+            if frame.data_ref().is_some_and(|data| w.scan.feed(data)) {
+                w.seen.store(true, Ordering::Release);
+                w.counter.inc();
+                this.watching = None;
+            }
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -126,5 +267,46 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt as _, StreamBody};
+
+    fn frames(parts: &[&'static str]) -> http_body_util::combinators::UnsyncBoxBody<Bytes, BoxError> {
+        let frames: Vec<Result<Frame<Bytes>, BoxError>> = parts
+            .iter()
+            .map(|p| Ok(Frame::data(Bytes::from_static(p.as_bytes()))))
+            .collect();
+        StreamBody::new(futures_util::stream::iter(frames)).boxed_unsync()
+    }
+
+    #[tokio::test]
+    async fn the_watch_passes_everything_through_and_counts_an_error_once() {
+        let counter = IntCounter::new("t", "t").unwrap();
+        let seen = Arc::new(AtomicBool::new(false));
+        let parts = [
+            "data: {\"a\":1}\n\n",
+            "event: er",
+            "ror\ndata: {\"type\":\"error\"}\n\n",
+            "event: error\ndata: {}\n\n",
+        ];
+        let body = ErrorWatch::new(frames(&parts), seen.clone(), counter.clone());
+        let all = body.collect().await.unwrap().to_bytes();
+        assert_eq!(all, parts.concat());
+        assert!(seen.load(Ordering::Acquire));
+        assert_eq!(counter.get(), 1);
+
+        let seen = Arc::new(AtomicBool::new(false));
+        let body = ErrorWatch::new(
+            frames(&["data: {\"a\":1}\n\n", "data: [DONE]\n\n"]),
+            seen.clone(),
+            counter.clone(),
+        );
+        body.collect().await.unwrap();
+        assert!(!seen.load(Ordering::Acquire));
+        assert_eq!(counter.get(), 1);
     }
 }

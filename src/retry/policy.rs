@@ -3,6 +3,7 @@
 //!
 //! Order of checks (the first that applies wins):
 //! 1. a success, or an outcome that `retry_on` / `retry_once_on` do not name, is delivered;
+//!    An in-band error ([`Outcome::InBand`]) counts as the status it stands for.
 //! 2. a POST/PATCH whose failure may have been processed (reset after send, timeout, 500, 502,
 //!    504) is delivered under `non_idempotent = "safe-only"`;
 //! 3. a `retry_once_on` outcome already retried once, or the last allowed attempt, is delivered
@@ -25,7 +26,8 @@ use crate::time::Instant;
 /// What one attempt produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
-    /// A response head with this status (for 2xx, its first body byte arrived too).
+    /// A response head with this status (for 2xx, read ahead to its commit point too: the first
+    /// body byte, an event stream's first event, a JSON body's end).
     Status(StatusCode),
     /// No connection: the request was never sent.
     ConnectFailure,
@@ -36,6 +38,11 @@ pub enum Outcome {
     /// No response head within the per-try timeout, or no first body byte within
     /// `first_byte_timeout`.
     Timeout,
+    /// A 2xx whose first SSE event (or whole JSON body) is an error object: the status it stands
+    /// for (529 overloaded, 429 rate limited, 500 server error), else the response's own status
+    /// (an error type with no retryable equivalent). Retried, fed to the breaker and the cooldown
+    /// as that status; labelled `stream_error`.
+    InBand(StatusCode),
 }
 
 /// How safe it is to send the request again (RFC 9110 §9.2.2 for non-idempotent methods).
@@ -57,25 +64,30 @@ impl Outcome {
             Outcome::RefusedStream => Some(RetryOn::RefusedStream),
             Outcome::Reset => Some(RetryOn::Reset),
             Outcome::Timeout => Some(RetryOn::Timeout),
-            Outcome::Status(s) if s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error() => {
+            Outcome::Status(s) | Outcome::InBand(s) if s == StatusCode::TOO_MANY_REQUESTS || s.is_server_error() => {
                 Some(RetryOn::Status(s.as_u16()))
             }
-            Outcome::Status(_) => None,
+            Outcome::Status(_) | Outcome::InBand(_) => None,
         }
+    }
+
+    /// A 429, or an in-band rate-limit error: its reset hints count, and note a cooldown.
+    pub fn is_rate_limited(self) -> bool {
+        matches!(self, Outcome::Status(s) | Outcome::InBand(s) if s == StatusCode::TOO_MANY_REQUESTS)
     }
 
     /// Whether a retry could process the request twice.
     pub fn safety(self) -> Safety {
         match self {
             Outcome::ConnectFailure | Outcome::RefusedStream => Safety::NotProcessed,
-            Outcome::Status(s) if matches!(s.as_u16(), 429 | 503 | 529) => Safety::NotProcessed,
-            Outcome::Status(s) if s.is_server_error() => Safety::MaybeProcessed,
+            Outcome::Status(s) | Outcome::InBand(s) if matches!(s.as_u16(), 429 | 503 | 529) => Safety::NotProcessed,
+            Outcome::Status(s) | Outcome::InBand(s) if s.is_server_error() => Safety::MaybeProcessed,
             Outcome::Reset | Outcome::Timeout => Safety::MaybeProcessed,
-            Outcome::Status(_) => Safety::Final,
+            Outcome::Status(_) | Outcome::InBand(_) => Safety::Final,
         }
     }
 
-    /// Whether this is a failure (anything but a 1xx-3xx response).
+    /// Whether this is a failure (anything but a 1xx-3xx response; an in-band error always is).
     pub fn is_failure(self) -> bool {
         !matches!(self, Outcome::Status(s) if !(s.is_client_error() || s.is_server_error()))
     }
@@ -90,6 +102,7 @@ impl Outcome {
             Outcome::ConnectFailure => "connect_failure",
             Outcome::RefusedStream | Outcome::Reset => "reset",
             Outcome::Timeout => "timeout",
+            Outcome::InBand(_) => "stream_error",
         }
     }
 }
@@ -233,10 +246,7 @@ impl RetryState {
         let retry_number = self.attempts; // the first retry follows attempt 1
         let backoff_wait = backoff.delay(retry_number, self.prev_backoff, rng);
         // Reset headers (x-ratelimit-reset-*) come on every response; only a 429 makes them a hint.
-        let hint = hint.filter(|h| {
-            policy.respect_retry_after
-                && (h.source.is_explicit() || outcome == Outcome::Status(StatusCode::TOO_MANY_REQUESTS))
-        });
+        let hint = hint.filter(|h| policy.respect_retry_after && (h.source.is_explicit() || outcome.is_rate_limited()));
         let (wait, source) = match hint {
             Some(h) if h.delay > policy.max_retry_after => return Decision::Deliver(Stop::HintTooLong),
             Some(h) => {
@@ -393,6 +403,61 @@ mod tests {
         assert!(!status(200).is_failure() && !status(304).is_failure() && status(400).is_failure());
         assert_eq!(status(503).label(), "status_5xx");
         assert_eq!(Outcome::RefusedStream.label(), "reset");
+    }
+
+    fn in_band(s: u16) -> Outcome {
+        Outcome::InBand(StatusCode::from_u16(s).unwrap())
+    }
+
+    #[test]
+    fn in_band_errors_count_as_the_status_they_stand_for() {
+        for s in [529, 429, 500, 200] {
+            assert_eq!(in_band(s).token(), status(s).token(), "{s}");
+            assert_eq!(in_band(s).safety(), status(s).safety(), "{s}");
+            assert!(in_band(s).is_failure(), "{s}");
+            assert_eq!(in_band(s).label(), "stream_error");
+        }
+        assert!(in_band(429).is_rate_limited() && status(429).is_rate_limited());
+        assert!(!in_band(529).is_rate_limited());
+
+        // Retried per retry_on, as the equivalent status.
+        let mut c = case(|p| p.retry_on.push(RetryOn::Status(529)));
+        let mut st = state(&c);
+        assert_eq!(
+            c.decide(&mut st, Method::POST, in_band(529), None),
+            Decision::Retry {
+                wait: Duration::from_millis(100),
+                source: WaitSource::Backoff,
+                reason: RetryOn::Status(529)
+            }
+        );
+        // A reset header is a hint for an in-band rate limit, as for a 429.
+        let mut st = state(&c);
+        assert!(matches!(
+            c.decide(
+                &mut st,
+                Method::POST,
+                in_band(429),
+                hint(3.0, HintSource::OpenAiResetRequests)
+            ),
+            Decision::Retry {
+                source: WaitSource::RetryAfter,
+                ..
+            }
+        ));
+        // An error type with no equivalent is delivered as it came.
+        let mut st = state(&c);
+        assert_eq!(
+            c.decide(&mut st, Method::POST, in_band(200), None),
+            Decision::Deliver(Stop::NotRetryable)
+        );
+        // Not named in retry_on: delivered.
+        let mut c = case(|_| {});
+        let mut st = state(&c);
+        assert_eq!(
+            c.decide(&mut st, Method::POST, in_band(529), None),
+            Decision::Deliver(Stop::NotRetryable)
+        );
     }
 
     #[test]

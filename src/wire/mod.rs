@@ -1,5 +1,6 @@
 //! The HTTP vocabulary every layer shares, and nothing else: header names and header hygiene
-//! ([`headers`]), the body types and the per-request log that rides on a response body ([`body`]).
+//! ([`headers`]), the body types and the per-request log that rides on a response body ([`body`]),
+//! and the reading of errors that providers report inside a successful body ([`sse`]).
 //!
 //! A leaf: it imports only [`crate::metrics`] (the request log counts the response when its body
 //! ends). The pipeline, jobs, dead letters, idempotency and the retry policy all use it; it never
@@ -7,3 +8,4 @@
 
 pub mod body;
 pub mod headers;
+pub mod sse;

@@ -141,6 +141,12 @@ def delay(ms: int) -> dict:
     return {"kind": "delay", "ms": ms}
 
 
+def in_band_error(error_type: str) -> dict:
+    """200 and an event stream whose first event is an error of this type (Anthropic-shaped on
+    `/messages`, OpenAI-shaped elsewhere)."""
+    return {"kind": "in_band_error", "error_type": error_type}
+
+
 def header(recorded: dict, name: str) -> str | None:
     for k, v in recorded["headers"]:
         if k.lower() == name.lower():

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import time
 
+import anthropic
 import pytest
 
-from support import delay, header, status
+from support import MESSAGE, delay, header, in_band_error, status
 
 TIMEOUT_HEADERS = ("x-stainless-timeout", "x-stainless-read-timeout")
 
@@ -146,3 +147,26 @@ def test_rebound_stops_when_the_sdk_gives_up(sdk, key):
     assert 1 <= len(counts) <= 3, counts
     # One attempt per SDK try: no try of the SDK was retried by rebound after the SDK gave up on it.
     assert len(set(counts)) == len(counts), counts
+
+
+def test_anthropic_stream_is_clean_after_an_in_band_overloaded_error(rebound, fake, anthropic_client, key):
+    """Anthropic answers 200 and reports `overloaded_error` as the stream's first event. Straight
+    to the provider the SDK's `messages.stream` raises; through rebound (529 is in the route's
+    `retry_on`) the first event is classified before anything is forwarded, the request is retried,
+    and the app reads one clean stream."""
+    fake.script(key, [in_band_error("overloaded_error")])
+    direct = anthropic_client(fake.url, max_retries=0)
+    with pytest.raises(anthropic.APIStatusError, match="overloaded_error"):
+        with direct.messages.stream(**MESSAGE) as stream:
+            list(stream.text_stream)
+    assert fake.count(key) == 1
+
+    fake.script(key, [in_band_error("overloaded_error")])
+    client = anthropic_client(f"{rebound.url}/anthropic-plain")
+    with client.messages.stream(**MESSAGE) as stream:
+        texts = list(stream.text_stream)
+        final = stream.get_final_message()
+    assert texts == [f"token{i} " for i in range(5)]
+    assert final.stop_reason == "end_turn"
+    assert fake.count(key) == 3  # the direct call, then rebound's two attempts
+    assert retry_counts(fake, key)[1:] == ["0", "0"]  # one SDK call, retried by rebound

@@ -15,6 +15,7 @@ mod follow;
 mod idempotency;
 mod idempotency_faults;
 mod idempotency_store;
+mod inband;
 mod jobs;
 mod long_generation;
 mod passthrough;

@@ -73,6 +73,24 @@ pub enum Step {
     /// Stop reading and writing this connection for good (its process hangs, its kernel still
     /// answers TCP): an HTTP/2 PING is never acknowledged, nothing is ever answered.
     Freeze,
+    /// An in-band error: 200 and an event stream whose first event is an error of this type
+    /// (`overloaded_error`, `rate_limit_error`, ...), then the end. Anthropic-shaped on
+    /// `/messages` (`event: error` + `{"type":"error","error":{..}}`), OpenAI-shaped elsewhere
+    /// (`data: {"error": {..}}`). `headers` are added to the response head.
+    InBandError {
+        error_type: String,
+        #[serde(default)]
+        headers: Vec<(String, String)>,
+    },
+    /// 200 and a JSON body that is an error object of this type (shaped as above).
+    JsonError {
+        error_type: String,
+        #[serde(default)]
+        headers: Vec<(String, String)>,
+    },
+    /// The normal stream's first `after` events (at least one), then an error event of this
+    /// type, then the end.
+    MidStreamError { after: usize, error_type: String },
 }
 
 impl Step {
@@ -81,6 +99,12 @@ impl Step {
             status,
             headers: Vec::new(),
             body: None,
+        }
+    }
+    pub fn in_band(error_type: &str) -> Step {
+        Step::InBandError {
+            error_type: error_type.to_string(),
+            headers: Vec::new(),
         }
     }
     pub fn status_with(status: u16, headers: &[(&str, &str)]) -> Step {
@@ -417,6 +441,30 @@ async fn handle(
             frozen.store(true, Ordering::SeqCst);
             return futures_util::future::pending().await;
         }
+        Some(Step::InBandError { error_type, headers }) => {
+            let event = error_event(&error_type, path.ends_with("/messages"));
+            let mut resp = sse_response(full(event));
+            add_headers(&mut resp, headers);
+            return Ok(resp);
+        }
+        Some(Step::JsonError { error_type, headers }) => {
+            let body = error_object(&error_type, path.ends_with("/messages"));
+            let mut resp = json_response(StatusCode::OK, body);
+            add_headers(&mut resp, headers);
+            return Ok(resp);
+        }
+        Some(Step::MidStreamError { after, error_type }) => {
+            let anthropic = path.ends_with("/messages");
+            let events = sse_events(state, key, after.max(1), gap, anthropic);
+            // The normal stream up to (not including) its end, then the error.
+            let events = futures_util::StreamExt::take(events, after.max(1));
+            let error = futures_util::stream::once(async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Ok(Frame::data(Bytes::from(error_event(&error_type, anthropic))))
+            });
+            let stream = futures_util::StreamExt::chain(events, error);
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
         None => {}
     }
 
@@ -546,6 +594,37 @@ fn sse_response(body: Body) -> Response<Body> {
         .header("cache-control", "no-cache")
         .body(body)
         .unwrap_or_default()
+}
+
+fn add_headers(resp: &mut Response<Body>, headers: Vec<(String, String)>) {
+    for (k, v) in headers {
+        if let (Ok(k), Ok(v)) = (
+            http::HeaderName::from_bytes(k.as_bytes()),
+            http::HeaderValue::from_str(&v),
+        ) {
+            resp.headers_mut().append(k, v);
+        }
+    }
+}
+
+/// An error object of this type, as Anthropic (`{"type":"error","error":{..}}`) or OpenAI
+/// (`{"error":{..}}`) shapes it.
+pub fn error_object(error_type: &str, anthropic: bool) -> String {
+    if anthropic {
+        format!(r#"{{"type":"error","error":{{"type":"{error_type}","message":"scripted {error_type}"}}}}"#)
+    } else {
+        format!(r#"{{"error":{{"message":"scripted {error_type}","type":"{error_type}","param":null,"code":null}}}}"#)
+    }
+}
+
+/// An error event of this type: `event: error` + the object (Anthropic), or `data:` only (OpenAI).
+pub fn error_event(error_type: &str, anthropic: bool) -> String {
+    let object = error_object(error_type, anthropic);
+    if anthropic {
+        format!("event: error\ndata: {object}\n\n")
+    } else {
+        format!("data: {object}\n\n")
+    }
 }
 
 /// The `i`th event of a chat-completion stream.

@@ -1,0 +1,284 @@
+//! One attempt up to its commit point: send, wait for the response head (`per_try_timeout`), then
+//! read a successful response ahead before anything is forwarded:
+//!
+//! - an event stream (`text/event-stream`) until its first complete event (a blank line), so that
+//!   an error reported as that event (an in-band error, [`crate::wire::sse`]) is retried like the
+//!   status it stands for;
+//! - a JSON body (`application/json`) to its end, so that a 200 whose body is an error object is
+//!   too;
+//! - anything else until its first body byte, as before.
+//!
+//! The read-ahead is bounded by [`LOOKAHEAD`] bytes and by the first byte's deadline
+//! (`first_byte_timeout` from the head, within the request's remaining time). No byte by then is a
+//! timeout (retryable); some bytes, but not the whole event or body, commit the response as it is
+//! (a stream that has started is never retried and a healthy generation is never held back). Only
+//! the prefix is held, as the frames came ([`Primed`]); it is copied only when the first event
+//! spans several frames and may be an error, and parsed only when it contains `error`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures_util::FutureExt as _;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::BodyExt as _;
+use http_body_util::Full;
+use tokio::time::Instant;
+
+use super::stream::Primed;
+use super::{Route, Target};
+use crate::retry::policy::Outcome;
+use crate::upstream::{error_chain, AttemptError, UpstreamBody};
+use crate::wire::sse::{self, EventEnd, InBandError, Shape};
+
+/// The most rebound reads ahead of the commit point.
+pub const LOOKAHEAD: usize = 64 * 1024;
+
+/// One attempt: the response (its prefix read ahead, an in-band error marked as an
+/// [`InBandError`] extension) or why it failed, and when it was received.
+pub(super) async fn attempt(
+    route: &Route,
+    target: &Target,
+    req: Request<Full<Bytes>>,
+    started: Instant,
+    remaining: Duration,
+) -> (Result<Response<Primed<UpstreamBody>>, AttemptError>, Instant) {
+    let policy = &route.retry;
+    let sent = target.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
+    let head_at = Instant::now();
+    target.attempts.duration.observe((head_at - started).as_secs_f64());
+    let (mut parts, body) = match sent {
+        Ok(resp) => resp.into_parts(),
+        Err(e) => return (Err(e), head_at),
+    };
+    let mut body = Primed::new(body);
+    let mut received = head_at;
+    if parts.status.is_success() && !body.is_end_stream() {
+        let wait = policy
+            .first_byte_timeout
+            .min(remaining.saturating_sub(head_at - started));
+        match read_ahead(&mut body, Shape::of(&parts.headers), head_at + wait).await {
+            Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), Instant::now()),
+            Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), Instant::now()),
+            Ok(ahead) => {
+                if ahead.waited {
+                    received = Instant::now();
+                }
+                if let Some(e) = ahead.in_band {
+                    target.attempts.first_event_errors.inc();
+                    parts.extensions.insert(e);
+                }
+            }
+        }
+    }
+    (Ok(Response::from_parts(parts, body)), received)
+}
+
+/// An attempt's outcome from its response: its status, or the status its in-band error stands for
+/// (the response's own when the error type has none).
+pub(super) fn outcome_of<B>(resp: &Response<B>) -> Outcome {
+    match resp.extensions().get::<InBandError>() {
+        Some(e) => Outcome::InBand(e.equivalent.unwrap_or(resp.status())),
+        None => Outcome::Status(resp.status()),
+    }
+}
+
+/// Why the read-ahead ended the attempt.
+enum Stopped {
+    /// No byte before the deadline.
+    Timeout,
+    /// The body failed before the commit point (nothing was forwarded).
+    Failed(String),
+}
+
+/// What the read-ahead found.
+struct Ahead {
+    /// Whether it waited for a frame (else everything held came with the head).
+    waited: bool,
+    in_band: Option<InBandError>,
+}
+
+/// Reads `body` ahead into its prefix until the commit point (see the module documentation).
+async fn read_ahead<B>(body: &mut Primed<B>, shape: Shape, deadline: Instant) -> Result<Ahead, Stopped>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: std::error::Error + 'static,
+{
+    let mut waited = false;
+    let mut finder = EventEnd::default();
+    let mut held = 0;
+    // Where the first event ends, or the body's end: what is classified.
+    let mut classify = None;
+    loop {
+        // A frame that is already in needs no timer (a small body usually comes with its head).
+        let next = match body.inner_mut().frame().now_or_never() {
+            Some(next) => next,
+            None => {
+                waited = true;
+                match tokio::time::timeout_at(deadline, body.inner_mut().frame()).await {
+                    Ok(next) => next,
+                    Err(_) if held == 0 => return Err(Stopped::Timeout),
+                    Err(_) => break,
+                }
+            }
+        };
+        let frame = match next {
+            None => {
+                classify = Some(held);
+                break;
+            }
+            Some(Err(e)) => return Err(Stopped::Failed(error_chain(&e))),
+            Some(Ok(frame)) => frame,
+        };
+        let Some(data) = frame.data_ref() else {
+            body.hold(frame); // trailers: the body ends here
+            classify = Some(held);
+            break;
+        };
+        let end = match shape {
+            Shape::EventStream => finder.feed(data).map(|k| held + k),
+            Shape::Json => None,
+            Shape::Other => Some(0),
+        };
+        held += data.len();
+        body.hold(frame);
+        if end.is_some() {
+            classify = end;
+            break;
+        }
+        if body.inner_mut().is_end_stream() {
+            classify = Some(held);
+            break;
+        }
+        if held >= LOOKAHEAD {
+            break;
+        }
+    }
+    let in_band = match (shape, classify) {
+        (Shape::EventStream, Some(n)) => sse::classify_event(&body.held_prefix(n)),
+        (Shape::Json, Some(n)) => sse::classify_json(&body.held_prefix(n)),
+        _ => None,
+    };
+    Ok(Ahead { waited, in_band })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body::Frame;
+    use http_body_util::combinators::UnsyncBoxBody;
+    use http_body_util::StreamBody;
+
+    type Frames = Vec<Result<Frame<Bytes>, std::io::Error>>;
+
+    /// A body of these frames, then (when `then_pending`) nothing ever again.
+    fn body(frames: &[&str], then_pending: bool) -> Primed<UnsyncBoxBody<Bytes, std::io::Error>> {
+        let frames: Frames = frames
+            .iter()
+            .map(|f| Ok(Frame::data(Bytes::from(f.to_string()))))
+            .collect();
+        let stream = futures_util::stream::iter(frames);
+        let inner = if then_pending {
+            StreamBody::new(futures_util::StreamExt::chain(stream, futures_util::stream::pending())).boxed_unsync()
+        } else {
+            StreamBody::new(stream).boxed_unsync()
+        };
+        Primed::new(inner)
+    }
+
+    async fn ahead(frames: &[&str], pending: bool, shape: Shape) -> (Result<Ahead, Stopped>, String) {
+        let mut b = body(frames, pending);
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let r = read_ahead(&mut b, shape, deadline).await;
+        let held = String::from_utf8(b.held_prefix(usize::MAX).into_owned()).unwrap();
+        (r, held)
+    }
+
+    const OVERLOADED: &str =
+        "event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n";
+
+    #[tokio::test(start_paused = true)]
+    async fn an_event_stream_is_held_until_its_first_event() {
+        // The whole event in the first frame: nothing more is read.
+        let (r, held) = ahead(&["data: a\n\ndata: b\n\n", "data: c\n\n"], true, Shape::EventStream).await;
+        assert!(r.is_ok_and(|a| a.in_band.is_none() && !a.waited));
+        assert_eq!(held, "data: a\n\ndata: b\n\n");
+        // Split over frames: read until it is complete.
+        let (r, held) = ahead(
+            &[
+                "event: er",
+                "ror\ndata: {\"type\":\"error\",",
+                "\"error\":{\"type\":\"overloaded_error\"}}\n",
+                "\n",
+                "x",
+            ],
+            true,
+            Shape::EventStream,
+        )
+        .await;
+        let in_band = r.ok().and_then(|a| a.in_band).unwrap();
+        assert_eq!(in_band.equivalent.map(|s| s.as_u16()), Some(529));
+        assert!(held.ends_with("}}\n\n"), "{held}");
+        let (r, _) = ahead(&[OVERLOADED], false, Shape::EventStream).await;
+        assert!(r.is_ok_and(|a| a.in_band.is_some()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_deadline_commits_what_came_and_times_out_when_nothing_did() {
+        let (r, held) = ahead(
+            &["event: error\ndata: {\"error\":{\"type\":\"api_error\"}}\n"],
+            true,
+            Shape::EventStream,
+        )
+        .await;
+        assert!(
+            r.is_ok_and(|a| a.in_band.is_none() && a.waited),
+            "an incomplete event is forwarded as it is"
+        );
+        assert!(held.starts_with("event: error"));
+        let (r, _) = ahead(&[], true, Shape::EventStream).await;
+        assert!(matches!(r, Err(Stopped::Timeout)));
+        let (r, _) = ahead(&[], true, Shape::Json).await;
+        assert!(matches!(r, Err(Stopped::Timeout)));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_lookahead_is_bounded() {
+        let big = "x".repeat(LOOKAHEAD / 2);
+        let (r, held) = ahead(&[&big, &big, "more"], true, Shape::EventStream).await;
+        assert!(r.is_ok_and(|a| a.in_band.is_none() && !a.waited));
+        assert_eq!(held.len(), LOOKAHEAD);
+        let (r, held) = ahead(&["{\"a\":", &big, &big, "1}"], true, Shape::Json).await;
+        assert!(r.is_ok_and(|a| a.in_band.is_none()));
+        assert_eq!(held.len(), LOOKAHEAD + 5);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_json_body_is_read_to_its_end() {
+        let (r, held) = ahead(
+            &["{\"type\":\"error\",", "\"error\":{\"type\":\"rate_limit_error\"}}"],
+            false,
+            Shape::Json,
+        )
+        .await;
+        let in_band = r.ok().and_then(|a| a.in_band).unwrap();
+        assert_eq!(in_band.equivalent.map(|s| s.as_u16()), Some(429));
+        assert_eq!(held, "{\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\"}}");
+        let (r, _) = ahead(&["{\"id\":1}"], false, Shape::Json).await;
+        assert!(r.is_ok_and(|a| a.in_band.is_none()));
+        // Anything else: the first frame is the commit point.
+        let (r, held) = ahead(&["{\"error\":{\"type\":\"api_error\"}}", "more"], true, Shape::Other).await;
+        assert!(r.is_ok_and(|a| a.in_band.is_none()));
+        assert_eq!(held, "{\"error\":{\"type\":\"api_error\"}}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn what_was_held_is_put_back_in_order() {
+        let mut b = body(&["event: ping\n", "data: {}\n\n", "data: rest\n\n"], false);
+        let r = read_ahead(&mut b, Shape::EventStream, Instant::now() + Duration::from_secs(1)).await;
+        assert!(r.is_ok());
+        assert_eq!(b.held_len(), 22);
+        let all = b.collect().await.unwrap().to_bytes();
+        assert_eq!(all, "event: ping\ndata: {}\n\ndata: rest\n\n");
+    }
+}

@@ -84,6 +84,9 @@ struct State {
     held: usize,
     cap: usize,
     end: Option<End>,
+    /// Ended as a failure the route does not keep (an error event mid-stream): the followers
+    /// already reading get it to its end, a new duplicate runs the request itself.
+    unshared: bool,
     /// Tasks waiting for a change, by waiter id.
     wakers: Vec<(u64, Waker)>,
     next_waiter: u64,
@@ -112,6 +115,7 @@ impl Live {
                 held: 0,
                 cap,
                 end: None,
+                unshared: false,
                 wakers: Vec::new(),
                 next_waiter: 0,
             }),
@@ -221,6 +225,22 @@ impl Live {
         out
     }
 
+    /// The original's body ended cleanly but the response is a failure not to be shared with
+    /// new duplicates (followers already reading get it to its end).
+    pub fn finish_unshared(&self) {
+        let mut s = self.lock();
+        s.unshared = true;
+        if s.end.is_none() {
+            s.end = Some(End::Complete);
+        }
+        s.wake_all();
+    }
+
+    /// Whether it ended as a failure not shared with new duplicates.
+    pub fn is_unshared(&self) -> bool {
+        self.lock().unshared
+    }
+
     /// Whether the response kept its first byte (it never outgrew `max_stored_body`).
     pub fn is_whole(&self) -> bool {
         self.lock().dropped == 0
@@ -250,6 +270,9 @@ impl Live {
         let id = self.lock().waiter_id();
         let out = poll_fn(|cx| {
             let mut s = self.lock();
+            if s.unshared {
+                return Poll::Ready(HeadOrEnd::End(End::Released));
+            }
             if s.dropped > 0 {
                 return Poll::Ready(HeadOrEnd::TooLarge);
             }

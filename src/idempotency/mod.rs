@@ -655,7 +655,15 @@ impl Claim {
 
     /// Wraps a response body to be stored as it streams to the client (and shared, as it is
     /// produced, with the duplicates that follow it).
-    pub fn record<B>(mut self, status: u16, headers: &HeaderMap, body: B) -> Recorder
+    /// `failed`: set while it streams when the response turns out to be a failure (an error
+    /// event mid-stream): it is then passed through but not stored, the key released at its end.
+    pub fn record<B>(
+        mut self,
+        status: u16,
+        headers: &HeaderMap,
+        body: B,
+        failed: Option<Arc<std::sync::atomic::AtomicBool>>,
+    ) -> Recorder
     where
         B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
     {
@@ -664,7 +672,7 @@ impl Claim {
             .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
             .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
             .collect();
-        Recorder::new(self.inner.take(), Head { status, headers: kept }, body)
+        Recorder::new(self.inner.take(), Head { status, headers: kept }, body, failed)
     }
 }
 

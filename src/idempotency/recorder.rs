@@ -2,6 +2,7 @@
 //! the client, and into its [`Live`] response for the duplicates that follow it.
 
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -27,10 +28,12 @@ pub struct Recorder {
     head: Head,
     /// The bytes so far (bounded by `max_stored_body`), shared with followers.
     live: Option<Arc<Live>>,
+    /// Set when the response turned out to be a failure while it streamed (not stored).
+    failed: Option<Arc<AtomicBool>>,
 }
 
 impl Recorder {
-    pub(super) fn new<B>(claim: Option<ClaimInner>, head: Head, body: B) -> Recorder
+    pub(super) fn new<B>(claim: Option<ClaimInner>, head: Head, body: B, failed: Option<Arc<AtomicBool>>) -> Recorder
     where
         B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
     {
@@ -43,6 +46,7 @@ impl Recorder {
             claim,
             head,
             live,
+            failed,
         }
     }
 
@@ -64,13 +68,22 @@ impl Recorder {
     }
 
     fn finish(&mut self) {
+        let failed = self.failed.as_ref().is_some_and(|f| f.load(Ordering::Acquire));
         if let Some(live) = &self.live {
-            live.finish(End::Complete);
+            if failed {
+                live.finish_unshared();
+            } else {
+                live.finish(End::Complete);
+            }
         }
         if let Some(claim) = self.claim.take() {
-            let completion = self.completion();
             let tasks = claim.tasks.clone();
-            tasks.spawn(claim.complete(completion));
+            if failed {
+                tasks.spawn(claim.release());
+            } else {
+                let completion = self.completion();
+                tasks.spawn(claim.complete(completion));
+            }
         }
     }
 
@@ -136,6 +149,7 @@ impl Drop for Recorder {
             claim: Some(claim),
             head: self.head.clone(),
             live: self.live.take(),
+            failed: self.failed.take(),
         };
         tasks.spawn(drain_and_store(rec));
     }

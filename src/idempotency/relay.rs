@@ -198,7 +198,15 @@ impl Relay {
                 fields.push(("d", concat(&batch.data)));
             }
             if let Some(end) = batch.end {
-                fields.push(("e", end_name(end)));
+                let unshared = end == End::Complete && live.is_unshared();
+                fields.push((
+                    "e",
+                    if unshared {
+                        Bytes::from_static(b"unshared")
+                    } else {
+                        end_name(end)
+                    },
+                ));
             }
             if !self.append(&key, &fields, ttl).await || batch.end.is_some() {
                 return;
@@ -407,6 +415,7 @@ impl Reader {
                 match &end[..] {
                     b"complete" => self.live.finish(End::Complete),
                     b"released" => self.live.finish(End::Released),
+                    b"unshared" => self.live.finish_unshared(),
                     b"cut" => self.live.cut(),
                     _ => self.live.finish(End::Aborted),
                 }

@@ -894,11 +894,9 @@ where
     let (body, stream_error) = ErrorWatch::for_response(body, &parts.headers, first_event_error, &target.attempts);
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
     let body = match claim {
-        Some(claim) => {
-            // issue 16: the recorder releases instead of storing when this is set
-            let _stream_error = stream_error;
-            ProxyBody::new(claim.record(status, &parts.headers, body), log, status)
-        }
+        // A stream with an error event in it is passed through, but not stored: the key is
+        // released at its end, so that the app's retry runs.
+        Some(claim) => ProxyBody::new(claim.record(status, &parts.headers, body, stream_error), log, status),
         None => ProxyBody::new(body, log, status),
     };
     Response::from_parts(parts, body)

@@ -280,4 +280,25 @@ async fn an_in_band_error_is_not_stored_for_an_idempotency_key() {
     assert_eq!(third.header("idempotent-replayed"), Some("true"));
     assert_eq!(third.body, again.body);
     assert_eq!(provider.count("k"), 2);
+
+    // An error event mid-stream: passed through as it came, and the key released at its end.
+    provider.script(
+        "mid",
+        vec![Step::MidStreamError {
+            after: 2,
+            error_type: "overloaded_error".into(),
+        }],
+    );
+    let key = [("idempotency-key", "in-band-2")];
+    let first = call(&format!("{}/fake", rebound.url), MESSAGES, "mid", STREAM, &key).await;
+    assert!(first.text().contains("overloaded_error"), "{}", first.text());
+    // Sent at once: while the release is being written, a duplicate neither follows nor
+    // replays the failed stream; it waits for the key and runs.
+    let again = call(&format!("{}/fake", rebound.url), MESSAGES, "mid", STREAM, &key).await;
+    assert!(
+        again.header("idempotent-replayed").is_none(),
+        "not stored: the retry runs"
+    );
+    assert_eq!(again.text(), normal(&provider, MESSAGES, STREAM).await);
+    assert_eq!(provider.count("mid"), 2);
 }

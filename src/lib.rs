@@ -39,5 +39,8 @@ pub mod time;
 pub mod upstream;
 pub mod wire;
 
+#[cfg(test)]
+mod testing;
+
 pub use config::Config;
 pub use server::{start, Exit, Server};

@@ -110,4 +110,26 @@ mod tests {
             assert_eq!(format_size(parse_size(s).unwrap()), s);
         }
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(crate::testing::proptest_config(512))]
+
+            #[test]
+            fn parsers_never_panic(s in any::<String>()) {
+                let _ = parse_duration(&s);
+                let _ = parse_size(&s);
+            }
+
+            #[test]
+            fn what_is_formatted_parses_back(ms in 0u64..365 * 24 * 3_600_000, n in any::<u64>()) {
+                let d = Duration::from_millis(ms);
+                prop_assert_eq!(parse_duration(&format_duration(d)), Ok(d));
+                prop_assert_eq!(parse_size(&format_size(n)), Ok(n));
+            }
+        }
+    }
 }

@@ -334,4 +334,62 @@ mod tests {
         assert!(!a.contains("Bearer"));
         assert_eq!(a.len(), 32);
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(crate::testing::proptest_config(512))]
+
+            /// Any key header: no panic, and an accepted key is 1 to 255 visible ASCII characters.
+            #[test]
+            fn the_key_validator_accepts_only_what_it_documents(raw in proptest::collection::vec(any::<u8>(), 0..300)) {
+                let header = HeaderName::from_static("idempotency-key");
+                let mut headers = HeaderMap::new();
+                if let Ok(v) = http::HeaderValue::from_bytes(&raw) {
+                    headers.insert(header.clone(), v);
+                    if let Some(Ok(key)) = request_key(&headers, &header) {
+                        prop_assert!((1..=255).contains(&key.len()));
+                        prop_assert!(key.bytes().all(|b| (0x21..=0x7e).contains(&b)));
+                    }
+                }
+            }
+
+            /// Any body under any content type: no panic.
+            #[test]
+            fn any_body_is_fingerprinted(
+                body in proptest::collection::vec(any::<u8>(), 0..512),
+                ct in prop_oneof![
+                    Just("application/json"),
+                    Just("multipart/form-data; boundary=xyz"),
+                    Just("multipart/form-data"),
+                    Just("text/plain"),
+                ],
+            ) {
+                let mut headers = HeaderMap::new();
+                headers.insert("content-type", http::HeaderValue::from_static(ct));
+                let fp = fingerprint(&Method::POST, "/v1/x", Some("b=2&a=1"), &headers, &body);
+                prop_assert!(!fp.is_empty());
+            }
+
+            /// A JSON object's fingerprint does not depend on its key order or whitespace.
+            #[test]
+            fn json_key_order_does_not_matter(
+                fields in proptest::collection::btree_map("[a-z]{1,6}", any::<i64>(), 1..8),
+                spaces in any::<bool>(),
+            ) {
+                let pairs: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+                let sep = if spaces { ", " } else { "," };
+                let forward = format!("{{{}}}", pairs.join(sep));
+                let backward = format!("{{{}}}", pairs.iter().rev().cloned().collect::<Vec<_>>().join(sep));
+                let mut headers = HeaderMap::new();
+                headers.insert("content-type", http::HeaderValue::from_static("application/json"));
+                prop_assert_eq!(
+                    fingerprint(&Method::POST, "/p", None, &headers, forward.as_bytes()),
+                    fingerprint(&Method::POST, "/p", None, &headers, backward.as_bytes())
+                );
+            }
+        }
+    }
 }

@@ -208,3 +208,39 @@ impl Store for RedisStore {
         Ok(n == 1)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn value() -> impl Strategy<Value = Value> {
+        prop_oneof![
+            Just(Value::Nil),
+            any::<i64>().prop_map(Value::Int),
+            proptest::collection::vec(any::<u8>(), 0..64).prop_map(Value::BulkString),
+            "[a-z_]{0,12}".prop_map(Value::SimpleString),
+            prop_oneof![
+                Just("claimed"),
+                Just("mismatch"),
+                Just("in_progress"),
+                Just("not_kept"),
+                Just("completed"),
+                Just("late"),
+            ]
+            .prop_map(|s| Value::BulkString(s.as_bytes().to_vec())),
+            "\\{\"status\":[0-9]{1,3},\"headers\":\\[\\]\\}".prop_map(|s| Value::BulkString(s.into_bytes())),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(crate::testing::proptest_config(1024))]
+
+        /// Whatever Redis hands back (a corrupted record, another version's script): an error or
+        /// a decision, never a panic.
+        #[test]
+        fn any_begin_reply_is_decoded_or_refused(reply in proptest::collection::vec(value(), 0..4)) {
+            let _ = parse_begin(reply);
+        }
+    }
+}

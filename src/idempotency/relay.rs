@@ -442,3 +442,22 @@ fn parse_head(raw: &[u8]) -> Option<Head> {
     let (status, headers): (u16, Vec<(String, String)>) = serde_json::from_slice(raw).ok()?;
     Some(Head { status, headers })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(crate::testing::proptest_config(512))]
+
+        /// A relayed head as any bytes: parsed or ignored, never a panic; a real one parses back.
+        #[test]
+        fn relayed_heads(raw in proptest::collection::vec(any::<u8>(), 0..128), status in 100u16..600) {
+            let _ = parse_head(&raw);
+            let headers = vec![("content-type".to_string(), "text/event-stream".to_string())];
+            let encoded = serde_json::to_vec(&(status, &headers)).unwrap();
+            prop_assert_eq!(parse_head(&encoded), Some(Head { status, headers }));
+        }
+    }
+}

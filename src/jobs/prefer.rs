@@ -70,4 +70,32 @@ mod tests {
             Some("wait=10, return=minimal")
         );
     }
+
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(crate::testing::proptest_config(512))]
+
+            /// Any header value: no panic, and what is left after removing `respond-async`
+            /// never asks for it.
+            #[test]
+            fn any_prefer_value(value in "[ -~]{0,80}", with in any::<bool>()) {
+                let value = if with { format!("{value}, respond-async") } else { value };
+                let mut headers = HeaderMap::new();
+                if let Ok(v) = http::HeaderValue::from_str(&value) {
+                    headers.insert("prefer", v);
+                    prop_assert!(!with || prefers_async(&headers));
+                }
+                if let Some(rest) = without_respond_async(&value) {
+                    let mut h = HeaderMap::new();
+                    if let Ok(v) = http::HeaderValue::from_str(&rest) {
+                        h.insert("prefer", v);
+                        prop_assert!(!prefers_async(&h), "{rest:?}");
+                    }
+                }
+            }
+        }
+    }
 }

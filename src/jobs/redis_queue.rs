@@ -231,52 +231,7 @@ impl RedisQueue {
                 redis::cmd("HMGET").arg(&key).arg(&fields).query_async(&mut c).await
             })
             .await?;
-        let get = |name: &str| {
-            VIEW_FIELDS
-                .iter()
-                .chain(["meta", "body"].iter())
-                .position(|f| *f == name)
-                .and_then(|i| reply.get(i))
-                .filter(|v| !matches!(v, Value::Nil))
-        };
-        let Some(state) = text(get("st")).and_then(|s| JobState::parse(&s)) else {
-            return Ok(None);
-        };
-        let opt = |name: &str| get(name).map(|v| int(Some(v)));
-        let callback = text(get("cbst"))
-            .and_then(|s| CallbackState::parse(&s))
-            .map(|state| CallbackView {
-                state,
-                attempts: opt("cbn").unwrap_or(0) as u32,
-                last_status: opt("cbs").map(|s| s as u16).filter(|s| *s > 0),
-            });
-        let view = JobView {
-            id: id.to_string(),
-            state,
-            route: text(get("route")).unwrap_or_default(),
-            access: text(get("access")).unwrap_or_default(),
-            created_ms: opt("created").unwrap_or(0),
-            started_ms: opt("started"),
-            finished_ms: opt("finished"),
-            runs: opt("runs").unwrap_or(0) as u32,
-            attempts: opt("attempts").unwrap_or(0) as u32,
-            http_status: opt("status").map(|s| s as u16).filter(|s| *s > 0),
-            error: text(get("err")).filter(|e| !e.is_empty()),
-            callback,
-        };
-        let result = match (full, view.http_status, text(get("meta"))) {
-            (true, Some(status), Some(meta)) => Some(JobResult {
-                status,
-                headers: serde_json::from_str(&meta).unwrap_or_default(),
-                body: bytes(get("body")),
-            }),
-            _ => None,
-        };
-        Ok(Some(Loaded {
-            view,
-            result,
-            callback: text(get("cb")).filter(|c| !c.is_empty()),
-        }))
+        Ok(decode(id, &reply))
     }
 
     /// Creates the consumer group (and the stream) if they do not exist.
@@ -617,6 +572,94 @@ pub fn open_credentials(sealer: Option<&Sealer>, id: &str, sealed: &str) -> Resu
         .ok_or(JobsError::Sealed)
 }
 
+/// A job hash as `HMGET` returned it (the view fields, then `meta` and `body` when asked for):
+/// `None` when it holds no job. Whatever the bytes, a decision, never a panic.
+fn decode(id: &str, reply: &[Value]) -> Option<Loaded> {
+    let full = reply.len() > VIEW_FIELDS.len();
+    let get = |name: &str| {
+        VIEW_FIELDS
+            .iter()
+            .chain(["meta", "body"].iter())
+            .position(|f| *f == name)
+            .and_then(|i| reply.get(i))
+            .filter(|v| !matches!(v, Value::Nil))
+    };
+    let state = text(get("st")).and_then(|s| JobState::parse(&s))?;
+    let opt = |name: &str| get(name).map(|v| int(Some(v)));
+    let callback = text(get("cbst"))
+        .and_then(|s| CallbackState::parse(&s))
+        .map(|state| CallbackView {
+            state,
+            attempts: opt("cbn").unwrap_or(0) as u32,
+            last_status: opt("cbs").map(|s| s as u16).filter(|s| *s > 0),
+        });
+    let view = JobView {
+        id: id.to_string(),
+        state,
+        route: text(get("route")).unwrap_or_default(),
+        access: text(get("access")).unwrap_or_default(),
+        created_ms: opt("created").unwrap_or(0),
+        started_ms: opt("started"),
+        finished_ms: opt("finished"),
+        runs: opt("runs").unwrap_or(0) as u32,
+        attempts: opt("attempts").unwrap_or(0) as u32,
+        http_status: opt("status").map(|s| s as u16).filter(|s| *s > 0),
+        error: text(get("err")).filter(|e| !e.is_empty()),
+        callback,
+    };
+    let result = match (full, view.http_status, text(get("meta"))) {
+        (true, Some(status), Some(meta)) => Some(JobResult {
+            status,
+            headers: serde_json::from_str(&meta).unwrap_or_default(),
+            body: bytes(get("body")),
+        }),
+        _ => None,
+    };
+    Some(Loaded {
+        view,
+        result,
+        callback: text(get("cb")).filter(|c| !c.is_empty()),
+    })
+}
+
 fn ms(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    mod properties {
+        use super::super::*;
+        use proptest::prelude::*;
+
+        fn value() -> impl Strategy<Value = Value> {
+            prop_oneof![
+                Just(Value::Nil),
+                any::<i64>().prop_map(Value::Int),
+                proptest::collection::vec(any::<u8>(), 0..48).prop_map(Value::BulkString),
+                prop_oneof![
+                    Just("queued"),
+                    Just("running"),
+                    Just("succeeded"),
+                    Just("failed"),
+                    Just("pending")
+                ]
+                .prop_map(|s| Value::BulkString(s.as_bytes().to_vec())),
+                "[0-9]{1,20}".prop_map(|s| Value::BulkString(s.into_bytes())),
+            ]
+        }
+
+        proptest! {
+            #![proptest_config(crate::testing::proptest_config(1024))]
+
+            /// A job hash as any bytes Redis may hold (corrupted, another version's): decoded or
+            /// refused, never a panic.
+            #[test]
+            fn any_job_hash_is_decoded_or_refused(
+                reply in proptest::collection::vec(value(), 0..=VIEW_FIELDS.len() + 2),
+            ) {
+                let _ = decode("job", &reply);
+            }
+        }
+    }
 }

@@ -219,3 +219,101 @@ fn upstream_keepalive_is_typed_validated_and_shown() {
         "{e:?}"
     );
 }
+
+mod properties {
+    use std::path::Path;
+
+    use proptest::prelude::*;
+    use rebound::Config;
+
+    /// A TOML scalar or array that may or may not suit the key it is given to.
+    fn value() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<bool>().prop_map(|b| b.to_string()),
+            "[ -~]{0,12}".prop_map(|s| format!("{:?}", s)),
+            prop_oneof![
+                Just("\"250ms\""),
+                Just("\"8MiB\""),
+                Just("\"0s\""),
+                Just("\"-1s\""),
+                Just("\"1y\"")
+            ]
+            .prop_map(str::to_string),
+            proptest::collection::vec("[a-z0-9-]{0,6}", 0..3).prop_map(|v| format!("{v:?}")),
+        ]
+    }
+
+    /// Documents made of the config's own tables and keys (and some that do not exist).
+    fn document() -> impl Strategy<Value = String> {
+        let table = prop_oneof![
+            Just("server"),
+            Just("admin"),
+            Just("redis"),
+            Just("upstreams.fake"),
+            Just("retry.p"),
+            Just("circuit.c"),
+            Just("idempotency.i"),
+            Just("dead_letters"),
+            Just("jobs"),
+            Just("nonsense"),
+        ];
+        let key = prop_oneof![
+            Just("listen"),
+            Just("url"),
+            Just("max_attempts"),
+            Just("base_delay"),
+            Just("max_request_head"),
+            Just("max_connections"),
+            Just("lease"),
+            Just("ttl"),
+            Just("on_concurrent"),
+            Just("failure_on"),
+            Just("keepalive"),
+            Just("circuit"),
+            Just("command_timeout"),
+            Just("typo_key"),
+        ];
+        proptest::collection::vec((table, proptest::collection::vec((key, value()), 0..4)), 0..5).prop_map(|tables| {
+            let mut doc = String::new();
+            for (t, kvs) in tables {
+                doc.push_str(&format!("[{t}]\n"));
+                for (k, v) in kvs {
+                    doc.push_str(&format!("{k} = {v}\n"));
+                }
+            }
+            doc.push_str("[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"fake\"\n");
+            doc
+        })
+    }
+
+    fn config() -> ProptestConfig {
+        let mut c = ProptestConfig::with_cases(256);
+        c.rng_seed = proptest::test_runner::RngSeed::Fixed(0xC0_F1_6);
+        c.failure_persistence = None;
+        c
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        /// Any text: a config or errors, never a panic.
+        #[test]
+        fn any_text_is_parsed_or_refused(src in "\\PC{0,200}") {
+            let _ = Config::parse(&src, Path::new("fuzz.toml"), &|_| None);
+        }
+
+        /// Config-shaped documents: a config, or errors that each name the file and a key (or a
+        /// line, for TOML syntax errors).
+        #[test]
+        fn every_error_names_a_key(src in document()) {
+            if let Err(errors) = Config::parse(&src, Path::new("fuzz.toml"), &|_| None) {
+                for e in &errors.0 {
+                    prop_assert_eq!(&e.file, "fuzz.toml");
+                    prop_assert!(!e.key.is_empty() || e.line.is_some(), "{e:?}\n{src}");
+                    prop_assert!(!e.message.is_empty());
+                }
+            }
+        }
+    }
+}

@@ -289,7 +289,7 @@ mod properties {
 
     fn config() -> ProptestConfig {
         let mut c = ProptestConfig::with_cases(256);
-        c.rng_seed = proptest::test_runner::RngSeed::Fixed(0xC0_F1_6);
+        c.rng_seed = proptest::test_runner::RngSeed::Fixed(0xC0F1_6000);
         c.failure_persistence = None;
         c
     }

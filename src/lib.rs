@@ -39,6 +39,10 @@ pub mod time;
 pub mod upstream;
 pub mod wire;
 
+/// Entry points for the cargo-fuzz targets under `fuzz/` (decoders that are private otherwise).
+#[doc(hidden)]
+pub mod fuzzing;
+
 #[cfg(test)]
 mod testing;
 

@@ -75,6 +75,12 @@ fn text(v: Option<&Value>) -> Option<String> {
     }
 }
 
+/// For the fuzz targets (`crate::fuzzing`).
+#[doc(hidden)]
+pub fn fuzz_parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
+    parse_begin(reply)
+}
+
 fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
     let bad = || StoreError::new("unexpected reply from idem_begin_v3", false);
     match text(reply.first()).as_deref() {

@@ -574,6 +574,12 @@ pub fn open_credentials(sealer: Option<&Sealer>, id: &str, sealed: &str) -> Resu
 
 /// A job hash as `HMGET` returned it (the view fields, then `meta` and `body` when asked for):
 /// `None` when it holds no job. Whatever the bytes, a decision, never a panic.
+/// For the fuzz targets (`crate::fuzzing`).
+#[doc(hidden)]
+pub fn fuzz_decode(reply: &[Value]) {
+    let _ = decode("fuzz", reply);
+}
+
 fn decode(id: &str, reply: &[Value]) -> Option<Loaded> {
     let full = reply.len() > VIEW_FIELDS.len();
     let get = |name: &str| {

@@ -295,8 +295,9 @@ impl ProxyError {
 }
 
 /// Rebound's own error: JSON body, `x-rebound-error`, `x-should-retry`.
-pub fn error_response(err: ProxyError, log: RequestLog) -> Response<ProxyBody> {
+pub fn error_response(err: ProxyError, mut log: RequestLog) -> Response<ProxyBody> {
     let status = err.status();
+    log.set_error(err.code());
     let mut resp = Response::new(ProxyBody::full(err.body(), log, status.as_u16()));
     *resp.status_mut() = status;
     let h = resp.headers_mut();

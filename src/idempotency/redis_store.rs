@@ -75,7 +75,7 @@ fn text(v: Option<&Value>) -> Option<String> {
     }
 }
 
-/// For the fuzz targets (`crate::fuzzing`).
+/// For the fuzz targets under `fuzz/`.
 #[doc(hidden)]
 pub fn fuzz_parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
     parse_begin(reply)

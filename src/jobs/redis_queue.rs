@@ -574,7 +574,7 @@ pub fn open_credentials(sealer: Option<&Sealer>, id: &str, sealed: &str) -> Resu
 
 /// A job hash as `HMGET` returned it (the view fields, then `meta` and `body` when asked for):
 /// `None` when it holds no job. Whatever the bytes, a decision, never a panic.
-/// For the fuzz targets (`crate::fuzzing`).
+/// For the fuzz targets under `fuzz/`.
 #[doc(hidden)]
 pub fn fuzz_decode(reply: &[Value]) {
     let _ = decode("fuzz", reply);

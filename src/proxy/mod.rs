@@ -289,6 +289,7 @@ impl Proxy {
         B::Error: Into<body::BoxError>,
     {
         let mut log = RequestLog::start(&self.metrics, req.method(), req.uri());
+        log.set_trace(req.headers());
 
         // 1. Not an open proxy.
         if req.method() == Method::CONNECT {
@@ -349,33 +350,18 @@ impl Proxy {
             }
         }
 
-        // 5. Idempotency: replay a completed original, refuse, or claim the key.
-        let mut claim = None;
-        let mut bypassed = false;
-        if let Some(idem) = &route.idempotency {
-            let replay = parts.extensions.get::<ReplayIdentity>();
-            match idem
-                .start(
-                    &parts.method,
-                    parts.uri.path(),
-                    parts.uri.query(),
-                    &parts.headers,
-                    &body,
-                    replay,
-                )
-                .await
-            {
-                Start::Forward { bypassed: b } => bypassed = b,
-                Start::Claimed(c) => claim = Some(c),
-                Start::Replay(stored) => return replay_response(stored, log),
-                Start::Follow(followed) => return follow_response(followed, log),
-                Start::Refuse(err) => return error_response(err, log),
-            }
-        }
+        // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
+        let (claim, bypassed) = match idempotency_step(&route, &parts, &body, &mut log).await {
+            Ok(go_on) => go_on,
+            Err(Answered::Replay(stored)) => return replay_response(stored, log),
+            Err(Answered::Follow(followed)) => return follow_response(followed, log),
+            Err(Answered::Refuse(err)) => return error_response(err, log),
+        };
 
         // 6. Attempts: send, classify, decide, wait; until delivered.
         let delivery = self.attempts(&route, &parts, &path, &body).await;
         log.set_upstream(&delivery.upstream, delivery.attempts.len() as u32);
+        log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
 
         // 7. A failure for good is recorded as a dead letter.
         if let Some(reason) = delivery.dead_letter_reason() {
@@ -802,6 +788,51 @@ impl Delivery {
             (Some(o), _) => o.label(),
             (None, _) => "timeout",
         }
+    }
+}
+
+/// A request idempotency answers without an attempt.
+enum Answered {
+    Replay(StoredResponse),
+    Follow(Followed),
+    Refuse(ProxyError),
+}
+
+/// Step 5: the claim to carry to the response (and whether the store was bypassed), or the answer.
+async fn idempotency_step(
+    route: &Route,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    log: &mut RequestLog,
+) -> Result<(Option<Claim>, bool), Answered> {
+    let Some(idem) = &route.idempotency else {
+        return Ok((None, false));
+    };
+    let replay = parts.extensions.get::<ReplayIdentity>();
+    let (method, uri) = (&parts.method, &parts.uri);
+    match idem
+        .start(method, uri.path(), uri.query(), &parts.headers, body, replay)
+        .await
+    {
+        Start::Forward { bypassed } => {
+            if bypassed {
+                log.set_idempotency("bypassed");
+            }
+            Ok((None, bypassed))
+        }
+        Start::Claimed(c) => {
+            log.set_idempotency("claimed");
+            Ok((Some(c), false))
+        }
+        Start::Replay(stored) => {
+            log.set_idempotency("replayed");
+            Err(Answered::Replay(stored))
+        }
+        Start::Follow(followed) => {
+            log.set_idempotency("followed");
+            Err(Answered::Follow(followed))
+        }
+        Start::Refuse(err) => Err(Answered::Refuse(err)),
     }
 }
 

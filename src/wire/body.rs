@@ -89,6 +89,14 @@ pub struct RequestLog {
     upstream: Option<Arc<str>>,
     status: u16,
     attempts: u32,
+    /// Time spent waiting between attempts (backoff, Retry-After, cooldowns).
+    wait_ms: u64,
+    /// What idempotency did with the request (`claimed`, `replayed`, `followed`, `bypassed`).
+    idempotency: Option<&'static str>,
+    /// rebound's own error code, when it answered for itself.
+    error: Option<&'static str>,
+    /// The W3C trace id the app sent (`traceparent`), to join the log with its traces.
+    trace_id: Option<String>,
     /// Closed (counted out of flight, logged): at the end of the response, or on drop.
     closed: bool,
 }
@@ -116,8 +124,36 @@ impl RequestLog {
             upstream: None,
             status: 0,
             attempts: 0,
+            wait_ms: 0,
+            idempotency: None,
+            error: None,
+            trace_id: None,
             closed: false,
         }
+    }
+
+    /// Takes the trace id of the app's `traceparent` (W3C: `00-<32 hex>-<16 hex>-<2 hex>`), if valid.
+    pub fn set_trace(&mut self, headers: &http::HeaderMap) {
+        self.trace_id = headers
+            .get("traceparent")
+            .and_then(|v| v.to_str().ok())
+            .and_then(trace_id_of)
+            .map(str::to_string);
+    }
+
+    /// Records what idempotency did with the request.
+    pub fn set_idempotency(&mut self, result: &'static str) {
+        self.idempotency = Some(result);
+    }
+
+    /// Records rebound's own error code.
+    pub fn set_error(&mut self, code: &'static str) {
+        self.error = Some(code);
+    }
+
+    /// Records the time waited between attempts.
+    pub fn set_wait(&mut self, wait_ms: u64) {
+        self.wait_ms = wait_ms;
     }
 
     /// When the request arrived.
@@ -177,11 +213,30 @@ impl RequestLog {
             status = self.status,
             attempts = self.attempts,
             upstream = self.upstream.as_deref().unwrap_or("-"),
+            wait_ms = self.wait_ms,
+            idempotency = self.idempotency.unwrap_or("-"),
+            error = self.error.unwrap_or("-"),
+            trace_id = self.trace_id.as_deref().unwrap_or("-"),
             duration_ms = elapsed.as_secs_f64() * 1000.0,
             completion = completion.as_str(),
             "request"
         );
     }
+}
+
+/// The trace id of a W3C `traceparent` value (version 00 layout; all-zero ids are invalid).
+pub fn trace_id_of(traceparent: &str) -> Option<&str> {
+    let mut parts = traceparent.trim().split('-');
+    let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+    let valid = hex(version, 2)
+        && version != "ff"
+        && hex(trace, 32)
+        && hex(span, 16)
+        && hex(flags, 2)
+        && trace.bytes().any(|b| b != b'0')
+        && span.bytes().any(|b| b != b'0');
+    valid.then_some(trace)
 }
 
 /// The response body rebound sends: frames pass through untouched as they arrive (no

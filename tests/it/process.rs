@@ -197,3 +197,59 @@ async fn sigterm_past_the_grace_exits_three() {
         "the client must see an abort, not a clean end"
     );
 }
+
+/// One JSON access log line per request says what happened to it: route, upstream, status,
+/// attempts, the time waited between them, what idempotency did, rebound's own error code, the
+/// duration and the app's trace id; the idempotency key (which may be a secret) is not in it.
+#[tokio::test]
+async fn the_access_log_line_says_what_happened_to_the_request() {
+    const CANARY: &str = "CANARY-4d0b9a";
+    let provider = FakeProvider::start().await;
+    provider.script("logged", vec![Step::status(503)]);
+    let extra = "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"30ms\"\nmax_delay = \"30ms\"\njitter = \"none\"\n\n[idempotency.idem]\n";
+    let toml = Edit::new(&config_for(&provider.url(), extra))
+        .route_set("fake", "retry", "fast")
+        .route_set("fake", "idempotency", "idem")
+        .to_string();
+    let rebound = ReboundProcess::start(&toml, &[]).await;
+    let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
+    let key = format!("{CANARY}-idem");
+    let headers = [
+        ("x-fake-key", "logged"),
+        ("traceparent", traceparent.as_str()),
+        ("idempotency-key", key.as_str()),
+    ];
+    let url = format!("{}/fake/v1/chat/completions", rebound.proxy);
+    assert_eq!(send("POST", &url, &headers, "{}").await.status, 200);
+    assert_eq!(send("POST", &url, &headers, "{}").await.status, 200);
+    assert_eq!(
+        send("GET", &format!("{}/nope", rebound.proxy), &[], "").await.status,
+        404
+    );
+
+    let lines = |logs: &str| -> Vec<serde_json::Value> {
+        logs.lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|v| v["target"] == "rebound::access")
+            .collect()
+    };
+    assert!(eventually(Duration::from_secs(5), || lines(&rebound.logs()).len() >= 3).await);
+    let logs = rebound.logs();
+    let got = lines(&logs);
+    let (first, replay, missing) = (&got[0], &got[1], &got[2]);
+    assert_eq!(first["route"], "fake", "{first}");
+    assert_eq!(first["upstream"], "fake");
+    assert_eq!(first["status"], 200);
+    assert_eq!(first["attempts"], 2);
+    assert_eq!(first["wait_ms"], 30);
+    assert_eq!(first["idempotency"], "claimed");
+    assert_eq!(first["trace_id"], trace);
+    assert_eq!(first["error"], "-");
+    assert!(first["duration_ms"].as_f64().unwrap() >= 30.0);
+    assert_eq!(replay["idempotency"], "replayed");
+    assert_eq!(replay["attempts"], 0);
+    assert_eq!(missing["error"], "no_route");
+    assert_eq!(missing["trace_id"], "-");
+    assert!(!logs.contains(CANARY), "the idempotency key reached the logs:\n{logs}");
+}

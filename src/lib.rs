@@ -36,6 +36,7 @@ pub mod server;
 pub mod shutdown;
 pub mod telemetry;
 pub mod time;
+pub mod traces;
 pub mod upstream;
 pub mod wire;
 

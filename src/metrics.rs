@@ -68,6 +68,9 @@ pub struct Metrics {
     pub idempotency_completions_total: IntCounterVec,
     /// Delivered responses held by this replica until their completion is written.
     pub idempotency_completions_pending: IntGauge,
+    /// Trace spans by what became of them (`exported`; `dropped`: the export queue was full;
+    /// `failed`: the collector did not take them).
+    pub trace_spans_total: IntCounterVec,
     /// Redis command latency by operation.
     pub redis_command_duration_seconds: HistogramVec,
     /// Requests recorded as dead letters, by route and reason.
@@ -182,6 +185,11 @@ impl Metrics {
                     "Delivered responses held by this replica until their completion is written.",
                 )?,
             )?,
+            trace_spans_total: counter(
+                "trace_spans_total",
+                "Trace spans by result (exported, dropped: export queue full, failed: collector error).",
+                &["result"],
+            )?,
             redis_command_duration_seconds: histogram(
                 "redis_command_duration_seconds",
                 "Redis command latency by operation.",
@@ -253,6 +261,11 @@ impl Metrics {
     /// one. Called for each configuration loaded (a reload adds the series of new routes and
     /// upstreams); a series that exists already keeps its value.
     pub fn init_series(&self, config: &Config) {
+        if config.telemetry.otlp_endpoint.is_some() {
+            for result in ["exported", "dropped", "failed"] {
+                self.trace_spans_total.with_label_values(&[result]);
+            }
+        }
         for (name, u) in &config.upstreams {
             if u.circuit.is_some() {
                 self.circuit_state.with_label_values(&[name]);

@@ -26,6 +26,7 @@ use crate::proxy::{BuildError, Proxy, Shared};
 use crate::redis::RedisHandle;
 use crate::reload::{ReloadError, Reloader};
 use crate::shutdown::ShutdownSignal;
+use crate::traces::Traces;
 use arc_swap::ArcSwap;
 
 /// How long startup waits for Redis before serving without it.
@@ -42,6 +43,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Build(#[from] BuildError),
+    #[error(transparent)]
+    Traces(#[from] crate::traces::TracesError),
     #[error("metrics setup failed: {0}")]
     Metrics(#[from] prometheus::Error),
 }
@@ -119,7 +122,9 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         dead_letters: DeadLetters::new(&config.dead_letters, redis.clone(), metrics.clone()),
         circuits: Arc::new(Circuits::new(&config, metrics.clone())),
         jobs: Jobs::new(&config, redis.clone(), metrics.clone()),
+        traces: Traces::start(&config.telemetry, &metrics)?,
     };
+    let traces = shared.traces.clone();
     shared
         .circuits
         .start(redis.clone(), &background, background_stop.clone());
@@ -158,6 +163,7 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         let shutdown = shutdown.clone();
         async move {
             let exit = serve(proxy_listener, proxy, shutdown, drain, limits, &admin_state).await;
+            traces.shutdown(Duration::from_secs(2)).await;
             background_stop.cancel();
             background.close();
             background.wait().await;

@@ -41,6 +41,7 @@ pub struct Config {
     pub redis: Option<RedisConfig>,
     pub dead_letters: DeadLettersConfig,
     pub jobs: JobsConfig,
+    pub telemetry: TelemetryConfig,
     /// By name.
     pub upstreams: BTreeMap<String, Arc<UpstreamConfig>>,
     /// In file order (the route table sorts them by prefix length).
@@ -48,6 +49,17 @@ pub struct Config {
     pub retry: BTreeMap<String, Arc<RetryPolicy>>,
     pub circuit: BTreeMap<String, Arc<CircuitPolicy>>,
     pub idempotency: BTreeMap<String, Arc<IdempotencyPolicy>>,
+}
+
+/// OpenTelemetry traces (`[telemetry]`): off unless an OTLP endpoint is set.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TelemetryConfig {
+    /// The collector's OTLP/HTTP base URL (`http://collector:4318`); spans go to `/v1/traces`.
+    /// `None`: no traces.
+    pub otlp_endpoint: Option<String>,
+    /// The share of traces sampled when the app sent no sampling decision (its own is followed).
+    pub sample_ratio: f64,
+    pub service_name: String,
 }
 
 #[derive(Debug, Clone)]

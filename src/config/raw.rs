@@ -14,6 +14,7 @@ pub struct RawConfig {
     pub redis: Option<RawRedis>,
     pub dead_letters: Option<RawDeadLetters>,
     pub jobs: Option<RawJobs>,
+    pub telemetry: Option<RawTelemetry>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
@@ -24,6 +25,14 @@ pub struct RawConfig {
     pub circuit: BTreeMap<String, RawCircuit>,
     #[serde(default)]
     pub idempotency: BTreeMap<String, RawIdempotency>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTelemetry {
+    pub otlp_endpoint: Option<String>,
+    pub sample_ratio: Option<f64>,
+    pub service_name: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

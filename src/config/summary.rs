@@ -46,6 +46,19 @@ fn listeners(out: &mut String, c: &Config) {
             let _ = writeln!(out, "redis: none (state in memory, one replica)");
         }
     }
+    let t = &c.telemetry;
+    match &t.otlp_endpoint {
+        Some(e) => {
+            let _ = writeln!(
+                out,
+                "traces: OTLP/HTTP to {e}/v1/traces (service {}, sample_ratio {})",
+                t.service_name, t.sample_ratio
+            );
+        }
+        None => {
+            let _ = writeln!(out, "traces: off (no [telemetry] otlp_endpoint)");
+        }
+    }
 }
 
 /// Routes, longest prefix first.

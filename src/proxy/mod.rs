@@ -45,6 +45,7 @@ use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
 use crate::retry::{self, Backoff, RetryBudget};
 use crate::routing::{forwarded_path, RouteTable};
 use crate::time;
+use crate::traces::{self, RequestSpan, Traces};
 use crate::upstream::{AttemptError, Upstream, UpstreamBody};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -149,6 +150,8 @@ pub struct Shared {
     pub circuits: Arc<Circuits>,
     /// Async jobs: the queue (Redis when configured, else in memory) and its workers.
     pub jobs: Jobs,
+    /// OpenTelemetry traces (started once: a reload keeps the exporter it started with).
+    pub traces: Traces,
 }
 
 impl Shared {
@@ -187,6 +190,8 @@ pub struct Proxy {
     circuits: Arc<Circuits>,
     /// The job queue, when a route is async.
     jobs: Option<Jobs>,
+    /// OpenTelemetry traces (off unless `[telemetry] otlp_endpoint` is set).
+    traces: Traces,
 }
 
 impl Proxy {
@@ -201,6 +206,7 @@ impl Proxy {
             dead_letters,
             circuits,
             jobs,
+            traces,
         } = shared.clone();
         let mut upstreams = std::collections::BTreeMap::new();
         for (name, u) in &config.upstreams {
@@ -278,6 +284,7 @@ impl Proxy {
             dead_letter_config: config.dead_letters.clone(),
             circuits,
             jobs: jobs.for_config(config),
+            traces,
         })
     }
 
@@ -290,6 +297,10 @@ impl Proxy {
     {
         let mut log = RequestLog::start(&self.metrics, req.method(), req.uri());
         log.set_trace(req.headers());
+        let trace = self.traces.request(req.method(), req.uri().path(), req.headers());
+        if trace.is_recording() {
+            log.set_span(Box::new(trace.clone()), None);
+        }
 
         // 1. Not an open proxy.
         if req.method() == Method::CONNECT {
@@ -359,7 +370,13 @@ impl Proxy {
         };
 
         // 6. Attempts: send, classify, decide, wait; until delivered.
-        let delivery = self.attempts(&route, &parts, &path, &body).await;
+        if trace.is_recording() {
+            let target = route.primary();
+            let provider = traces::provider_name(&target.name, Some(target.upstream.config.authority.host()));
+            let model = traces::request_model(&body);
+            trace.set_route(&route.name, provider, model.as_deref(), traces::operation_name(&path));
+        }
+        let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
         log.set_upstream(&delivery.upstream, delivery.attempts.len() as u32);
         log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
 
@@ -433,7 +450,14 @@ impl Proxy {
     /// open: 503 `circuit_open`; the credential's cooldown: held or 429 `cooldown`), **send**,
     /// **observe** (the outcome feeds the breaker, a 429's reset hint the cooldown, the metrics)
     /// and **decide** (the pure retry policy: deliver, or wait and go round again).
-    async fn attempts(&self, route: &Route, parts: &http::request::Parts, path: &str, body: &Bytes) -> Delivery {
+    async fn attempts(
+        &self,
+        route: &Route,
+        parts: &http::request::Parts,
+        path: &str,
+        body: &Bytes,
+        trace: &RequestSpan,
+    ) -> Delivery {
         let (max_attempts, deadline) = retry::policy::request_limits(&parts.headers, &route.retry);
         let started = Instant::now();
         let mut state = RetryState::new(max_attempts, started + deadline);
@@ -444,6 +468,7 @@ impl Proxy {
         }
         let mut d = Progress::new(route.primary().name.clone(), deadline);
         let mut now = started;
+        let mut waited: (Duration, Option<&'static str>) = (Duration::ZERO, None);
         loop {
             let go = match self.admit(route, parts, path, body, &state, &mut d, now).await {
                 Admit::Go(go) => go,
@@ -457,8 +482,13 @@ impl Proxy {
             state.attempts += 1;
             d.upstream = go.target.name.clone();
             let remaining = state.deadline.saturating_duration_since(now);
-            let (result, received) = commit::attempt(route, go.target, go.req, now, remaining).await;
+            let span = trace.attempt(state.attempts, &go.target.name, waited.0, waited.1);
+            let mut req = go.req;
+            span.inject(req.headers_mut());
+            let (result, received) = commit::attempt(route, go.target, req, now, remaining).await;
             let (outcome, hint) = self.observe(go.target, go.permit, &go.credentials, &result, received);
+            let status = result.as_ref().ok().map(|r| r.status().as_u16());
+            span.end(outcome.label(), status, hint.map(|h| h.delay));
             let target = go.target;
             d.record(
                 outcome,
@@ -479,6 +509,7 @@ impl Proxy {
                 Decision::Retry { wait, source, reason } => {
                     self.count_retry(route, state.attempts, &reason.to_string(), wait, source.as_str());
                     d.waited(wait);
+                    waited = (wait, Some(source.as_str()));
                     d.last = result.ok();
                     tokio::time::sleep(wait).await;
                     now = Instant::now();

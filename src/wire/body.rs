@@ -77,6 +77,11 @@ impl Completion {
     }
 }
 
+/// What ends a request's trace span when its books close (implemented by `traces`).
+pub trait SpanEnd: Send {
+    fn end(self: Box<Self>, status: u16, completion: &str, error: Option<&str>);
+}
+
 /// One request's books: counted in flight from its head, closed when its response ends.
 pub struct RequestLog {
     metrics: Arc<Metrics>,
@@ -97,6 +102,8 @@ pub struct RequestLog {
     error: Option<&'static str>,
     /// The W3C trace id the app sent (`traceparent`), to join the log with its traces.
     trace_id: Option<String>,
+    /// The request's server span, ended with the books.
+    span: Option<Box<dyn SpanEnd>>,
     /// Closed (counted out of flight, logged): at the end of the response, or on drop.
     closed: bool,
 }
@@ -128,6 +135,7 @@ impl RequestLog {
             idempotency: None,
             error: None,
             trace_id: None,
+            span: None,
             closed: false,
         }
     }
@@ -139,6 +147,14 @@ impl RequestLog {
             .and_then(|v| v.to_str().ok())
             .and_then(trace_id_of)
             .map(str::to_string);
+    }
+
+    /// The span to end with the books (and whose trace id the log line carries).
+    pub fn set_span(&mut self, span: Box<dyn SpanEnd>, trace_id: Option<String>) {
+        self.span = Some(span);
+        if trace_id.is_some() {
+            self.trace_id = trace_id;
+        }
     }
 
     /// Records what idempotency did with the request.
@@ -221,6 +237,9 @@ impl RequestLog {
             completion = completion.as_str(),
             "request"
         );
+        if let Some(span) = self.span.take() {
+            span.end(self.status, completion.as_str(), self.error);
+        }
     }
 }
 

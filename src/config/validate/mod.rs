@@ -19,6 +19,7 @@ use super::error::{ConfigError, ConfigErrors, Locator};
 use super::interpolate::interpolate;
 use super::raw::*;
 use super::units::{parse_duration, parse_size};
+use super::TelemetryConfig;
 use super::*;
 
 pub use policy::default_retry;
@@ -222,6 +223,7 @@ impl Validator<'_> {
         let redis = raw.redis.map(|r| self.redis(r));
         let dead_letters = self.dead_letters(raw.dead_letters.unwrap_or_default());
         let jobs = self.jobs(raw.jobs.unwrap_or_default());
+        let telemetry = self.telemetry(raw.telemetry.unwrap_or_default());
 
         let retry: BTreeMap<_, _> = raw
             .retry
@@ -253,6 +255,7 @@ impl Validator<'_> {
             redis,
             dead_letters,
             jobs,
+            telemetry,
             upstreams,
             routes,
             retry,
@@ -320,6 +323,34 @@ impl Validator<'_> {
                     ],
                 )
                 .to_string(),
+        }
+    }
+
+    fn telemetry(&mut self, t: RawTelemetry) -> TelemetryConfig {
+        let key = "telemetry.otlp_endpoint";
+        let endpoint = self.string(key, t.otlp_endpoint.as_deref()).filter(|e| !e.is_empty());
+        let endpoint = endpoint.and_then(|e| {
+            let e = e.trim_end_matches('/').to_string();
+            match e.parse::<http::Uri>() {
+                Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.host().is_some() => Some(e),
+                _ => {
+                    self.err(
+                        key,
+                        format!(
+                            "expected an http:// or https:// URL such as \"http://otel-collector:4318\", found {e:?}"
+                        ),
+                    );
+                    None
+                }
+            }
+        });
+        TelemetryConfig {
+            otlp_endpoint: endpoint,
+            sample_ratio: self.ratio("telemetry.sample_ratio", t.sample_ratio, 1.0),
+            service_name: self
+                .string("telemetry.service_name", t.service_name.as_deref())
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "rebound".to_string()),
         }
     }
 

@@ -208,6 +208,11 @@ enum Judged {
 const ERROR_NAMES: [&[u8]; 2] = [b"event: error", b"event:error"];
 /// Starts of a data line that carries an error object.
 const ERROR_DATA: [&[u8]; 2] = [b"data: {\"error\"", b"data:{\"error\""];
+/// Every error pattern contains it: a frame without it holds no error line (searched with a
+/// searcher built once, not per frame).
+static ERROR_WORD: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"error"));
+
 /// Enough of a line to judge it (longer than every pattern).
 const HEAD: usize = 16;
 
@@ -239,6 +244,12 @@ pub struct ErrorScan {
 impl ErrorScan {
     /// Feeds the next bytes: whether an error line ends or is recognised in them.
     pub fn feed(&mut self, chunk: &[u8]) -> bool {
+        // The common frame: whole lines, none of which can be an error line (each pattern
+        // contains `error`). One SIMD pass, and the state stays at a line start.
+        let at_line_start = self.head_len == 0 && !self.judged && !self.after_cr;
+        if at_line_start && chunk.last() == Some(&b'\n') && ERROR_WORD.find(chunk).is_none() {
+            return false;
+        }
         let mut found = false;
         let mut i = 0;
         while i < chunk.len() {

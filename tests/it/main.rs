@@ -22,6 +22,7 @@ mod passthrough;
 mod pool;
 mod process;
 mod redis_plumbing;
+mod redis_round_trips;
 mod reload;
 mod retry;
 mod shutdown;

@@ -1,0 +1,139 @@
+//! What the hot path costs in Redis, counted with `MONITOR` on a real redis-server: a keyed
+//! request that misses makes 2 round trips (claim, completion), a replay 1, an unkeyed request
+//! none (circuit and cooldown decisions read a local mirror), and an idle replica's background
+//! sync stays under 10 commands a second.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::support::redis::RedisServer;
+use crate::support::sidecar::config_for;
+use crate::support::*;
+
+/// `redis-cli monitor`: every command the server runs, one line each, as it runs it.
+struct Monitor {
+    child: Child,
+    lines: Arc<Mutex<Vec<String>>>,
+}
+
+impl Monitor {
+    fn start(port: u16) -> Monitor {
+        let mut child = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "monitor"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-cli");
+        let out = child.stdout.take().expect("stdout");
+        let lines = Arc::new(Mutex::new(Vec::new()));
+        let sink = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(out).lines().map_while(Result::ok) {
+                sink.lock().unwrap().push(line);
+            }
+        });
+        Monitor { child, lines }
+    }
+
+    fn len(&self) -> usize {
+        self.lines.lock().unwrap().len()
+    }
+
+    /// The commands seen since `from`.
+    fn since(&self, from: usize) -> Vec<String> {
+        self.lines.lock().unwrap()[from..].to_vec()
+    }
+
+    /// Waits until the monitor shows a command containing `marker` (sent through it).
+    async fn sync(&self, port: u16, marker: &str) -> usize {
+        let _ = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "echo", marker])
+            .output();
+        assert!(
+            eventually(Duration::from_secs(5), || self.lines.lock().unwrap().iter().any(|l| l.contains(marker))).await
+        );
+        let lines = self.lines.lock().unwrap();
+        lines.iter().position(|l| l.contains(marker)).unwrap() + 1
+    }
+}
+
+impl Drop for Monitor {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Commands that name an idempotency record (the claim, the completion, a renewal, a release).
+fn record_commands(lines: &[String]) -> Vec<&String> {
+    lines.iter().filter(|l| l.contains("idem:{")).collect()
+}
+
+/// Commands that are not the replica's background work (fleet sync, health check, the relay).
+fn request_commands(lines: &[String]) -> Vec<&String> {
+    let background = ["\"TIME\"", "circuit", "cooldown", "\"PING\"", "\"echo\"", "\"ECHO\""];
+    lines
+        .iter()
+        .filter(|l| !background.iter().any(|b| l.contains(b)))
+        .collect()
+}
+
+#[tokio::test]
+async fn the_hot_path_costs_two_one_or_no_redis_round_trips_and_idle_sync_stays_cheap() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let extra = format!(
+        "\n[circuit.c]\nshared = true\n\n[idempotency.idem]\n\n[redis]\nurl = \"{}\"\ncommand_timeout = \"500ms\"\nsync_interval = \"250ms\"\n",
+        redis.url()
+    );
+    let toml = Edit::new(&config_for(&provider.url(), &extra))
+        .set("upstreams.fake", "circuit", "c")
+        .route_set("fake", "idempotency", "idem")
+        .to_string();
+    let rebound = Rebound::start(&toml).await;
+    let url = format!("{}/fake/v1/chat/completions", rebound.url);
+    let call = |key: Option<&'static str>| {
+        let url = url.clone();
+        async move {
+            let mut h = vec![("x-fake-key", "rt")];
+            if let Some(k) = key {
+                h.push(("idempotency-key", k));
+            }
+            send("POST", &url, &h, r#"{"model":"m"}"#).await
+        }
+    };
+    // Warm up: the scripts are loaded once (EVALSHA falls back to a load the first time).
+    assert_eq!(call(Some("warm-up")).await.status, 200);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let monitor = Monitor::start(redis.port);
+    let start = monitor.sync(redis.port, "mark-miss").await;
+    assert_eq!(call(Some("key-miss")).await.status, 200);
+    // The completion is written as the body ends, in the background.
+    assert!(eventually(Duration::from_secs(5), || record_commands(&monitor.since(start)).len() >= 2).await);
+    let end = monitor.sync(redis.port, "mark-replay").await;
+    let miss = monitor.since(start)[..end - start].to_vec();
+    assert_eq!(record_commands(&miss).len(), 2, "a miss: claim and completion\n{miss:#?}");
+    assert_eq!(request_commands(&miss).len(), 2, "and nothing else\n{miss:#?}");
+
+    assert_eq!(call(Some("key-miss")).await.status, 200);
+    let after = monitor.sync(redis.port, "mark-unkeyed").await;
+    let replay = monitor.since(end)[..after - end].to_vec();
+    assert_eq!(request_commands(&replay).len(), 1, "a replay: one round trip\n{replay:#?}");
+
+    for _ in 0..20 {
+        assert_eq!(call(None).await.status, 200);
+    }
+    let last = monitor.sync(redis.port, "mark-idle").await;
+    let unkeyed = monitor.since(after)[..last - after].to_vec();
+    assert!(request_commands(&unkeyed).is_empty(), "unkeyed: none\n{unkeyed:#?}");
+
+    // Idle: the background sync (fleet circuit state, health check) for 3 s.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let idle = monitor.since(last).len();
+    eprintln!("idle replica: {idle} Redis commands in 3 s");
+    assert!(idle <= 30, "at most 10 commands/s when idle, saw {idle} in 3 s");
+    assert_eq!(provider.count("rt"), 1 + 1 + 20);
+}

@@ -41,21 +41,38 @@ impl Monitor {
         self.lines.lock().unwrap().len()
     }
 
-    /// The commands seen since `from`.
+    /// The round trips seen since `from`: client commands, not the ones a script runs inside
+    /// Redis (`[0 lua]`).
     fn since(&self, from: usize) -> Vec<String> {
-        self.lines.lock().unwrap()[from..].to_vec()
+        self.lines.lock().unwrap()[from..]
+            .iter()
+            .filter(|l| !l.contains(" lua] "))
+            .cloned()
+            .collect()
     }
 
-    /// Waits until the monitor shows a command containing `marker` (sent through it).
+    /// The round trips between two marks.
+    fn between(&self, from: usize, to: usize) -> Vec<String> {
+        self.lines.lock().unwrap()[from..to]
+            .iter()
+            .filter(|l| !l.contains(" lua] "))
+            .cloned()
+            .collect()
+    }
+
+    /// Sends `marker` through the server until the monitor shows it (it may not be attached
+    /// yet), and returns the position just after it.
     async fn sync(&self, port: u16, marker: &str) -> usize {
-        let _ = Command::new("redis-cli")
-            .args(["-p", &port.to_string(), "echo", marker])
-            .output();
-        assert!(
-            eventually(Duration::from_secs(5), || self.lines.lock().unwrap().iter().any(|l| l.contains(marker))).await
-        );
-        let lines = self.lines.lock().unwrap();
-        lines.iter().position(|l| l.contains(marker)).unwrap() + 1
+        for _ in 0..50 {
+            let _ = Command::new("redis-cli")
+                .args(["-p", &port.to_string(), "echo", marker])
+                .output();
+            let seen = || self.lines.lock().unwrap().iter().rposition(|l| l.contains(marker));
+            if eventually(Duration::from_millis(200), || seen().is_some()).await {
+                return seen().unwrap() + 1;
+            }
+        }
+        panic!("the monitor never showed {marker}");
     }
 }
 
@@ -112,22 +129,34 @@ async fn the_hot_path_costs_two_one_or_no_redis_round_trips_and_idle_sync_stays_
     let start = monitor.sync(redis.port, "mark-miss").await;
     assert_eq!(call(Some("key-miss")).await.status, 200);
     // The completion is written as the body ends, in the background.
-    assert!(eventually(Duration::from_secs(5), || record_commands(&monitor.since(start)).len() >= 2).await);
+    assert!(
+        eventually(Duration::from_secs(5), || record_commands(&monitor.since(start)).len()
+            >= 2)
+        .await
+    );
     let end = monitor.sync(redis.port, "mark-replay").await;
-    let miss = monitor.since(start)[..end - start].to_vec();
-    assert_eq!(record_commands(&miss).len(), 2, "a miss: claim and completion\n{miss:#?}");
+    let miss = monitor.between(start, end);
+    assert_eq!(
+        record_commands(&miss).len(),
+        2,
+        "a miss: claim and completion\n{miss:#?}"
+    );
     assert_eq!(request_commands(&miss).len(), 2, "and nothing else\n{miss:#?}");
 
     assert_eq!(call(Some("key-miss")).await.status, 200);
     let after = monitor.sync(redis.port, "mark-unkeyed").await;
-    let replay = monitor.since(end)[..after - end].to_vec();
-    assert_eq!(request_commands(&replay).len(), 1, "a replay: one round trip\n{replay:#?}");
+    let replay = monitor.between(end, after);
+    assert_eq!(
+        request_commands(&replay).len(),
+        1,
+        "a replay: one round trip\n{replay:#?}"
+    );
 
     for _ in 0..20 {
         assert_eq!(call(None).await.status, 200);
     }
     let last = monitor.sync(redis.port, "mark-idle").await;
-    let unkeyed = monitor.since(after)[..last - after].to_vec();
+    let unkeyed = monitor.between(after, last);
     assert!(request_commands(&unkeyed).is_empty(), "unkeyed: none\n{unkeyed:#?}");
 
     // Idle: the background sync (fleet circuit state, health check) for 3 s.

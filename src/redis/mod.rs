@@ -437,7 +437,7 @@ impl RedisHandle {
         if let Some(why) = refusal(e) {
             let first = self.refused().is_none();
             if let Ok(mut r) = self.inner.refused.write() {
-                *r = Some(format!("redis {topology} refused rebound: {why}"));
+                *r = Some(format!("redis {topology} refused rebound: {why} ({e})"));
             }
             if first {
                 tracing::error!(redis = %topology, error = %e, "redis refused rebound: {why}");
@@ -492,14 +492,26 @@ impl RedisHandle {
             }
             RedisTopology::Cluster { seeds } => {
                 for _ in 0..lanes {
-                    let cluster = tokio::time::timeout(nodes.connect_timeout * 2, nodes.cluster(seeds, timeout))
-                        .await
-                        .map_err(|_| RedisError::Timeout {
-                            op: "connect",
-                            timeout: nodes.connect_timeout * 2,
-                        })?
-                        .map_err(|source| RedisError::Command { op: "connect", source })?;
-                    conns.push(Conn::Cluster(cluster));
+                    let cluster = tokio::time::timeout(nodes.connect_timeout * 2, nodes.cluster(seeds, timeout)).await;
+                    match cluster {
+                        Ok(Ok(c)) => conns.push(Conn::Cluster(c)),
+                        failed => {
+                            // The cluster client says only that no seed answered: ask one why.
+                            for seed in seeds {
+                                let client = nodes
+                                    .url_client(seed)
+                                    .map_err(|source| RedisError::Command { op: "connect", source })?;
+                                probe(&client, nodes.connect_timeout).await?;
+                            }
+                            return Err(match failed {
+                                Ok(Err(source)) => RedisError::Command { op: "connect", source },
+                                _ => RedisError::Timeout {
+                                    op: "connect",
+                                    timeout: nodes.connect_timeout * 2,
+                                },
+                            });
+                        }
+                    }
                 }
             }
         }
@@ -510,6 +522,9 @@ impl RedisHandle {
     }
 
     async fn manager(&self, client: redis::Client, nodes: &Nodes) -> Result<ConnectionManager, RedisError> {
+        // One plain connection first: it reports what the server refuses (credentials, TLS
+        // trust) as it is, where the manager would retry it into a timeout.
+        probe(&client, nodes.connect_timeout).await?;
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(nodes.connect_timeout)
             .set_response_timeout(self.inner.config.command_timeout)
@@ -561,6 +576,22 @@ impl RedisHandle {
         let ours = sent + (received - sent) / 2;
         self.inner.clock_offset_ms.store(theirs - ours, Ordering::Relaxed);
         Ok(())
+    }
+}
+
+/// One plain connection to `client`'s node (and `PING`): what it refuses, as it says it.
+async fn probe(client: &redis::Client, timeout: Duration) -> Result<(), RedisError> {
+    let cfg = redis::AsyncConnectionConfig::new()
+        .set_connection_timeout(timeout)
+        .set_response_timeout(timeout);
+    let attempt = async {
+        let mut c = client.get_multiplexed_async_connection_with_config(&cfg).await?;
+        redis::cmd("PING").query_async::<()>(&mut c).await
+    };
+    match tokio::time::timeout(timeout * 2, attempt).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(source)) => Err(RedisError::Command { op: "connect", source }),
+        Err(_) => Err(RedisError::Timeout { op: "connect", timeout }),
     }
 }
 

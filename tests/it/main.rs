@@ -20,6 +20,8 @@ mod passthrough;
 mod pool;
 mod process;
 mod redis_plumbing;
+mod redis_tls;
+mod redis_topologies;
 mod reload;
 mod retry;
 mod shutdown;

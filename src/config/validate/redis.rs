@@ -135,7 +135,7 @@ impl Validator<'_> {
         let scheme_ok = schemes.iter().any(|s| url.starts_with(s));
         let parsed = scheme_ok && redis::parse_redis_url(url).is_some() || url.contains("unix://");
         if !scheme_ok || !parsed {
-            let names: Vec<&str> = schemes.iter().map(|s| s.trim_end_matches("//")).collect();
+            let names: Vec<&str> = schemes.iter().map(|s| s.trim_end_matches("://")).collect();
             self.err(
                 key,
                 format!(

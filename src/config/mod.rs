@@ -226,6 +226,13 @@ impl RedisConfig {
     }
 }
 
+impl RedisConfig {
+    /// The same settings on another topology.
+    pub fn with_topology(self, topology: RedisTopology) -> RedisConfig {
+        RedisConfig { topology, ..self }
+    }
+}
+
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisConfig")

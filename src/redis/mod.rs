@@ -33,6 +33,8 @@ use nodes::{parse_slots, Nodes};
 
 /// How often the supervisor checks Redis.
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+/// The shortest pause between two checks (a failed command asks for one sooner).
+const KICK_GAP: Duration = Duration::from_millis(100);
 /// Failed health checks in a row after which a Cluster connection is made anew.
 const CLUSTER_REBUILD_AFTER: u32 = 3;
 
@@ -73,6 +75,8 @@ struct Inner {
     /// Cluster: which master the next pub/sub connection goes to.
     next_node: AtomicUsize,
     up: AtomicBool,
+    /// Wakes the supervisor early (Sentinel: a command failed, the master may have changed).
+    kick: tokio::sync::Notify,
     /// What Redis refused for good (credentials, trust), with how to fix it.
     refused: RwLock<Option<String>>,
     /// Redis's clock minus this replica's, in ms, measured by every health check (`TIME`);
@@ -104,6 +108,7 @@ impl RedisHandle {
                 first_sentinel: AtomicUsize::new(0),
                 next_node: AtomicUsize::new(0),
                 up: AtomicBool::new(false),
+                kick: tokio::sync::Notify::new(),
                 refused: RwLock::new(refused),
                 clock_offset_ms: AtomicI64::new(i64::MIN),
                 metrics,
@@ -220,6 +225,7 @@ impl RedisHandle {
     {
         let Some(conn) = conn else {
             self.count(op);
+            self.kick();
             return Err(RedisError::NotConnected);
         };
         let timeout = self.inner.config.command_timeout;
@@ -234,12 +240,24 @@ impl RedisHandle {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(source)) => {
                 self.count(op);
+                if source.is_io_error() || source.kind() == redis::ErrorKind::ReadOnly {
+                    self.kick();
+                }
                 Err(RedisError::Command { op, source })
             }
             Err(_) => {
                 self.count(op);
+                self.kick();
                 Err(RedisError::Timeout { op, timeout })
             }
+        }
+    }
+
+    /// Asks the supervisor to check now rather than at its next tick (Sentinel only: a lost
+    /// master is looked for again at once, not a second later).
+    fn kick(&self) {
+        if matches!(self.inner.config.topology, RedisTopology::Sentinel { .. }) {
+            self.inner.kick.notify_one();
         }
     }
 
@@ -378,7 +396,7 @@ impl RedisHandle {
                     self.count("connect");
                     self.set_up(false);
                     self.note_failure(&topology, &e, &mut announced_down);
-                    tokio::time::sleep(HEALTH_INTERVAL).await;
+                    self.pause().await;
                     continue;
                 }
             }
@@ -406,7 +424,17 @@ impl RedisHandle {
             if health.is_err() {
                 self.recover(nodes, failures).await;
             }
-            tokio::time::sleep(HEALTH_INTERVAL).await;
+            self.pause().await;
+        }
+    }
+
+    /// Until the next check: `HEALTH_INTERVAL`, or sooner when a command failed (at most every
+    /// `KICK_GAP`).
+    async fn pause(&self) {
+        tokio::time::sleep(KICK_GAP).await;
+        tokio::select! {
+            _ = tokio::time::sleep(HEALTH_INTERVAL - KICK_GAP) => {}
+            _ = self.inner.kick.notified() => {}
         }
     }
 

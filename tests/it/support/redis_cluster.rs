@@ -64,7 +64,28 @@ impl RedisCluster {
             _dir: dir,
         };
         cluster.wait_ok();
+        cluster.wait_replicas(replicas);
         cluster
+    }
+
+    /// Waits until every slot range lists `n` replicas, each in sync with its master.
+    fn wait_replicas(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while n > 0 && Instant::now() < deadline {
+            let table = self.slot_table();
+            let synced = table.iter().all(|(_, _, _, replicas)| {
+                replicas.len() >= n
+                    && replicas.iter().all(|&r| {
+                        query::<String>(r, ::redis::cmd("INFO").arg("replication"))
+                            .is_ok_and(|i| i.contains("master_link_status:up"))
+                    })
+            });
+            if synced {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert!(n == 0, "the cluster's replicas did not sync");
     }
 
     /// Seed URLs (every node).
@@ -102,29 +123,44 @@ impl RedisCluster {
             .map(|(p, _)| *p)
     }
 
-    /// The port of the master serving `slot`, and of its replicas (as a running node sees it).
-    pub fn slot_owner(&self, slot: u16) -> (u16, Vec<u16>) {
+    /// Every slot range: (first, last, master port, replica ports), as a running node sees it.
+    pub fn slot_table(&self) -> Vec<(u16, u16, u16, Vec<u16>)> {
+        let int = |v: &::redis::Value| match v {
+            ::redis::Value::Int(n) => *n,
+            _ => -1,
+        };
+        let port_of = |v: &::redis::Value| match v {
+            ::redis::Value::Array(n) => n.get(1).map(int).unwrap_or(-1) as u16,
+            _ => 0,
+        };
         for p in self.running() {
             let Ok(::redis::Value::Array(ranges)) = query::<::redis::Value>(p, ::redis::cmd("CLUSTER").arg("SLOTS"))
             else {
                 continue;
             };
-            for r in ranges {
-                let ::redis::Value::Array(parts) = r else { continue };
-                let int = |v: &::redis::Value| match v {
-                    ::redis::Value::Int(n) => *n,
-                    _ => -1,
-                };
-                let port_of = |v: &::redis::Value| match v {
-                    ::redis::Value::Array(n) => n.get(1).map(int).unwrap_or(-1) as u16,
-                    _ => 0,
-                };
-                if int(&parts[0]) <= i64::from(slot) && i64::from(slot) <= int(&parts[1]) {
-                    return (port_of(&parts[2]), parts[3..].iter().map(port_of).collect());
-                }
-            }
+            return ranges
+                .iter()
+                .filter_map(|r| match r {
+                    ::redis::Value::Array(parts) if parts.len() >= 3 => Some((
+                        int(&parts[0]) as u16,
+                        int(&parts[1]) as u16,
+                        port_of(&parts[2]),
+                        parts[3..].iter().map(port_of).collect(),
+                    )),
+                    _ => None,
+                })
+                .collect();
         }
-        panic!("no node serves slot {slot}");
+        panic!("no node answers CLUSTER SLOTS");
+    }
+
+    /// The port of the master serving `slot`, and of its replicas.
+    pub fn slot_owner(&self, slot: u16) -> (u16, Vec<u16>) {
+        self.slot_table()
+            .into_iter()
+            .find(|(a, b, _, _)| (*a..=*b).contains(&slot))
+            .map(|(_, _, m, r)| (m, r))
+            .unwrap_or_else(|| panic!("no node serves slot {slot}"))
     }
 
     /// SIGKILLs the node on `port`.

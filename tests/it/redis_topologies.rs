@@ -176,6 +176,14 @@ async fn every_feature(a: &Rebound, b: &Rebound, provider: &FakeProvider, tag: &
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(listed, "B lists the dead letter A recorded");
+    let purged = send(
+        "DELETE",
+        &format!("{}/admin/dead-letters?route=flaky", b.admin),
+        &[("authorization", &format!("Bearer {TOKEN}"))],
+        "",
+    )
+    .await;
+    assert_eq!(purged.status, 200, "{}", purged.text());
     let mut open = false;
     for _ in 0..200 {
         if metric(&b.metrics().await, "rebound_circuit_state{upstream=\"flaky\"}") == 2.0 {

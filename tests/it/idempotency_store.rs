@@ -272,6 +272,7 @@ async fn redis_scripts_refuse_a_claim_or_renewal_that_runs_too_late() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_contract_on_a_cluster() {
+    let _one_at_a_time = crate::support::redis_cluster::TOPOLOGY.lock().await;
     let cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
     let handle = crate::support::sidecar::redis_handle_for(
         rebound::config::RedisConfig {

@@ -284,6 +284,7 @@ fn report(topology: &str, f: &Failover) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_feature_on_redis_cluster_and_a_master_failover() {
+    let _one_at_a_time = crate::support::redis_cluster::TOPOLOGY.lock().await;
     let mut cluster = RedisCluster::start(3, 1);
     let provider = FakeProvider::start().await;
     let toml = fleet(&provider.url(), &format!("cluster = {}", cluster.toml_seeds()));
@@ -344,6 +345,7 @@ async fn every_feature_on_redis_cluster_and_a_master_failover() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_feature_on_sentinel_and_a_master_failover() {
+    let _one_at_a_time = crate::support::redis_cluster::TOPOLOGY.lock().await;
     let mut sentinel = RedisSentinel::start();
     let provider = FakeProvider::start().await;
     let toml = fleet(

@@ -7,6 +7,10 @@ use std::time::{Duration, Instant};
 
 use super::redis::{free_cluster_port, query, role, signal, spawn_server, wait_listening};
 
+/// Held by the tests that start a whole topology (a cluster, a Sentinel set): one at a time, so
+/// that they do not starve the rest of the suite on a small machine.
+pub static TOPOLOGY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 pub struct RedisCluster {
     pub ports: Vec<u16>,
     children: Vec<Option<Child>>,

@@ -97,9 +97,8 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
             // Redis is not a readiness condition: rebound serves without it (each feature
             // degrades as configured), so a Redis outage must not pull every pod out of service.
             let body = match &state.redis {
-                Some(r) if !r.is_up() => "ready (redis: unreachable)\n",
-                Some(_) => "ready (redis: up)\n",
-                None => "ready\n",
+                Some(r) => format!("ready ({})\n", r.status()),
+                None => "ready\n".to_string(),
             };
             text(StatusCode::OK, body)
         }
@@ -350,8 +349,8 @@ fn problem(kind: ErrorKind, message: &str) -> Response<Full<Bytes>> {
     resp
 }
 
-fn text(status: StatusCode, body: &'static str) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from_static(body.as_bytes())));
+fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut resp = Response::new(Full::new(body.into()));
     *resp.status_mut() = status;
     resp.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -488,16 +488,16 @@ impl DeadLetters {
                 let (key, replays) = (Self::stream_key(r), Self::replays_key(r));
                 for chunk in ids.chunks(SCAN_BATCH) {
                     let (key, replays, chunk) = (key.clone(), replays.clone(), chunk.to_vec());
+                    // Two commands: the stream and the replays hash are two Cluster slots.
                     r.run("dead_letter_purge", |mut c| async move {
-                        redis::pipe()
-                            .cmd("XDEL")
+                        redis::cmd("XDEL")
                             .arg(&key)
                             .arg(&chunk)
-                            .ignore()
-                            .cmd("HDEL")
+                            .query_async::<()>(&mut c)
+                            .await?;
+                        redis::cmd("HDEL")
                             .arg(&replays)
                             .arg(&chunk)
-                            .ignore()
                             .query_async::<()>(&mut c)
                             .await
                     })

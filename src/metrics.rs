@@ -313,6 +313,7 @@ impl Metrics {
         }
         if config.redis.is_some() {
             self.redis_errors_total.with_label_values(&["ping"]);
+            self.redis_errors_total.with_label_values(&["connect"]);
         }
     }
 

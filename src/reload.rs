@@ -46,7 +46,8 @@ pub struct Reloader {
 struct Fixed {
     listen: SocketAddr,
     admin: SocketAddr,
-    redis: Option<(String, String)>,
+    /// A digest of `[redis]` (its password included).
+    redis: Option<String>,
     log: (String, String),
     /// A digest of `[jobs]` (its secret included).
     jobs: String,
@@ -57,7 +58,13 @@ impl Fixed {
         Fixed {
             listen: c.server.listen,
             admin: c.admin.listen,
-            redis: c.redis.as_ref().map(|r| (r.url.clone(), r.key_prefix.clone())),
+            redis: c.redis.as_ref().map(|r| {
+                digest(&[
+                    format!("{r:?}").as_bytes(),
+                    r.topology.describe_secret().as_bytes(),
+                    r.password.as_deref().unwrap_or_default().as_bytes(),
+                ])
+            }),
             log: (format!("{:?}", c.log.format), c.log.level.clone()),
             jobs: digest(&[
                 format!("{:?}", c.jobs).as_bytes(),

@@ -45,6 +45,8 @@ pub enum StartError {
     Build(#[from] BuildError),
     #[error(transparent)]
     Traces(#[from] crate::traces::TracesError),
+    #[error("{0}")]
+    Redis(String),
     #[error("metrics setup failed: {0}")]
     Metrics(#[from] prometheus::Error),
 }
@@ -132,8 +134,12 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
     let jobs = shared.jobs.clone();
     let proxy = Arc::new(ArcSwap::from_pointee(Proxy::new(&config, &shared)?));
     if let Some(r) = &redis {
-        // Bounded: rebound serves without Redis, each feature degrading as configured.
-        r.wait_connected(REDIS_STARTUP_WAIT).await;
+        // Bounded: rebound serves without Redis, each feature degrading as configured; but what
+        // Redis refuses for good (credentials, certificate) stops the start with its reason.
+        if let Err(why) = r.wait_connected(REDIS_STARTUP_WAIT).await {
+            background_stop.cancel();
+            return Err(StartError::Redis(why));
+        }
     }
     let reloader = Arc::new(Reloader::new(&config, proxy.clone(), shared));
     background.spawn(reloader.clone().watch(background_stop.clone()));

@@ -558,20 +558,13 @@ fn apply_event(circuits: &Circuits, payload: &str) {
 /// asks the syncer for a reconciliation, since messages may have been missed.
 async fn subscribe(circuits: Arc<Circuits>, redis: RedisHandle, stop: CancellationToken, resubscribe: Arc<Notify>) {
     let channel = channel(&redis);
-    let client = match redis.client() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!(error = %e, "cannot subscribe to circuit events; replicas follow at each sync instead");
-            return;
-        }
-    };
     let connect_timeout = redis.command_timeout().max(Duration::from_millis(500));
     let mut backoff = Duration::from_millis(100);
     loop {
         let connect = async {
-            let mut pubsub = client.get_async_pubsub().await?;
-            pubsub.subscribe(&channel).await?;
-            Ok::<_, redis::RedisError>(pubsub)
+            let mut pubsub = redis.pubsub().await.map_err(|e| e.to_string())?;
+            pubsub.subscribe(&channel).await.map_err(|e| e.to_string())?;
+            Ok::<_, String>(pubsub)
         };
         let subscribed = tokio::select! {
             _ = stop.cancelled() => return,

@@ -167,19 +167,99 @@ impl std::fmt::Debug for JobsConfig {
     }
 }
 
+/// Where Redis is: one of `[redis] url`, `cluster` or `sentinels` (+ `master_name`).
+#[derive(Clone, PartialEq, Eq)]
+pub enum RedisTopology {
+    /// One server (`redis://` or `rediss://`, or a unix socket). May hold a password: never printed.
+    Standalone { url: String },
+    /// Redis Cluster, from these seed nodes (URLs; the rest of the cluster is discovered).
+    Cluster { seeds: Vec<String> },
+    /// A master and its replicas watched by Sentinel: the sentinels' URLs and the master's name.
+    Sentinel {
+        sentinels: Vec<String>,
+        master_name: String,
+    },
+}
+
+impl RedisTopology {
+    /// `standalone`, `cluster` or `sentinel`.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            RedisTopology::Standalone { .. } => "standalone",
+            RedisTopology::Cluster { .. } => "cluster",
+            RedisTopology::Sentinel { .. } => "sentinel",
+        }
+    }
+
+    /// Every URL as written, secrets included (to compare two configurations; never printed).
+    pub fn describe_secret(&self) -> String {
+        match self {
+            RedisTopology::Standalone { url } => url.clone(),
+            RedisTopology::Cluster { seeds } => seeds.join(" "),
+            RedisTopology::Sentinel { sentinels, master_name } => format!("{} {master_name}", sentinels.join(" ")),
+        }
+    }
+
+    /// The topology in one line, without secrets.
+    pub fn describe(&self) -> String {
+        let list = |urls: &[String]| urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>().join(", ");
+        match self {
+            RedisTopology::Standalone { url } => format!("standalone {}", redact_url(url)),
+            RedisTopology::Cluster { seeds } => format!("cluster (seeds {})", list(seeds)),
+            RedisTopology::Sentinel { sentinels, master_name } => {
+                format!("sentinel master {master_name:?} (sentinels {})", list(sentinels))
+            }
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct RedisConfig {
-    /// May hold a password: never printed.
-    pub url: String,
+    pub topology: RedisTopology,
+    /// ACL user for the data nodes (overrides one in the URLs).
+    pub username: Option<String>,
+    /// Secret: never printed (overrides one in the URLs).
+    pub password: Option<String>,
+    /// Trust roots for `rediss://` (instead of the public web roots).
+    pub ca_file: Option<PathBuf>,
+    /// Replica acknowledgements a completion waits for (`WAIT`); 0: none.
+    pub wait_replicas: u32,
     pub key_prefix: String,
     pub command_timeout: Duration,
     pub sync_interval: Duration,
 }
 
+impl RedisConfig {
+    /// A standalone server at `url` with the defaults of everything else (tests, tools).
+    pub fn standalone(url: &str) -> RedisConfig {
+        RedisConfig {
+            topology: RedisTopology::Standalone { url: url.to_string() },
+            username: None,
+            password: None,
+            ca_file: None,
+            wait_replicas: 0,
+            key_prefix: "rebound:".into(),
+            command_timeout: Duration::from_millis(100),
+            sync_interval: Duration::from_millis(250),
+        }
+    }
+}
+
+impl RedisConfig {
+    /// The same settings on another topology.
+    pub fn with_topology(self, topology: RedisTopology) -> RedisConfig {
+        RedisConfig { topology, ..self }
+    }
+}
+
 impl std::fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RedisConfig")
-            .field("url", &redact_url(&self.url))
+            .field("topology", &self.topology.describe())
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "<redacted>"))
+            .field("ca_file", &self.ca_file)
+            .field("wait_replicas", &self.wait_replicas)
             .field("key_prefix", &self.key_prefix)
             .field("command_timeout", &self.command_timeout)
             .field("sync_interval", &self.sync_interval)

@@ -65,6 +65,13 @@ pub struct RawLog {
 #[serde(deny_unknown_fields)]
 pub struct RawRedis {
     pub url: Option<String>,
+    pub cluster: Option<Vec<String>>,
+    pub sentinels: Option<Vec<String>>,
+    pub master_name: Option<String>,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub ca_file: Option<String>,
+    pub wait_replicas: Option<i64>,
     pub key_prefix: Option<String>,
     pub command_timeout: Option<String>,
     pub sync_interval: Option<String>,

@@ -36,11 +36,26 @@ fn listeners(out: &mut String, c: &Config) {
             let _ = writeln!(
                 out,
                 "redis {} (prefix {:?}, command_timeout {}, sync_interval {})",
-                redact_url(&r.url),
+                r.topology.describe(),
                 r.key_prefix,
                 d(r.command_timeout),
                 d(r.sync_interval)
             );
+            let tls = match &r.ca_file {
+                Some(ca) => format!("trust roots from {}", ca.display()),
+                None => "public trust roots for rediss://".to_string(),
+            };
+            let user = match (&r.username, r.password.is_some()) {
+                (Some(u), true) => format!("user {u:?} with a password"),
+                (Some(u), false) => format!("user {u:?}"),
+                (None, true) => "a password".to_string(),
+                (None, false) => "credentials from the URL, if any".to_string(),
+            };
+            let wait = match r.wait_replicas {
+                0 => "completions not waited for on replicas".to_string(),
+                n => format!("completions wait for {n} replica acknowledgement(s) (WAIT)"),
+            };
+            let _ = writeln!(out, "  {user}; {tls}; {wait}");
         }
         None => {
             let _ = writeln!(out, "redis: none (state in memory, one replica)");

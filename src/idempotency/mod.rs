@@ -114,6 +114,14 @@ pub enum AnyStore {
     Redis(RedisStore),
 }
 
+impl AnyStore {
+    /// Whether a completion is acknowledged by replicas before its response ends
+    /// (`[redis] wait_replicas` > 0).
+    pub fn waits_for_replicas(&self) -> bool {
+        matches!(self, AnyStore::Redis(s) if s.waits_for_replicas())
+    }
+}
+
 impl Store for AnyStore {
     async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
         match self {
@@ -588,10 +596,13 @@ impl ClaimInner {
     /// Records a delivered response. A write the store does not answer is retried, the lease still
     /// renewed, until it lands, another owner has the key, or `ttl` (or the shutdown grace) runs
     /// out; meanwhile a duplicate reaching this replica is answered from the held response.
-    async fn complete(self, completion: Completion) {
+    /// `first_try` is dropped once the first write has answered (or failed): a response whose
+    /// end waits for it (`wait_replicas`) is released then.
+    async fn complete(self, completion: Completion, first_try: Option<tokio::sync::oneshot::Sender<()>>) {
         let kept = matches!(completion, Completion::Kept(_));
         let (record, owner, fp, ttl) = (&self.record, &self.owner, &self.fingerprint, self.policy.ttl);
         let first = self.writer.store.complete(record, fp, owner, &completion, ttl).await;
+        drop(first_try);
         let written = match first {
             Ok(true) => Written::AtOnce,
             Ok(false) => Written::Refused,

@@ -1,6 +1,7 @@
 //! [`Recorder`]: tees a claimed request's response into the idempotency store while it streams to
 //! the client, and into its [`Live`] response for the duplicates that follow it.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -22,14 +23,26 @@ use crate::wire::body::BoxError;
 /// `complete_on_disconnect`, a client that goes away mid-stream does not stop the upstream read:
 /// the rest is read and stored (and its followers get it), so the app's retry replays the
 /// generation it already paid for.
+///
+/// With `[redis] wait_replicas`, the end of the response (its last data frame when the body
+/// knows it is the last, else the end of the stream) is held until the completion's first write
+/// has answered: a client that saw the whole response knows its record is on the replicas (or
+/// that the store failed to say so within `command_timeout`).
 pub struct Recorder {
     body: Option<UnsyncBoxBody<Bytes, BoxError>>,
     claim: Option<ClaimInner>,
     head: Head,
     /// The bytes so far (bounded by `max_stored_body`), shared with followers.
     live: Option<Arc<Live>>,
+    /// The end held until the completion's first write answers (`wait_replicas`).
+    held_end: Option<HeldEnd>,
     /// Set when the response turned out to be a failure while it streamed (not stored).
     failed: Option<Arc<AtomicBool>>,
+}
+
+struct HeldEnd {
+    first_try: tokio::sync::oneshot::Receiver<()>,
+    last: Option<Frame<Bytes>>,
 }
 
 impl Recorder {
@@ -46,8 +59,14 @@ impl Recorder {
             claim,
             head,
             live,
+            held_end: None,
             failed,
         }
+    }
+
+    /// Whether the end waits for the completion's first write.
+    fn waits(&self) -> bool {
+        self.claim.as_ref().is_some_and(|c| c.writer.store.waits_for_replicas())
     }
 
     fn keep(&self, data: &Bytes) {
@@ -68,6 +87,11 @@ impl Recorder {
     }
 
     fn finish(&mut self) {
+        self.finish_with(None);
+    }
+
+    /// Completes the record; `first_try` is dropped when its first write has answered.
+    fn finish_with(&mut self, first_try: Option<tokio::sync::oneshot::Sender<()>>) {
         let failed = self.failed.as_ref().is_some_and(|f| f.load(Ordering::Acquire));
         if let Some(live) = &self.live {
             if failed {
@@ -79,12 +103,20 @@ impl Recorder {
         if let Some(claim) = self.claim.take() {
             let tasks = claim.tasks.clone();
             if failed {
+                // Nothing to wait for: `first_try` is dropped, which releases a held end.
                 tasks.spawn(claim.release());
             } else {
                 let completion = self.completion();
-                tasks.spawn(claim.complete(completion));
+                tasks.spawn(claim.complete(completion, first_try));
             }
         }
+    }
+
+    /// Completes the record and holds `last` (the end) until the first write has answered.
+    fn finish_held(&mut self, last: Option<Frame<Bytes>>) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.finish_with(Some(tx));
+        self.held_end = Some(HeldEnd { first_try: rx, last });
     }
 
     fn fail(&mut self) {
@@ -103,10 +135,35 @@ impl Body for Recorder {
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        if let Some(held) = self.held_end.as_mut() {
+            // Sent or dropped: either way the first write has answered.
+            if Pin::new(&mut held.first_try).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            let last = held.last.take();
+            self.held_end = None;
+            self.body = None;
+            return Poll::Ready(last.map(Ok));
+        }
         let Some(body) = self.body.as_mut() else {
             return Poll::Ready(None);
         };
         let polled = Pin::new(body).poll_frame(cx);
+        let waits = self.waits();
+        match polled {
+            Poll::Ready(Some(Ok(frame))) if waits && self.body.as_ref().is_some_and(Body::is_end_stream) => {
+                if let Some(data) = frame.data_ref() {
+                    self.keep(data);
+                }
+                self.finish_held(Some(frame));
+                return self.poll_frame(cx);
+            }
+            Poll::Ready(None) if waits => {
+                self.finish_held(None);
+                return self.poll_frame(cx);
+            }
+            _ => {}
+        }
         match &polled {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
@@ -149,6 +206,7 @@ impl Drop for Recorder {
             claim: Some(claim),
             head: self.head.clone(),
             live: self.live.take(),
+            held_end: None,
             failed: self.failed.take(),
         };
         tasks.spawn(drain_and_store(rec));

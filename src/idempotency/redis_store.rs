@@ -60,8 +60,8 @@ fn err(e: crate::redis::RedisError) -> StoreError {
     use crate::redis::RedisError as E;
     // A command that timed out or lost its connection after it was sent may still run.
     let maybe_applied = match &e {
-        E::NotConnected => false,
-        E::Timeout { .. } => true,
+        E::NotConnected | E::Connect { .. } => false,
+        E::Timeout { .. } | E::NotReplicated { .. } => true,
         E::Command { source, .. } => source.is_io_error() || source.is_timeout(),
     };
     StoreError::new(e.to_string(), maybe_applied)
@@ -114,6 +114,64 @@ fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
             }))
         }
         _ => Err(bad()),
+    }
+}
+
+/// A completion's arguments (`idem_complete_v2`'s ARGV).
+type CompleteArgs<'a> = (&'a str, &'a str, &'a str, &'a Bytes, u64, &'a str);
+
+impl RedisStore {
+    /// Whether completions wait for replica acknowledgements (`wait_replicas` > 0).
+    pub fn waits_for_replicas(&self) -> bool {
+        self.redis.wait_replicas() > 0
+    }
+
+    /// A completion followed by `WAIT replicas` in one round trip, on the durable lane: it
+    /// counts as written once that many replicas acknowledged it within `command_timeout`
+    /// (else an error that may have applied, so the completion is retried until they do).
+    async fn complete_waited(&self, key: &str, args: CompleteArgs<'_>, replicas: u32) -> Result<bool, StoreError> {
+        let (owner, state, meta, body, ttl_ms, fingerprint) = args;
+        let script = &self.scripts.complete;
+        // WAIT answers before the command timeout gives up on it.
+        let wait_ms = u64::try_from((self.redis.command_timeout() * 3 / 4).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let mut evalsha = redis::cmd("EVALSHA");
+        evalsha
+            .arg(script.get_hash())
+            .arg(1)
+            .arg(key)
+            .arg(owner)
+            .arg(state)
+            .arg(meta)
+            .arg(body.as_ref())
+            .arg(ttl_ms)
+            .arg(fingerprint);
+        let mut pipe = redis::pipe();
+        pipe.add_command(evalsha).cmd("WAIT").arg(replicas).arg(wait_ms);
+        let pipe = &pipe;
+        let (n, acked): (i64, i64) = self
+            .redis
+            .run_durable("idem_complete", |mut c| async move {
+                match pipe.query_async(&mut c).await {
+                    Err(e) if e.kind() == redis::ErrorKind::NoScriptError => {
+                        script.prepare_invoke().load_async(&mut c).await?;
+                        pipe.query_async(&mut c).await
+                    }
+                    other => other,
+                }
+            })
+            .await
+            .map_err(err)?;
+        if n >= 1 && acked < i64::from(replicas) {
+            self.redis.count("idem_complete");
+            return Err(err(crate::redis::RedisError::NotReplicated {
+                op: "idem_complete",
+                wanted: replicas,
+                acked,
+            }));
+        }
+        Ok(n >= 1)
     }
 }
 
@@ -182,6 +240,12 @@ impl Store for RedisStore {
             }
             Completion::NotKept => ("U", String::new(), Bytes::new()),
         };
+        let replicas = self.redis.wait_replicas();
+        if replicas > 0 {
+            return self
+                .complete_waited(&key, (owner, state, &meta, &body, ms(ttl), fingerprint), replicas)
+                .await;
+        }
         let n: i64 = self
             .redis
             .run("idem_complete", |mut c| async move {

@@ -95,20 +95,13 @@ impl Relay {
 
     /// Listens for follow requests, resubscribing after any loss.
     async fn listen(self: Arc<Self>) {
-        let client = match self.redis.client() {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for idempotency follow requests; duplicates on other replicas wait instead");
-                return;
-            }
-        };
         let connect_timeout = self.redis.command_timeout().max(Duration::from_millis(500));
         let mut backoff = Duration::from_millis(100);
         loop {
             let connect = async {
-                let mut pubsub = client.get_async_pubsub().await?;
-                pubsub.subscribe(&self.channel).await?;
-                Ok::<_, redis::RedisError>(pubsub)
+                let mut pubsub = self.redis.pubsub().await.map_err(|e| e.to_string())?;
+                pubsub.subscribe(&self.channel).await.map_err(|e| e.to_string())?;
+                Ok::<_, String>(pubsub)
             };
             let subscribed = tokio::select! {
                 _ = self.stop.cancelled() => return,
@@ -300,18 +293,14 @@ impl Reader {
 
     async fn read(&self) {
         let redis = &self.relay.redis;
-        let conn = match redis.client() {
-            Ok(client) => {
-                let timeout = redis.command_timeout().max(Duration::from_millis(500));
-                tokio::time::timeout(timeout, client.get_multiplexed_async_connection()).await
-            }
+        // On a Cluster, the node that serves the stream's slot (the record's hash tag).
+        let conn = redis.dedicated_for(&self.key, None).await;
+        let mut conn = match conn {
+            Ok(c) => c,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot follow an original on another replica");
                 return self.live.finish(End::Released);
             }
-        };
-        let Ok(Ok(mut conn)) = conn else {
-            return self.live.finish(End::Released);
         };
         let mut last = String::from("0");
         let mut accepted = false;

@@ -276,12 +276,9 @@ impl Reader {
             return Ok(c);
         }
         let redis = &self.queue.redis;
-        let client = redis.client().map_err(|e| e.to_string())?;
-        let cfg = redis::AsyncConnectionConfig::new()
-            .set_connection_timeout(redis.command_timeout().max(Duration::from_millis(500)))
-            .set_response_timeout(READ_BLOCK + Duration::from_secs(5));
-        let c = client
-            .get_multiplexed_async_connection_with_config(&cfg)
+        // On a Cluster, the master of the stream's slot; on Sentinel, the current master.
+        let c = redis
+            .dedicated_for(&self.queue.stream, Some(READ_BLOCK + Duration::from_secs(5)))
             .await
             .map_err(|e| e.to_string())?;
         if self.announced {

@@ -16,13 +16,14 @@
 //!    rebound's own error ([`crate::error`]).
 
 mod commit;
+mod idempotent;
 pub mod stream;
 mod websocket;
 
 use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Method, Request, Response};
 use http_body_util::Full;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -34,10 +35,7 @@ use crate::circuit::{credential_hash, release_delay, Attempt, Circuits, Credenti
 use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::{error_response, ProxyError};
-use crate::idempotency::{
-    AnyStore, Claim, Followed, Idempotency, MemoryLimits, MemoryStore, Records, RedisStore, ReplayIdentity, Start,
-    StoredResponse,
-};
+use crate::idempotency::{AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, Records, RedisStore};
 use crate::jobs::{self, Jobs};
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics};
 use crate::redis::RedisHandle;
@@ -49,6 +47,7 @@ use crate::traces::{self, RequestSpan, Traces};
 use crate::upstream::{AttemptError, Upstream, UpstreamBody};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
+use idempotent::{follow_response, idempotency_step, replay_response, Answered};
 use stream::{ErrorWatch, IdleTimeout, Primed};
 
 /// A route with everything it refers to resolved.
@@ -822,51 +821,6 @@ impl Delivery {
     }
 }
 
-/// A request idempotency answers without an attempt.
-enum Answered {
-    Replay(StoredResponse),
-    Follow(Followed),
-    Refuse(ProxyError),
-}
-
-/// Step 5: the claim to carry to the response (and whether the store was bypassed), or the answer.
-async fn idempotency_step(
-    route: &Route,
-    parts: &http::request::Parts,
-    body: &Bytes,
-    log: &mut RequestLog,
-) -> Result<(Option<Claim>, bool), Answered> {
-    let Some(idem) = &route.idempotency else {
-        return Ok((None, false));
-    };
-    let replay = parts.extensions.get::<ReplayIdentity>();
-    let (method, uri) = (&parts.method, &parts.uri);
-    match idem
-        .start(method, uri.path(), uri.query(), &parts.headers, body, replay)
-        .await
-    {
-        Start::Forward { bypassed } => {
-            if bypassed {
-                log.set_idempotency("bypassed");
-            }
-            Ok((None, bypassed))
-        }
-        Start::Claimed(c) => {
-            log.set_idempotency("claimed");
-            Ok((Some(c), false))
-        }
-        Start::Replay(stored) => {
-            log.set_idempotency("replayed");
-            Err(Answered::Replay(stored))
-        }
-        Start::Follow(followed) => {
-            log.set_idempotency("followed");
-            Err(Answered::Follow(followed))
-        }
-        Start::Refuse(err) => Err(Answered::Refuse(err)),
-    }
-}
-
 /// The credential hash of the credential header values an attempt sent.
 fn credential_hash_of(values: &[Option<HeaderValue>; 3]) -> CredentialHash {
     let mut headers = http::HeaderMap::new();
@@ -962,33 +916,4 @@ where
         None => ProxyBody::new(body, log, status),
     };
     Response::from_parts(parts, body)
-}
-
-/// A completed original's stored response: no upstream call.
-fn replay_response(stored: StoredResponse, log: RequestLog) -> Response<ProxyBody> {
-    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
-    let body = ProxyBody::full(stored.body, log, status.as_u16());
-    shared_response(status, &stored.headers, body)
-}
-
-/// The response of an original still in flight, as it is produced: no upstream call.
-fn follow_response(followed: Followed, log: RequestLog) -> Response<ProxyBody> {
-    let status = StatusCode::from_u16(followed.head.status).unwrap_or(StatusCode::OK);
-    let body = ProxyBody::new(followed.body, log, status.as_u16());
-    shared_response(status, &followed.head.headers, body)
-}
-
-/// Another request's response (replayed or followed), with its kept headers.
-fn shared_response(status: StatusCode, kept: &[(String, String)], body: ProxyBody) -> Response<ProxyBody> {
-    let mut resp = Response::new(body);
-    *resp.status_mut() = status;
-    let h = resp.headers_mut();
-    for (name, value) in kept {
-        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
-            h.append(name, value);
-        }
-    }
-    h.insert(headers::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    h.insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(0u32));
-    resp
 }

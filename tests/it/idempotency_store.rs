@@ -269,3 +269,23 @@ async fn redis_scripts_refuse_a_claim_or_renewal_that_runs_too_late() {
         .unwrap();
     assert_eq!(n, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_contract_on_a_cluster() {
+    let _one_at_a_time = crate::support::redis_cluster::TOPOLOGY.lock().await;
+    let cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
+    let handle = crate::support::sidecar::redis_handle_for(
+        rebound::config::RedisConfig {
+            command_timeout: Duration::from_millis(500),
+            ..rebound::config::RedisConfig::standalone("")
+        }
+        .with_topology(rebound::config::RedisTopology::Cluster { seeds: cluster.seeds() }),
+    )
+    .await;
+    let s = RedisStore::new(handle);
+    // Namespaces spread over the three masters (each record is one slot of its own).
+    for ns in ["c1", "c2", "c3", "c4"] {
+        contract(&s, ns).await;
+    }
+    concurrent_claims(Arc::new(s), "c").await;
+}

@@ -23,6 +23,8 @@ mod pool;
 mod process;
 mod redis_plumbing;
 mod redis_round_trips;
+mod redis_tls;
+mod redis_topologies;
 mod reload;
 mod retry;
 mod shutdown;

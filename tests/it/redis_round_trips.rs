@@ -37,10 +37,6 @@ impl Monitor {
         Monitor { child, lines }
     }
 
-    fn len(&self) -> usize {
-        self.lines.lock().unwrap().len()
-    }
-
     /// The round trips seen since `from`: client commands, not the ones a script runs inside
     /// Redis (`[0 lua]`).
     fn since(&self, from: usize) -> Vec<String> {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::HeaderName;
 
 mod policy;
+mod redis;
 mod route;
 mod upstream;
 
@@ -483,37 +484,6 @@ impl Validator<'_> {
                     "expected [jobs] secret to be set: with [redis], queued requests wait in Redis and their credential headers are sealed with it (the same random value on every replica, e.g. secret = \"${REBOUND_JOBS_SECRET}\")",
                 );
             }
-        }
-    }
-
-    fn redis(&mut self, r: RawRedis) -> RedisConfig {
-        let url = self
-            .string("redis.url", r.url.as_deref())
-            .unwrap_or_else(|| "redis://127.0.0.1:6379/0".into());
-        if !(url.starts_with("redis://")
-            || url.starts_with("rediss://")
-            || url.starts_with("redis+unix://")
-            || url.starts_with("unix://"))
-        {
-            self.err(
-                "redis.url",
-                format!(
-                    "expected a redis://, rediss:// or unix:// URL, found {:?}",
-                    redact_url(&url)
-                ),
-            );
-        }
-        RedisConfig {
-            url,
-            key_prefix: self
-                .string("redis.key_prefix", r.key_prefix.as_deref())
-                .unwrap_or_else(|| "rebound:".into()),
-            command_timeout: self.positive_duration(
-                "redis.command_timeout",
-                &r.command_timeout,
-                Duration::from_millis(100),
-            ),
-            sync_interval: self.positive_duration("redis.sync_interval", &r.sync_interval, Duration::from_millis(250)),
         }
     }
 }

@@ -42,7 +42,7 @@ impl Validator<'_> {
                 ("off", CooldownMode::Off),
             ],
         );
-        let ca_file = self.ca_file(&key("ca_file"), u);
+        let ca_file = self.ca_file(&key("ca_file"), u.ca_file.as_deref());
         let set_headers = self.set_headers(name, u);
         Some(UpstreamConfig {
             name: name.to_string(),
@@ -104,8 +104,8 @@ impl Validator<'_> {
     }
 
     /// `ca_file`: a readable PEM file (relative to the config file when not found as given).
-    fn ca_file(&mut self, key: &str, u: &RawUpstream) -> Option<PathBuf> {
-        let ca_file = self.string(key, u.ca_file.as_deref()).map(|p| {
+    pub(super) fn ca_file(&mut self, key: &str, raw: Option<&str>) -> Option<PathBuf> {
+        let ca_file = self.string(key, raw).map(|p| {
             let p = PathBuf::from(p);
             if p.is_relative() && !p.exists() {
                 self.base_dir.join(p)

@@ -10,6 +10,9 @@ pub struct TestPki {
     pub ca_pem: String,
     /// A server config for `localhost` / `127.0.0.1` (no ALPN set).
     pub server: rustls::ServerConfig,
+    /// The same leaf certificate and its key in PEM (for servers configured by file).
+    pub leaf_pem: String,
+    pub leaf_key_pem: String,
 }
 
 pub fn test_pki() -> TestPki {
@@ -36,5 +39,7 @@ pub fn test_pki() -> TestPki {
     TestPki {
         ca_pem: ca.pem(),
         server,
+        leaf_pem: leaf.pem(),
+        leaf_key_pem: leaf_key.serialize_pem(),
     }
 }

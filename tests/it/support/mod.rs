@@ -7,6 +7,8 @@ pub mod certs;
 pub mod config_edit;
 pub mod fake_provider;
 pub mod redis;
+pub mod redis_cluster;
+pub mod redis_sentinel;
 pub mod sidecar;
 
 use std::time::Duration;

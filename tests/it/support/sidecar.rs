@@ -174,12 +174,16 @@ impl ReboundProcess {
 
 /// A connected `RedisHandle` on `url` (for store tests), once it answers.
 pub async fn redis_handle(url: &str) -> rebound::redis::RedisHandle {
-    let config = rebound::config::RedisConfig {
-        url: url.to_string(),
-        key_prefix: "rebound:".into(),
+    redis_handle_for(rebound::config::RedisConfig {
         command_timeout: Duration::from_millis(500),
-        sync_interval: Duration::from_millis(250),
-    };
+        ..rebound::config::RedisConfig::standalone(url)
+    })
+    .await
+}
+
+/// A connected `RedisHandle` on any topology, once it answers.
+pub async fn redis_handle_for(config: rebound::config::RedisConfig) -> rebound::redis::RedisHandle {
+    let url = config.topology.describe();
     let metrics = std::sync::Arc::new(rebound::metrics::Metrics::new().unwrap());
     let tasks = tokio_util::task::TaskTracker::new();
     let handle =

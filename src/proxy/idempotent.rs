@@ -1,0 +1,86 @@
+//! Step 5 of the pipeline: what idempotency does with a request before any attempt (claim it,
+//! replay a completed original, follow one in flight, or refuse), and the responses it answers
+//! with by itself.
+
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Response, StatusCode};
+
+use super::Route;
+use crate::error::ProxyError;
+use crate::idempotency::{Claim, Followed, ReplayIdentity, Start, StoredResponse};
+use crate::wire::body::{ProxyBody, RequestLog};
+use crate::wire::headers;
+
+/// A request idempotency answers without an attempt.
+pub(super) enum Answered {
+    Replay(StoredResponse),
+    Follow(Followed),
+    Refuse(ProxyError),
+}
+
+/// Step 5: the claim to carry to the response (and whether the store was bypassed), or the answer.
+pub(super) async fn idempotency_step(
+    route: &Route,
+    parts: &http::request::Parts,
+    body: &Bytes,
+    log: &mut RequestLog,
+) -> Result<(Option<Claim>, bool), Answered> {
+    let Some(idem) = &route.idempotency else {
+        return Ok((None, false));
+    };
+    let replay = parts.extensions.get::<ReplayIdentity>();
+    let (method, uri) = (&parts.method, &parts.uri);
+    match idem
+        .start(method, uri.path(), uri.query(), &parts.headers, body, replay)
+        .await
+    {
+        Start::Forward { bypassed } => {
+            if bypassed {
+                log.set_idempotency("bypassed");
+            }
+            Ok((None, bypassed))
+        }
+        Start::Claimed(c) => {
+            log.set_idempotency("claimed");
+            Ok((Some(c), false))
+        }
+        Start::Replay(stored) => {
+            log.set_idempotency("replayed");
+            Err(Answered::Replay(stored))
+        }
+        Start::Follow(followed) => {
+            log.set_idempotency("followed");
+            Err(Answered::Follow(followed))
+        }
+        Start::Refuse(err) => Err(Answered::Refuse(err)),
+    }
+}
+
+/// A completed original's stored response: no upstream call.
+pub(super) fn replay_response(stored: StoredResponse, log: RequestLog) -> Response<ProxyBody> {
+    let status = StatusCode::from_u16(stored.status).unwrap_or(StatusCode::OK);
+    let body = ProxyBody::full(stored.body, log, status.as_u16());
+    shared_response(status, &stored.headers, body)
+}
+
+/// The response of an original still in flight, as it is produced: no upstream call.
+pub(super) fn follow_response(followed: Followed, log: RequestLog) -> Response<ProxyBody> {
+    let status = StatusCode::from_u16(followed.head.status).unwrap_or(StatusCode::OK);
+    let body = ProxyBody::new(followed.body, log, status.as_u16());
+    shared_response(status, &followed.head.headers, body)
+}
+
+/// Another request's response (replayed or followed), with its kept headers.
+fn shared_response(status: StatusCode, kept: &[(String, String)], body: ProxyBody) -> Response<ProxyBody> {
+    let mut resp = Response::new(body);
+    *resp.status_mut() = status;
+    let h = resp.headers_mut();
+    for (name, value) in kept {
+        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
+            h.append(name, value);
+        }
+    }
+    h.insert(headers::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    h.insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(0u32));
+    resp
+}

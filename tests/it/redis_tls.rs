@@ -1,0 +1,209 @@
+//! Managed-Redis style: TLS with a private CA, an ACL user and the default user off; what Redis
+//! refuses for good (a wrong password, an untrusted certificate) stops the start with an error
+//! naming Redis, never a hang; and the `[redis]` table's validation and summary.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use rebound::Config;
+
+use crate::support::redis::RedisTls;
+use crate::support::sidecar::config_for;
+use crate::support::*;
+
+fn tls_redis(redis: &RedisTls, credentials: &str, ca: bool) -> String {
+    let ca_file = if ca {
+        format!("ca_file = \"{}\"\n", redis.ca_file.display())
+    } else {
+        String::new()
+    };
+    format!(
+        "\n[redis]\nurl = \"rediss://127.0.0.1:{}/0\"\n{credentials}\n{ca_file}command_timeout = \"500ms\"\n",
+        redis.port
+    )
+}
+
+fn with_idempotency(provider: &str, redis: &str) -> String {
+    let extra = format!("\n[idempotency.idem]\nlease = \"2s\"\n{redis}");
+    Edit::new(&config_for(provider, &extra))
+        .route_set("fake", "idempotency", "idem")
+        .to_string()
+}
+
+async fn keyed(rebound: &Rebound, key: &str) -> Answer {
+    send(
+        "POST",
+        &format!("{}/fake/v1/chat/completions", rebound.url),
+        &[
+            ("idempotency-key", key),
+            ("x-fake-key", key),
+            ("content-type", "application/json"),
+        ],
+        "{}",
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_an_acl_user_and_the_default_user_off() {
+    let redis = RedisTls::start();
+    let provider = FakeProvider::start().await;
+    let toml = with_idempotency(
+        &provider.url(),
+        &tls_redis(&redis, "username = \"rebound\"\npassword = \"s3cret\"", true),
+    );
+    let rebound = Rebound::start(&toml).await;
+    for _ in 0..200 {
+        if metric(&rebound.metrics().await, "rebound_redis_up") == 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ready = get(&format!("{}/readyz", rebound.admin)).await;
+    assert_eq!(ready.text(), "ready (redis: up)\n");
+    assert_eq!(metric(&rebound.metrics().await, "rebound_redis_up"), 1.0);
+
+    let first = keyed(&rebound, "tls-1").await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    // The completion lands as the body ends, in the background.
+    let mut replayed = None;
+    for _ in 0..100 {
+        let again = keyed(&rebound, "tls-1").await;
+        if again.header("idempotent-replayed") == Some("true") {
+            replayed = Some(again);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let replayed = replayed.expect("the record was stored over TLS as the ACL user");
+    assert_eq!(replayed.body, first.body);
+    assert_eq!(provider.count("tls-1"), 1);
+    let page = rebound.metrics().await;
+    assert_eq!(
+        metric(&page, "rebound_redis_errors_total{op=\"idem_begin\"}"),
+        0.0,
+        "{page}"
+    );
+    assert_eq!(metric(&page, "rebound_redis_errors_total{op=\"idem_complete\"}"), 0.0);
+}
+
+/// Starts rebound and expects a refusal naming Redis, quickly.
+async fn refused(toml: &str) -> String {
+    let started = Instant::now();
+    let result = tokio::time::timeout(
+        Duration::from_secs(20),
+        rebound::start(crate::support::sidecar::parse(toml)),
+    )
+    .await
+    .expect("start never hangs");
+    let took = started.elapsed();
+    let err = match result {
+        Ok(_) => panic!("rebound started although Redis refuses it"),
+        Err(e) => e.to_string(),
+    };
+    println!("refused after {took:?}: {err}");
+    assert!(took < Duration::from_secs(10), "{took:?}");
+    assert!(err.contains("redis"), "{err}");
+    assert!(
+        !err.contains("s3cret") && !err.contains("wrong-pass"),
+        "no secret in {err}"
+    );
+    err
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_or_an_untrusted_certificate_stops_the_start_naming_redis() {
+    let redis = RedisTls::start();
+    let provider = FakeProvider::start().await;
+
+    let err = refused(&with_idempotency(
+        &provider.url(),
+        &tls_redis(&redis, "username = \"rebound\"\npassword = \"wrong-pass\"", true),
+    ))
+    .await;
+    assert!(err.contains("authentication") && err.contains("password"), "{err}");
+
+    // The default user is off: no credentials at all is refused the same way.
+    let err = refused(&with_idempotency(&provider.url(), &tls_redis(&redis, "", true))).await;
+    assert!(err.contains("authentication"), "{err}");
+
+    // The public roots do not trust the test CA.
+    let err = refused(&with_idempotency(
+        &provider.url(),
+        &tls_redis(&redis, "username = \"rebound\"\npassword = \"s3cret\"", false),
+    ))
+    .await;
+    assert!(err.contains("certificate") && err.contains("ca_file"), "{err}");
+
+    // An unreachable Redis is an outage, not a refusal: rebound starts and serves without it.
+    let down = format!(
+        "\n[redis]\nurl = \"{}\"\ncommand_timeout = \"200ms\"\n",
+        crate::support::redis::RedisServer::unused_url()
+    );
+    let rebound = Rebound::start(&with_idempotency(&provider.url(), &down)).await;
+    assert_eq!(
+        get(&format!("{}/readyz", rebound.admin)).await.text(),
+        "ready (redis: unreachable)\n"
+    );
+}
+
+fn parse(toml: &str) -> Result<Config, String> {
+    Config::parse(toml, Path::new("redis.toml"), &|name| {
+        (name == "REDIS_PASSWORD").then(|| "pa55word".to_string())
+    })
+    .map_err(|e| e.to_string())
+}
+
+const ROUTE: &str =
+    "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n";
+
+#[test]
+fn exactly_one_topology_and_errors_that_name_the_keys() {
+    let cases = [
+        ("[redis]\nkey_prefix = \"x:\"\n", "redis: expected exactly one of url (one server), cluster (Redis Cluster seed nodes) or sentinels (with master_name), found none"),
+        ("[redis]\nurl = \"redis://a:6379\"\ncluster = [\"redis://b:7000\"]\n", "found url and cluster"),
+        ("[redis]\nsentinels = [\"redis://a:26379\"]\n", "redis.sentinels: expected master_name beside sentinels"),
+        ("[redis]\ncluster = []\n", "redis.cluster: expected at least one redis:// or rediss:// URL"),
+        ("[redis]\ncluster = [\"http://a:7000\"]\n", "redis.cluster[0]: expected a redis or rediss URL"),
+        ("[redis]\ncluster = [\"redis://a:7000\", \"rediss://b:7000\"]\n", "expected the same scheme for every node"),
+        ("[redis]\nurl = \"redis://a:6379\"\nmaster_name = \"m\"\n", "redis.master_name: expected master_name only with sentinels"),
+        ("[redis]\nurl = \"redis://:pw@a:6379\"\npassword = \"${REDIS_PASSWORD}\"\n", "redis.password: expected the password in one place"),
+        ("[redis]\nurl = \"redis://a:6379\"\nca_file = \"redis.toml\"\n", "redis.ca_file: expected rediss:// URLs with a ca_file"),
+        ("[redis]\nurl = \"rediss://a:6380\"\nca_file = \"/nonexistent/ca.pem\"\n", "redis.ca_file: expected a readable PEM file"),
+        ("[redis]\nurl = \"redis://a:6379\"\nwait_replicas = 99\n", "redis.wait_replicas: expected an integer from 0 to 16, found 99"),
+    ];
+    for (redis, want) in cases {
+        let err = parse(&format!("{redis}{ROUTE}")).expect_err(redis);
+        assert!(err.contains(want), "{redis}\n→ {err}\nwanted: {want}");
+        assert!(err.contains("redis.toml:"), "names the file: {err}");
+        assert!(!err.contains("pa55word") && !err.contains(":pw@"), "no secret: {err}");
+    }
+}
+
+#[test]
+fn the_summary_shows_the_topology_and_never_a_password() {
+    let c = parse(&format!(
+        "[redis]\ncluster = [\"redis://10.0.0.1:7000\", \"redis://10.0.0.2:7000\"]\nusername = \"rebound\"\npassword = \"${{REDIS_PASSWORD}}\"\nwait_replicas = 1\n{ROUTE}"
+    ))
+    .unwrap();
+    let s = c.summary();
+    assert!(
+        s.contains("redis cluster (seeds redis://10.0.0.1:7000, redis://10.0.0.2:7000)"),
+        "{s}"
+    );
+    assert!(s.contains("user \"rebound\" with a password"), "{s}");
+    assert!(
+        s.contains("completions wait for 1 replica acknowledgement(s) (WAIT)"),
+        "{s}"
+    );
+    let c = parse(&format!(
+        "[redis]\nsentinels = [\"redis://:sentinel-pw@10.0.0.5:26379\"]\nmaster_name = \"mymaster\"\npassword = \"${{REDIS_PASSWORD}}\"\n{ROUTE}"
+    ))
+    .unwrap();
+    let shown = format!("{}\n{c:?}", c.summary());
+    assert!(
+        shown.contains("redis sentinel master \"mymaster\" (sentinels redis://***@10.0.0.5:26379)"),
+        "{shown}"
+    );
+    assert!(!shown.contains("pa55word") && !shown.contains("sentinel-pw"), "{shown}");
+}

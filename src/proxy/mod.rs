@@ -16,7 +16,9 @@
 //!    rebound's own error ([`crate::error`]).
 
 mod commit;
+mod pacing;
 pub mod stream;
+mod tokens;
 mod websocket;
 
 use std::sync::Arc;
@@ -30,7 +32,7 @@ use tokio_util::task::TaskTracker;
 
 use std::time::Duration;
 
-use crate::circuit::{credential_hash, release_delay, Attempt, Circuits, CredentialHash, Permit, CREDENTIAL_NAMES};
+use crate::circuit::{release_delay, Attempt, Circuits, Permit, CREDENTIAL_NAMES};
 use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::{error_response, ProxyError};
@@ -39,7 +41,7 @@ use crate::idempotency::{
     StoredResponse,
 };
 use crate::jobs::{self, Jobs};
-use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics};
+use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
 use crate::redis::RedisHandle;
 use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
 use crate::retry::{self, Backoff, RetryBudget};
@@ -48,7 +50,9 @@ use crate::time;
 use crate::upstream::{AttemptError, Upstream, UpstreamBody};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
+use pacing::credential_hash_of;
 use stream::{ErrorWatch, IdleTimeout, Primed};
+use tokens::{Meter, RequestTokens};
 
 /// A route with everything it refers to resolved.
 pub struct Route {
@@ -77,6 +81,8 @@ pub struct Target {
     pub header: HeaderValue,
     /// The attempt metric children for (route, this upstream).
     pub attempts: Arc<AttemptMetrics>,
+    /// The token metric children for (route, this upstream).
+    pub tokens: Arc<TokenMetrics>,
 }
 
 impl Target {
@@ -86,6 +92,12 @@ impl Target {
             upstream: upstream.clone(),
             header: HeaderValue::from_str(name).unwrap_or_else(|_| HeaderValue::from_static("-")),
             attempts: Arc::new(AttemptMetrics::new(metrics, route, name)),
+            tokens: Arc::new(TokenMetrics::new(
+                metrics,
+                route,
+                name,
+                &tokens::provider_name(name, &upstream.config),
+            )),
         }
     }
 }
@@ -187,6 +199,8 @@ pub struct Proxy {
     circuits: Arc<Circuits>,
     /// The job queue, when a route is async.
     jobs: Option<Jobs>,
+    /// The `model` label values of the token metrics (`[metrics] models`, then `other`).
+    models: tokens::Models,
 }
 
 impl Proxy {
@@ -278,6 +292,7 @@ impl Proxy {
             dead_letter_config: config.dead_letters.clone(),
             circuits,
             jobs: jobs.for_config(config),
+            models: tokens::Models::new(&config.metrics),
         })
     }
 
@@ -376,6 +391,7 @@ impl Proxy {
         // 6. Attempts: send, classify, decide, wait; until delivered.
         let delivery = self.attempts(&route, &parts, &path, &body).await;
         log.set_upstream(&delivery.upstream, delivery.attempts.len() as u32);
+        log.set_usage(&delivery.tokens.ledger);
 
         // 7. A failure for good is recorded as a dead letter.
         if let Some(reason) = delivery.dead_letter_reason() {
@@ -416,7 +432,8 @@ impl Proxy {
         let target = route.target(&delivery.upstream);
         let mut resp = match delivery.result {
             Ok(resp) => {
-                let mut resp = upstream_response(resp, route, target, attempts, outcome, claim, log);
+                let meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
+                let mut resp = upstream_response(resp, route, target, (attempts, outcome), claim, log, meter);
                 if job_run {
                     resp.extensions_mut().insert(Delivered { attempts, error: None });
                 }
@@ -457,6 +474,7 @@ impl Proxy {
             route.budget.deposit(started);
         }
         let mut d = Progress::new(route.primary().name.clone(), deadline);
+        d.tokens = self.models.for_request(body);
         let mut now = started;
         loop {
             let go = match self.admit(route, parts, path, body, &state, &mut d, now).await {
@@ -471,6 +489,7 @@ impl Proxy {
             state.attempts += 1;
             d.upstream = go.target.name.clone();
             let remaining = state.deadline.saturating_duration_since(now);
+            d.sent = now;
             let (result, received) = commit::attempt(route, go.target, go.req, now, remaining).await;
             let (outcome, hint) = self.observe(go.target, go.permit, &go.credentials, &result, received);
             let target = go.target;
@@ -493,7 +512,10 @@ impl Proxy {
                 Decision::Retry { wait, source, reason } => {
                     self.count_retry(route, state.attempts, &reason.to_string(), wait, source.as_str());
                     d.waited(wait);
-                    d.last = result.ok();
+                    d.last = result.ok().map(|mut r| {
+                        tokens::discard(&mut r, &target.tokens, &d.tokens, state.attempts, now);
+                        r
+                    });
                     tokio::time::sleep(wait).await;
                     now = Instant::now();
                 }
@@ -557,6 +579,11 @@ impl Proxy {
         };
         // The credential is hashed only when some cooldown holds this upstream, or after a 429.
         let credentials = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
+        if let Some(hold) = pacing::wait(&self.circuits, target, &credentials, now, state.deadline) {
+            drop(permit);
+            tokio::time::sleep(hold).await;
+            return Admit::Held;
+        }
         if self.circuits.cooldowns_active(&target.name) {
             let credential = credential_hash_of(&credentials);
             if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
@@ -598,6 +625,9 @@ impl Proxy {
             Err(e) => e.outcome(),
         };
         target.attempts.count(outcome.label());
+        if let Ok(resp) = result {
+            pacing::note(&self.circuits, target, credentials, resp.headers(), received);
+        }
         let hint = match result {
             Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
             _ => None,
@@ -685,6 +715,10 @@ struct Progress {
     last: Option<Response<Primed<UpstreamBody>>>,
     /// The request's whole deadline (for the error that reports it).
     deadline: Duration,
+    /// The request's model label and token ledger.
+    tokens: RequestTokens,
+    /// When the last attempt was sent.
+    sent: Instant,
 }
 
 impl Progress {
@@ -695,6 +729,8 @@ impl Progress {
             upstream,
             last: None,
             deadline,
+            tokens: RequestTokens::default(),
+            sent: Instant::now(),
         }
     }
 
@@ -722,6 +758,8 @@ impl Progress {
             attempts: std::mem::take(&mut self.attempts),
             stop,
             upstream: self.upstream.clone(),
+            tokens: self.tokens.clone(),
+            sent: self.sent,
         }
     }
 
@@ -762,6 +800,9 @@ struct Delivery {
     stop: Stop,
     /// The upstream of the last attempt.
     upstream: Arc<str>,
+    tokens: RequestTokens,
+    /// When the last attempt was sent.
+    sent: Instant,
 }
 
 impl Delivery {
@@ -803,17 +844,6 @@ impl Delivery {
             (None, _) => "timeout",
         }
     }
-}
-
-/// The credential hash of the credential header values an attempt sent.
-fn credential_hash_of(values: &[Option<HeaderValue>; 3]) -> CredentialHash {
-    let mut headers = http::HeaderMap::new();
-    for (name, value) in CREDENTIAL_NAMES.into_iter().zip(values) {
-        if let Some(v) = value {
-            headers.insert(name, v.clone());
-        }
-    }
-    credential_hash(&headers, &CREDENTIAL_NAMES)
 }
 
 /// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.
@@ -871,10 +901,10 @@ fn upstream_response<B>(
     resp: Response<B>,
     route: &Route,
     target: &Target,
-    attempts: u32,
-    outcome: Outcome,
+    (attempts, outcome): (u32, Outcome),
     claim: Option<Claim>,
     log: RequestLog,
+    meter: Option<Meter>,
 ) -> Response<ProxyBody>
 where
     B: http_body::Body<Data = Bytes, Error = body::BoxError> + Send + Unpin + 'static,
@@ -891,7 +921,8 @@ where
     }
     let status = parts.status.as_u16();
     let first_event_error = matches!(outcome, Outcome::InBand(_));
-    let (body, stream_error) = ErrorWatch::for_response(body, &parts.headers, first_event_error, &target.attempts);
+    let (body, stream_error) =
+        ErrorWatch::for_response(body, &parts.headers, first_event_error, &target.attempts, meter);
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
     let body = match claim {
         // A stream with an error event in it is passed through, but not stored: the key is

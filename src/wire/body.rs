@@ -13,6 +13,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::time::Instant;
 
+use super::usage::Ledger;
 use crate::metrics::{Metrics, RouteMetrics};
 
 /// What the pipeline delivered, as a response extension, for a caller inside the process (a job
@@ -89,6 +90,8 @@ pub struct RequestLog {
     upstream: Option<Arc<str>>,
     status: u16,
     attempts: u32,
+    /// Every attempt's token usage, once counted.
+    usage: Option<Ledger>,
     /// Closed (counted out of flight, logged): at the end of the response, or on drop.
     closed: bool,
 }
@@ -116,6 +119,7 @@ impl RequestLog {
             upstream: None,
             status: 0,
             attempts: 0,
+            usage: None,
             closed: false,
         }
     }
@@ -134,6 +138,11 @@ impl RequestLog {
     pub fn set_upstream(&mut self, upstream: &Arc<str>, attempts: u32) {
         self.upstream = Some(upstream.clone());
         self.attempts = attempts;
+    }
+
+    /// The request's token ledger (logged as `usage` when an attempt reported any).
+    pub fn set_usage(&mut self, ledger: &Ledger) {
+        self.usage = Some(ledger.clone());
     }
 
     fn route_name(&self) -> &str {
@@ -169,6 +178,7 @@ impl RequestLog {
                 .with_label_values(&["none"])
                 .observe(elapsed.as_secs_f64()),
         }
+        let usage = self.usage.as_ref().filter(|l| !l.is_empty()).map(Ledger::to_json);
         tracing::info!(
             target: "rebound::access",
             route = self.route_name(),
@@ -179,6 +189,7 @@ impl RequestLog {
             upstream = self.upstream.as_deref().unwrap_or("-"),
             duration_ms = elapsed.as_secs_f64() * 1000.0,
             completion = completion.as_str(),
+            usage = usage.as_deref(),
             "request"
         );
     }
@@ -257,6 +268,8 @@ impl Body for ProxyBody {
 }
 
 impl Drop for ProxyBody {
+    /// The body goes first, so that what it counts when dropped (an attempt's tokens) is in the
+    /// log line.
     fn drop(&mut self) {
         if let Some(log) = self.log.take() {
             let completion = if self.inner.is_end_stream() {
@@ -264,6 +277,10 @@ impl Drop for ProxyBody {
             } else {
                 Completion::ClientGone
             };
+            let empty = http_body_util::Empty::new()
+                .map_err(|never: Infallible| -> BoxError { match never {} })
+                .boxed_unsync();
+            drop(std::mem::replace(&mut self.inner, empty));
             log.finish(completion);
         }
     }

@@ -24,13 +24,18 @@
 //! The four kinds are disjoint: `input` is the input tokens neither read from nor written to a
 //! prompt cache, so that the kinds add up to what the provider bills.
 
+use std::sync::{Arc, Mutex};
+
 use memchr::memmem;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 /// The most bytes carried over a frame boundary for one usage value.
 pub const CARRY_MAX: usize = 8 * 1024;
 
 const KEY: &[u8] = b"\"usage\"";
+
+/// The first byte of a JSON object.
+const OBJECT: u8 = 0x7b;
 
 /// The token counts of one attempt's response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -44,11 +49,9 @@ pub struct Usage {
     pub cache_write: u64,
 }
 
-/// The `kind` label values of `rebound_tokens_total`, in [`Usage::kinds`] order.
-pub const KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
-
 impl Usage {
-    /// Each count, in [`KINDS`] order.
+    /// Each count, in the order of `rebound_tokens_total`'s kinds
+    /// ([`crate::metrics::TOKEN_KINDS`]).
     pub fn kinds(&self) -> [u64; 4] {
         [self.input, self.output, self.cache_read, self.cache_write]
     }
@@ -125,6 +128,52 @@ impl Raw {
     }
 }
 
+/// One attempt's usage, as the access log, dead letters and job records show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptUsage {
+    /// The attempt's number, from 1.
+    pub attempt: u32,
+    pub input: u64,
+    pub output: u64,
+    pub cache_read: u64,
+    pub cache_write: u64,
+    /// `delivered` or `wasted`.
+    pub outcome: std::borrow::Cow<'static, str>,
+}
+
+/// The usage of a request's attempts, each added when its tokens are counted (an attempt that
+/// reported none is not listed). Shared by the request's books, its dead letter and its job.
+#[derive(Debug, Clone, Default)]
+pub struct Ledger(Arc<Mutex<Vec<AttemptUsage>>>);
+
+impl Ledger {
+    pub fn add(&self, attempt: u32, usage: Usage, wasted: bool) {
+        let entry = AttemptUsage {
+            attempt,
+            input: usage.input,
+            output: usage.output,
+            cache_read: usage.cache_read,
+            cache_write: usage.cache_write,
+            outcome: std::borrow::Cow::Borrowed(if wasted { "wasted" } else { "delivered" }),
+        };
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(entry);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+    }
+
+    /// Every attempt's usage so far, in the order counted.
+    pub fn entries(&self) -> Vec<AttemptUsage> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The entries as compact JSON (`[]` when none), for the access log.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&*self.0.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()
+    }
+}
+
 /// What parsing at a `"usage"` key found.
 enum Parsed {
     /// A usage object (or `null`, or something else that is no usage: `None`), ending at this
@@ -151,7 +200,7 @@ fn parse_at(bytes: &[u8]) -> Parsed {
     skip_ws(&mut i);
     match bytes.get(i) {
         None => return Parsed::Incomplete,
-        Some(b'{') => {}
+        Some(&OBJECT) => {}
         Some(_) => return Parsed::Done(None, i), // null, or not an object
     }
     let mut values = serde_json::Deserializer::from_slice(&bytes[i..]).into_iter::<Raw>();
@@ -390,10 +439,15 @@ mod tests {
     fn the_request_model() {
         assert_eq!(request_model(br#"{"model":"gpt-4o","messages":[]}"#), Some("gpt-4o"));
         assert_eq!(
-            request_model(br#"{"tools":[{"parameters":{"properties":{"model":{"type":"string"}}}}], "model" : "claude-3"}"#),
+            request_model(
+                br#"{"tools":[{"parameters":{"properties":{"model":{"type":"string"}}}}], "model" : "claude-3"}"#
+            ),
             Some("claude-3")
         );
-        assert_eq!(request_model(br#"{"messages":[{"content":"say \"model\": \"x\""}]}"#), None);
+        assert_eq!(
+            request_model(br#"{"messages":[{"content":"say \"model\": \"x\""}]}"#),
+            None
+        );
         assert_eq!(request_model(b""), None);
         assert_eq!(request_model(br#"{"model":"#), None);
         assert_eq!(request_model(br#"{"model":"abc"#), None);

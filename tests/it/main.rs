@@ -26,3 +26,4 @@ mod reload;
 mod retry;
 mod shutdown;
 mod tls;
+mod tokens;

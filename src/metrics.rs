@@ -334,6 +334,16 @@ impl Metrics {
                 for position in STREAM_ERROR_POSITIONS {
                     self.stream_errors_total.with_label_values(&[route, upstream, position]);
                 }
+                // Input and output per model label: the cache kinds appear with the first
+                // provider that reports them (most routes never see one).
+                for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
+                    for kind in ["input", "output"] {
+                        for outcome in TOKEN_OUTCOMES {
+                            self.tokens_total
+                                .with_label_values(&[route, upstream, model, kind, outcome]);
+                        }
+                    }
+                }
             }
             if let Some(policy) = r.retry.as_ref().and_then(|p| config.retry.get(p)) {
                 for reason in policy.retry_on.iter().chain(&policy.retry_once_on) {

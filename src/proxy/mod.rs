@@ -691,7 +691,7 @@ impl Proxy {
             reason,
             error_class: d.error_class(),
             final_status: d.status(),
-            attempts: d.attempts.clone(),
+            attempts: tokens::with_usage(&d.attempts, &d.tokens.ledger),
             job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.clone()),
         };
         let entry = DeadLetter::of(failure, &self.dead_letter_config);
@@ -741,6 +741,7 @@ impl Progress {
             status,
             duration_ms: took.as_millis() as u64,
             wait_ms: 0,
+            usage: None,
         });
     }
 

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use super::stream::Primed;
 use crate::config::{MetricsConfig, UpstreamConfig};
+use crate::dead_letters::AttemptRecord;
 use crate::metrics::TokenMetrics;
 use crate::wire::sse::Shape;
 use crate::wire::usage::{request_model, Ledger, UsageScan};
@@ -188,4 +189,14 @@ pub fn discard<B>(
         meter.finish(false);
     }
     resp.extensions_mut().insert(Counted);
+}
+
+/// `attempts` with the usage each one reported (as counted so far).
+pub fn with_usage(attempts: &[AttemptRecord], ledger: &Ledger) -> Vec<AttemptRecord> {
+    let counted = ledger.entries();
+    let mut out = attempts.to_vec();
+    for (i, a) in out.iter_mut().enumerate() {
+        a.usage = counted.iter().find(|u| u.attempt as usize == i + 1).cloned();
+    }
+    out
 }

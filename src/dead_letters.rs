@@ -22,6 +22,7 @@ use crate::idempotency::ReplayIdentity;
 use crate::metrics::Metrics;
 use crate::redis::RedisHandle;
 use crate::wire::headers::SENSITIVE;
+use crate::wire::usage::AttemptUsage;
 
 /// One attempt, as the entry shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -34,6 +35,10 @@ pub struct AttemptRecord {
     pub duration_ms: u64,
     /// The wait before the next attempt (0 for the last).
     pub wait_ms: u64,
+    /// The tokens the attempt's response reported, when it reported any (by the time the entry
+    /// was recorded: a retried attempt's, from what rebound read of it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<AttemptUsage>,
 }
 
 /// A replay of an entry and what came of it.

@@ -6,7 +6,7 @@
 
 use prometheus::core::Collector;
 
-use crate::config::{Config, CooldownMode};
+use crate::config::{Config, CooldownMode, PacingMode};
 use std::sync::{Arc, Mutex};
 
 use prometheus::{
@@ -26,6 +26,18 @@ const REDIS_BUCKETS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 /// Retry-wait buckets (seconds).
 const WAIT_BUCKETS: &[f64] = &[0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0];
 
+/// Token-count buckets of `gen_ai_client_token_usage` (the OpenTelemetry GenAI advice).
+const TOKEN_BUCKETS: &[f64] = &[
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 16777216.0,
+    67108864.0,
+];
+
+/// Operation-duration buckets of `gen_ai_client_operation_duration_seconds` (the OpenTelemetry
+/// GenAI advice).
+const OPERATION_BUCKETS: &[f64] = &[
+    0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
+];
+
 /// Registers `metric` and hands it back: a family cannot be defined without being exported.
 fn reg<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> Result<M, prometheus::Error> {
     registry.register(Box::new(metric.clone()))?;
@@ -35,6 +47,8 @@ fn reg<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> Result
 /// The metric families, with handles for the components that record them.
 pub struct Metrics {
     registry: Registry,
+    /// The OpenTelemetry GenAI families, whose names carry no `rebound_` prefix.
+    gen_ai: Registry,
     /// Requests answered, by route and status code (`route="none"` when no route matched).
     pub requests_total: IntCounterVec,
     /// From request head to the end of the response body, by route.
@@ -94,6 +108,19 @@ pub struct Metrics {
     pub circuit_rejections_total: IntCounterVec,
     /// Requests answered 429 `cooldown` (a provider rate limit still in force), by upstream.
     pub cooldown_rejections_total: IntCounterVec,
+    /// Tokens by route, upstream, model (`[metrics] models`, else `other`), kind (`input`,
+    /// `output`, `cache_read`, `cache_write`) and outcome (`delivered`, `wasted`: the attempt's
+    /// response did not reach the app whole).
+    pub tokens_total: IntCounterVec,
+    /// Requests held until a credential's request quota reset (pacing), by upstream.
+    pub pacing_waits_total: IntCounterVec,
+    /// `gen_ai_client_token_usage`: tokens per upstream attempt that reported usage, by
+    /// `gen_ai_token_type` (`input`, cached included; `output`), `gen_ai_request_model` and
+    /// `gen_ai_provider_name`.
+    pub gen_ai_client_token_usage: HistogramVec,
+    /// `gen_ai_client_operation_duration_seconds`: from sending an attempt to the end of its
+    /// response body, for attempts whose body was metered.
+    pub gen_ai_client_operation_duration_seconds: HistogramVec,
     /// Redis command failures by operation.
     pub redis_errors_total: IntCounterVec,
     /// 1 while the Redis connection answers its health check, 0 otherwise (and 0 without `[redis]`).
@@ -115,7 +142,37 @@ impl Metrics {
                 HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)?,
             )
         };
+        let gen_ai = Registry::new();
         let m = Metrics {
+            tokens_total: counter(
+                "tokens_total",
+                "Tokens by route, upstream, model, kind (input, output, cache_read, cache_write) and outcome (delivered, wasted).",
+                &["route", "upstream", "model", "kind", "outcome"],
+            )?,
+            pacing_waits_total: counter(
+                "pacing_waits_total",
+                "Requests held until a credential's request quota reset, by upstream.",
+                &["upstream"],
+            )?,
+            gen_ai_client_token_usage: reg(
+                &gen_ai,
+                HistogramVec::new(
+                    HistogramOpts::new("gen_ai_client_token_usage", "Tokens used per upstream attempt (OpenTelemetry GenAI).")
+                        .buckets(TOKEN_BUCKETS.to_vec()),
+                    &["gen_ai_token_type", "gen_ai_request_model", "gen_ai_provider_name"],
+                )?,
+            )?,
+            gen_ai_client_operation_duration_seconds: reg(
+                &gen_ai,
+                HistogramVec::new(
+                    HistogramOpts::new(
+                        "gen_ai_client_operation_duration_seconds",
+                        "Upstream attempt duration to the end of its body (OpenTelemetry GenAI).",
+                    )
+                    .buckets(OPERATION_BUCKETS.to_vec()),
+                    &["gen_ai_request_model", "gen_ai_provider_name"],
+                )?,
+            )?,
             requests_total: counter(
                 "requests_total",
                 "Requests answered, by route and status code.",
@@ -247,6 +304,7 @@ impl Metrics {
                 IntGaugeVec::new(Opts::new("build_info", "Build information; always 1."), &["version"])?,
             )?,
             registry,
+            gen_ai,
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         // Present from the start, so that the first failed reload is a visible increase.
@@ -277,6 +335,9 @@ impl Metrics {
             if u.cooldown != CooldownMode::Off {
                 self.cooldown_rejections_total.with_label_values(&[name]);
             }
+            if u.pacing != PacingMode::Off {
+                self.pacing_waits_total.with_label_values(&[name]);
+            }
         }
         for r in &config.routes {
             let route = r.name.as_str();
@@ -285,6 +346,16 @@ impl Metrics {
             for upstream in std::iter::once(&r.upstream).chain(&r.fallback) {
                 for position in STREAM_ERROR_POSITIONS {
                     self.stream_errors_total.with_label_values(&[route, upstream, position]);
+                }
+                // Input and output per model label: the cache kinds appear with the first
+                // provider that reports them (most routes never see one).
+                for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
+                    for kind in ["input", "output"] {
+                        for outcome in TOKEN_OUTCOMES {
+                            self.tokens_total
+                                .with_label_values(&[route, upstream, model, kind, outcome]);
+                        }
+                    }
                 }
             }
             if let Some(policy) = r.retry.as_ref().and_then(|p| config.retry.get(p)) {
@@ -321,7 +392,9 @@ impl Metrics {
     pub fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 * 1024);
         // Encoding into a Vec cannot fail for well-formed families; an error leaves a partial page.
-        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut out);
+        let mut families = self.registry.gather();
+        families.extend(self.gen_ai.gather());
+        let _ = TextEncoder::new().encode(&families, &mut out);
         out
     }
 }
@@ -430,5 +503,84 @@ impl AttemptMetrics {
         if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
             self.by_outcome[i].inc();
         }
+    }
+}
+
+/// The `outcome` label values of `rebound_tokens_total`.
+pub const TOKEN_OUTCOMES: [&str; 2] = ["delivered", "wasted"];
+
+/// The `kind` label values of `rebound_tokens_total`.
+pub const TOKEN_KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
+
+/// One model's children of the token families for one (route, upstream) pair.
+struct ModelChildren {
+    model: Arc<str>,
+    /// By outcome, then kind (the orders of [`TOKEN_OUTCOMES`] and [`TOKEN_KINDS`]).
+    tokens: [[IntCounter; 4]; 2],
+    /// `input`, `output`.
+    usage: [Histogram; 2],
+    duration: Histogram,
+}
+
+/// The token families for one (route, upstream) pair: children resolved once per model label
+/// (a handful: the configured models and `other`), so that an attempt hashes no labels.
+pub struct TokenMetrics {
+    route: Arc<str>,
+    upstream: Arc<str>,
+    provider: Arc<str>,
+    tokens_total: IntCounterVec,
+    usage: HistogramVec,
+    duration: HistogramVec,
+    by_model: Mutex<Vec<Arc<ModelChildren>>>,
+}
+
+impl TokenMetrics {
+    /// `provider` is the `gen_ai_provider_name` of the upstream.
+    pub fn new(m: &Metrics, route: &str, upstream: &str, provider: &str) -> TokenMetrics {
+        TokenMetrics {
+            route: Arc::from(route),
+            upstream: Arc::from(upstream),
+            provider: Arc::from(provider),
+            tokens_total: m.tokens_total.clone(),
+            usage: m.gen_ai_client_token_usage.clone(),
+            duration: m.gen_ai_client_operation_duration_seconds.clone(),
+            by_model: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn children(&self, model: &Arc<str>) -> Arc<ModelChildren> {
+        let mut by_model = self.by_model.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = by_model.iter().find(|c| c.model == *model) {
+            return c.clone();
+        }
+        let (route, upstream, provider) = (&*self.route, &*self.upstream, &*self.provider);
+        let c = Arc::new(ModelChildren {
+            model: model.clone(),
+            tokens: TOKEN_OUTCOMES.map(|outcome| {
+                TOKEN_KINDS.map(|kind| {
+                    self.tokens_total
+                        .with_label_values(&[route, upstream, model, kind, outcome])
+                })
+            }),
+            usage: ["input", "output"].map(|t| self.usage.with_label_values(&[t, model, provider])),
+            duration: self.duration.with_label_values(&[model, provider]),
+        });
+        by_model.push(c.clone());
+        c
+    }
+
+    /// Records one attempt: its token counts (in [`TOKEN_KINDS`] order; `None` when the
+    /// response reported none), whether they were wasted, and its duration.
+    pub fn record(&self, model: &Arc<str>, kinds: Option<[u64; 4]>, wasted: bool, seconds: f64) {
+        let c = self.children(model);
+        c.duration.observe(seconds);
+        let Some(kinds) = kinds else { return };
+        for (counter, n) in c.tokens[usize::from(wasted)].iter().zip(kinds) {
+            counter.inc_by(n);
+        }
+        let [input, output, cache_read, cache_write] = kinds;
+        let all_input = input.saturating_add(cache_read).saturating_add(cache_write);
+        c.usage[0].observe(all_input as f64);
+        c.usage[1].observe(output as f64);
     }
 }

@@ -18,6 +18,10 @@
 //! - before sending, [`Circuits::cooldown_check`] with the [`CredentialHash`] of the credential
 //!   headers as they go upstream; after a 429 with any reset hint, [`Circuits::cooldown_note`].
 //!   When a cooldown makes the pipeline answer 429 `cooldown`, [`Circuits::count_cooldown_rejection`].
+//! - pacing rides on the same machinery ([`Hold::Pacing`]: a second table per upstream, shared
+//!   through the same Redis hash and channel, its fields prefixed `p:`): after a response that
+//!   says a credential has at most `pacing_reserve` requests left, [`Circuits::hold_note`] with
+//!   the quota's reset; before sending, [`Circuits::hold_check`] says how long to wait.
 //!
 //! Locks are `std::sync::Mutex`es held for a few field updates, never across an `.await`.
 
@@ -42,7 +46,7 @@ pub use cooldown::{
 
 use self::breaker::{Breaker, BreakerConfig, Deltas, LeaseReport, Ticket, Transition};
 use self::cooldown::CooldownTable;
-use crate::config::{Config, CooldownMode, RetryPolicy};
+use crate::config::{Config, CooldownMode, PacingMode, RetryPolicy};
 use crate::metrics::Metrics;
 use crate::redis::RedisHandle;
 use crate::retry::policy::Outcome;
@@ -72,6 +76,10 @@ pub(crate) struct Entry {
     /// Cooldowns are shared through Redis (`[redis]` set, `cooldown` not `off`).
     pub(crate) share_cooldowns: bool,
     cooldowns: Mutex<Cooldowns>,
+    pacing_mode: PacingMode,
+    /// Pacing holds are shared through Redis (`[redis]` set, `pacing` not `off`).
+    pub(crate) share_pacing: bool,
+    pacing: Mutex<Cooldowns>,
     /// The local breaker tripped: send the counts now rather than at the next tick.
     flush_now: AtomicBool,
     metrics: Arc<Metrics>,
@@ -90,6 +98,53 @@ struct Cooldowns {
     outbox: HashMap<CredentialHash, Instant>,
 }
 
+impl Cooldowns {
+    fn new() -> Mutex<Cooldowns> {
+        Mutex::new(Cooldowns {
+            table: CooldownTable::default(),
+            outbox: HashMap::new(),
+        })
+    }
+
+    /// Queues a deadline for the fleet (bounded: expired entries make room first).
+    fn queue(&mut self, cred: CredentialHash, until: Instant, now: Instant) {
+        if self.outbox.len() >= OUTBOX_CAPACITY && !self.outbox.contains_key(&cred) {
+            self.outbox.retain(|_, t| *t > now);
+        }
+        if self.outbox.len() < OUTBOX_CAPACITY || self.outbox.contains_key(&cred) {
+            let t = self.outbox.entry(cred).or_insert(until);
+            *t = (*t).max(until);
+        }
+    }
+}
+
+/// What keeps calls with a credential from going out: a 429's cooldown, or pacing (its request
+/// quota nearly spent until its reset).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    Cooldown,
+    Pacing,
+}
+
+impl Hold {
+    /// The field of the upstream's Redis hash that holds `cred`'s deadline (pacing prefixed, so
+    /// that a replica that does not know pacing ignores it).
+    pub(crate) fn field(self, cred: CredentialHash) -> String {
+        match self {
+            Hold::Cooldown => cred.to_string(),
+            Hold::Pacing => format!("p:{cred}"),
+        }
+    }
+
+    /// The hold and credential a field names.
+    pub(crate) fn parse_field(field: &str) -> Option<(Hold, CredentialHash)> {
+        match field.strip_prefix("p:") {
+            Some(cred) => Some((Hold::Pacing, cred.parse().ok()?)),
+            None => Some((Hold::Cooldown, field.parse().ok()?)),
+        }
+    }
+}
+
 /// What the shared layer takes from an entry at each sync.
 #[derive(Debug, Default)]
 pub(crate) struct Outgoing {
@@ -98,6 +153,7 @@ pub(crate) struct Outgoing {
     pub(crate) wants_lease: bool,
     pub(crate) flush_now: bool,
     pub(crate) cooldowns: Vec<(CredentialHash, Instant)>,
+    pub(crate) pacing: Vec<(CredentialHash, Instant)>,
 }
 
 /// The answer to "may this attempt go to that upstream now?".
@@ -205,10 +261,10 @@ impl Circuits {
                     shared,
                     cooldown_mode: u.cooldown,
                     share_cooldowns: redis && u.cooldown != CooldownMode::Off,
-                    cooldowns: Mutex::new(Cooldowns {
-                        table: CooldownTable::default(),
-                        outbox: HashMap::new(),
-                    }),
+                    cooldowns: Cooldowns::new(),
+                    pacing_mode: u.pacing,
+                    share_pacing: redis && u.pacing != PacingMode::Off,
+                    pacing: Cooldowns::new(),
                     flush_now: AtomicBool::new(false),
                     metrics: metrics.clone(),
                     wake: wake.clone(),
@@ -288,46 +344,61 @@ impl Circuits {
     /// The time left before calls to `upstream` with `cred` may go out, if a cooldown holds them
     /// (always `None` with `cooldown = "off"`).
     pub fn cooldown_check(&self, upstream: &str, cred: &CredentialHash, now: Instant) -> Option<Duration> {
-        let entry = self.entries.get(upstream)?;
-        if entry.cooldown_mode == CooldownMode::Off {
-            return None;
-        }
-        lock(&entry.cooldowns).table.check(cred, now)
+        self.hold_check(Hold::Cooldown, upstream, cred, now)
     }
 
     /// Whether any cooldown holds calls to `upstream` (cheap: lets the hot path skip hashing the
     /// credential when none does).
     pub fn cooldowns_active(&self, upstream: &str) -> bool {
-        self.entries
-            .get(upstream)
-            .is_some_and(|e| e.cooldown_mode != CooldownMode::Off && !lock(&e.cooldowns).table.is_empty())
+        self.hold_active(Hold::Cooldown, upstream)
     }
 
     /// No calls to `upstream` with `cred` before `until` (a 429's reset hint, from the moment
     /// the response arrived). Shared with the fleet when `[redis]` is set.
     pub fn cooldown_note(&self, upstream: &str, cred: CredentialHash, until: Instant, now: Instant) {
+        self.hold_note(Hold::Cooldown, upstream, cred, until, now);
+    }
+
+    /// [`Circuits::cooldown_check`] for either hold (always `None` when its mode is `off`).
+    pub fn hold_check(&self, hold: Hold, upstream: &str, cred: &CredentialHash, now: Instant) -> Option<Duration> {
+        let entry = self.entries.get(upstream)?;
+        entry.holds(hold).and_then(|h| lock(h).table.check(cred, now))
+    }
+
+    /// [`Circuits::cooldowns_active`] for either hold.
+    pub fn hold_active(&self, hold: Hold, upstream: &str) -> bool {
+        self.entries
+            .get(upstream)
+            .and_then(|e| e.holds(hold))
+            .is_some_and(|h| !lock(h).table.is_empty())
+    }
+
+    /// [`Circuits::cooldown_note`] for either hold.
+    pub fn hold_note(&self, hold: Hold, upstream: &str, cred: CredentialHash, until: Instant, now: Instant) {
         let Some(entry) = self.entries.get(upstream) else {
             return;
         };
-        if entry.cooldown_mode == CooldownMode::Off {
+        let Some(holds) = entry.holds(hold) else {
             return;
-        }
+        };
+        let shared = entry.shares(hold);
         let extended = {
-            let mut c = lock(&entry.cooldowns);
+            let mut c = lock(holds);
             let extended = c.table.note(cred, until, now);
-            if extended && entry.share_cooldowns {
-                if c.outbox.len() >= OUTBOX_CAPACITY && !c.outbox.contains_key(&cred) {
-                    c.outbox.retain(|_, t| *t > now);
-                }
-                if c.outbox.len() < OUTBOX_CAPACITY || c.outbox.contains_key(&cred) {
-                    let t = c.outbox.entry(cred).or_insert(until);
-                    *t = (*t).max(until);
-                }
+            if extended && shared {
+                c.queue(cred, until, now);
             }
             extended
         };
-        if extended && entry.share_cooldowns {
+        if extended && shared {
             self.wake.notify_one();
+        }
+    }
+
+    /// Counts a request held by pacing (`rebound_pacing_waits_total`).
+    pub fn count_pacing_wait(&self, upstream: &str) {
+        if let Some(entry) = self.entries.get(upstream) {
+            entry.metrics.pacing_waits_total.with_label_values(&[&entry.name]).inc();
         }
     }
 
@@ -348,6 +419,7 @@ impl Circuits {
         for entry in self.entries.values() {
             entry.update(|cell| cell.breaker.advance(now));
             lock(&entry.cooldowns).table.prune(now);
+            lock(&entry.pacing).table.prune(now);
         }
     }
 
@@ -369,6 +441,22 @@ impl Circuits {
 }
 
 impl Entry {
+    /// The table of `hold`, unless its mode is `off`.
+    fn holds(&self, hold: Hold) -> Option<&Mutex<Cooldowns>> {
+        match hold {
+            Hold::Cooldown => (self.cooldown_mode != CooldownMode::Off).then_some(&self.cooldowns),
+            Hold::Pacing => (self.pacing_mode != PacingMode::Off).then_some(&self.pacing),
+        }
+    }
+
+    /// Whether `hold` is shared with the fleet.
+    fn shares(&self, hold: Hold) -> bool {
+        match hold {
+            Hold::Cooldown => self.share_cooldowns,
+            Hold::Pacing => self.share_pacing,
+        }
+    }
+
     fn admit(self: &Arc<Self>, attempt: Attempt, now: Instant) -> Admission {
         let Some(cell) = &self.breaker else {
             return Admission::Allowed(Permit::unguarded());
@@ -488,32 +576,33 @@ impl Entry {
             out.cooldowns = c.outbox.drain().filter(|(_, t)| *t > now).collect();
             c.table.prune(now);
         }
+        if self.share_pacing {
+            let mut c = lock(&self.pacing);
+            out.pacing = c.outbox.drain().filter(|(_, t)| *t > now).collect();
+            c.table.prune(now);
+        }
         out
     }
 
-    /// Puts back what could not be sent: recent deltas, and cooldowns still ahead.
-    pub(crate) fn restore_outgoing(&self, deltas: Deltas, cooldowns: Vec<(CredentialHash, Instant)>, now: Instant) {
+    /// Puts back what could not be sent: recent deltas, and holds still ahead.
+    pub(crate) fn restore_outgoing(&self, deltas: Deltas, holds: Vec<(Hold, CredentialHash, Instant)>, now: Instant) {
         if !deltas.is_empty() {
             self.update(|cell| {
                 cell.breaker.restore_deltas(deltas, now);
                 None
             });
         }
-        if !cooldowns.is_empty() {
-            let mut c = lock(&self.cooldowns);
-            for (cred, until) in cooldowns {
-                if until > now && (c.outbox.len() < OUTBOX_CAPACITY || c.outbox.contains_key(&cred)) {
-                    let t = c.outbox.entry(cred).or_insert(until);
-                    *t = (*t).max(until);
-                }
+        for (hold, cred, until) in holds {
+            if let Some(h) = self.holds(hold).filter(|_| until > now) {
+                lock(h).queue(cred, until, now);
             }
         }
     }
 
-    /// A cooldown learned from the fleet (not shared again).
-    pub(crate) fn cooldown_from_fleet(&self, cred: CredentialHash, until: Instant, now: Instant) {
-        if self.cooldown_mode != CooldownMode::Off {
-            lock(&self.cooldowns).table.note(cred, until, now);
+    /// A hold learned from the fleet (not shared again).
+    pub(crate) fn hold_from_fleet(&self, hold: Hold, cred: CredentialHash, until: Instant, now: Instant) {
+        if let Some(h) = self.holds(hold) {
+            lock(h).table.note(cred, until, now);
         }
     }
 }
@@ -698,7 +787,8 @@ fallback = ["b"]
         let again = c.entry("a").unwrap().take_outgoing(now);
         assert!(again.cooldowns.is_empty() && again.deltas.is_empty());
         // Unsent work goes back.
-        c.entry("a").unwrap().restore_outgoing(out.deltas, out.cooldowns, now);
+        let holds = out.cooldowns.iter().map(|(c, t)| (Hold::Cooldown, *c, *t)).collect();
+        c.entry("a").unwrap().restore_outgoing(out.deltas, holds, now);
         let out = c.entry("a").unwrap().take_outgoing(now);
         assert_eq!(out.deltas.failures, 1);
         assert_eq!(out.cooldowns.len(), 1);

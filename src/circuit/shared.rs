@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::breaker::{self, BreakerConfig, Deltas, LeaseReport, LeaseResult, LeaseToken, Transition};
-use super::{Cell, Circuits, CredentialHash, Entry};
+use super::{Cell, Circuits, Entry, Hold};
 use crate::redis::{RedisError, RedisHandle};
 use crate::time::{self, Instant};
 
@@ -244,7 +244,7 @@ pub fn spawn(circuits: Arc<Circuits>, redis: RedisHandle, tasks: &TaskTracker, s
     let interval = circuits.sync_interval().max(Duration::from_millis(10));
     let targets: Vec<Target> = circuits
         .entries()
-        .filter(|e| e.shared || e.share_cooldowns)
+        .filter(|e| e.shared || e.share_cooldowns || e.share_pacing)
         .map(|e| Target {
             entry: e.clone(),
             keys: upstream_keys(&redis, &e.name),
@@ -325,11 +325,17 @@ impl Syncer {
         let entry = target.entry.clone();
         let mut out = entry.take_outgoing(now);
 
-        // Cooldowns first: the signal that should reach the fleet fastest.
-        let mut pending = std::mem::take(&mut out.cooldowns).into_iter();
-        while let Some((cred, until)) = pending.next() {
-            if let Err(e) = self.note_cooldown(&target.keys[6], &entry.name, cred, until, now).await {
-                let mut rest = vec![(cred, until)];
+        // Cooldowns and pacing first: the signals that should reach the fleet fastest.
+        let cooldowns = std::mem::take(&mut out.cooldowns).into_iter();
+        let pacing = std::mem::take(&mut out.pacing).into_iter();
+        let mut pending =
+            (cooldowns.map(|(c, t)| (Hold::Cooldown, c, t))).chain(pacing.map(|(c, t)| (Hold::Pacing, c, t)));
+        while let Some((hold, cred, until)) = pending.next() {
+            if let Err(e) = self
+                .note_cooldown(&target.keys[6], &entry.name, &hold.field(cred), until, now)
+                .await
+            {
+                let mut rest = vec![(hold, cred, until)];
                 rest.extend(pending);
                 entry.restore_outgoing(out.deltas, rest, time::now());
                 return Err(e);
@@ -381,7 +387,7 @@ impl Syncer {
         &self,
         key: &str,
         upstream: &str,
-        cred: CredentialHash,
+        field: &str,
         until: Instant,
         now: Instant,
     ) -> Result<(), RedisError> {
@@ -391,7 +397,7 @@ impl Syncer {
         }
         let mut inv = SCRIPTS.cooldown.prepare_invoke();
         inv.key(key)
-            .arg(cred.to_string())
+            .arg(field)
             .arg(ms_ceil(left))
             .arg(&self.channel)
             .arg(upstream);
@@ -522,9 +528,9 @@ impl Syncer {
 
     fn apply_cooldowns(&self, entry: &Entry, reply: &Reply) {
         let now = time::now();
-        for (cred, left) in &reply.cool {
-            if let Ok(cred) = cred.parse::<CredentialHash>() {
-                entry.cooldown_from_fleet(cred, now + Duration::from_millis(left.max(0.0) as u64), now);
+        for (field, left) in &reply.cool {
+            if let Some((hold, cred)) = Hold::parse_field(field) {
+                entry.hold_from_fleet(hold, cred, now + Duration::from_millis(left.max(0.0) as u64), now);
             }
         }
     }
@@ -546,8 +552,8 @@ fn apply_event(circuits: &Circuits, payload: &str) {
         "open" if entry.shared => entry.update(|cell| reconcile(cell, Fleet::Open { left }, gen, now)),
         "close" if entry.shared => entry.update(|cell| reconcile(cell, Fleet::Closed, gen, now)),
         "cool" => {
-            if let Some(cred) = event.c.as_deref().and_then(|c| c.parse::<CredentialHash>().ok()) {
-                entry.cooldown_from_fleet(cred, now + left, now);
+            if let Some((hold, cred)) = event.c.as_deref().and_then(Hold::parse_field) {
+                entry.hold_from_fleet(hold, cred, now + left, now);
             }
         }
         _ => {}

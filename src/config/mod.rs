@@ -42,6 +42,7 @@ pub struct Config {
     pub dead_letters: DeadLettersConfig,
     pub jobs: JobsConfig,
     pub telemetry: TelemetryConfig,
+    pub metrics: MetricsConfig,
     /// By name.
     pub upstreams: BTreeMap<String, Arc<UpstreamConfig>>,
     /// In file order (the route table sorts them by prefix length).
@@ -282,6 +283,30 @@ pub enum CooldownMode {
     Off,
 }
 
+/// Pacing (`[upstreams.NAME] pacing`): what a credential whose request quota is nearly spent does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PacingMode {
+    /// New requests with it wait for the quota's reset.
+    Wait,
+    Off,
+}
+
+/// `[metrics]`: what bounds the labels rebound cannot take from the config alone.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsConfig {
+    /// The `model` label values of the token metrics; any other model counts as `other`.
+    pub models: Vec<String>,
+}
+
+impl MetricsConfig {
+    /// The `model` label for `model`: itself when configured, else `other`.
+    pub fn model_label<'a>(&'a self, model: Option<&str>) -> &'a str {
+        model
+            .and_then(|m| self.models.iter().find(|c| c.as_str() == m))
+            .map_or("other", String::as_str)
+    }
+}
+
 #[derive(Clone)]
 pub struct UpstreamConfig {
     pub name: String,
@@ -296,6 +321,9 @@ pub struct UpstreamConfig {
     pub keepalive: Option<Duration>,
     pub circuit: Option<String>,
     pub cooldown: CooldownMode,
+    pub pacing: PacingMode,
+    /// Pacing starts when a response says at most this many requests are left.
+    pub pacing_reserve: u32,
     pub ca_file: Option<PathBuf>,
     /// Set on every request to this upstream, replacing what the app sent. Values are secret.
     pub set_headers: Vec<(HeaderName, HeaderValue)>,
@@ -317,6 +345,8 @@ impl std::fmt::Debug for UpstreamConfig {
             .field("keepalive", &self.keepalive)
             .field("circuit", &self.circuit)
             .field("cooldown", &self.cooldown)
+            .field("pacing", &self.pacing)
+            .field("pacing_reserve", &self.pacing_reserve)
             .field("ca_file", &self.ca_file)
             .field(
                 "set_headers",

@@ -15,6 +15,7 @@ pub struct RawConfig {
     pub dead_letters: Option<RawDeadLetters>,
     pub jobs: Option<RawJobs>,
     pub telemetry: Option<RawTelemetry>,
+    pub metrics: Option<RawMetrics>,
     #[serde(default)]
     pub upstreams: BTreeMap<String, RawUpstream>,
     #[serde(default)]
@@ -85,6 +86,8 @@ pub struct RawUpstream {
     pub keepalive: Option<String>,
     pub circuit: Option<String>,
     pub cooldown: Option<String>,
+    pub pacing: Option<String>,
+    pub pacing_reserve: Option<i64>,
     pub ca_file: Option<String>,
     #[serde(default)]
     pub set_headers: BTreeMap<String, String>,
@@ -173,4 +176,10 @@ pub struct RawJobs {
     pub max_result_body: Option<String>,
     pub callback_allowed_prefixes: Option<Vec<String>>,
     pub secret: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawMetrics {
+    pub models: Option<Vec<String>>,
 }

@@ -12,6 +12,12 @@ pub(super) fn render(c: &Config) -> String {
     upstreams(&mut out, c);
     policies(&mut out, c);
     jobs_and_idempotency(&mut out, c);
+    let models = if c.metrics.models.is_empty() {
+        "none (every model counts as other)".to_string()
+    } else {
+        c.metrics.models.join(", ")
+    };
+    let _ = writeln!(out, "\nmetrics: token models {models}");
     out
 }
 
@@ -129,6 +135,14 @@ fn upstreams(out: &mut String, c: &Config) {
             u.circuit.as_deref().unwrap_or("none"),
             u.cooldown
         );
+        match u.pacing {
+            PacingMode::Wait => {
+                let _ = write!(out, ", pacing wait (reserve {})", u.pacing_reserve);
+            }
+            PacingMode::Off => {
+                let _ = write!(out, ", pacing off");
+            }
+        }
         if let Some(ca) = &u.ca_file {
             let _ = write!(out, ", ca_file {}", ca.display());
         }

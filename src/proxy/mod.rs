@@ -17,7 +17,9 @@
 
 mod commit;
 mod idempotent;
+mod pacing;
 pub mod stream;
+mod tokens;
 mod websocket;
 
 use std::sync::Arc;
@@ -31,13 +33,13 @@ use tokio_util::task::TaskTracker;
 
 use std::time::Duration;
 
-use crate::circuit::{credential_hash, release_delay, Attempt, Circuits, CredentialHash, Permit, CREDENTIAL_NAMES};
+use crate::circuit::{release_delay, Attempt, Circuits, Permit, CREDENTIAL_NAMES};
 use crate::config::{Config, CooldownMode, RetryPolicy, RouteConfig};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter, DeadLetters};
 use crate::error::{error_response, ProxyError};
 use crate::idempotency::{AnyStore, Claim, Idempotency, MemoryLimits, MemoryStore, Records, RedisStore};
 use crate::jobs::{self, Jobs};
-use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics};
+use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
 use crate::redis::RedisHandle;
 use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
 use crate::retry::{self, Backoff, RetryBudget};
@@ -48,7 +50,9 @@ use crate::upstream::{AttemptError, Upstream, UpstreamBody};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
 use idempotent::{follow_response, idempotency_step, replay_response, Answered};
+use pacing::credential_hash_of;
 use stream::{ErrorWatch, IdleTimeout, Primed};
+use tokens::{Meter, RequestTokens};
 
 /// A route with everything it refers to resolved.
 pub struct Route {
@@ -77,6 +81,8 @@ pub struct Target {
     pub header: HeaderValue,
     /// The attempt metric children for (route, this upstream).
     pub attempts: Arc<AttemptMetrics>,
+    /// The token metric children for (route, this upstream).
+    pub tokens: Arc<TokenMetrics>,
 }
 
 impl Target {
@@ -86,6 +92,12 @@ impl Target {
             upstream: upstream.clone(),
             header: HeaderValue::from_str(name).unwrap_or_else(|_| HeaderValue::from_static("-")),
             attempts: Arc::new(AttemptMetrics::new(metrics, route, name)),
+            tokens: Arc::new(TokenMetrics::new(
+                metrics,
+                route,
+                name,
+                &tokens::provider_name(name, &upstream.config),
+            )),
         }
     }
 }
@@ -191,6 +203,8 @@ pub struct Proxy {
     jobs: Option<Jobs>,
     /// OpenTelemetry traces (off unless `[telemetry] otlp_endpoint` is set).
     traces: Traces,
+    /// The `model` label values of the token metrics (`[metrics] models`, then `other`).
+    models: tokens::Models,
 }
 
 impl Proxy {
@@ -284,6 +298,7 @@ impl Proxy {
             circuits,
             jobs: jobs.for_config(config),
             traces,
+            models: tokens::Models::new(&config.metrics),
         })
     }
 
@@ -378,6 +393,7 @@ impl Proxy {
         let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
         log.set_upstream(&delivery.upstream, delivery.attempts.len() as u32);
         log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
+        log.set_usage(&delivery.tokens.ledger);
 
         // 7. A failure for good is recorded as a dead letter.
         if let Some(reason) = delivery.dead_letter_reason() {
@@ -418,7 +434,8 @@ impl Proxy {
         let target = route.target(&delivery.upstream);
         let mut resp = match delivery.result {
             Ok(resp) => {
-                let mut resp = upstream_response(resp, route, target, attempts, outcome, claim, log);
+                let meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
+                let mut resp = upstream_response(resp, route, target, (attempts, outcome), claim, log, meter);
                 if job_run {
                     resp.extensions_mut().insert(Delivered { attempts, error: None });
                 }
@@ -466,6 +483,7 @@ impl Proxy {
             route.budget.deposit(started);
         }
         let mut d = Progress::new(route.primary().name.clone(), deadline);
+        d.tokens = self.models.for_request(body);
         let mut now = started;
         let mut waited: (Duration, Option<&'static str>) = (Duration::ZERO, None);
         loop {
@@ -481,6 +499,7 @@ impl Proxy {
             state.attempts += 1;
             d.upstream = go.target.name.clone();
             let remaining = state.deadline.saturating_duration_since(now);
+            d.sent = now;
             let span = trace.attempt(state.attempts, &go.target.name, waited.0, waited.1);
             let mut req = go.req;
             span.inject(req.headers_mut());
@@ -509,7 +528,10 @@ impl Proxy {
                     self.count_retry(route, state.attempts, &reason.to_string(), wait, source.as_str());
                     d.waited(wait);
                     waited = (wait, Some(source.as_str()));
-                    d.last = result.ok();
+                    d.last = result.ok().map(|mut r| {
+                        tokens::discard(&mut r, &target.tokens, &d.tokens, state.attempts, now);
+                        r
+                    });
                     tokio::time::sleep(wait).await;
                     now = Instant::now();
                 }
@@ -573,6 +595,11 @@ impl Proxy {
         };
         // The credential is hashed only when some cooldown holds this upstream, or after a 429.
         let credentials = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
+        if let Some(hold) = pacing::wait(&self.circuits, target, &credentials, now, state.deadline) {
+            drop(permit);
+            tokio::time::sleep(hold).await;
+            return Admit::Held;
+        }
         if self.circuits.cooldowns_active(&target.name) {
             let credential = credential_hash_of(&credentials);
             if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
@@ -614,6 +641,9 @@ impl Proxy {
             Err(e) => e.outcome(),
         };
         target.attempts.count(outcome.label());
+        if let Ok(resp) = result {
+            pacing::note(&self.circuits, target, credentials, resp.headers(), received);
+        }
         let hint = match result {
             Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
             _ => None,
@@ -677,7 +707,7 @@ impl Proxy {
             reason,
             error_class: d.error_class(),
             final_status: d.status(),
-            attempts: d.attempts.clone(),
+            attempts: tokens::with_usage(&d.attempts, &d.tokens.ledger),
             job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.clone()),
         };
         let entry = DeadLetter::of(failure, &self.dead_letter_config);
@@ -701,6 +731,10 @@ struct Progress {
     last: Option<Response<Primed<UpstreamBody>>>,
     /// The request's whole deadline (for the error that reports it).
     deadline: Duration,
+    /// The request's model label and token ledger.
+    tokens: RequestTokens,
+    /// When the last attempt was sent.
+    sent: Instant,
 }
 
 impl Progress {
@@ -711,6 +745,8 @@ impl Progress {
             upstream,
             last: None,
             deadline,
+            tokens: RequestTokens::default(),
+            sent: Instant::now(),
         }
     }
 
@@ -721,6 +757,7 @@ impl Progress {
             status,
             duration_ms: took.as_millis() as u64,
             wait_ms: 0,
+            usage: None,
         });
     }
 
@@ -738,6 +775,8 @@ impl Progress {
             attempts: std::mem::take(&mut self.attempts),
             stop,
             upstream: self.upstream.clone(),
+            tokens: self.tokens.clone(),
+            sent: self.sent,
         }
     }
 
@@ -778,6 +817,9 @@ struct Delivery {
     stop: Stop,
     /// The upstream of the last attempt.
     upstream: Arc<str>,
+    tokens: RequestTokens,
+    /// When the last attempt was sent.
+    sent: Instant,
 }
 
 impl Delivery {
@@ -819,17 +861,6 @@ impl Delivery {
             (None, _) => "timeout",
         }
     }
-}
-
-/// The credential hash of the credential header values an attempt sent.
-fn credential_hash_of(values: &[Option<HeaderValue>; 3]) -> CredentialHash {
-    let mut headers = http::HeaderMap::new();
-    for (name, value) in CREDENTIAL_NAMES.into_iter().zip(values) {
-        if let Some(v) = value {
-            headers.insert(name, v.clone());
-        }
-    }
-    credential_hash(&headers, &CREDENTIAL_NAMES)
 }
 
 /// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.
@@ -887,10 +918,10 @@ fn upstream_response<B>(
     resp: Response<B>,
     route: &Route,
     target: &Target,
-    attempts: u32,
-    outcome: Outcome,
+    (attempts, outcome): (u32, Outcome),
     claim: Option<Claim>,
     log: RequestLog,
+    meter: Option<Meter>,
 ) -> Response<ProxyBody>
 where
     B: http_body::Body<Data = Bytes, Error = body::BoxError> + Send + Unpin + 'static,
@@ -907,7 +938,8 @@ where
     }
     let status = parts.status.as_u16();
     let first_event_error = matches!(outcome, Outcome::InBand(_));
-    let (body, stream_error) = ErrorWatch::for_response(body, &parts.headers, first_event_error, &target.attempts);
+    let (body, stream_error) =
+        ErrorWatch::for_response(body, &parts.headers, first_event_error, &target.attempts, meter);
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
     let body = match claim {
         // A stream with an error event in it is passed through, but not stored: the key is

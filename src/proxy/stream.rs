@@ -17,6 +17,7 @@ use http_body::{Body, Frame, SizeHint};
 use prometheus::IntCounter;
 use tokio::time::Sleep;
 
+use super::tokens::Meter;
 use crate::metrics::AttemptMetrics;
 use crate::wire::body::BoxError;
 use crate::wire::sse::{ErrorScan, Shape};
@@ -122,9 +123,13 @@ where
 /// it is passed through untouched, not retried) and counts it once
 /// (`rebound_stream_errors_total{position="mid_stream"}`), setting the response's flag. Each data
 /// frame is scanned in place ([`ErrorScan`]); once an error is seen, scanning stops.
-pub struct ErrorWatch<B> {
+///
+/// In the same poll, each data frame is fed to the attempt's token [`Meter`] (event streams and
+/// JSON bodies), which is finished when the body ends, fails or is dropped.
+pub struct ErrorWatch<B: Body> {
     inner: B,
     watching: Option<Watching>,
+    meter: Option<Meter>,
 }
 
 struct Watching {
@@ -133,7 +138,7 @@ struct Watching {
     counter: IntCounter,
 }
 
-impl<B> ErrorWatch<B> {
+impl<B: Body> ErrorWatch<B> {
     /// Scans `inner`, setting `seen` and counting with `counter` when an error event passes.
     pub fn new(inner: B, seen: Arc<AtomicBool>, counter: IntCounter) -> ErrorWatch<B> {
         ErrorWatch {
@@ -143,12 +148,26 @@ impl<B> ErrorWatch<B> {
                 seen,
                 counter,
             }),
+            meter: None,
         }
     }
 
     /// Passes `inner` through without looking.
     pub fn off(inner: B) -> ErrorWatch<B> {
-        ErrorWatch { inner, watching: None }
+        ErrorWatch {
+            inner,
+            watching: None,
+            meter: None,
+        }
+    }
+
+    /// Feeds every data frame to `meter` too; its tokens are wasted when `error` is set.
+    fn metered(mut self, meter: Option<Meter>, error: Option<&Arc<AtomicBool>>) -> ErrorWatch<B> {
+        self.meter = meter.map(|mut m| {
+            m.watch_error(error.cloned());
+            m
+        });
+        self
     }
 
     /// The watch a delivered response needs, and its error flag: an event stream whose first
@@ -160,15 +179,17 @@ impl<B> ErrorWatch<B> {
         headers: &http::HeaderMap,
         first_event_error: bool,
         metrics: &AttemptMetrics,
+        meter: Option<Meter>,
     ) -> (ErrorWatch<B>, Option<Arc<AtomicBool>>) {
         if first_event_error {
-            return (ErrorWatch::off(inner), Some(Arc::new(AtomicBool::new(true))));
+            let flag = Arc::new(AtomicBool::new(true));
+            return (ErrorWatch::off(inner).metered(meter, Some(&flag)), Some(flag));
         }
         if Shape::of(headers) != Shape::EventStream {
-            return (ErrorWatch::off(inner), None);
+            return (ErrorWatch::off(inner).metered(meter, None), None);
         }
         let seen = Arc::new(AtomicBool::new(false));
-        let watch = ErrorWatch::new(inner, seen.clone(), metrics.mid_stream_errors.clone());
+        let watch = ErrorWatch::new(inner, seen.clone(), metrics.mid_stream_errors.clone()).metered(meter, Some(&seen));
         (watch, Some(seen))
     }
 }
@@ -183,11 +204,33 @@ where
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         let this = &mut *self;
         let polled = Pin::new(&mut this.inner).poll_frame(cx);
-        if let (Poll::Ready(Some(Ok(frame))), Some(w)) = (&polled, &mut this.watching) {
-            if frame.data_ref().is_some_and(|data| w.scan.feed(data)) {
-                w.seen.store(true, Ordering::Release);
-                w.counter.inc();
-                this.watching = None;
+        let Poll::Ready(frame) = &polled else {
+            return polled;
+        };
+        match frame {
+            Some(Ok(frame)) => {
+                if let Some(data) = frame.data_ref() {
+                    if let Some(w) = &mut this.watching {
+                        if w.scan.feed(data) {
+                            w.seen.store(true, Ordering::Release);
+                            w.counter.inc();
+                            this.watching = None;
+                        }
+                    }
+                    if let Some(m) = &mut this.meter {
+                        m.feed(data);
+                    }
+                }
+            }
+            Some(Err(_)) => {
+                if let Some(m) = &mut this.meter {
+                    m.finish(false);
+                }
+            }
+            None => {
+                if let Some(m) = &mut this.meter {
+                    m.finish(true);
+                }
             }
         }
         polled
@@ -199,6 +242,16 @@ where
 
     fn size_hint(&self) -> SizeHint {
         self.inner.size_hint()
+    }
+}
+
+impl<B: Body> Drop for ErrorWatch<B> {
+    /// A body dropped before its end (the client went away, the idle timeout fired) was not
+    /// delivered whole; one whose last frame was read was (the end itself may never be polled).
+    fn drop(&mut self) {
+        if let Some(m) = &mut self.meter {
+            m.finish(self.inner.is_end_stream());
+        }
     }
 }
 

@@ -55,7 +55,7 @@ pub(super) async fn pass_through<B>(
         // The upstream declined the upgrade: its answer goes back as it came.
         let outcome = crate::retry::policy::Outcome::Status(resp.status());
         let resp = resp.map(|b| b.map_err(Into::into));
-        return upstream_response(resp, route, route.primary(), 1, outcome, None, log);
+        return upstream_response(resp, route, route.primary(), (1, outcome), None, log, None);
     }
     let upstream_side = hyper::upgrade::on(&mut resp);
     let hard_stop = proxy.hard_stop.clone();

@@ -10,6 +10,7 @@
 //! - [`budget`]: the per-route retry budget (`budget_ratio`, `budget_min_per_second`), a
 //!   Linkerd/tower-style sliding window that caps how much retries add to a route's traffic.
 //!
+//! - [`quota`]: a credential's request quota as a response reports it (what pacing reads).
 //! - [`policy`]: which outcomes are retryable for which methods (`retry_on`, `retry_once_on`,
 //!   `non_idempotent`), the request's deadline (shortened by `x-rebound-deadline-ms` and the
 //!   SDK's `x-stainless-timeout`), and the decision after each attempt.
@@ -29,8 +30,10 @@
 pub mod backoff;
 pub mod budget;
 pub mod policy;
+pub mod quota;
 pub mod retry_after;
 
 pub use backoff::{retry_after_jitter, Backoff, InvalidBackoff, Jitter, UnknownJitter};
 pub use budget::{BudgetSnapshot, InvalidBudget, RetryBudget};
+pub use quota::{requests_quota, Quota};
 pub use retry_after::{parse_hint, HintSource, RetryHint};

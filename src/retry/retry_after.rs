@@ -331,7 +331,7 @@ pub fn parse_rfc3339(value: &str) -> Option<SystemTime> {
 
 /// The value of a header that is present exactly once, or several times with byte-identical
 /// values; ASCII (visible characters, spaces, tabs) only, trimmed of spaces and tabs.
-fn single_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(super) fn single_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     let mut values = headers.get_all(name).iter();
     let first = values.next()?;
     if values.any(|other| other != first) {
@@ -374,7 +374,7 @@ fn parse_decimal(s: &str, unit_nanos: u128) -> Option<u128> {
 }
 
 /// A decimal integer of at most 19 digits (a `-remaining` counter).
-fn parse_unsigned(s: &str) -> Option<u64> {
+pub(super) fn parse_unsigned(s: &str) -> Option<u64> {
     if s.is_empty() || s.len() > 19 || !s.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
@@ -391,7 +391,7 @@ fn saturating_duration(nanos: u128) -> Duration {
 }
 
 /// Time from `reference` until `at`: zero when `at` is not in the future; at most [`MAX_HINT`].
-fn until(at: SystemTime, reference: SystemTime) -> Duration {
+pub(super) fn until(at: SystemTime, reference: SystemTime) -> Duration {
     at.duration_since(reference).map_or(Duration::ZERO, |d| d.min(MAX_HINT))
 }
 

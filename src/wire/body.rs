@@ -13,6 +13,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use tokio::time::Instant;
 
+use super::usage::Ledger;
 use crate::metrics::{Metrics, RouteMetrics};
 
 /// What the pipeline delivered, as a response extension, for a caller inside the process (a job
@@ -104,6 +105,8 @@ pub struct RequestLog {
     trace_id: Option<String>,
     /// The request's server span, ended with the books.
     span: Option<Box<dyn SpanEnd>>,
+    /// Every attempt's token usage, once counted.
+    usage: Option<Ledger>,
     /// Closed (counted out of flight, logged): at the end of the response, or on drop.
     closed: bool,
 }
@@ -136,6 +139,7 @@ impl RequestLog {
             error: None,
             trace_id: None,
             span: None,
+            usage: None,
             closed: false,
         }
     }
@@ -188,6 +192,11 @@ impl RequestLog {
         self.attempts = attempts;
     }
 
+    /// The request's token ledger (logged as `usage` when an attempt reported any).
+    pub fn set_usage(&mut self, ledger: &Ledger) {
+        self.usage = Some(ledger.clone());
+    }
+
     fn route_name(&self) -> &str {
         self.route.as_ref().map_or("none", |r| &*r.route)
     }
@@ -221,6 +230,7 @@ impl RequestLog {
                 .with_label_values(&["none"])
                 .observe(elapsed.as_secs_f64()),
         }
+        let usage = self.usage.as_ref().filter(|l| !l.is_empty()).map(Ledger::to_json);
         tracing::info!(
             target: "rebound::access",
             route = self.route_name(),
@@ -235,6 +245,7 @@ impl RequestLog {
             trace_id = self.trace_id.as_deref().unwrap_or("-"),
             duration_ms = elapsed.as_secs_f64() * 1000.0,
             completion = completion.as_str(),
+            usage = usage.as_deref(),
             "request"
         );
         if let Some(span) = self.span.take() {
@@ -331,6 +342,8 @@ impl Body for ProxyBody {
 }
 
 impl Drop for ProxyBody {
+    /// The body goes first, so that what it counts when dropped (an attempt's tokens) is in the
+    /// log line.
     fn drop(&mut self) {
         if let Some(log) = self.log.take() {
             let completion = if self.inner.is_end_stream() {
@@ -338,6 +351,10 @@ impl Drop for ProxyBody {
             } else {
                 Completion::ClientGone
             };
+            let empty = http_body_util::Empty::new()
+                .map_err(|never: Infallible| -> BoxError { match never {} })
+                .boxed_unsync();
+            drop(std::mem::replace(&mut self.inner, empty));
             log.finish(completion);
         }
     }

@@ -9,3 +9,4 @@
 pub mod body;
 pub mod headers;
 pub mod sse;
+pub mod usage;

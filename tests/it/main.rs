@@ -29,4 +29,5 @@ mod reload;
 mod retry;
 mod shutdown;
 mod tls;
+mod tokens;
 mod traces;

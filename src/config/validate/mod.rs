@@ -225,6 +225,7 @@ impl Validator<'_> {
         let dead_letters = self.dead_letters(raw.dead_letters.unwrap_or_default());
         let jobs = self.jobs(raw.jobs.unwrap_or_default());
         let telemetry = self.telemetry(raw.telemetry.unwrap_or_default());
+        let metrics = self.metrics(raw.metrics.unwrap_or_default());
 
         let retry: BTreeMap<_, _> = raw
             .retry
@@ -257,6 +258,7 @@ impl Validator<'_> {
             dead_letters,
             jobs,
             telemetry,
+            metrics,
             upstreams,
             routes,
             retry,
@@ -375,6 +377,36 @@ impl Validator<'_> {
                 })
                 .collect(),
         }
+    }
+
+    /// `[metrics] models`: distinct, non-empty names, at most 100 (each adds series), never
+    /// `other` (the label of every model not listed).
+    fn metrics(&mut self, m: RawMetrics) -> MetricsConfig {
+        let mut models: Vec<String> = Vec::new();
+        let raw = m.models.unwrap_or_default();
+        if raw.len() > 100 {
+            self.err(
+                "metrics.models",
+                format!("expected at most 100 models (each adds series), found {}", raw.len()),
+            );
+        }
+        for (i, name) in raw.iter().enumerate().take(100) {
+            let key = format!("metrics.models[{i}]");
+            let Some(name) = self.string(&key, Some(name)) else {
+                continue;
+            };
+            if name.is_empty() || name == "other" || name.len() > 128 || name.chars().any(char::is_control) {
+                self.err(
+                    &key,
+                    format!("expected a model name (1 to 128 printable characters, not \"other\"), found {name:?}"),
+                );
+            } else if models.contains(&name) {
+                self.err(&key, format!("expected each model once, found {name:?} twice"));
+            } else {
+                models.push(name);
+            }
+        }
+        MetricsConfig { models }
     }
 
     /// Every `[[routes]]` table, with unique names and prefixes, at least one.

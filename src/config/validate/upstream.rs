@@ -42,6 +42,13 @@ impl Validator<'_> {
                 ("off", CooldownMode::Off),
             ],
         );
+        let pacing = self.choice(
+            &key("pacing"),
+            &u.pacing,
+            PacingMode::Wait,
+            &[("wait", PacingMode::Wait), ("off", PacingMode::Off)],
+        );
+        let pacing_reserve = self.int(&key("pacing_reserve"), u.pacing_reserve, 0, 0, 1_000_000);
         let ca_file = self.ca_file(&key("ca_file"), u.ca_file.as_deref());
         let set_headers = self.set_headers(name, u);
         Some(UpstreamConfig {
@@ -57,6 +64,8 @@ impl Validator<'_> {
             keepalive: self.keepalive(&key("keepalive"), &u.keepalive),
             circuit,
             cooldown,
+            pacing,
+            pacing_reserve,
             ca_file,
             set_headers,
         })

@@ -13,6 +13,12 @@
 //! - `POST .../messages`: the Anthropic equivalent (the stream is the full event sequence:
 //!   `message_start`, `content_block_start`, the deltas, `content_block_stop`, `message_delta`,
 //!   `message_stop`, the first two sent with the first delta and the last three together);
+//!   With `"stream_options": {"include_usage": true}` a chat stream ends with a usage chunk;
+//! - a rate limit per credential ([`FakeProvider::rate_limit`], `POST /_fake/rate_limit`): `limit`
+//!   requests per fixed window of `window_ms` (from the window's first request) for each
+//!   `authorization` / `x-api-key` value; every answer carries the quota (OpenAI's
+//!   `x-ratelimit-*-requests`, Anthropic's `anthropic-ratelimit-requests-*` on `/messages`), and a
+//!   request over the limit gets 429 ([`FakeProvider::rate_limited`] counts them);
 //! - `ANY /echo...`: JSON describing the request as received (method, path, query, headers, body size);
 //! - `GET /ws`: a WebSocket-style upgrade that echoes bytes back;
 //! - anything else: 404 with an OpenAI-shaped error body.
@@ -146,6 +152,11 @@ struct State {
     recorded: Mutex<HashMap<String, Vec<Recorded>>>,
     streams_completed: Mutex<HashMap<String, usize>>,
     connections: AtomicUsize,
+    /// Requests per window and the window, when rate limiting.
+    rate: Mutex<Option<(usize, Duration)>>,
+    /// Per credential: the window's start and the requests in it.
+    windows: Mutex<HashMap<String, (std::time::Instant, usize)>>,
+    rate_limited: AtomicUsize,
     /// Keep recorded request bodies (off in the benchmark to stay flat in memory).
     record: bool,
 }
@@ -218,6 +229,16 @@ impl FakeProvider {
     /// SSE streams for `key` whose last event has been sent.
     pub fn streams_completed(&self, key: &str) -> usize {
         lock(&self.state.streams_completed).get(key).copied().unwrap_or(0)
+    }
+
+    /// Limits each credential to `limit` requests per window of `window` (see the module docs).
+    pub fn rate_limit(&self, limit: usize, window: Duration) {
+        *lock(&self.state.rate) = Some((limit, window));
+    }
+
+    /// Requests answered 429 by the rate limit so far.
+    pub fn rate_limited(&self) -> usize {
+        self.state.rate_limited.load(Ordering::SeqCst)
     }
 
     /// TCP connections accepted so far.
@@ -375,6 +396,99 @@ async fn handle(
         });
     }
 
+    let quota = rate_quota(&state, &parts.headers, path.ends_with("/messages"));
+    if let Some((false, headers)) = &quota {
+        state.rate_limited.fetch_add(1, Ordering::SeqCst);
+        let mut resp = json_response(
+            StatusCode::TOO_MANY_REQUESTS,
+            r#"{"error":{"message":"rate limited","type":"requests","code":"rate_limit_exceeded"}}"#.into(),
+        );
+        add_headers(&mut resp, headers.clone());
+        return Ok(resp);
+    }
+    let resp = answer(state, frozen, parts, body, key, path, chunks, gap).await;
+    Ok(match (resp, quota) {
+        (Ok(mut resp), Some((_, headers))) => {
+            add_headers(&mut resp, headers);
+            resp
+        }
+        (resp, _) => return resp,
+    })
+}
+
+/// Counts a request against its credential's window: whether it is allowed, and the quota
+/// headers to send (`None` without a rate limit).
+fn rate_quota(state: &State, headers: &HeaderMap, anthropic: bool) -> Option<(bool, Vec<(String, String)>)> {
+    let (limit, window) = (*lock(&state.rate))?;
+    let credential = header(headers, "authorization")
+        .or_else(|| header(headers, "x-api-key"))
+        .unwrap_or("")
+        .to_string();
+    let now = std::time::Instant::now();
+    let (allowed, remaining, reset) = {
+        let mut windows = lock(&state.windows);
+        let w = windows.entry(credential).or_insert((now, 0));
+        if now >= w.0 + window {
+            *w = (now, 0);
+        }
+        let allowed = w.1 < limit;
+        if allowed {
+            w.1 += 1;
+        }
+        (allowed, limit - w.1, (w.0 + window).saturating_duration_since(now))
+    };
+    // Rounded up: a client that waits this long finds the next window open.
+    let reset_ms = reset.as_nanos().div_ceil(1_000_000);
+    let headers = if anthropic {
+        let at = std::time::SystemTime::now() + Duration::from_millis(reset_ms as u64 + 1);
+        let at = httpdate_rfc3339(at);
+        vec![
+            ("anthropic-ratelimit-requests-limit".into(), limit.to_string()),
+            ("anthropic-ratelimit-requests-remaining".into(), remaining.to_string()),
+            ("anthropic-ratelimit-requests-reset".into(), at),
+        ]
+    } else {
+        vec![
+            ("x-ratelimit-limit-requests".into(), limit.to_string()),
+            ("x-ratelimit-remaining-requests".into(), remaining.to_string()),
+            ("x-ratelimit-reset-requests".into(), format!("{reset_ms}ms")),
+        ]
+    };
+    Some((allowed, headers))
+}
+
+/// RFC 3339 UTC with milliseconds, rounded up to the millisecond.
+fn httpdate_rfc3339(at: std::time::SystemTime) -> String {
+    let ms = at
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos().div_ceil(1_000_000)) as i64;
+    let (days, rest) = (ms.div_euclid(86_400_000), ms.rem_euclid(86_400_000));
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    let (h, mi, sec, milli) = (rest / 3_600_000, rest / 60_000 % 60, rest / 1000 % 60, rest % 1000);
+    format!("{y:04}-{m:02}-{d:02}T{h:02}:{mi:02}:{sec:02}.{milli:03}Z")
+}
+
+/// The answer to a request that the rate limit let through.
+#[allow(clippy::too_many_arguments)]
+async fn answer(
+    state: Arc<State>,
+    frozen: Arc<AtomicBool>,
+    parts: http::request::Parts,
+    body: Bytes,
+    key: String,
+    path: String,
+    chunks: usize,
+    gap: Duration,
+) -> Result<Response<Body>, ResetConnection> {
     let step = {
         let mut scripts = lock(&state.scripts);
         match scripts.get_mut(&key) {
@@ -382,9 +496,14 @@ async fn handle(
             _ => None,
         }
     };
-    let wants_stream = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
+    let request = serde_json::from_slice::<serde_json::Value>(&body).ok();
+    let wants_stream = request
+        .as_ref()
         .and_then(|v| v.get("stream").and_then(|s| s.as_bool()))
+        .unwrap_or(false);
+    let include_usage = request
+        .as_ref()
+        .and_then(|v| v.pointer("/stream_options/include_usage").and_then(|s| s.as_bool()))
         .unwrap_or(false);
 
     let step = match step {
@@ -482,7 +601,7 @@ async fn handle(
     if path.ends_with("/chat/completions") || path.ends_with("/messages") {
         let anthropic = path.ends_with("/messages");
         if wants_stream {
-            return Ok(sse_stream(state, key, chunks, gap, anthropic));
+            return Ok(sse_stream(state, key, chunks, gap, anthropic, include_usage));
         }
         let body = if anthropic {
             anthropic_message()
@@ -548,6 +667,29 @@ async fn control(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
             match serde_json::from_slice::<Script>(&body) {
                 Ok(s) => {
                     lock(&state.scripts).insert(s.key, s.steps);
+                    json_response(StatusCode::OK, "{}".into())
+                }
+                Err(e) => json_response(
+                    StatusCode::BAD_REQUEST,
+                    serde_json::json!({"error": e.to_string()}).to_string(),
+                ),
+            }
+        }
+        "/_fake/rate_limit" => {
+            #[derive(Deserialize)]
+            struct Rate {
+                limit: usize,
+                window_ms: u64,
+            }
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            match serde_json::from_slice::<Rate>(&body) {
+                Ok(r) => {
+                    *lock(&state.rate) = Some((r.limit, Duration::from_millis(r.window_ms)));
                     json_response(StatusCode::OK, "{}".into())
                 }
                 Err(e) => json_response(
@@ -688,10 +830,37 @@ fn thinking(
     })
 }
 
-fn sse_stream(state: Arc<State>, key: String, chunks: usize, gap: Duration, anthropic: bool) -> Response<Body> {
-    sse_response(BodyExt::boxed(StreamBody::new(sse_events(
-        state, key, chunks, gap, anthropic,
-    ))))
+fn sse_stream(
+    state: Arc<State>,
+    key: String,
+    chunks: usize,
+    gap: Duration,
+    anthropic: bool,
+    include_usage: bool,
+) -> Response<Body> {
+    let events = sse_events(state, key, chunks, gap, anthropic);
+    if !include_usage || anthropic {
+        return sse_response(BodyExt::boxed(StreamBody::new(events)));
+    }
+    // The usage chunk goes just before `[DONE]`: in the last frame, ahead of it.
+    let events = futures_util::StreamExt::map(events, move |frame| {
+        frame.map(|f| match f.into_data() {
+            Ok(data) if data.as_ref() == b"data: [DONE]\n\n" => {
+                Frame::data(Bytes::from(format!("{}{}", usage_chunk(chunks), "data: [DONE]\n\n")))
+            }
+            Ok(data) => Frame::data(data),
+            Err(f) => f,
+        })
+    });
+    sse_response(BodyExt::boxed(StreamBody::new(events)))
+}
+
+/// The usage chunk of a chat stream of `chunks` deltas (`stream_options.include_usage`).
+pub fn usage_chunk(chunks: usize) -> String {
+    format!(
+        "data: {{\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-fake\",\"choices\":[],\"usage\":{{\"prompt_tokens\":12,\"completion_tokens\":{chunks},\"total_tokens\":{}}}}}\n\n",
+        12 + chunks
+    )
 }
 
 /// The events of a normal stream of `chunks` deltas, `gap` apart.

@@ -66,6 +66,8 @@ pub enum Step {
     Stall,
     /// Send the head and the first SSE chunk, then abort the stream.
     CutAfterFirstChunk,
+    /// Send a 200 head (the request's usual content type), then abort before any body byte.
+    ResetAfterHead,
     /// Send the head and the first SSE chunk, then nothing more (the connection stays open).
     StallAfterFirstChunk,
     /// A model that thinks before it streams: the SSE head at once, then the normal stream's first
@@ -542,6 +544,19 @@ async fn answer(
             });
             let stream = futures_util::StreamExt::chain(first, cut);
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
+        Some(Step::ResetAfterHead) => {
+            // Let the head reach the wire before the abort.
+            let cut = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err::<Frame<Bytes>, _>(std::io::Error::other("scripted reset after head"))
+            });
+            let mut resp = sse_response(BodyExt::boxed(StreamBody::new(cut)));
+            if !wants_stream {
+                resp.headers_mut()
+                    .insert("content-type", http::HeaderValue::from_static("application/json"));
+            }
+            return Ok(resp);
         }
         Some(Step::StallAfterFirstChunk) => {
             let first = futures_util::stream::iter(vec![Ok(Frame::data(Bytes::from(sse_chunk(0))))]);

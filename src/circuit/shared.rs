@@ -604,7 +604,7 @@ async fn subscribe(circuits: Arc<Circuits>, redis: RedisHandle, stop: Cancellati
                     _ = stop.cancelled() => return,
                     _ = tokio::time::sleep(backoff) => {}
                 }
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                backoff = (backoff * 2).min(redis.reconnect_backoff_max());
             }
         }
     }

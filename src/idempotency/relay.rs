@@ -128,7 +128,7 @@ impl Relay {
                 _ = self.stop.cancelled() => return,
                 _ = tokio::time::sleep(backoff) => {}
             }
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            backoff = (backoff * 2).min(self.redis.reconnect_backoff_max());
         }
     }
 

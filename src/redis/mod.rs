@@ -186,6 +186,12 @@ impl RedisHandle {
         format!("{}{suffix}", self.inner.config.key_prefix)
     }
 
+    /// How long a lost subscription or connection waits, at most, before it is tried again: the
+    /// fleet sync interval, so that shared state is back within about two of them after Redis is.
+    pub fn reconnect_backoff_max(&self) -> Duration {
+        self.inner.config.sync_interval.max(Duration::from_millis(50))
+    }
+
     /// The configured command timeout.
     pub fn command_timeout(&self) -> Duration {
         self.inner.config.command_timeout
@@ -557,7 +563,9 @@ impl RedisHandle {
             .set_connection_timeout(nodes.connect_timeout)
             .set_response_timeout(self.inner.config.command_timeout)
             .set_number_of_retries(2)
-            .set_max_delay(1000);
+            // Reconnection tries 100 ms apart at most (plus jitter), not the crate's 1 s minimum:
+            // a Redis that restarted is used again within a sync interval or two.
+            .set_max_delay(100);
         let connect = ConnectionManager::new_with_config(client, config);
         match tokio::time::timeout(nodes.connect_timeout * 2, connect).await {
             Ok(Ok(c)) => Ok(c),

@@ -290,9 +290,14 @@ impl RequestSpan {
 }
 
 impl SpanEnd for RequestSpan {
-    fn end(self: Box<Self>, status: u16, completion: &str, error: Option<&str>) {
+    fn end(self: Box<Self>, status: u16, completion: &str, error: Option<&str>, tokens: Option<[u64; 2]>) {
         let Some(s) = self.span else { return };
         let span = s.cx.span();
+        if let Some([input, output]) = tokens {
+            let n = |v: u64| i64::try_from(v).unwrap_or(i64::MAX);
+            span.set_attribute(KeyValue::new("gen_ai.usage.input_tokens", n(input)));
+            span.set_attribute(KeyValue::new("gen_ai.usage.output_tokens", n(output)));
+        }
         span.set_attribute(KeyValue::new("http.response.status_code", i64::from(status)));
         span.set_attribute(KeyValue::new("rebound.completion", completion.to_string()));
         if let Some(code) = error {

@@ -80,7 +80,9 @@ impl Completion {
 
 /// What ends a request's trace span when its books close (implemented by `traces`).
 pub trait SpanEnd: Send {
-    fn end(self: Box<Self>, status: u16, completion: &str, error: Option<&str>);
+    /// `tokens`: the input (cached included) and output tokens of the attempts whose response
+    /// was delivered, when any reported usage.
+    fn end(self: Box<Self>, status: u16, completion: &str, error: Option<&str>, tokens: Option<[u64; 2]>);
 }
 
 /// One request's books: counted in flight from its head, closed when its response ends.
@@ -249,7 +251,15 @@ impl RequestLog {
             "request"
         );
         if let Some(span) = self.span.take() {
-            span.end(self.status, completion.as_str(), self.error);
+            let tokens = self.usage.as_ref().map(|l| l.entries()).and_then(|entries| {
+                let delivered = entries.iter().filter(|e| e.outcome == "delivered");
+                delivered.fold(None, |sum: Option<[u64; 2]>, e| {
+                    let [i, o] = sum.unwrap_or_default();
+                    let input = e.input.saturating_add(e.cache_read).saturating_add(e.cache_write);
+                    Some([i.saturating_add(input), o.saturating_add(e.output)])
+                })
+            });
+            span.end(self.status, completion.as_str(), self.error, tokens);
         }
     }
 }

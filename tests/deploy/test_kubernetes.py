@@ -182,7 +182,7 @@ def test_configmap_config_is_valid_with_the_pods_environment(rebound_bin, tmp_pa
     assert r.returncode == 0, r.stderr
     assert "admin 0.0.0.0:9901" in r.stdout, r.stdout
     assert "listen 127.0.0.1:8080" in r.stdout, r.stdout
-    assert "redis redis://" in r.stdout and "rebound-redis:6379" in r.stdout, r.stdout
+    assert "redis standalone redis://" in r.stdout and "rebound-redis:6379" in r.stdout, r.stdout
     assert "placeholder" not in r.stdout, "secrets never appear in `rebound check`"
 
 

@@ -137,6 +137,9 @@ async fn a_retried_request_is_one_server_span_with_a_client_span_per_attempt() {
     assert_eq!(text(server, "gen_ai.request.model"), "gpt-x");
     assert_eq!(text(server, "gen_ai.operation.name"), "chat");
     assert_eq!(int(server, "http.response.status_code"), 200);
+    // The delivered attempt's usage (the fake completion reports 12 in, 96 out).
+    assert_eq!(int(server, "gen_ai.usage.input_tokens"), 12);
+    assert_eq!(int(server, "gen_ai.usage.output_tokens"), 96);
 
     let mut attempts: Vec<&Span> = spans.iter().filter(|s| s.kind == 3).collect();
     attempts.sort_by_key(|s| int(s, "rebound.attempt"));

@@ -562,10 +562,10 @@ impl RedisHandle {
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(nodes.connect_timeout)
             .set_response_timeout(self.inner.config.command_timeout)
-            .set_number_of_retries(2)
-            // Reconnection tries 100 ms apart at most (plus jitter), not the crate's 1 s minimum:
-            // a Redis that restarted is used again within a sync interval or two.
-            .set_max_delay(100);
+            // One connection try per reconnection, no backoff sleeps (the crate's are at least
+            // 1 s): while Redis is down a command fails at once, and the first one after it is
+            // back reconnects. The supervisor's checks keep trying in between.
+            .set_number_of_retries(0);
         let connect = ConnectionManager::new_with_config(client, config);
         match tokio::time::timeout(nodes.connect_timeout * 2, connect).await {
             Ok(Ok(c)) => Ok(c),

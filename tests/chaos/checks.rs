@@ -388,8 +388,9 @@ pub fn check(flows: &[Flow], provider: &FakeProvider, inj: &mut Injections) -> R
         );
         inj.log.push(line.clone());
         // Measured from the instant Redis answers again, by probes that take round trips of
-        // their own on a loaded machine: the bound plus 2 s of slack fails only a real stall.
-        if t.is_none_or(|t| t > bound + Duration::from_secs(2)) {
+        // their own on a loaded machine (a dead letter lost to the first write after the return
+        // costs its probe a 1.5 s poll): the bound plus 1.5 s fails only a real stall.
+        if t.is_none_or(|t| t > bound + Duration::from_millis(1500)) {
             r.violation("(f) shared state back after Redis returns", line);
         }
     }

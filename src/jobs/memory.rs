@@ -109,6 +109,7 @@ impl MemoryQueue {
             http_status: None,
             error: None,
             callback: None,
+            usage: Vec::new(),
         };
         s.jobs.insert(
             job.id.clone(),
@@ -194,6 +195,7 @@ impl MemoryQueue {
                 job.view.attempts = f.attempts;
                 job.view.http_status = f.http_status;
                 job.view.error = f.error.clone();
+                job.view.usage.clone_from(&f.usage);
                 if callback_pending {
                     job.view.callback = Some(CallbackView {
                         state: CallbackState::Pending,
@@ -274,6 +276,7 @@ mod tests {
                 body: Bytes::copy_from_slice(body),
             }),
             error: None,
+            usage: Vec::new(),
         }
     }
 

@@ -139,6 +139,8 @@ pub struct JobView {
     /// Why it failed, when it did.
     pub error: Option<String>,
     pub callback: Option<CallbackView>,
+    /// The token usage of the finishing run's attempts (those that reported any).
+    pub usage: Vec<crate::wire::usage::AttemptUsage>,
 }
 
 impl JobView {
@@ -159,6 +161,9 @@ impl JobView {
         });
         if self.state.finished() {
             v["result_url"] = format!("/jobs/{}/result", self.id).into();
+        }
+        if !self.usage.is_empty() {
+            v["usage"] = serde_json::to_value(&self.usage).unwrap_or_default();
         }
         if let Some(cb) = &self.callback {
             v["callback"] = serde_json::json!({
@@ -190,6 +195,8 @@ pub struct Finished {
     /// The response, when there was one to keep.
     pub result: Option<JobResult>,
     pub error: Option<String>,
+    /// Each attempt's token usage (those that reported any).
+    pub usage: Vec<crate::wire::usage::AttemptUsage>,
 }
 
 /// Unix milliseconds as RFC 3339 UTC (`2025-01-31T12:00:00.123Z`).

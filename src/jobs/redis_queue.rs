@@ -38,9 +38,9 @@ pub const GROUP: &str = "workers";
 const MAXLEN_FACTOR: u64 = 4;
 
 /// The job hash fields a status view reads.
-const VIEW_FIELDS: [&str; 14] = [
+const VIEW_FIELDS: [&str; 15] = [
     "st", "route", "access", "created", "started", "finished", "runs", "attempts", "status", "err", "cb", "cbst",
-    "cbn", "cbs",
+    "cbn", "cbs", "usage",
 ];
 
 /// How a worker's take went.
@@ -434,6 +434,7 @@ impl RedisQueue {
             ("attempts", f.attempts.to_string().into_bytes()),
             ("status", f.http_status.unwrap_or(0).to_string().into_bytes()),
             ("err", f.error.clone().unwrap_or_default().into_bytes()),
+            ("usage", serde_json::to_vec(&f.usage).unwrap_or_default()),
         ];
         if let Some(r) = &f.result {
             fields.push(("meta", serde_json::to_vec(&r.headers).unwrap_or_default()));
@@ -612,6 +613,9 @@ fn decode(id: &str, reply: &[Value]) -> Option<Loaded> {
         http_status: opt("status").map(|s| s as u16).filter(|s| *s > 0),
         error: text(get("err")).filter(|e| !e.is_empty()),
         callback,
+        usage: text(get("usage"))
+            .and_then(|u| serde_json::from_str(&u).ok())
+            .unwrap_or_default(),
     };
     let result = match (full, view.http_status, text(get("meta"))) {
         (true, Some(status), Some(meta)) => Some(JobResult {

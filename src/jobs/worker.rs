@@ -495,6 +495,7 @@ impl Runtime {
             .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
             .collect();
         let rebound_error = delivered.error.map(str::to_string);
+        let ledger = resp.extensions().get::<crate::wire::usage::Ledger>().cloned();
         let state = if status < 400 {
             JobState::Succeeded
         } else {
@@ -530,6 +531,8 @@ impl Runtime {
             http_status: Some(status),
             result,
             error,
+            // Read after the body: the last attempt's usage is counted as it ends.
+            usage: ledger.map(|l| l.entries()).unwrap_or_default(),
         }
     }
 
@@ -619,5 +622,6 @@ fn failed(error: String) -> Finished {
         http_status: None,
         result: None,
         error: Some(error),
+        usage: Vec::new(),
     }
 }

@@ -438,6 +438,8 @@ impl Proxy {
                 let mut resp = upstream_response(resp, route, target, (attempts, outcome), claim, log, meter);
                 if job_run {
                     resp.extensions_mut().insert(Delivered { attempts, error: None });
+                    // Filled as the body ends: the job record keeps each attempt's usage.
+                    resp.extensions_mut().insert(delivery.tokens.ledger.clone());
                 }
                 resp
             }

@@ -104,6 +104,11 @@ async fn submitted_then_polled_to_the_response(redis: Option<&RedisServer>) {
     assert_eq!(s["attempts"], 1);
     assert_eq!(s["runs"], 1);
     assert_eq!(s["route"], "fake");
+    // The attempt's token usage, as the fake completion reported it.
+    assert_eq!(s["usage"][0]["attempt"], 1, "{s}");
+    assert_eq!(s["usage"][0]["input"], 12);
+    assert_eq!(s["usage"][0]["output"], 96);
+    assert_eq!(s["usage"][0]["outcome"], "delivered");
     assert_eq!(s["result_url"], format!("/jobs/{id}/result"));
     for t in ["created_at", "started_at", "finished_at"] {
         assert!(s[t].as_str().unwrap().ends_with('Z'), "{t}: {s}");

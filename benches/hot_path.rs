@@ -1,0 +1,105 @@
+//! Micro-benchmarks of the functions every request runs (divan): a regression here shows before
+//! the load benchmark (`bench/run`) would. `cargo bench --bench hot_path`.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use divan::{black_box, Bencher};
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
+use rebound::circuit::breaker::{Admission, Attempt, Breaker, BreakerConfig};
+use rebound::config::FailureOn;
+use rebound::idempotency::fingerprint::fingerprint;
+use rebound::retry::policy::Outcome;
+use rebound::retry::retry_after::parse_hint;
+use rebound::routing::RouteTable;
+use rebound::wire::headers::strip_hop_by_hop;
+
+fn main() {
+    divan::main();
+}
+
+/// Headers as an OpenAI SDK sends them, plus hop-by-hop ones for the hygiene pass.
+fn request_headers() -> HeaderMap {
+    let mut h = HeaderMap::new();
+    for (k, v) in [
+        ("host", "localhost:8080"),
+        ("authorization", "Bearer sk-proj-0123456789abcdef0123456789abcdef"),
+        ("content-type", "application/json"),
+        ("accept", "application/json"),
+        ("user-agent", "OpenAI/Python 1.99.0"),
+        ("x-stainless-lang", "python"),
+        ("x-stainless-retry-count", "0"),
+        ("x-stainless-timeout", "600"),
+        ("connection", "keep-alive, x-custom-hop"),
+        ("x-custom-hop", "1"),
+        ("keep-alive", "timeout=5"),
+        ("idempotency-key", "order-42"),
+    ] {
+        h.append(HeaderName::from_static(k), HeaderValue::from_static(v));
+    }
+    h
+}
+
+#[divan::bench]
+fn route_lookup(b: Bencher) {
+    let table = RouteTable::new(
+        ["/openai/", "/anthropic/", "/openai/v1/batches/", "/azure/", "/email/", "/embeddings/"]
+            .into_iter()
+            .enumerate()
+            .map(|(i, p)| (p.to_string(), i)),
+    );
+    b.bench(|| table.find(black_box("/openai/v1/chat/completions")).map(|(_, v)| *v));
+}
+
+#[divan::bench]
+fn header_hygiene(b: Bencher) {
+    let headers = request_headers();
+    b.with_inputs(|| headers.clone())
+        .bench_local_refs(|h| strip_hop_by_hop(black_box(h), false));
+}
+
+#[divan::bench]
+fn fingerprint_json_body(b: Bencher) {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    let body = br#"{"model":"gpt-4o","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Summarise the attached ticket in one line, please."}],"temperature":0.2,"stream":true}"#;
+    b.bench(|| fingerprint(&Method::POST, "/v1/chat/completions", None, &headers, black_box(body)));
+}
+
+#[divan::bench]
+fn retry_after_parse(b: Bencher) {
+    let mut headers = HeaderMap::new();
+    headers.insert("retry-after", HeaderValue::from_static("2"));
+    headers.insert("x-ratelimit-reset-requests", HeaderValue::from_static("1m30.5s"));
+    headers.insert("x-ratelimit-reset-tokens", HeaderValue::from_static("250ms"));
+    let now = UNIX_EPOCH + Duration::from_secs(1_795_946_400);
+    b.bench(|| parse_hint(black_box(&headers), black_box(now)));
+}
+
+#[divan::bench]
+fn breaker_admit_and_record(b: Bencher) {
+    let cfg = BreakerConfig {
+        consecutive_failures: 5,
+        failure_rate: 0.5,
+        minimum_requests: 20,
+        window: Duration::from_secs(30),
+        open_for: Duration::from_secs(5),
+        max_open_for: Duration::from_secs(300),
+        half_open_probes: 1,
+        failure_on: vec![FailureOn::AnyServerError],
+        probe_lease: Duration::from_secs(90),
+    };
+    let now = rebound::time::now();
+    let mut breaker = Breaker::new(cfg, now);
+    let mut rng = rand::rng();
+    let ok = Outcome::Status(http::StatusCode::OK);
+    b.bench_local(|| {
+        if let (Admission::Allowed(ticket), _) = breaker.admit(Attempt::First, now) {
+            black_box(breaker.record(ticket, ok, None, now, &mut rng));
+        }
+    });
+}
+
+#[divan::bench]
+fn wall_clock(b: Bencher) {
+    b.bench(SystemTime::now);
+}

@@ -42,10 +42,17 @@ fn request_headers() -> HeaderMap {
 #[divan::bench]
 fn route_lookup(b: Bencher) {
     let table = RouteTable::new(
-        ["/openai/", "/anthropic/", "/openai/v1/batches/", "/azure/", "/email/", "/embeddings/"]
-            .into_iter()
-            .enumerate()
-            .map(|(i, p)| (p.to_string(), i)),
+        [
+            "/openai/",
+            "/anthropic/",
+            "/openai/v1/batches/",
+            "/azure/",
+            "/email/",
+            "/embeddings/",
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| (p.to_string(), i)),
     );
     b.bench(|| table.find(black_box("/openai/v1/chat/completions")).map(|(_, v)| *v));
 }

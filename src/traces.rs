@@ -342,17 +342,6 @@ impl AttemptSpan {
     }
 }
 
-/// The `gen_ai.provider.name` of an upstream: the well-known providers by host, else its name.
-pub fn provider_name<'a>(upstream: &'a str, host: Option<&str>) -> &'a str {
-    match host {
-        Some(h) if h.ends_with("openai.com") => "openai",
-        Some(h) if h.ends_with("anthropic.com") => "anthropic",
-        Some(h) if h.ends_with("openai.azure.com") => "azure.ai.openai",
-        Some(h) if h.ends_with("googleapis.com") => "gcp.gen_ai",
-        _ => upstream,
-    }
-}
-
 /// `gen_ai.operation.name` from the request path.
 pub fn operation_name(path: &str) -> Option<&'static str> {
     if path.ends_with("/chat/completions") || path.ends_with("/messages") || path.ends_with("/responses") {
@@ -364,13 +353,4 @@ pub fn operation_name(path: &str) -> Option<&'static str> {
     } else {
         None
     }
-}
-
-/// The `model` of a JSON request body (parsed only for sampled requests).
-pub fn request_model(body: &[u8]) -> Option<String> {
-    #[derive(serde::Deserialize)]
-    struct Model {
-        model: Option<String>,
-    }
-    serde_json::from_slice::<Model>(body).ok()?.model
 }

@@ -252,17 +252,7 @@ impl Live {
         if s.dropped > 0 {
             return None;
         }
-        match s.chunks.len() {
-            0 => Some(Bytes::new()),
-            1 => s.chunks.front().cloned(),
-            _ => {
-                let mut buf = BytesMut::with_capacity(s.held);
-                for c in &s.chunks {
-                    buf.extend_from_slice(c);
-                }
-                Some(buf.freeze())
-            }
-        }
+        Some(concat(s.chunks.iter()))
     }
 
     /// Waits until the head is decided or the response ends without one.
@@ -344,6 +334,18 @@ impl State {
     fn unregister(&mut self, id: u64) {
         self.wakers.retain(|(i, _)| *i != id);
     }
+}
+
+/// The chunks as one `Bytes`: no copy for a single chunk.
+pub fn concat<'a>(chunks: impl ExactSizeIterator<Item = &'a Bytes> + Clone) -> Bytes {
+    if chunks.len() == 1 {
+        return chunks.clone().next().cloned().unwrap_or_default();
+    }
+    let mut buf = BytesMut::with_capacity(chunks.clone().map(Bytes::len).sum());
+    for c in chunks {
+        buf.extend_from_slice(c);
+    }
+    buf.freeze()
 }
 
 /// A follower's body: the original's bytes from byte 0, as they are produced; it ends as the

@@ -18,14 +18,14 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use futures_util::StreamExt as _;
 use redis::streams::StreamReadReply;
 use redis::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::live::{End, Head, HeadOrEnd, Live, Lives};
+use super::live::{concat, End, Head, HeadOrEnd, Live, Lives};
 use crate::redis::RedisHandle;
 
 /// The most data per stream entry.
@@ -188,7 +188,7 @@ impl Relay {
             next = batch.next;
             let mut fields = Vec::with_capacity(2);
             if !batch.data.is_empty() {
-                fields.push(("d", concat(&batch.data)));
+                fields.push(("d", concat(batch.data.iter())));
             }
             if let Some(end) = batch.end {
                 let unshared = end == End::Complete && live.is_unshared();
@@ -233,19 +233,6 @@ impl Relay {
             tracing::warn!(error = %e, "idempotency relay write failed; followers elsewhere are cut");
         }
         written.is_ok()
-    }
-}
-
-fn concat(chunks: &[Bytes]) -> Bytes {
-    match chunks {
-        [one] => one.clone(),
-        _ => {
-            let mut buf = BytesMut::with_capacity(chunks.iter().map(Bytes::len).sum());
-            for c in chunks {
-                buf.extend_from_slice(c);
-            }
-            buf.freeze()
-        }
     }
 }
 

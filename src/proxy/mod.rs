@@ -386,9 +386,9 @@ impl Proxy {
         // 6. Attempts: send, classify, decide, wait; until delivered.
         if trace.is_recording() {
             let target = route.primary();
-            let provider = traces::provider_name(&target.name, Some(target.upstream.config.authority.host()));
-            let model = traces::request_model(&body);
-            trace.set_route(&route.name, provider, model.as_deref(), traces::operation_name(&path));
+            let provider = tokens::provider_name(&target.name, &target.upstream.config);
+            let model = crate::wire::usage::request_model(&body);
+            trace.set_route(&route.name, &provider, model, traces::operation_name(&path));
         }
         let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
         log.set_upstream(&delivery.upstream, delivery.attempts.len() as u32);

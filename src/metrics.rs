@@ -476,6 +476,35 @@ impl RouteMetrics {
     }
 }
 
+/// One route's children of a `{route, LABEL}` counter family, resolved once for the labels it
+/// takes: counting one of them hashes nothing (a label lookup hashes every value, every call).
+pub struct RouteCounters {
+    children: Vec<(&'static str, IntCounter)>,
+    family: IntCounterVec,
+    route: Arc<str>,
+}
+
+impl RouteCounters {
+    pub fn new(family: &IntCounterVec, route: &str, labels: &[&'static str]) -> RouteCounters {
+        RouteCounters {
+            children: labels
+                .iter()
+                .map(|l| (*l, family.with_label_values(&[route, l])))
+                .collect(),
+            family: family.clone(),
+            route: Arc::from(route),
+        }
+    }
+
+    /// Counts one `label` (a label outside the resolved set is looked up).
+    pub fn inc(&self, label: &str) {
+        match self.children.iter().find(|(l, _)| *l == label) {
+            Some((_, c)) => c.inc(),
+            None => self.family.with_label_values(&[&*self.route, label]).inc(),
+        }
+    }
+}
+
 /// The children of the attempt families for one (route, upstream) pair, resolved once.
 pub struct AttemptMetrics {
     by_outcome: [IntCounter; OUTCOMES.len()],

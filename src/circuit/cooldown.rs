@@ -14,7 +14,8 @@
 //! indexed by deadline, so pruning and eviction take the front of that index: O(log n) per
 //! entry, never a walk over the whole table.
 
-use std::collections::{BTreeSet, HashMap};
+use foldhash::HashMap;
+use std::collections::BTreeSet;
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -134,7 +135,7 @@ impl Default for CooldownTable {
 impl CooldownTable {
     pub fn new(capacity: usize) -> CooldownTable {
         CooldownTable {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             by_deadline: BTreeSet::new(),
             capacity: capacity.max(1),
         }

@@ -29,7 +29,7 @@ pub mod breaker;
 pub mod cooldown;
 pub mod shared;
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -102,7 +102,7 @@ impl Cooldowns {
     fn new() -> Mutex<Cooldowns> {
         Mutex::new(Cooldowns {
             table: CooldownTable::default(),
-            outbox: HashMap::new(),
+            outbox: HashMap::default(),
         })
     }
 

@@ -31,7 +31,7 @@
 //! (probing without leases). Counts and cooldowns that could not be sent are kept (bounded) and
 //! sent on reconnect; the fleet state is re-read at the first successful sync. No restart needed.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 

@@ -6,7 +6,7 @@
 //! finds it full is not held: it gets the single write it always had, and is counted as lost when
 //! that fails (`rebound_idempotency_completions_total{result="lost"}`).
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 

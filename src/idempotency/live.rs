@@ -11,7 +11,8 @@
 //! recorder keeps for the store anyway): past it the oldest bytes are dropped, the response is not
 //! stored, and a follower still behind them is cut with an abort.
 
-use std::collections::{HashMap, VecDeque};
+use foldhash::HashMap;
+use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};

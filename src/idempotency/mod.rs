@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::error::ProxyError;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, RouteCounters, IDEMPOTENCY_RESULTS};
 use crate::redis::RedisHandle;
 use crate::wire::body::BoxError;
 pub use held::{Held, HeldCompletion};
@@ -165,6 +165,15 @@ pub struct Idempotency {
     /// Cancelled when the shutdown grace runs out: writes still pending give up then.
     hard_stop: CancellationToken,
     route: Arc<str>,
+    counters: Arc<Counters>,
+}
+
+/// The route's idempotency counters, resolved once.
+struct Counters {
+    /// `rebound_idempotency_requests_total{route,result}`.
+    results: RouteCounters,
+    /// `rebound_idempotency_completions_total{route,result}`.
+    completions: RouteCounters,
 }
 
 /// The original request's idempotency identity, carried by an admin replay (as a request
@@ -208,6 +217,10 @@ impl Idempotency {
         route: Arc<str>,
     ) -> Idempotency {
         // Its series are exported from startup (`Metrics::init_series`).
+        let counters = Arc::new(Counters {
+            results: RouteCounters::new(&metrics.idempotency_requests_total, &route, &IDEMPOTENCY_RESULTS),
+            completions: RouteCounters::new(&metrics.idempotency_completions_total, &route, &["late", "lost"]),
+        });
         Idempotency {
             policy,
             records: records.clone(),
@@ -215,14 +228,12 @@ impl Idempotency {
             tasks,
             hard_stop,
             route,
+            counters,
         }
     }
 
     fn count(&self, result: &str) {
-        self.metrics
-            .idempotency_requests_total
-            .with_label_values(&[&*self.route, result])
-            .inc();
+        self.counters.results.inc(result);
     }
 
     /// The identity a dead letter keeps so that its replay finds the original's record.
@@ -449,12 +460,27 @@ impl Idempotency {
                 held: self.records.held.clone(),
                 policy: self.policy.clone(),
                 metrics: self.metrics.clone(),
+                counters: self.counters.clone(),
                 tasks: self.tasks.clone(),
                 live,
                 _registered: registered,
                 _renewal: stop.drop_guard(),
             }),
         }
+    }
+}
+
+/// Runs a store write on `tasks`, unless it is done when first polled (the in-memory store's
+/// writes are): a task costs an allocation and a round through the scheduler that a write already
+/// done does not need. A write still pending goes on as a task, from where it got to.
+pub(crate) fn run_or_spawn<F>(tasks: &TaskTracker, write: F)
+where
+    F: std::future::Future<Output = ()> + Send + 'static,
+{
+    use futures_util::FutureExt as _;
+    let mut write = Box::pin(write);
+    if (&mut write).now_or_never().is_none() {
+        tasks.spawn(write);
     }
 }
 
@@ -477,6 +503,7 @@ struct ClaimInner {
     held: Arc<Held>,
     policy: Arc<IdempotencyPolicy>,
     metrics: Arc<Metrics>,
+    counters: Arc<Counters>,
     tasks: TaskTracker,
     /// The response as it is produced: the recorder's buffer, and what followers read.
     live: Arc<Live>,
@@ -555,17 +582,11 @@ impl Writer {
 
 impl ClaimInner {
     fn count(&self, result: &str) {
-        self.metrics
-            .idempotency_requests_total
-            .with_label_values(&[&*self.writer.route, result])
-            .inc();
+        self.counters.results.inc(result);
     }
 
     fn count_write(&self, result: &str) {
-        self.metrics
-            .idempotency_completions_total
-            .with_label_values(&[&*self.writer.route, result])
-            .inc();
+        self.counters.completions.inc(result);
     }
 
     /// Frees the key, retried until the store answers (run as a task).

@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 
 use super::live::{End, Head, Live};
 use super::store::{Completion, StoredResponse};
-use super::ClaimInner;
+use super::{run_or_spawn, ClaimInner};
 use crate::wire::body::BoxError;
 
 /// Tees a response into the idempotency store while it streams to the client, frame by frame,
@@ -104,10 +104,10 @@ impl Recorder {
             let tasks = claim.tasks.clone();
             if failed {
                 // Nothing to wait for: `first_try` is dropped, which releases a held end.
-                tasks.spawn(claim.release());
+                run_or_spawn(&tasks, claim.release());
             } else {
                 let completion = self.completion();
-                tasks.spawn(claim.complete(completion, first_try));
+                run_or_spawn(&tasks, claim.complete(completion, first_try));
             }
         }
     }
@@ -125,7 +125,7 @@ impl Recorder {
         }
         if let Some(claim) = self.claim.take() {
             let tasks = claim.tasks.clone();
-            tasks.spawn(claim.release());
+            run_or_spawn(&tasks, claim.release());
         }
     }
 }

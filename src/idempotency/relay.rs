@@ -14,7 +14,7 @@
 //! never arrived is treated as released (the followers then look at the record again: usually a
 //! replay), one cut short as aborted.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,7 +59,7 @@ impl Relay {
             redis,
             lives,
             channel,
-            mirrors: Mutex::new(HashMap::new()),
+            mirrors: Mutex::new(HashMap::default()),
             tasks,
             stop,
         })

@@ -5,7 +5,8 @@
 //! kept, or "completed, not kept" when it was too large). Every transition after the claim checks
 //! the owner, so a stale owner can never overwrite a newer one.
 
-use std::collections::{BTreeMap, HashMap};
+use foldhash::HashMap;
+use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -196,7 +197,7 @@ impl MemoryStore {
     pub fn new(limits: MemoryLimits) -> MemoryStore {
         MemoryStore {
             inner: Arc::new(Mutex::new(Memory {
-                map: HashMap::new(),
+                map: HashMap::default(),
                 completed: BTreeMap::new(),
                 leases: BTreeMap::new(),
                 bytes: 0,

@@ -330,7 +330,9 @@ impl Proxy {
         }
         // The job API (`/jobs/{id}`, `/jobs/{id}/result`), when a route is async.
         if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(req.uri().path())) {
-            return jobs.api(req.method(), req.uri().path(), req.headers(), log).await;
+            // Boxed, like every rare branch: inline, its state would make every request's future
+            // larger, and each request moves that future around several times.
+            return Box::pin(jobs.api(req.method(), req.uri().path(), req.headers(), log)).await;
         }
 
         // 2. Route.
@@ -347,7 +349,7 @@ impl Proxy {
 
         // 3. WebSocket upgrades pass through.
         if headers::is_upgrade(req.headers()) {
-            return websocket::pass_through(&self, &route, &path, req, log).await;
+            return Box::pin(websocket::pass_through(&self, &route, &path, req, log)).await;
         }
 
         // 4. The request body, capped.
@@ -369,14 +371,16 @@ impl Proxy {
         // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
         if route.config.async_jobs {
             if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::wants_async(&parts)) {
-                return jobs
-                    .submit(&route.name, route.idempotency.as_ref(), &parts, body, log)
-                    .await;
+                return Box::pin(jobs.submit(&route.name, route.idempotency.as_ref(), &parts, body, log)).await;
             }
         }
 
         // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
-        let (claim, bypassed) = match idempotency_step(&route, &parts, &body, &mut log).await {
+        let step = match route.idempotency.is_some() {
+            true => Box::pin(idempotency_step(&route, &parts, &body, &mut log)).await,
+            false => Ok((None, false)),
+        };
+        let (claim, bypassed) = match step {
             Ok(go_on) => go_on,
             Err(Answered::Replay(stored)) => return replay_response(stored, log),
             Err(Answered::Follow(followed)) => return follow_response(followed, log),
@@ -403,14 +407,23 @@ impl Proxy {
         }
 
         // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
-        // frees the key first, so that the app's retry runs instead of waiting for the lease.
-        self.respond(&route, delivery, claim, bypassed, job_run, log).await
+        // frees the key first, so that the app's retry runs instead of waiting for the lease. An
+        // in-band error (a 200 whose first event is an error) is a failure: never stored.
+        let claim = match claim {
+            Some(c) if delivery.stored_by(&c) => Some(c),
+            Some(c) => {
+                Box::pin(c.release()).await;
+                None
+            }
+            None => None,
+        };
+        self.respond(&route, delivery, claim, bypassed, job_run, log)
     }
 
-    /// Step 8: the upstream's response (through the idempotency recorder when its status is
-    /// stored and it is not an in-band error, the key released otherwise) or rebound's own error,
+    /// Step 8: the upstream's response (through the idempotency recorder when `claim` is given:
+    /// the key of an outcome that is not stored was released before) or rebound's own error,
     /// with rebound's headers.
-    async fn respond(
+    fn respond(
         &self,
         route: &Route,
         delivery: Delivery,
@@ -419,16 +432,6 @@ impl Proxy {
         job_run: bool,
         log: RequestLog,
     ) -> Response<ProxyBody> {
-        // An in-band error (a 200 whose first event is an error) is a failure: never stored.
-        let in_band = matches!(delivery.outcome, Some(Outcome::InBand(_)));
-        let claim = match claim {
-            Some(c) if !in_band && matches!(&delivery.result, Ok(r) if c.stores(r.status().as_u16())) => Some(c),
-            Some(c) => {
-                c.release().await;
-                None
-            }
-            None => None,
-        };
         let attempts = delivery.attempts.len() as u32;
         let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
         let target = route.target(&delivery.upstream);
@@ -825,6 +828,13 @@ struct Delivery {
 }
 
 impl Delivery {
+    /// Whether `claim`'s store keeps this outcome: a response with a stored status that is not
+    /// an in-band error.
+    fn stored_by(&self, claim: &Claim) -> bool {
+        let in_band = matches!(self.outcome, Some(Outcome::InBand(_)));
+        !in_band && matches!(&self.result, Ok(r) if claim.stores(r.status().as_u16()))
+    }
+
     /// The status the app receives.
     fn status(&self) -> u16 {
         match &self.result {

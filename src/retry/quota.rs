@@ -6,7 +6,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use http::header::{HeaderMap, DATE};
+use http::header::{HeaderMap, HeaderName, DATE};
 
 use super::retry_after::{parse_go_duration, parse_rfc3339, parse_unsigned, single_value, until};
 
@@ -17,17 +17,23 @@ pub struct Quota {
     pub reset: Duration,
 }
 
+// Parsed once: a `&str` name is parsed and hashed on every lookup, and this runs per response.
+const OPENAI_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining-requests");
+const OPENAI_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset-requests");
+const ANTHROPIC_REMAINING: HeaderName = HeaderName::from_static("anthropic-ratelimit-requests-remaining");
+const ANTHROPIC_RESET: HeaderName = HeaderName::from_static("anthropic-ratelimit-requests-reset");
+
 /// The request quota a response reports, if it reports one whole (both the remaining count and
 /// the reset, valid). With both providers' headers, the one with fewer requests left.
 pub fn requests_quota(headers: &HeaderMap, now: SystemTime) -> Option<Quota> {
-    let remaining = |name: &str| single_value(headers, name).and_then(parse_unsigned);
-    let openai = remaining("x-ratelimit-remaining-requests").and_then(|remaining| {
-        let reset = single_value(headers, "x-ratelimit-reset-requests").and_then(parse_go_duration)?;
+    let remaining = |name: &HeaderName| single_value(headers, name).and_then(parse_unsigned);
+    let openai = remaining(&OPENAI_REMAINING).and_then(|remaining| {
+        let reset = single_value(headers, &OPENAI_RESET).and_then(parse_go_duration)?;
         Some(Quota { remaining, reset })
     });
-    let anthropic = remaining("anthropic-ratelimit-requests-remaining").and_then(|remaining| {
-        let at = single_value(headers, "anthropic-ratelimit-requests-reset").and_then(parse_rfc3339)?;
-        let reference = single_value(headers, DATE.as_str())
+    let anthropic = remaining(&ANTHROPIC_REMAINING).and_then(|remaining| {
+        let at = single_value(headers, &ANTHROPIC_RESET).and_then(parse_rfc3339)?;
+        let reference = single_value(headers, &DATE)
             .and_then(|v| httpdate::parse_http_date(v).ok())
             .unwrap_or(now);
         Some(Quota {

@@ -149,11 +149,10 @@ pub fn parse_hint(headers: &HeaderMap, now: SystemTime) -> Option<RetryHint> {
             source: HintSource::RetryAfterMs,
         });
     }
-    let reference = single_value(headers, DATE.as_str())
+    let reference = single_value(headers, &DATE)
         .and_then(|v| httpdate::parse_http_date(v).ok())
         .unwrap_or(now);
-    if let Some(delay) = single_value(headers, RETRY_AFTER.as_str()).and_then(|v| parse_retry_after_value(v, reference))
-    {
+    if let Some(delay) = single_value(headers, &RETRY_AFTER).and_then(|v| parse_retry_after_value(v, reference)) {
         return Some(RetryHint {
             delay,
             source: HintSource::RetryAfter,
@@ -331,7 +330,7 @@ pub fn parse_rfc3339(value: &str) -> Option<SystemTime> {
 
 /// The value of a header that is present exactly once, or several times with byte-identical
 /// values; ASCII (visible characters, spaces, tabs) only, trimmed of spaces and tabs.
-pub(super) fn single_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
+pub(super) fn single_value(headers: &HeaderMap, name: impl http::header::AsHeaderName) -> Option<&str> {
     let mut values = headers.get_all(name).iter();
     let first = values.next()?;
     if values.any(|other| other != first) {

@@ -149,7 +149,7 @@ impl RequestLog {
     /// Takes the trace id of the app's `traceparent` (W3C: `00-<32 hex>-<16 hex>-<2 hex>`), if valid.
     pub fn set_trace(&mut self, headers: &http::HeaderMap) {
         self.trace_id = headers
-            .get("traceparent")
+            .get(super::headers::TRACEPARENT)
             .and_then(|v| v.to_str().ok())
             .and_then(trace_id_of)
             .map(str::to_string);
@@ -232,7 +232,7 @@ impl RequestLog {
                 .with_label_values(&["none"])
                 .observe(elapsed.as_secs_f64()),
         }
-        let usage = self.usage.as_ref().filter(|l| !l.is_empty()).map(Ledger::to_json);
+        // Field values are only computed when the line is logged (the ledger's JSON, too).
         tracing::info!(
             target: "rebound::access",
             route = self.route_name(),
@@ -247,7 +247,7 @@ impl RequestLog {
             trace_id = self.trace_id.as_deref().unwrap_or("-"),
             duration_ms = elapsed.as_secs_f64() * 1000.0,
             completion = completion.as_str(),
-            usage = usage.as_deref(),
+            usage = self.usage.as_ref().filter(|l| !l.is_empty()).map(Ledger::to_json).as_deref(),
             "request"
         );
         if let Some(span) = self.span.take() {

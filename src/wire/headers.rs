@@ -16,6 +16,8 @@ pub const X_REBOUND_CALLBACK: HeaderName = HeaderName::from_static("x-rebound-ca
 pub const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
 pub const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
 pub const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");
+/// W3C Trace Context.
+pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 

@@ -225,6 +225,7 @@ fn serve(path: PathBuf) -> ExitCode {
         }
     };
     telemetry::init(&config.log);
+    raise_fd_limit(config.server.max_connections);
     let threads = match config.server.worker_threads {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n as usize,
@@ -279,6 +280,37 @@ fn serve(path: PathBuf) -> ExitCode {
             Exit::GraceExpired { .. } => ExitCode::from(EXIT_GRACE_EXPIRED),
         }
     })
+}
+
+/// Raises the soft limit on open files to the hard limit, as Go's runtime and nginx's
+/// `worker_rlimit_nofile` do: every client and upstream connection is a descriptor, and the usual
+/// soft limit (1024 on a laptop) is far below `max_connections`. Says so when even the hard
+/// limit is too low for it.
+fn raise_fd_limit(max_connections: u32) {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let mut limit = getrlimit(Resource::Nofile);
+    if let (Some(cur), Some(max)) = (limit.current, limit.maximum) {
+        if cur < max {
+            limit.current = Some(max);
+            if let Err(e) = setrlimit(Resource::Nofile, limit) {
+                tracing::warn!(error = %e, soft = cur, hard = max, "cannot raise the open-file limit");
+            }
+        }
+    } else if limit.current.is_some() && limit.maximum.is_none() {
+        // The hard limit is unlimited: the kernel caps the soft one at fs.nr_open.
+        limit.current = Some(1 << 20);
+        let _ = setrlimit(Resource::Nofile, limit);
+    }
+    let now = getrlimit(Resource::Nofile).current;
+    // Each proxied request holds a client and an upstream connection.
+    let needed = 2 * u64::from(max_connections) + 64;
+    if let Some(n) = now.filter(|n| *n < needed) {
+        tracing::warn!(
+            open_files = n,
+            max_connections,
+            "the open-file limit is below 2 x max_connections: connections past it fail to open (raise the hard limit, e.g. ulimit -Hn or the container's nofile)"
+        );
+    }
 }
 
 /// Reloads the configuration on every SIGHUP (never returns, unless SIGHUP cannot be watched).

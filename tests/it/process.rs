@@ -258,3 +258,40 @@ async fn the_access_log_line_says_what_happened_to_the_request() {
     assert_eq!(missing["trace_id"], "-");
     assert!(!logs.contains(CANARY), "the idempotency key reached the logs:\n{logs}");
 }
+
+/// The soft limit of open files, and the hard one, of process `pid` (from /proc/PID/limits).
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits.lines().find(|l| l.starts_with("Max open files")).unwrap();
+    let nums: Vec<u64> = line.split_whitespace().filter_map(|w| w.parse().ok()).collect();
+    (nums[0], nums[1])
+}
+
+#[tokio::test]
+async fn the_open_file_limit_is_raised_to_the_hard_limit_and_a_low_one_is_named() {
+    let provider = FakeProvider::start().await;
+    let config = config_for(&provider.url(), "");
+    let rebound = ReboundProcess::start_with_fd_limits(&config, 256, None).await;
+    let (soft, hard) = open_file_limits(rebound.child.id().unwrap());
+    assert!(hard > 256, "the test needs a hard limit above 256 (is {hard})");
+    assert_eq!(soft, hard, "the soft limit was not raised: {}", rebound.logs());
+    // Requests still work through it.
+    let resp = send(
+        "POST",
+        &format!("{}/fake/v1/chat/completions", rebound.proxy),
+        &[],
+        "{}",
+    )
+    .await;
+    assert_eq!(resp.status, 200);
+
+    // A hard limit below 2 x max_connections (10000 by default) is said at startup.
+    let low = ReboundProcess::start_with_fd_limits(&config, 128, Some(512)).await;
+    assert_eq!(open_file_limits(low.child.id().unwrap()), (512, 512));
+    let logs = low.logs();
+    assert!(
+        logs.contains("the open-file limit is below 2 x max_connections"),
+        "{logs}"
+    );
+    assert!(logs.contains("\"open_files\":512"), "{logs}");
+}

@@ -101,10 +101,31 @@ pub struct ReboundProcess {
 impl ReboundProcess {
     /// Starts `rebound --config FILE` with `env` added, and waits for its "listening" line.
     pub async fn start(toml: &str, env: &[(&str, &str)]) -> ReboundProcess {
+        ReboundProcess::spawn(toml, env, None).await
+    }
+
+    /// [`ReboundProcess::start`] with the open-file limits set first (`ulimit -Sn SOFT`, and
+    /// `-Hn HARD` when given), through a shell that then `exec`s rebound (its pid is rebound's).
+    pub async fn start_with_fd_limits(toml: &str, soft: u64, hard: Option<u64>) -> ReboundProcess {
+        ReboundProcess::spawn(toml, &[], Some((soft, hard))).await
+    }
+
+    async fn spawn(toml: &str, env: &[(&str, &str)], fd_limits: Option<(u64, Option<u64>)>) -> ReboundProcess {
         let dir = tempfile::tempdir().expect("tempdir");
         let path: PathBuf = dir.path().join("rebound.toml");
         std::fs::write(&path, toml).expect("write config");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rebound"));
+        let mut cmd = match fd_limits {
+            None => Command::new(env!("CARGO_BIN_EXE_rebound")),
+            Some((soft, hard)) => {
+                // The soft limit first: a hard limit below the soft one is refused.
+                let hard = hard.map(|h| format!(" && ulimit -Hn {h}")).unwrap_or_default();
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(format!("ulimit -Sn {soft}{hard} && exec \"$0\" \"$@\""))
+                    .arg(env!("CARGO_BIN_EXE_rebound"));
+                sh
+            }
+        };
         cmd.arg("--config")
             .arg(&path)
             .stdout(Stdio::piped())

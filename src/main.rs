@@ -6,11 +6,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use rebound::{cli, telemetry, Config, Exit};
 
-/// mimalloc: per-thread free lists that stay warm in the cache. A sidecar at modest rates wakes
-/// cold for every request, and there glibc's allocator costs measurably more (bench/README.md).
-#[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
 /// Exit code for an invalid configuration at startup (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
 /// Exit code when the shutdown grace ran out and connections were closed unfinished.

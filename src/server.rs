@@ -292,7 +292,11 @@ async fn serve(
             let svc = hyper::service::service_fn(move |req| {
                 // Each request runs to its end on the configuration it started with.
                 let proxy = proxy.load_full();
-                async move { Ok::<_, Infallible>(proxy.handle(req).await) }
+                // Boxed: hyper keeps a slot the size of this future for the connection's life,
+                // so a request's state (several KiB) would stay resident in every idle
+                // kept-alive connection; boxed, it is freed as soon as the response head is out.
+                let handle = Box::pin(proxy.handle(req));
+                async move { Ok::<_, Infallible>(handle.await) }
             });
             let conn = signal.watch(
                 builder

@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import json
 import math
+import resource
 import sys
 import time
 from urllib.parse import urlsplit
@@ -35,9 +36,11 @@ def percentile(values, p):
 
 
 class StreamResult:
-    __slots__ = ("status", "head_ms", "ttfb_ms", "total_ms", "events", "done", "clean_end", "error")
+    __slots__ = ("status", "head_ms", "ttfb_ms", "total_ms", "events", "done", "clean_end", "error", "t_start", "t_end")
 
     def __init__(self):
+        self.t_start = None  # perf_counter() when the request was written, and when the stream ended
+        self.t_end = None
         self.status = None
         self.head_ms = None
         self.ttfb_ms = None
@@ -148,6 +151,7 @@ async def one_stream(host, port, request, gate, timeout, result):
 
         async def run():
             t0 = time.perf_counter()
+            result.t_start = t0
             writer.write(request)
             await writer.drain()
             head = await reader.readuntil(b"\r\n\r\n")
@@ -162,7 +166,8 @@ async def one_stream(host, port, request, gate, timeout, result):
                     headers[k.strip().lower()] = v.strip()
             parser = SseParser(result, t0)
             result.clean_end = await read_body(reader, headers, parser)
-            result.total_ms = (time.perf_counter() - t0) * 1000.0
+            result.t_end = time.perf_counter()
+            result.total_ms = (result.t_end - t0) * 1000.0
 
         await asyncio.wait_for(run(), timeout)
     except asyncio.TimeoutError:
@@ -202,6 +207,22 @@ async def one_round(args, host, port, request):
     return results, (time.perf_counter() - t_round) * 1000.0
 
 
+def max_in_flight(results):
+    """The most streams that were in flight at once (request written, body not yet ended), over the
+    streams that completed."""
+    edges = []
+    for r in results:
+        if r.t_start is not None and r.t_end is not None:
+            edges.append((r.t_start, 1))
+            edges.append((r.t_end, -1))
+    edges.sort(key=lambda e: (e[0], e[1]))  # an end before a start at the same instant
+    now = peak = 0
+    for _, d in edges:
+        now += d
+        peak = max(peak, now)
+    return peak
+
+
 def summary(all_results, round_ms, expected_events, per_round=None):
     complete = [r for r in all_results if r.complete(expected_events)]
     errors = [r for r in all_results if r.error is not None]
@@ -235,6 +256,8 @@ def summary(all_results, round_ms, expected_events, per_round=None):
         "total_p50_ms": r3(percentile(total, 50)),
         "total_p99_ms": r3(percentile(total, 99)),
         "total_max_ms": r3(max(total) if total else None),
+        "total_min_ms": r3(min(total) if total else None),
+        "max_in_flight": max_in_flight(complete),
         "round_ms": [round(x, 1) for x in round_ms],
         "ttfb_p50_ms_by_round": [r3(percentile(t, 50)) for t in by_round],
         "ttfb_p99_ms_by_round": [r3(percentile(t, 99)) for t in by_round],
@@ -289,6 +312,10 @@ def main():
     args = ap.parse_args()
     if not (1 <= args.streams <= 5000 and 1 <= args.rounds <= 100 and 0 < args.timeout <= 300):
         raise SystemExit("streams must be 1..5000, rounds 1..100, timeout 0..300 s")
+    # one socket per stream: make sure the fd limit allows them (soft limit up to the hard one)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < args.streams + 64:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     out = asyncio.run(main_async(args))
     json.dump(out, sys.stdout)
     sys.stdout.write("\n")

@@ -372,7 +372,7 @@ impl Metrics {
                 for result in IDEMPOTENCY_RESULTS {
                     self.idempotency_requests_total.with_label_values(&[route, result]);
                 }
-                for result in ["late", "lost"] {
+                for result in IDEMPOTENCY_COMPLETION_RESULTS {
                     self.idempotency_completions_total.with_label_values(&[route, result]);
                 }
             }
@@ -400,6 +400,9 @@ impl Metrics {
 }
 
 /// The `result` label values of `rebound_idempotency_requests_total`.
+/// `rebound_idempotency_completions_total{result}`: completions written late, and lost.
+pub const IDEMPOTENCY_COMPLETION_RESULTS: [&str; 2] = ["late", "lost"];
+
 pub const IDEMPOTENCY_RESULTS: [&str; 8] = [
     "stored",
     "replayed",

@@ -37,7 +37,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::error::ProxyError;
-use crate::metrics::{Metrics, RouteCounters, IDEMPOTENCY_RESULTS};
+use crate::metrics::{Metrics, RouteCounters, IDEMPOTENCY_COMPLETION_RESULTS, IDEMPOTENCY_RESULTS};
 use crate::redis::RedisHandle;
 use crate::wire::body::BoxError;
 pub use held::{Held, HeldCompletion};
@@ -219,7 +219,11 @@ impl Idempotency {
         // Its series are exported from startup (`Metrics::init_series`).
         let counters = Arc::new(Counters {
             results: RouteCounters::new(&metrics.idempotency_requests_total, &route, &IDEMPOTENCY_RESULTS),
-            completions: RouteCounters::new(&metrics.idempotency_completions_total, &route, &["late", "lost"]),
+            completions: RouteCounters::new(
+                &metrics.idempotency_completions_total,
+                &route,
+                &IDEMPOTENCY_COMPLETION_RESULTS,
+            ),
         });
         Idempotency {
             policy,

@@ -376,9 +376,10 @@ impl Proxy {
         }
 
         // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
-        let step = match route.idempotency.is_some() {
-            true => Box::pin(idempotency_step(&route, &parts, &body, &mut log)).await,
-            false => Ok((None, false)),
+        let step = if route.idempotency.is_some() {
+            Box::pin(idempotency_step(&route, &parts, &body, &mut log)).await
+        } else {
+            Ok((None, false))
         };
         let (claim, bypassed) = match step {
             Ok(go_on) => go_on,

@@ -57,6 +57,8 @@ pub enum HeadOrEnd {
 /// One in-flight original's response, as produced.
 pub struct Live {
     /// The request's fingerprint (a duplicate with another one is 422, not a follower).
+    /// The record key of the claim it is the response of.
+    pub record: String,
     pub fingerprint: String,
     /// The claim's owner token (names its relay through Redis).
     pub owner: String,
@@ -104,8 +106,9 @@ pub struct FollowerCut;
 pub struct OriginalAborted;
 
 impl Live {
-    pub fn new(fingerprint: String, owner: String, cap: usize) -> Live {
+    pub fn new(record: String, fingerprint: String, owner: String, cap: usize) -> Live {
         Live {
+            record,
             fingerprint,
             owner,
             relaying: AtomicBool::new(false),
@@ -465,7 +468,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_follower_gets_every_byte_from_the_first_and_ends_with_the_original() {
-        let live = Arc::new(Live::new("fp".into(), "me".into(), 1024));
+        let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 1024));
         live.set_head(head());
         live.push(b"one ");
         let follower = live.follower();
@@ -481,7 +484,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_aborted_original_aborts_its_followers_after_the_bytes_they_had() {
-        let live = Arc::new(Live::new("fp".into(), "me".into(), 1024));
+        let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 1024));
         live.set_head(head());
         live.push(b"partial");
         let mut follower = live.follower();
@@ -494,7 +497,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_original_has_no_head_to_share() {
-        let live = Arc::new(Live::new("fp".into(), "me".into(), 1024));
+        let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 1024));
         let waiting = {
             let live = live.clone();
             tokio::spawn(async move { live.head().await })
@@ -505,7 +508,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_cap_the_response_is_not_whole_and_a_late_follower_is_cut() {
-        let live = Arc::new(Live::new("fp".into(), "me".into(), 8));
+        let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 8));
         live.set_head(head());
         let mut early = live.follower();
         live.push(b"12345");
@@ -527,9 +530,9 @@ mod tests {
     #[test]
     fn a_registration_ends_and_unregisters_only_its_own_response() {
         let lives = Arc::new(Lives::default());
-        let first = Arc::new(Live::new("fp".into(), "me".into(), 8));
+        let first = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 8));
         let reg = lives.register("k", first.clone());
-        let second = Arc::new(Live::new("fp".into(), "me".into(), 8));
+        let second = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 8));
         let reg2 = lives.register("k", second.clone());
         drop(reg);
         assert!(Arc::ptr_eq(&lives.get("k").unwrap(), &second));

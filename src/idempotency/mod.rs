@@ -22,6 +22,7 @@ pub mod live;
 mod recorder;
 pub mod redis_store;
 mod relay;
+pub mod renewal;
 pub mod store;
 
 use std::sync::Arc;
@@ -32,7 +33,7 @@ use http::{HeaderMap, Method};
 use http_body::Body;
 use rand::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use tokio_util::sync::{CancellationToken, DropGuard};
+use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
@@ -45,6 +46,7 @@ pub use live::{End, Follower, Head, HeadOrEnd, Live, Lives};
 pub use recorder::Recorder;
 pub use redis_store::RedisStore;
 use relay::Relay;
+use renewal::{Renewal, Renewals};
 pub use store::{Begin, Completion, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};
 
 /// Response headers kept with a stored response (and replayed). Never `set-cookie`, rate-limit
@@ -84,11 +86,14 @@ pub struct Records {
     pub lives: Arc<Lives>,
     /// Follows originals on other replicas, and relays this one's to their followers (Redis).
     relay: Option<Arc<Relay>>,
+    /// The lease renewals of this replica's in-flight claims (one task renews them all).
+    pub renewals: Arc<Renewals>,
 }
 
 impl Records {
     pub fn new(store: AnyStore) -> Records {
         Records {
+            renewals: Renewals::new(store.clone()),
             store,
             held: Arc::new(Held::default()),
             orphan_releases: Arc::new(AtomicUsize::new(0)),
@@ -434,32 +439,14 @@ impl Idempotency {
     /// Takes ownership of a fresh claim: renews its lease until it is recorded or released.
     fn claim(&self, record: String, owner: String, fingerprint: String, follow: bool) -> Claim {
         let cap = usize::try_from(self.policy.max_stored_body).unwrap_or(usize::MAX);
-        let live = Arc::new(Live::new(fingerprint.clone(), owner.clone(), cap));
-        let registered = follow.then(|| self.records.lives.register(&record, live.clone()));
-        let stop = CancellationToken::new();
-        let (store, lease, route) = (self.records.store.clone(), self.policy.lease, self.route.clone());
-        let (key, who, token) = (record.clone(), owner.clone(), stop.clone());
-        self.tasks.spawn(async move {
-            loop {
-                tokio::select! {
-                    _ = token.cancelled() => return,
-                    _ = tokio::time::sleep(lease / 3) => {}
-                }
-                match store.renew(&key, &who, lease).await {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        tracing::warn!(route = %route, "idempotency lease lost while the request ran: a duplicate may run");
-                        return;
-                    }
-                    Err(e) => tracing::warn!(route = %route, error = %e, "idempotency lease renewal failed"),
-                }
-            }
-        });
+        let live = Arc::new(Live::new(record, fingerprint, owner, cap));
+        let registered = follow.then(|| self.records.lives.register(&live.record, live.clone()));
+        let renewal = self
+            .records
+            .renewals
+            .renew(live.clone(), self.policy.lease, self.route.clone());
         Claim {
             inner: Some(ClaimInner {
-                record,
-                owner,
-                fingerprint,
                 writer: self.writer(),
                 held: self.records.held.clone(),
                 policy: self.policy.clone(),
@@ -468,7 +455,7 @@ impl Idempotency {
                 tasks: self.tasks.clone(),
                 live,
                 _registered: registered,
-                _renewal: stop.drop_guard(),
+                _renewal: renewal,
             }),
         }
     }
@@ -500,9 +487,6 @@ pub struct Claim {
 }
 
 struct ClaimInner {
-    record: String,
-    owner: String,
-    fingerprint: String,
     writer: Writer,
     held: Arc<Held>,
     policy: Arc<IdempotencyPolicy>,
@@ -514,7 +498,8 @@ struct ClaimInner {
     /// Followers on this replica find `live` while the claim lasts (`"follow"` only).
     _registered: Option<live::Registered>,
     /// Stops the lease renewal when the claim ends (after its write landed or was given up).
-    _renewal: DropGuard,
+    /// Its lease renewed until the claim ends.
+    _renewal: Renewal,
 }
 
 /// How a write that must land (a completion, a release) ended.
@@ -602,7 +587,7 @@ impl ClaimInner {
 
     async fn release_retried(self, failed: bool) {
         self.writer
-            .release_until_answered(&self.record, &self.owner, self.policy.lease, failed)
+            .release_until_answered(&self.live.record, &self.live.owner, self.policy.lease, failed)
             .await;
     }
 
@@ -611,7 +596,7 @@ impl ClaimInner {
     async fn release_now(self) {
         self.live.finish(End::Released);
         self.count("not_stored");
-        if let Err(e) = self.writer.store.release(&self.record, &self.owner).await {
+        if let Err(e) = self.writer.store.release(&self.live.record, &self.live.owner).await {
             tracing::warn!(route = %self.writer.route, error = %e, "idempotency release failed; retrying in the background");
             let tasks = self.tasks.clone();
             tasks.spawn(self.release_retried(true));
@@ -625,7 +610,12 @@ impl ClaimInner {
     /// end waits for it (`wait_replicas`) is released then.
     async fn complete(self, completion: Completion, first_try: Option<tokio::sync::oneshot::Sender<()>>) {
         let kept = matches!(completion, Completion::Kept(_));
-        let (record, owner, fp, ttl) = (&self.record, &self.owner, &self.fingerprint, self.policy.ttl);
+        let (record, owner, fp, ttl) = (
+            &self.live.record,
+            &self.live.owner,
+            &self.live.fingerprint,
+            self.policy.ttl,
+        );
         let first = self.writer.store.complete(record, fp, owner, &completion, ttl).await;
         drop(first_try);
         let written = match first {

@@ -79,7 +79,12 @@ impl Relay {
         if let Some(live) = mirrors.get(&key) {
             return live.clone();
         }
-        let live = Arc::new(Live::new(fingerprint.to_string(), owner.to_string(), cap));
+        let live = Arc::new(Live::new(
+            record.to_string(),
+            fingerprint.to_string(),
+            owner.to_string(),
+            cap,
+        ));
         mirrors.insert(key.clone(), live.clone());
         let reader = Reader {
             relay: self.clone(),

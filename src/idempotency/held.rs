@@ -104,7 +104,7 @@ mod tests {
             fingerprint: "fp".into(),
             completion: Completion::Kept(StoredResponse {
                 status: 200,
-                headers: vec![],
+                headers: Vec::new().into(),
                 body: Bytes::from(vec![b'x'; body]),
             }),
         })

@@ -22,6 +22,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
+use super::store::KeptHeaders;
 use crate::wire::body::BoxError;
 
 /// How an original's response ended.
@@ -40,7 +41,7 @@ pub enum End {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Head {
     pub status: u16,
-    pub headers: Vec<(String, String)>,
+    pub headers: KeptHeaders,
 }
 
 /// What a follower waiting for the head learns.
@@ -462,7 +463,7 @@ mod tests {
     fn head() -> Head {
         Head {
             status: 200,
-            headers: vec![("content-type".into(), "text/event-stream".into())],
+            headers: vec![("content-type".into(), "text/event-stream".into())].into(),
         }
     }
 

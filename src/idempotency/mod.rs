@@ -47,7 +47,7 @@ pub use recorder::Recorder;
 pub use redis_store::RedisStore;
 use relay::Relay;
 use renewal::{Renewal, Renewals};
-pub use store::{Begin, Completion, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};
+pub use store::{Begin, Completion, KeptHeaders, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};
 
 /// Response headers kept with a stored response (and replayed). Never `set-cookie`, rate-limit
 /// or hop-by-hop headers: they describe the original exchange, not the result.
@@ -693,7 +693,7 @@ impl Claim {
     where
         B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
     {
-        let kept: Vec<(String, String)> = headers
+        let kept: KeptHeaders = headers
             .iter()
             .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
             .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))

@@ -169,6 +169,11 @@ impl Body for Recorder {
                 if let Some(data) = frame.data_ref() {
                     self.keep(data);
                 }
+                // The last frame of a body that knows its length: hyper sends it and drops the
+                // body without asking for its end, so the response is complete now.
+                if self.body.as_ref().is_some_and(Body::is_end_stream) {
+                    self.finish();
+                }
             }
             Poll::Ready(None) => self.finish(),
             Poll::Ready(Some(Err(_))) => self.fail(),

@@ -27,10 +27,18 @@ struct Scripts {
     release: Script,
 }
 
-#[derive(Serialize, Deserialize)]
+/// A stored response's status and headers, as kept in its record (JSON).
+#[derive(Deserialize)]
 struct Meta {
     status: u16,
     headers: Vec<(String, String)>,
+}
+
+/// [`Meta`] written from a response, its headers borrowed.
+#[derive(Serialize)]
+struct MetaOf<'a> {
+    status: u16,
+    headers: &'a [(String, String)],
 }
 
 impl RedisStore {
@@ -109,7 +117,7 @@ fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
             };
             Ok(Begin::Completed(StoredResponse {
                 status: meta.status,
-                headers: meta.headers,
+                headers: meta.headers.into(),
                 body,
             }))
         }
@@ -232,9 +240,9 @@ impl Store for RedisStore {
         let script = &self.scripts.complete;
         let (state, meta, body) = match completion {
             Completion::Kept(r) => {
-                let meta = Meta {
+                let meta = MetaOf {
                     status: r.status,
-                    headers: r.headers.clone(),
+                    headers: &r.headers,
                 };
                 ("C", serde_json::to_string(&meta).unwrap_or_default(), r.body.clone())
             }

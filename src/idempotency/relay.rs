@@ -176,7 +176,7 @@ impl Relay {
                 return;
             }
         };
-        let Ok(head) = serde_json::to_vec(&(head.status, &head.headers)) else {
+        let Ok(head) = serde_json::to_vec(&(head.status, &*head.headers)) else {
             return;
         };
         if !self.append(&key, &[("h", Bytes::from(head))], ttl).await {
@@ -421,7 +421,10 @@ fn bytes_of(v: &Value) -> Option<Vec<u8>> {
 
 fn parse_head(raw: &[u8]) -> Option<Head> {
     let (status, headers): (u16, Vec<(String, String)>) = serde_json::from_slice(raw).ok()?;
-    Some(Head { status, headers })
+    Some(Head {
+        status,
+        headers: headers.into(),
+    })
 }
 
 #[cfg(test)]
@@ -438,7 +441,7 @@ mod tests {
             let _ = parse_head(&raw);
             let headers = vec![("content-type".to_string(), "text/event-stream".to_string())];
             let encoded = serde_json::to_vec(&(status, &headers)).unwrap();
-            prop_assert_eq!(parse_head(&encoded), Some(Head { status, headers }));
+            prop_assert_eq!(parse_head(&encoded), Some(Head { status, headers: headers.into() }));
         }
     }
 }

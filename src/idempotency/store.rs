@@ -15,12 +15,16 @@ use bytes::Bytes;
 
 use crate::time::{self, Instant};
 
+/// The response headers kept with a response (allowlisted: [`super::KEPT_HEADERS`]), shared by
+/// every copy of it (the live response, the store, each replay) instead of copied.
+pub type KeptHeaders = Arc<[(String, String)]>;
+
 /// A response kept for replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredResponse {
     pub status: u16,
     /// Allowlisted headers only.
-    pub headers: Vec<(String, String)>,
+    pub headers: KeptHeaders,
     pub body: Bytes,
 }
 
@@ -282,6 +286,25 @@ impl Memory {
         self.evict(limits, now);
     }
 
+    /// Turns `key`'s lease (ours: checked by the caller) into its completed record in place: its
+    /// key, fingerprint and owner are kept, not copied again. Then evicts until the bounds hold.
+    fn complete_lease(&mut self, key: &str, state: MemState, expires: Instant, limits: MemoryLimits, now: Instant) {
+        let Some(e) = self.map.get_mut(key) else {
+            return;
+        };
+        let name = self.leases.remove(&(e.expires, e.seq));
+        self.seq += 1;
+        self.bytes = self.bytes.saturating_sub(e.size());
+        e.state = state;
+        e.expires = expires;
+        e.seq = self.seq;
+        self.bytes += e.size();
+        let slot = (e.expires, e.seq);
+        let name = name.unwrap_or_else(|| Arc::from(key));
+        self.completed.insert(slot, name);
+        self.evict(limits, now);
+    }
+
     /// Moves `key`'s record to a new expiry (a lease renewed), keeping its index in order.
     fn set_expiry(&mut self, key: &str, expires: Instant) {
         let Some(e) = self.map.get_mut(key) else {
@@ -396,8 +419,12 @@ impl Store for MemoryStore {
                 Completion::Kept(r) => MemState::Completed(r.clone()),
                 Completion::NotKept => MemState::NotKept,
             };
-            let (fp, who) = (fingerprint.to_string(), owner.to_string());
-            m.insert(key, fp, who, state, now + ttl, limits, now);
+            if m.map.get(key).is_some_and(Entry::is_lease) {
+                m.complete_lease(key, state, now + ttl, limits, now);
+            } else {
+                let (fp, who) = (fingerprint.to_string(), owner.to_string());
+                m.insert(key, fp, who, state, now + ttl, limits, now);
+            }
             true
         }))
     }
@@ -423,7 +450,7 @@ mod tests {
     fn response(body: &str) -> StoredResponse {
         StoredResponse {
             status: 200,
-            headers: vec![("content-type".into(), "application/json".into())],
+            headers: vec![("content-type".into(), "application/json".into())].into(),
             body: Bytes::from(body.to_string()),
         }
     }

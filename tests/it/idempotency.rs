@@ -235,6 +235,51 @@ async fn a_killed_instance_frees_the_key_after_the_lease() {
     assert_eq!(provider.count("k"), 2);
 }
 
+/// A whole response is stored when it is delivered, not when the client's connection lets go of
+/// its body: hyper drops a body that says it has ended without asking it for its end, and with
+/// `complete_on_disconnect = false` such a drop used to count as a disconnect (released, not
+/// stored: the retry ran again).
+#[tokio::test]
+async fn a_delivered_response_is_stored_without_complete_on_disconnect() {
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), None, "complete_on_disconnect = false")).await;
+    for key in ["whole-1", "whole-2"] {
+        let first = call(&rebound.url, key, Some(key), r#"{"model":"m"}"#, &[]).await;
+        assert_eq!(first.status, 200);
+        assert_eq!(first.text(), chat_completion());
+        let again = call(&rebound.url, key, Some(key), r#"{"model":"m"}"#, &[]).await;
+        assert_eq!(again.status, 200);
+        assert_eq!(again.header("idempotent-replayed"), Some("true"), "{key} stored");
+        assert_eq!(again.body, first.body);
+        assert_eq!(provider.count(key), 1, "{key}: one provider call");
+    }
+    // A stream (no content-length: its end is a frame of its own) is stored the same way.
+    let sse = |url: String| async move {
+        send_streaming(
+            "POST",
+            &format!("{url}/fake/v1/chat/completions"),
+            &[
+                ("x-fake-key", "sse"),
+                ("idempotency-key", "sse"),
+                ("x-fake-chunks", "3"),
+            ],
+            r#"{"stream":true}"#,
+        )
+        .await
+    };
+    let first = sse(rebound.url.clone())
+        .await
+        .into_body()
+        .collect()
+        .await
+        .unwrap()
+        .to_bytes();
+    let replay = sse(rebound.url.clone()).await;
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    assert_eq!(replay.into_body().collect().await.unwrap().to_bytes(), first);
+    assert_eq!(provider.count("sse"), 1);
+}
+
 #[tokio::test]
 async fn streams_are_replayed_byte_for_byte_and_completed_after_a_disconnect() {
     let provider = FakeProvider::start().await;

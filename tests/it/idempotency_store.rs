@@ -11,7 +11,7 @@ use crate::support::redis::RedisServer;
 fn response(body: &str) -> StoredResponse {
     StoredResponse {
         status: 200,
-        headers: vec![("content-type".into(), "application/json".into())],
+        headers: vec![("content-type".into(), "application/json".into())].into(),
         body: Bytes::from(body.to_string()),
     }
 }
@@ -126,7 +126,7 @@ async fn contract<S: Store>(s: &S, ns: &str) {
     // Binary bodies survive.
     let bin = StoredResponse {
         status: 201,
-        headers: vec![],
+        headers: Vec::new().into(),
         body: Bytes::from(vec![0u8, 159, 146, 150, 255]),
     };
     assert_eq!(s.begin(&k("f"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);

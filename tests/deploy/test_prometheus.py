@@ -130,8 +130,10 @@ def test_prometheus_scrapes_rebound(prometheus, exercised):
     (target,) = wait_until("the rebound target to be up", target_up)
     assert target["labels"]["job"] == "rebound"
     assert target["scrapeUrl"] == f"http://{exercised.rebound.admin_addr}/metrics"
-    up = prometheus.query('up{job="rebound"}')
-    assert up and up[0]["value"][1] == "1"
+    # The targets API reports a scrape's health before that scrape's samples are committed to the
+    # head block, so the first `up` sample can lag the health by a moment: wait for it.
+    up = wait_until("the up sample in Prometheus", lambda: prometheus.query('up{job="rebound"}'))
+    assert up[0]["value"][1] == "1"
     info = wait_until("rebound_build_info in Prometheus", lambda: prometheus.query("rebound_build_info"))
     assert info[0]["metric"]["version"] and info[0]["value"][1] == "1"
     routes = {s["metric"]["route"] for s in prometheus.query("sum by (route) (rebound_requests_total)")}

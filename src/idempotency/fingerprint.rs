@@ -4,37 +4,83 @@
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
-/// Hex SHA-256 of the parts, each length-prefixed (so `("ab","c")` and `("a","bc")` differ).
-pub fn digest(parts: &[&[u8]]) -> String {
-    let mut h = Sha256::new();
-    for p in parts {
-        h.update((p.len() as u64).to_be_bytes());
-        h.update(p);
+/// SHA-256 over parts, each length-prefixed (so `("ab","c")` and `("a","bc")` differ).
+struct Parts(Sha256);
+
+impl Parts {
+    fn new() -> Parts {
+        Parts(Sha256::new())
     }
-    hex(&h.finalize())
+
+    fn part(&mut self, p: &[u8]) {
+        self.0.update((p.len() as u64).to_be_bytes());
+        self.0.update(p);
+    }
+
+    fn of(parts: &[&[u8]]) -> [u8; 32] {
+        let mut h = Parts::new();
+        for p in parts {
+            h.part(p);
+        }
+        h.finish()
+    }
+
+    fn finish(self) -> [u8; 32] {
+        self.0.finalize().into()
+    }
 }
 
-fn hex(bytes: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push(HEX[(b >> 4) as usize] as char);
-        s.push(HEX[(b & 0xf) as usize] as char);
-    }
+/// Hex SHA-256 of the parts, each length-prefixed (so `("ab","c")` and `("a","bc")` differ).
+pub fn digest(parts: &[&[u8]]) -> String {
+    let mut s = String::with_capacity(64);
+    push_hex(&mut s, &Parts::of(parts));
     s
 }
 
-/// The hash of a tenant's identity: the values of the `scope_headers` it sent. Two credentials
-/// never share a record; a request without any of them has an empty scope.
+/// Appends `bytes` in lower-case hex.
+pub fn push_hex(out: &mut String, bytes: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut buf = [0u8; 64];
+    for chunk in bytes.chunks(32) {
+        for (i, b) in chunk.iter().enumerate() {
+            buf[2 * i] = HEX[usize::from(b >> 4)];
+            buf[2 * i + 1] = HEX[usize::from(b & 0xf)];
+        }
+        // Hex digits are ASCII, always valid UTF-8.
+        out.push_str(std::str::from_utf8(&buf[..2 * chunk.len()]).unwrap_or_default());
+    }
+}
+
+/// The hash of a tenant's identity: the values of the `scope_headers` it sent (the first 128
+/// bits, in hex). Two credentials never share a record; a request without any of them has an
+/// empty scope.
 pub fn scope_hash(headers: &HeaderMap, scope_headers: &[HeaderName]) -> String {
-    let mut parts: Vec<&[u8]> = Vec::new();
+    let mut h = Parts::new();
     for name in scope_headers {
-        parts.push(name.as_str().as_bytes());
+        h.part(name.as_str().as_bytes());
         for v in headers.get_all(name) {
-            parts.push(v.as_bytes());
+            h.part(v.as_bytes());
         }
     }
-    digest(&parts)[..32].to_string()
+    let mut s = String::with_capacity(32);
+    push_hex(&mut s, &h.finish()[..16]);
+    s
+}
+
+/// The store key of `key` sent to `route` by the tenant `scope`: `idem:{route:scope:hash}`,
+/// the hash the first 128 bits of the key's. One hash tag per record: every script touches
+/// one Redis Cluster slot.
+pub fn record_key(route: &str, scope: &str, key: &str) -> String {
+    let hash = Parts::of(&[key.as_bytes()]);
+    let mut r = String::with_capacity(route.len() + scope.len() + 41);
+    r.push_str("idem:{");
+    r.push_str(route);
+    r.push(':');
+    r.push_str(scope);
+    r.push(':');
+    push_hex(&mut r, &hash[..16]);
+    r.push('}');
+    r
 }
 
 /// Why an `Idempotency-Key` value is refused.
@@ -141,8 +187,8 @@ pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, headers: &H
 }
 
 fn canonical_body(content_type: &str, body: &[u8]) -> Vec<u8> {
-    let mime = content_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
-    if mime == "multipart/form-data" {
+    let mime = content_type.split(';').next().unwrap_or("").trim();
+    if mime.eq_ignore_ascii_case("multipart/form-data") {
         if let Some(parts) = boundary(content_type).and_then(|b| multipart_parts(body, &b)) {
             let mut out = b"multipart".to_vec();
             for p in parts {
@@ -151,17 +197,19 @@ fn canonical_body(content_type: &str, body: &[u8]) -> Vec<u8> {
             return out;
         }
     }
-    if mime.is_empty() || mime == "application/json" || mime.ends_with("+json") {
+    let json_suffix = mime.len() >= 5 && mime.as_bytes()[mime.len() - 5..].eq_ignore_ascii_case(b"+json");
+    if mime.is_empty() || mime.eq_ignore_ascii_case("application/json") || json_suffix {
         if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
             // serde_json's map is ordered by key: this is a canonical form.
-            if let Ok(canonical) = serde_json::to_vec(&value) {
-                let mut out = b"json".to_vec();
-                out.extend_from_slice(&canonical);
+            let mut out = Vec::with_capacity(body.len() + 4);
+            out.extend_from_slice(b"json");
+            if serde_json::to_writer(&mut out, &value).is_ok() {
                 return out;
             }
         }
     }
-    let mut out = b"raw".to_vec();
+    let mut out = Vec::with_capacity(body.len() + 3);
+    out.extend_from_slice(b"raw");
     out.extend_from_slice(body);
     out
 }
@@ -333,6 +381,48 @@ mod tests {
         assert_eq!(a, scope_hash(&headers(&[("authorization", "Bearer a")]), &names));
         assert!(!a.contains("Bearer"));
         assert_eq!(a.len(), 32);
+    }
+
+    /// Records written by an earlier version must still be found after an upgrade (a rolling
+    /// deploy shares one Redis): the hashes are pinned, computed independently (Python's hashlib
+    /// over the same length-prefixed parts).
+    #[test]
+    fn hashes_are_stable_across_versions() {
+        assert_eq!(
+            digest(&[b"abc"]),
+            "c3494ca1a2cf8eeb8a11ded316fb55b83c3bbbedb6313cd50415251e5d09e12f"
+        );
+        let auth = [HeaderName::from_static("authorization")];
+        let scope = scope_hash(&headers(&[("authorization", "Bearer a")]), &auth);
+        assert_eq!(scope, "b705347cb1e5eb2e49692dcab1e4bbdd");
+        assert_eq!(scope_hash(&headers(&[]), &auth), "77d02fe21ac9e3d671949929c9a3d40c");
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
+        let json = headers(&[("content-type", "Application/JSON; charset=utf-8")]);
+        assert_eq!(
+            fingerprint(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body),
+            "83295de5c405c63e76911946e5259272a83a3d56fb61fb830d8e21064acb8700"
+        );
+        let text = headers(&[("content-type", "text/plain")]);
+        assert_eq!(
+            fingerprint(&Method::PATCH, "/x", None, &text, b"not json"),
+            "32d3adf35198ff56ab1fb7fb01beceb042e33034c28bc32970f5501f66a9ddbe"
+        );
+        assert_eq!(
+            record_key("llm", &scope, "key-1"),
+            "idem:{llm:b705347cb1e5eb2e49692dcab1e4bbdd:de9f9efc94bf445902a9690d5c49225d}"
+        );
+    }
+
+    #[test]
+    fn hex_is_lower_case_and_zero_padded() {
+        for n in [0u128, 1, 0xabc, u128::MAX, 0x0123_4567_89ab_cdef_0011_2233_4455_6677] {
+            let mut s = String::new();
+            push_hex(&mut s, &n.to_be_bytes());
+            assert_eq!(s, format!("{n:032x}"));
+        }
+        let mut s = String::from("x");
+        push_hex(&mut s, &[0xffu8; 70]);
+        assert_eq!(s, format!("x{}", "ff".repeat(70)));
     }
 
     mod properties {

@@ -12,9 +12,9 @@
 //!    the original runs.
 //! 6. Outcomes outside `store_statuses` release the key so that a retry can run.
 //!
-//! [`Idempotency::start`] is step 1-5 (one store round trip for a fresh key); [`Claim`] carries a
-//! fresh request's ownership to its end, where [`Recorder`] tees the response into the store as it
-//! streams to the client.
+//! [`Idempotency::check`] and [`Idempotency::wait`] are steps 1-5 (one store round trip for a
+//! fresh key on Redis, none in memory); [`Claim`] carries a fresh request's ownership to its end,
+//! where [`Recorder`] tees the response into the store as it streams to the client.
 
 pub mod fingerprint;
 pub mod held;
@@ -206,6 +206,34 @@ pub enum Start {
     Refuse(ProxyError),
 }
 
+/// What [`Idempotency::check`] found.
+pub enum Check {
+    /// Decided without waiting.
+    Decided(Start),
+    /// The store must be asked (Redis), or the key is in progress: [`Idempotency::wait`].
+    Wait(Pending),
+}
+
+/// A check still to be decided: the record, and this request's claim on it.
+pub struct Pending {
+    record: String,
+    fingerprint: String,
+    owner: String,
+    /// The store's answer so far, when it said "in progress" (lease left, holder).
+    first: Option<(Duration, String)>,
+}
+
+/// What the store's answer to a claim decided.
+enum Decision {
+    Decided(Start),
+    /// Another request holds the key (lease left, its owner): wait, follow, or refuse.
+    InProgress {
+        lease_left: Duration,
+        theirs: String,
+        pending: Pending,
+    },
+}
+
 /// A duplicate following an in-flight original: its head, and its body from byte 0.
 pub struct Followed {
     pub head: Head,
@@ -267,7 +295,9 @@ impl Idempotency {
 
     /// Checks a request against the store: claim, replay, hold, or refuse. `replay` replaces the
     /// scope and fingerprint computed from the request (an admin replay carries the original's).
-    pub async fn start(
+    /// Decided here when no store round trip is needed (the in-memory store answers at once);
+    /// otherwise [`Idempotency::wait`] goes on with it.
+    pub fn check(
         &self,
         method: &Method,
         path: &str,
@@ -275,102 +305,166 @@ impl Idempotency {
         headers: &HeaderMap,
         body: &Bytes,
         replay: Option<&ReplayIdentity>,
-    ) -> Start {
+    ) -> Check {
         let p = &self.policy;
         if !matches!(*method, Method::POST | Method::PATCH) {
-            return Start::Forward { bypassed: false };
+            return Check::Decided(Start::Forward { bypassed: false });
         }
         let key = match fingerprint::request_key(headers, &p.header) {
             None if p.require_key => {
                 self.count("invalid");
-                return Start::Refuse(ProxyError::IdempotencyKeyRequired {
+                return Check::Decided(Start::Refuse(ProxyError::IdempotencyKeyRequired {
                     header: p.header.to_string(),
-                });
+                }));
             }
-            None => return Start::Forward { bypassed: false },
+            None => return Check::Decided(Start::Forward { bypassed: false }),
             Some(Err(e)) => {
                 self.count("invalid");
-                return Start::Refuse(ProxyError::InvalidIdempotencyKey { detail: e.to_string() });
+                return Check::Decided(Start::Refuse(ProxyError::InvalidIdempotencyKey {
+                    detail: e.to_string(),
+                }));
             }
             Some(Ok(k)) => k,
         };
-        let ReplayIdentity { scope, fingerprint: fp } = replay
+        let ReplayIdentity { scope, fingerprint } = replay
             .cloned()
             .unwrap_or_else(|| self.identity_of(method, path, query, headers, body));
-        let key_hash = &fingerprint::digest(&[key.as_bytes()])[..32];
-        // One hash tag per record: every script touches this one key.
-        let record = format!("idem:{{{}:{scope}:{key_hash}}}", self.route);
+        let record = fingerprint::record_key(&self.route, &scope, &key);
         // A delivered response whose write has not landed yet is answered from here.
         if let Some(held) = self.records.held.get(&record) {
-            return self.answer_held(&held, &fp);
+            return Check::Decided(self.answer_held(&held, &fingerprint));
         }
-        let owner = owner_token();
+        let mut pending = Pending {
+            record,
+            fingerprint,
+            owner: owner_token(),
+            first: None,
+        };
+        // In memory, the first look is taken here; a duplicate of an original still in flight
+        // waits (or follows it) in `wait`.
+        if let AnyStore::Memory(m) = &self.records.store {
+            let follows_here =
+                p.on_concurrent == OnConcurrent::Follow && self.records.lives.get(&pending.record).is_some();
+            if !follows_here {
+                let begun = m.begin_now(&pending.record, &pending.fingerprint, &pending.owner, p.lease);
+                match self.decide(Ok(begun), pending) {
+                    Decision::Decided(start) => return Check::Decided(start),
+                    Decision::InProgress {
+                        lease_left,
+                        theirs,
+                        pending: mut back,
+                    } => {
+                        // `wait` acts on this answer before it asks again.
+                        back.first = Some((lease_left, theirs));
+                        pending = back;
+                    }
+                }
+            }
+        }
+        Check::Wait(pending)
+    }
 
+    /// What the store's answer to a claim decides, unless the key is in progress elsewhere
+    /// (handed back, with how long its lease has left and who holds it).
+    fn decide(&self, begun: Result<Begin, StoreError>, pending: Pending) -> Decision {
+        let p = &self.policy;
+        let start = match begun {
+            Err(e) => {
+                self.count("store_error");
+                tracing::warn!(route = %self.route, error = %e, "idempotency store unavailable");
+                if e.maybe_applied {
+                    // The claim may still run once the store answers: take it back then.
+                    self.release_orphan(pending.record, pending.owner);
+                }
+                match p.on_store_error {
+                    OnStoreError::FailClosed => Start::Refuse(ProxyError::StoreUnavailable),
+                    OnStoreError::FailOpen => Start::Forward { bypassed: true },
+                }
+            }
+            Ok(Begin::Claimed) => {
+                let follow = p.on_concurrent == OnConcurrent::Follow;
+                Start::Claimed(self.claim(pending.record, pending.owner, pending.fingerprint, follow))
+            }
+            Ok(Begin::Completed(r)) => {
+                self.count("replayed");
+                Start::Replay(r)
+            }
+            Ok(Begin::Mismatch) => {
+                self.count("mismatch");
+                Start::Refuse(ProxyError::IdempotencyKeyReused)
+            }
+            Ok(Begin::NotKept) => {
+                self.count("conflict");
+                Start::Refuse(ProxyError::IdempotencyResponseNotKept)
+            }
+            Ok(Begin::InProgress { lease_left, owner }) => {
+                return Decision::InProgress {
+                    lease_left,
+                    theirs: owner,
+                    pending,
+                }
+            }
+        };
+        Decision::Decided(start)
+    }
+
+    /// Goes on with a check that needs the store or must wait: follows an original in flight,
+    /// or looks again with bounded backoff until it completes, is released, or `wait_timeout`.
+    pub async fn wait(&self, mut pending: Pending) -> Start {
+        let p = &self.policy;
         let follow = p.on_concurrent == OnConcurrent::Follow;
         let waited_until = tokio::time::Instant::now() + p.wait_timeout;
         let mut step = Duration::from_millis(20);
         loop {
-            // The original runs on this replica: follow it with no store round trip.
-            if let Some(live) = self.records.lives.get(&record).filter(|_| follow) {
-                if live.fingerprint != fp {
-                    self.count("mismatch");
-                    return Start::Refuse(ProxyError::IdempotencyKeyReused);
-                }
-                if let Some(start) = self.follow(&live).await {
-                    return start;
-                }
-            }
-            let begin = self.records.store.begin(&record, &fp, &owner, p.lease).await;
-            match begin {
-                Err(e) => {
-                    self.count("store_error");
-                    tracing::warn!(route = %self.route, error = %e, "idempotency store unavailable");
-                    if e.maybe_applied {
-                        // The claim may still run once the store answers: take it back then.
-                        self.release_orphan(record, owner);
-                    }
-                    return match p.on_store_error {
-                        OnStoreError::FailClosed => Start::Refuse(ProxyError::StoreUnavailable),
-                        OnStoreError::FailOpen => Start::Forward { bypassed: true },
-                    };
-                }
-                Ok(Begin::Claimed) => return Start::Claimed(self.claim(record, owner, fp, follow)),
-                Ok(Begin::Completed(r)) => {
-                    self.count("replayed");
-                    return Start::Replay(r);
-                }
-                Ok(Begin::Mismatch) => {
-                    self.count("mismatch");
-                    return Start::Refuse(ProxyError::IdempotencyKeyReused);
-                }
-                Ok(Begin::NotKept) => {
-                    self.count("conflict");
-                    return Start::Refuse(ProxyError::IdempotencyResponseNotKept);
-                }
-                Ok(Begin::InProgress {
-                    lease_left,
-                    owner: theirs,
-                }) => {
-                    // The original runs on another replica: follow it through Redis.
-                    if let Some(relay) = self.records.relay.as_ref().filter(|_| follow && !theirs.is_empty()) {
-                        let cap = usize::try_from(p.max_stored_body).unwrap_or(usize::MAX);
-                        let live = relay.mirror(&record, &theirs, &fp, cap);
+            let (lease_left, theirs) = match pending.first.take() {
+                Some(in_progress) => in_progress,
+                None => {
+                    // The original runs on this replica: follow it with no store round trip.
+                    if let Some(live) = self.records.lives.get(&pending.record).filter(|_| follow) {
+                        if live.fingerprint != pending.fingerprint {
+                            self.count("mismatch");
+                            return Start::Refuse(ProxyError::IdempotencyKeyReused);
+                        }
                         if let Some(start) = self.follow(&live).await {
                             return start;
                         }
                     }
-                    let now = tokio::time::Instant::now();
-                    if p.on_concurrent == OnConcurrent::Conflict || now + step > waited_until {
-                        self.count("conflict");
-                        let retry_after = lease_left.clamp(Duration::from_secs(1), Duration::from_secs(30));
-                        return Start::Refuse(ProxyError::IdempotencyInProgress { retry_after });
+                    let begun = self
+                        .records
+                        .store
+                        .begin(&pending.record, &pending.fingerprint, &pending.owner, p.lease)
+                        .await;
+                    match self.decide(begun, pending) {
+                        Decision::Decided(start) => return start,
+                        Decision::InProgress {
+                            lease_left,
+                            theirs,
+                            pending: back,
+                        } => {
+                            pending = back;
+                            (lease_left, theirs)
+                        }
                     }
-                    // Bounded backoff: duplicates look again at most every 500 ms, never in a
-                    // tight loop; the original's completion (or release) ends the wait.
-                    tokio::time::sleep(step).await;
-                    step = (step * 2).min(MAX_WAIT_STEP);
+                }
+            };
+            // The original runs on another replica: follow it through Redis.
+            if let Some(relay) = self.records.relay.as_ref().filter(|_| follow && !theirs.is_empty()) {
+                let cap = usize::try_from(p.max_stored_body).unwrap_or(usize::MAX);
+                let live = relay.mirror(&pending.record, &theirs, &pending.fingerprint, cap);
+                if let Some(start) = self.follow(&live).await {
+                    return start;
                 }
             }
+            let now = tokio::time::Instant::now();
+            if p.on_concurrent == OnConcurrent::Conflict || now + step > waited_until {
+                self.count("conflict");
+                let retry_after = lease_left.clamp(Duration::from_secs(1), Duration::from_secs(30));
+                return Start::Refuse(ProxyError::IdempotencyInProgress { retry_after });
+            }
+            // Bounded backoff: duplicates look again at most every 500 ms, never in a
+            // tight loop; the original's completion (or release) ends the wait.
+            tokio::time::sleep(step).await;
+            step = (step * 2).min(MAX_WAIT_STEP);
         }
     }
 
@@ -461,23 +555,12 @@ impl Idempotency {
     }
 }
 
-/// Runs a store write on `tasks`, unless it is done when first polled (the in-memory store's
-/// writes are): a task costs an allocation and a round through the scheduler that a write already
-/// done does not need. A write still pending goes on as a task, from where it got to.
-pub(crate) fn run_or_spawn<F>(tasks: &TaskTracker, write: F)
-where
-    F: std::future::Future<Output = ()> + Send + 'static,
-{
-    use futures_util::FutureExt as _;
-    let mut write = Box::pin(write);
-    if (&mut write).now_or_never().is_none() {
-        tasks.spawn(write);
-    }
-}
-
+/// A claim's owner: 128 random bits, in hex.
 fn owner_token() -> String {
     let n: u128 = rand::rng().random();
-    format!("{n:032x}")
+    let mut s = String::with_capacity(32);
+    fingerprint::push_hex(&mut s, &n.to_be_bytes());
+    s
 }
 
 /// Ownership of a claimed key until the request ends. Dropped without an outcome (the client went
@@ -578,11 +661,40 @@ impl ClaimInner {
         self.counters.completions.inc(result);
     }
 
-    /// Frees the key, retried until the store answers (run as a task).
-    async fn release(self) {
+    /// The response is not stored: its followers are told, the outcome counted.
+    fn released(&self) {
         self.live.finish(End::Released);
         self.count("not_stored");
-        self.release_retried(false).await;
+    }
+
+    /// Frees the key: at once in memory, else as a task retried until the store answers.
+    pub(super) fn release_or_spawn(self) {
+        self.released();
+        if let AnyStore::Memory(m) = &self.writer.store {
+            m.release_now(&self.live.record, &self.live.owner);
+            return;
+        }
+        let tasks = self.tasks.clone();
+        tasks.spawn(self.release_retried(false));
+    }
+
+    /// Records a delivered response: at once in memory (no task, no future to box), else as a
+    /// task ([`ClaimInner::complete`]).
+    pub(super) fn complete_or_spawn(self, completion: Completion, first_try: Option<tokio::sync::oneshot::Sender<()>>) {
+        if let AnyStore::Memory(m) = &self.writer.store {
+            let kept = matches!(completion, Completion::Kept(_));
+            let (live, ttl) = (&self.live, self.policy.ttl);
+            let written = if m.complete_now(&live.record, &live.fingerprint, &live.owner, completion, ttl) {
+                Written::AtOnce
+            } else {
+                Written::Refused
+            };
+            drop(first_try);
+            self.count_written(written, kept);
+            return;
+        }
+        let tasks = self.tasks.clone();
+        tasks.spawn(self.complete(completion, first_try));
     }
 
     async fn release_retried(self, failed: bool) {
@@ -594,8 +706,7 @@ impl ClaimInner {
     /// Frees the key with one try (a response waits for it: bounded by `command_timeout`); a try
     /// the store does not answer goes on in the background.
     async fn release_now(self) {
-        self.live.finish(End::Released);
-        self.count("not_stored");
+        self.released();
         if let Err(e) = self.writer.store.release(&self.live.record, &self.live.owner).await {
             tracing::warn!(route = %self.writer.route, error = %e, "idempotency release failed; retrying in the background");
             let tasks = self.tasks.clone();
@@ -643,6 +754,11 @@ impl ClaimInner {
                 }
             }
         };
+        self.count_written(written, kept);
+    }
+
+    /// Counts how a completion's write ended.
+    fn count_written(&self, written: Written, kept: bool) {
         match written {
             Written::AtOnce => self.count(if kept { "stored" } else { "not_stored" }),
             Written::Late => {
@@ -705,8 +821,7 @@ impl Claim {
 impl Drop for Claim {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
-            let tasks = inner.tasks.clone();
-            tasks.spawn(inner.release());
+            inner.release_or_spawn();
         }
     }
 }

@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 
 use super::live::{End, Head, Live};
 use super::store::{Completion, StoredResponse};
-use super::{run_or_spawn, ClaimInner};
+use super::ClaimInner;
 use crate::wire::body::BoxError;
 
 /// Tees a response into the idempotency store while it streams to the client, frame by frame,
@@ -101,13 +101,12 @@ impl Recorder {
             }
         }
         if let Some(claim) = self.claim.take() {
-            let tasks = claim.tasks.clone();
             if failed {
                 // Nothing to wait for: `first_try` is dropped, which releases a held end.
-                run_or_spawn(&tasks, claim.release());
+                claim.release_or_spawn();
             } else {
                 let completion = self.completion();
-                run_or_spawn(&tasks, claim.complete(completion, first_try));
+                claim.complete_or_spawn(completion, first_try);
             }
         }
     }
@@ -124,8 +123,7 @@ impl Recorder {
             live.finish(End::Aborted);
         }
         if let Some(claim) = self.claim.take() {
-            let tasks = claim.tasks.clone();
-            run_or_spawn(&tasks, claim.release());
+            claim.release_or_spawn();
         }
     }
 }
@@ -200,7 +198,7 @@ impl Drop for Recorder {
             if let Some(live) = &self.live {
                 live.finish(End::Aborted);
             }
-            tasks.spawn(claim.release());
+            claim.release_or_spawn();
             return;
         };
         // The client went away mid-stream: read the upstream to its end and store it (followers

@@ -356,10 +356,12 @@ impl Memory {
     }
 }
 
-impl Store for MemoryStore {
-    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
+/// The in-memory store answers at once: its operations are synchronous, and the [`Store`] impl
+/// wraps them (a caller that knows the store is in memory saves the future).
+impl MemoryStore {
+    pub(crate) fn begin_now(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
         let limits = self.limits;
-        Ok(self.with(|m, now| {
+        self.with(|m, now| {
             let found = match m.live(key, now) {
                 None => None,
                 Some(e) if e.fingerprint != fingerprint => Some(Begin::Mismatch),
@@ -386,17 +388,67 @@ impl Store for MemoryStore {
                 }
                 Some(other) => other,
             }
-        }))
+        })
     }
 
-    async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
-        Ok(self.with(|m, now| {
+    pub(crate) fn renew_now(&self, key: &str, owner: &str, lease: Duration) -> bool {
+        self.with(|m, now| {
             if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
                 return false;
             }
             m.set_expiry(key, now + lease);
             true
-        }))
+        })
+    }
+
+    pub(crate) fn complete_now(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        owner: &str,
+        completion: Completion,
+        ttl: Duration,
+    ) -> bool {
+        let limits = self.limits;
+        self.with(|m, now| {
+            match m.live(key, now) {
+                Some(e) if e.owner != owner => return false,
+                Some(e) if !e.is_lease() => return true,
+                // Ours, or gone (nobody holds it): record the delivered response.
+                _ => {}
+            }
+            let state = match completion {
+                Completion::Kept(r) => MemState::Completed(r),
+                Completion::NotKept => MemState::NotKept,
+            };
+            if m.map.get(key).is_some_and(Entry::is_lease) {
+                m.complete_lease(key, state, now + ttl, limits, now);
+            } else {
+                let (fp, who) = (fingerprint.to_string(), owner.to_string());
+                m.insert(key, fp, who, state, now + ttl, limits, now);
+            }
+            true
+        })
+    }
+
+    pub(crate) fn release_now(&self, key: &str, owner: &str) -> bool {
+        self.with(|m, now| {
+            if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
+                return false;
+            }
+            m.remove(key);
+            true
+        })
+    }
+}
+
+impl Store for MemoryStore {
+    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
+        Ok(self.begin_now(key, fingerprint, owner, lease))
+    }
+
+    async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+        Ok(self.renew_now(key, owner, lease))
     }
 
     async fn complete(
@@ -407,36 +459,11 @@ impl Store for MemoryStore {
         completion: &Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let limits = self.limits;
-        Ok(self.with(|m, now| {
-            match m.live(key, now) {
-                Some(e) if e.owner != owner => return false,
-                Some(e) if !e.is_lease() => return true,
-                // Ours, or gone (nobody holds it): record the delivered response.
-                _ => {}
-            }
-            let state = match completion {
-                Completion::Kept(r) => MemState::Completed(r.clone()),
-                Completion::NotKept => MemState::NotKept,
-            };
-            if m.map.get(key).is_some_and(Entry::is_lease) {
-                m.complete_lease(key, state, now + ttl, limits, now);
-            } else {
-                let (fp, who) = (fingerprint.to_string(), owner.to_string());
-                m.insert(key, fp, who, state, now + ttl, limits, now);
-            }
-            true
-        }))
+        Ok(self.complete_now(key, fingerprint, owner, completion.clone(), ttl))
     }
 
     async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
-        Ok(self.with(|m, now| {
-            if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
-                return false;
-            }
-            m.remove(key);
-            true
-        }))
+        Ok(self.release_now(key, owner))
     }
 }
 

@@ -7,7 +7,7 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use super::Route;
 use crate::error::ProxyError;
-use crate::idempotency::{Claim, Followed, ReplayIdentity, Start, StoredResponse};
+use crate::idempotency::{Check, Claim, Followed, ReplayIdentity, Start, StoredResponse};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
 
@@ -30,10 +30,13 @@ pub(super) async fn idempotency_step(
     };
     let replay = parts.extensions.get::<ReplayIdentity>();
     let (method, uri) = (&parts.method, &parts.uri);
-    match idem
-        .start(method, uri.path(), uri.query(), &parts.headers, body, replay)
-        .await
-    {
+    let start = match idem.check(method, uri.path(), uri.query(), &parts.headers, body, replay) {
+        Check::Decided(start) => start,
+        // A store round trip (Redis) or a wait for an original in flight: boxed, so that its
+        // state does not enlarge every request's future.
+        Check::Wait(pending) => Box::pin(idem.wait(pending)).await,
+    };
+    match start {
         Start::Forward { bypassed } => {
             if bypassed {
                 log.set_idempotency("bypassed");

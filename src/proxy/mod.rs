@@ -377,7 +377,7 @@ impl Proxy {
 
         // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
         let step = if route.idempotency.is_some() {
-            Box::pin(idempotency_step(&route, &parts, &body, &mut log)).await
+            idempotency_step(&route, &parts, &body, &mut log).await
         } else {
             Ok((None, false))
         };

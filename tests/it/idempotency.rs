@@ -151,6 +151,41 @@ async fn fifty_concurrent_duplicates_in_conflict_mode_get_409() {
     }
 }
 
+/// The in-memory store decides a fresh key inline; a duplicate of one in flight goes on to wait
+/// (and gets the original's response) or is refused at once with a Retry-After.
+#[tokio::test]
+async fn concurrent_duplicates_on_the_in_memory_store_wait_or_get_409() {
+    let provider = FakeProvider::start().await;
+    let waits = Rebound::start(&config(&provider.url(), None, "on_concurrent = \"wait\"\n")).await;
+    let answers = burst(&provider, [waits.url.clone(), waits.url.clone()], "memory-wait").await;
+    assert_eq!(provider.count("memory-wait"), 1);
+    for ans in &answers {
+        assert_eq!(ans.status, 200, "{}", ans.text());
+        assert_eq!(ans.text(), chat_completion());
+    }
+    let replayed = answers
+        .iter()
+        .filter(|a| a.header("idempotent-replayed") == Some("true"))
+        .count();
+    assert_eq!(replayed, 49);
+
+    let refuses = Rebound::start(&config(&provider.url(), None, "on_concurrent = \"conflict\"\n")).await;
+    let answers = burst(&provider, [refuses.url.clone(), refuses.url.clone()], "memory-conflict").await;
+    assert_eq!(provider.count("memory-conflict"), 1);
+    let ok = answers.iter().filter(|a| a.status == 200).count();
+    let conflicts: Vec<&Answer> = answers.iter().filter(|a| a.status == 409).collect();
+    assert_eq!(ok + conflicts.len(), 50);
+    assert!(
+        ok >= 1 && !conflicts.is_empty(),
+        "{ok} answered, {} refused",
+        conflicts.len()
+    );
+    for c in conflicts {
+        assert_eq!(c.header("x-rebound-error"), Some("idempotency_in_progress"));
+        assert_eq!(c.header("retry-after"), Some("1"));
+    }
+}
+
 #[tokio::test]
 async fn key_reuse_with_another_body_is_422_and_json_order_does_not_matter() {
     let provider = FakeProvider::start().await;

@@ -32,8 +32,13 @@ impl Parts {
 
 /// Hex SHA-256 of the parts, each length-prefixed (so `("ab","c")` and `("a","bc")` differ).
 pub fn digest(parts: &[&[u8]]) -> String {
-    let mut s = String::with_capacity(64);
-    push_hex(&mut s, &Parts::of(parts));
+    hex(&Parts::of(parts))
+}
+
+/// `bytes` in lower-case hex.
+pub fn hex(bytes: &[u8]) -> String {
+    let mut s = String::with_capacity(bytes.len() * 2);
+    push_hex(&mut s, bytes);
     s
 }
 
@@ -62,9 +67,7 @@ pub fn scope_hash(headers: &HeaderMap, scope_headers: &[HeaderName]) -> String {
             h.part(v.as_bytes());
         }
     }
-    let mut s = String::with_capacity(32);
-    push_hex(&mut s, &h.finish()[..16]);
-    s
+    hex(&h.finish()[..16])
 }
 
 /// The store key of `key` sent to `route` by the tenant `scope`: `idem:{route:scope:hash}`,
@@ -416,9 +419,7 @@ mod tests {
     #[test]
     fn hex_is_lower_case_and_zero_padded() {
         for n in [0u128, 1, 0xabc, u128::MAX, 0x0123_4567_89ab_cdef_0011_2233_4455_6677] {
-            let mut s = String::new();
-            push_hex(&mut s, &n.to_be_bytes());
-            assert_eq!(s, format!("{n:032x}"));
+            assert_eq!(hex(&n.to_be_bytes()), format!("{n:032x}"));
         }
         let mut s = String::from("x");
         push_hex(&mut s, &[0xffu8; 70]);

@@ -558,9 +558,7 @@ impl Idempotency {
 /// A claim's owner: 128 random bits, in hex.
 fn owner_token() -> String {
     let n: u128 = rand::rng().random();
-    let mut s = String::with_capacity(32);
-    fingerprint::push_hex(&mut s, &n.to_be_bytes());
-    s
+    fingerprint::hex(&n.to_be_bytes())
 }
 
 /// Ownership of a claimed key until the request ends. Dropped without an outcome (the client went

@@ -51,13 +51,14 @@ pub(super) async fn attempt(
         Ok(resp) => resp.into_parts(),
         Err(e) => return (Err(e), head_at),
     };
-    let mut body = Primed::new(body);
+    let shape = Shape::of(&parts.headers);
+    let mut body = Primed::new(body, shape);
     let mut received = head_at;
     if parts.status.is_success() && !body.is_end_stream() {
         let wait = policy
             .first_byte_timeout
             .min(remaining.saturating_sub(head_at - started));
-        match read_ahead(&mut body, Shape::of(&parts.headers), head_at + wait).await {
+        match read_ahead(&mut body, shape, head_at + wait).await {
             Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), Instant::now()),
             Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), Instant::now()),
             Ok(ahead) => {
@@ -183,7 +184,7 @@ mod tests {
         } else {
             StreamBody::new(stream).boxed_unsync()
         };
-        Primed::new(inner)
+        Primed::new(inner, Shape::Other)
     }
 
     async fn ahead(frames: &[&str], pending: bool, shape: Shape) -> (Result<Ahead, Stopped>, String) {

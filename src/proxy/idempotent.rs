@@ -84,6 +84,6 @@ fn shared_response(status: StatusCode, kept: &[(String, String)], body: ProxyBod
         }
     }
     h.insert(headers::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    h.insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(0u32));
+    h.insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(0));
     resp
 }

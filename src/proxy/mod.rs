@@ -49,6 +49,7 @@ use crate::traces::{self, RequestSpan, Traces};
 use crate::upstream::{AttemptError, Upstream, UpstreamBody};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
+use crate::wire::sse::Shape;
 use idempotent::{follow_response, idempotency_step, replay_response, Answered};
 use pacing::credential_hash_of;
 use stream::{ErrorWatch, IdleTimeout, Primed};
@@ -344,16 +345,18 @@ impl Proxy {
             return error_response(err, log);
         };
         let route = route.clone();
-        let path = forwarded_path(req.uri().path(), prefix, route.config.strip_prefix).into_owned();
         log.set_route(&route.metrics);
 
         // 3. WebSocket upgrades pass through.
         if headers::is_upgrade(req.headers()) {
+            let path = forwarded_path(req.uri().path(), prefix, route.config.strip_prefix).into_owned();
             return Box::pin(websocket::pass_through(&self, &route, &path, req, log)).await;
         }
 
         // 4. The request body, capped.
         let (parts, body) = req.into_parts();
+        // Borrowed from the request's own path unless a prefix strip has to add a `/`.
+        let path = forwarded_path(parts.uri.path(), prefix, route.config.strip_prefix);
         let job_run = parts.extensions.get::<jobs::JobRun>().is_some();
         let body = match body::read_capped(body, &parts.headers, self.max_request_body).await {
             Ok(b) => b,
@@ -439,7 +442,8 @@ impl Proxy {
         let mut resp = match delivery.result {
             Ok(resp) => {
                 let meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
-                let mut resp = upstream_response(resp, route, target, (attempts, outcome), claim, log, meter);
+                let shape = resp.body().shape();
+                let mut resp = upstream_response(resp, shape, route, target, (attempts, outcome), claim, log, meter);
                 if job_run {
                     resp.extensions_mut().insert(Delivered { attempts, error: None });
                     // Filled as the body ends: the job record keeps each attempt's usage.
@@ -452,7 +456,7 @@ impl Proxy {
                 let mut resp = error_response(err, log);
                 if attempts > 0 {
                     resp.headers_mut()
-                        .insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(attempts));
+                        .insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(attempts));
                     resp.extensions_mut().insert(Delivered { attempts, error });
                 }
                 resp
@@ -480,16 +484,21 @@ impl Proxy {
         body: &Bytes,
         trace: &RequestSpan,
     ) -> Delivery {
-        let (max_attempts, deadline) = retry::policy::request_limits(&parts.headers, &route.retry);
+        let limits = retry::policy::request_limits(&parts.headers, &route.retry);
+        let (max_attempts, deadline) = (limits.max_attempts, limits.deadline);
         let started = Instant::now();
         let mut state = RetryState::new(max_attempts, started + deadline);
-        if retry::policy::is_sdk_retry(&parts.headers) {
+        if limits.sdk_retry {
             route.budget.record_external_retry(started);
         } else {
             route.budget.deposit(started);
         }
-        let mut d = Progress::new(route.primary().name.clone(), deadline);
-        d.tokens = self.models.for_request(body);
+        let mut d = Progress::new(
+            route.primary().name.clone(),
+            deadline,
+            self.models.for_request(body),
+            started,
+        );
         let mut now = started;
         let mut waited: (Duration, Option<&'static str>) = (Duration::ZERO, None);
         loop {
@@ -744,15 +753,15 @@ struct Progress {
 }
 
 impl Progress {
-    fn new(upstream: Arc<str>, deadline: Duration) -> Progress {
+    fn new(upstream: Arc<str>, deadline: Duration, tokens: RequestTokens, started: Instant) -> Progress {
         Progress {
             outcome: None,
             attempts: Vec::new(),
             upstream,
             last: None,
             deadline,
-            tokens: RequestTokens::default(),
-            sent: Instant::now(),
+            tokens,
+            sent: started,
         }
     }
 
@@ -927,8 +936,10 @@ fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {
 /// failure on a route that retries also gets `x-should-retry: false`: rebound is the retry layer,
 /// the SDK must not retry on top. The body streams through under `stream_idle_timeout`; an event
 /// stream is watched for an error event mid-stream (counted, passed through).
+#[allow(clippy::too_many_arguments)]
 fn upstream_response<B>(
     resp: Response<B>,
+    shape: Shape,
     route: &Route,
     target: &Target,
     (attempts, outcome): (u32, Outcome),
@@ -943,7 +954,7 @@ where
     headers::strip_hop_by_hop(&mut parts.headers, false);
     parts
         .headers
-        .insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(attempts));
+        .insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(attempts));
     if outcome.is_failure() && route.retries {
         parts
             .headers
@@ -951,8 +962,7 @@ where
     }
     let status = parts.status.as_u16();
     let first_event_error = matches!(outcome, Outcome::InBand(_));
-    let (body, stream_error) =
-        ErrorWatch::for_response(body, &parts.headers, first_event_error, &target.attempts, meter);
+    let (body, stream_error) = ErrorWatch::for_response(body, shape, first_event_error, &target.attempts, meter);
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
     let body = match claim {
         // A stream with an error event in it is passed through, but not stored: the key is

@@ -30,16 +30,24 @@ pub struct Primed<B> {
     /// Frames held after it, when the commit point took several.
     more: VecDeque<Frame<Bytes>>,
     inner: B,
+    /// The response's shape, from its `content-type`, read once for every step that asks.
+    shape: Shape,
 }
 
 impl<B> Primed<B> {
-    /// Nothing held yet.
-    pub fn new(inner: B) -> Primed<B> {
+    /// Nothing held yet, of a response shaped `shape`.
+    pub fn new(inner: B, shape: Shape) -> Primed<B> {
         Primed {
             first: None,
             more: VecDeque::new(),
             inner,
+            shape,
         }
+    }
+
+    /// The response's shape (its `content-type`).
+    pub fn shape(&self) -> Shape {
+        self.shape
     }
 
     /// The body still to be read.
@@ -176,7 +184,7 @@ impl<B: Body> ErrorWatch<B> {
     /// has no flag.
     pub fn for_response(
         inner: B,
-        headers: &http::HeaderMap,
+        shape: Shape,
         first_event_error: bool,
         metrics: &AttemptMetrics,
         meter: Option<Meter>,
@@ -185,7 +193,7 @@ impl<B: Body> ErrorWatch<B> {
             let flag = Arc::new(AtomicBool::new(true));
             return (ErrorWatch::off(inner).metered(meter, Some(&flag)), Some(flag));
         }
-        if Shape::of(headers) != Shape::EventStream {
+        if shape != Shape::EventStream {
             return (ErrorWatch::off(inner).metered(meter, None), None);
         }
         let seen = Arc::new(AtomicBool::new(false));

@@ -38,15 +38,6 @@ pub struct RequestTokens {
     pub ledger: Ledger,
 }
 
-impl Default for RequestTokens {
-    fn default() -> RequestTokens {
-        RequestTokens {
-            model: Arc::from(OTHER),
-            ledger: Ledger::default(),
-        }
-    }
-}
-
 /// The label of every model not in `[metrics] models`.
 const OTHER: &str = "other";
 
@@ -108,16 +99,16 @@ pub struct Meter {
 }
 
 impl Meter {
-    /// A meter for attempt number `attempt` (from 1), sent at `sent`, when `headers` say the body
+    /// A meter for attempt number `attempt` (from 1), sent at `sent`, when the body's `shape`
     /// can carry usage (JSON or an event stream).
     pub fn for_response(
-        headers: &http::HeaderMap,
+        shape: Shape,
         metrics: &Arc<TokenMetrics>,
         request: &RequestTokens,
         attempt: u32,
         sent: Instant,
     ) -> Option<Meter> {
-        if Shape::of(headers) == Shape::Other {
+        if shape == Shape::Other {
             return None;
         }
         Some(Meter {
@@ -133,7 +124,7 @@ impl Meter {
 
     /// The meter of the delivered attempt's response, unless its tokens were counted already.
     pub fn for_delivered<B>(
-        resp: &Response<B>,
+        resp: &Response<Primed<B>>,
         metrics: &Arc<TokenMetrics>,
         request: &RequestTokens,
         attempt: u32,
@@ -142,7 +133,7 @@ impl Meter {
         if resp.extensions().get::<Counted>().is_some() {
             return None;
         }
-        Meter::for_response(resp.headers(), metrics, request, attempt, sent)
+        Meter::for_response(resp.body().shape(), metrics, request, attempt, sent)
     }
 
     /// The response's error flag (an in-band or mid-stream error makes its tokens wasted).
@@ -184,7 +175,7 @@ pub fn discard<B>(
     if resp.extensions().get::<Counted>().is_some() {
         return;
     }
-    if let Some(mut meter) = Meter::for_response(resp.headers(), metrics, request, attempt, sent) {
+    if let Some(mut meter) = Meter::for_response(resp.body().shape(), metrics, request, attempt, sent) {
         meter.feed(&resp.body().held_prefix(usize::MAX));
         meter.finish(false);
     }

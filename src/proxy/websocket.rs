@@ -54,8 +54,9 @@ pub(super) async fn pass_through<B>(
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The upstream declined the upgrade: its answer goes back as it came.
         let outcome = crate::retry::policy::Outcome::Status(resp.status());
+        let shape = crate::wire::sse::Shape::of(resp.headers());
         let resp = resp.map(|b| b.map_err(Into::into));
-        return upstream_response(resp, route, route.primary(), (1, outcome), None, log, None);
+        return upstream_response(resp, shape, route, route.primary(), (1, outcome), None, log, None);
     }
     let upstream_side = hyper::upgrade::on(&mut resp);
     let hard_stop = proxy.hard_stop.clone();
@@ -78,6 +79,6 @@ pub(super) async fn pass_through<B>(
     headers::strip_hop_by_hop(&mut parts.headers, true);
     parts
         .headers
-        .insert(headers::X_REBOUND_ATTEMPTS, http::HeaderValue::from(1u32));
+        .insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(1));
     Response::from_parts(parts, ProxyBody::full(Bytes::new(), log, 101))
 }

@@ -285,42 +285,65 @@ impl RetryState {
     }
 }
 
-/// The request's own limits: the policy's, tightened (never loosened) by what the app sent:
-/// `x-rebound-max-attempts`, `x-rebound-deadline-ms`, and the SDKs' `x-stainless-timeout` /
-/// `x-stainless-read-timeout` (seconds: the SDK gives up then, so retrying past it is waste).
-/// Unparseable values are ignored.
-pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> (u32, Duration) {
-    use crate::wire::headers::{
-        X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_STAINLESS_READ_TIMEOUT, X_STAINLESS_TIMEOUT,
-    };
-    let value = |name: &http::HeaderName| headers.get(name).and_then(|v| v.to_str().ok()).map(str::trim);
-    let mut attempts = policy.max_attempts;
-    if let Some(n) = value(&X_REBOUND_MAX_ATTEMPTS).and_then(|v| v.parse::<u32>().ok()) {
-        attempts = attempts.min(n.max(1));
+/// What the app's request asks of the retry loop: its own limits (the policy's, tightened, never
+/// loosened) and whether it is itself an SDK's retry.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RequestLimits {
+    pub max_attempts: u32,
+    pub deadline: Duration,
+    /// `x-stainless-retry-count` > 0: the request counts against the retry budget, so that two
+    /// layers cannot multiply an outage.
+    pub sdk_retry: bool,
+}
+
+/// The request's [`RequestLimits`], from `x-rebound-max-attempts`, `x-rebound-deadline-ms`, the
+/// SDKs' `x-stainless-timeout` / `x-stainless-read-timeout` (seconds: the SDK gives up then, so
+/// retrying past it is waste) and `x-stainless-retry-count`, each read from its first value as
+/// `HeaderMap::get` would. Unparseable values are ignored.
+///
+/// One pass over the headers: five lookups by name hash each name whether or not it is there,
+/// which costs more than walking the dozen headers a request carries.
+pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> RequestLimits {
+    const NAMES: [&str; 5] = [
+        "x-rebound-max-attempts",
+        "x-rebound-deadline-ms",
+        "x-stainless-timeout",
+        "x-stainless-read-timeout",
+        "x-stainless-retry-count",
+    ];
+    let mut first: [Option<&http::HeaderValue>; 5] = [None; 5];
+    for (name, value) in headers {
+        let name = name.as_str();
+        if !name.starts_with("x-") {
+            continue;
+        }
+        if let Some(i) = NAMES.iter().position(|n| *n == name) {
+            first[i].get_or_insert(value);
+        }
+    }
+    let text = |i: usize| first[i].and_then(|v| v.to_str().ok()).map(str::trim);
+    let mut max_attempts = policy.max_attempts;
+    if let Some(n) = text(0).and_then(|v| v.parse::<u32>().ok()) {
+        max_attempts = max_attempts.min(n.max(1));
     }
     let mut deadline = policy.deadline;
-    if let Some(ms) = value(&X_REBOUND_DEADLINE_MS).and_then(|v| v.parse::<u64>().ok()) {
+    if let Some(ms) = text(1).and_then(|v| v.parse::<u64>().ok()) {
         deadline = deadline.min(Duration::from_millis(ms));
     }
-    for name in [&X_STAINLESS_TIMEOUT, &X_STAINLESS_READ_TIMEOUT] {
-        let secs = value(name)
+    for i in [2, 3] {
+        let secs = text(i)
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s > 0.0);
         if let Some(s) = secs {
             deadline = deadline.min(Duration::from_secs_f64(s.min(86_400.0)));
         }
     }
-    (attempts, deadline)
-}
-
-/// Whether the app's SDK says this request is itself a retry (`x-stainless-retry-count` > 0):
-/// it then counts against the retry budget, so that two layers cannot multiply an outage.
-pub fn is_sdk_retry(headers: &http::HeaderMap) -> bool {
-    headers
-        .get(crate::wire::headers::X_STAINLESS_RETRY_COUNT)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u32>().ok())
-        .is_some_and(|n| n > 0)
+    let sdk_retry = text(4).and_then(|v| v.parse::<u32>().ok()).is_some_and(|n| n > 0);
+    RequestLimits {
+        max_attempts,
+        deadline,
+        sdk_retry,
+    }
 }
 
 #[cfg(test)]
@@ -652,46 +675,77 @@ mod tests {
         let h = |pairs: &[(&'static str, &'static str)]| {
             let mut m = http::HeaderMap::new();
             for (k, v) in pairs {
-                m.insert(*k, v.parse().unwrap());
+                m.append(*k, v.parse().unwrap());
             }
             m
         };
-        assert_eq!(request_limits(&h(&[]), &p), (3, Duration::from_secs(900)));
-        assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "1")]), &p).0, 1);
-        assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "9")]), &p).0, 3);
-        assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "0")]), &p).0, 1);
-        assert_eq!(request_limits(&h(&[("x-rebound-max-attempts", "x")]), &p).0, 3);
+        let limits = |pairs: &[(&'static str, &'static str)]| request_limits(&h(pairs), &p);
         assert_eq!(
-            request_limits(&h(&[("x-rebound-deadline-ms", "1500")]), &p).1,
+            limits(&[]),
+            RequestLimits {
+                max_attempts: 3,
+                deadline: Duration::from_secs(900),
+                sdk_retry: false
+            }
+        );
+        assert_eq!(limits(&[("x-rebound-max-attempts", "1")]).max_attempts, 1);
+        assert_eq!(limits(&[("x-rebound-max-attempts", "9")]).max_attempts, 3);
+        assert_eq!(limits(&[("x-rebound-max-attempts", "0")]).max_attempts, 1);
+        assert_eq!(limits(&[("x-rebound-max-attempts", "x")]).max_attempts, 3);
+        assert_eq!(limits(&[("x-rebound-max-attempts", " 2 ")]).max_attempts, 2);
+        assert_eq!(
+            limits(&[("x-rebound-deadline-ms", "1500")]).deadline,
             Duration::from_millis(1500)
         );
         assert_eq!(
-            request_limits(&h(&[("x-rebound-deadline-ms", "999999999")]), &p).1,
+            limits(&[("x-rebound-deadline-ms", "999999999")]).deadline,
             Duration::from_secs(900)
         );
         assert_eq!(
-            request_limits(&h(&[("x-stainless-timeout", "2.5")]), &p).1,
+            limits(&[("x-stainless-timeout", "2.5")]).deadline,
             Duration::from_millis(2500)
         );
         assert_eq!(
-            request_limits(&h(&[("x-stainless-read-timeout", "600")]), &p).1,
+            limits(&[("x-stainless-read-timeout", "600")]).deadline,
             Duration::from_secs(600)
         );
         assert_eq!(
-            request_limits(
-                &h(&[("x-stainless-read-timeout", "60"), ("x-stainless-timeout", "NOT_GIVEN")]),
-                &p
-            )
-            .1,
+            limits(&[("x-stainless-read-timeout", "60"), ("x-stainless-timeout", "NOT_GIVEN")]).deadline,
             Duration::from_secs(60)
         );
         assert_eq!(
-            request_limits(&h(&[("x-stainless-timeout", "-1")]), &p).1,
+            limits(&[("x-stainless-timeout", "-1")]).deadline,
             Duration::from_secs(900)
         );
-        assert!(is_sdk_retry(&h(&[("x-stainless-retry-count", "1")])));
-        assert!(!is_sdk_retry(&h(&[("x-stainless-retry-count", "0")])));
-        assert!(!is_sdk_retry(&h(&[])));
+        // The smallest of every limit given wins, whatever the order of the headers.
+        let all = limits(&[
+            ("x-stainless-timeout", "5"),
+            ("content-type", "application/json"),
+            ("x-rebound-deadline-ms", "4000"),
+            ("x-stainless-read-timeout", "3"),
+            ("x-rebound-max-attempts", "2"),
+            ("x-stainless-retry-count", "1"),
+        ]);
+        assert_eq!(
+            all,
+            RequestLimits {
+                max_attempts: 2,
+                deadline: Duration::from_secs(3),
+                sdk_retry: true
+            }
+        );
+        // A repeated header counts by its first value, as `HeaderMap::get` reads it.
+        assert_eq!(
+            limits(&[("x-rebound-max-attempts", "2"), ("x-rebound-max-attempts", "1")]).max_attempts,
+            2
+        );
+        assert_eq!(
+            limits(&[("x-rebound-max-attempts", "x"), ("x-rebound-max-attempts", "1")]).max_attempts,
+            3
+        );
+        assert!(limits(&[("x-stainless-retry-count", "1")]).sdk_retry);
+        assert!(!limits(&[("x-stainless-retry-count", "0")]).sdk_retry);
+        assert!(!limits(&[("x-stainless-retry-count", "zero")]).sdk_retry);
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! Header hygiene: hop-by-hop headers (RFC 9110 §7.6.1), rebound's own request headers, and the
 //! names whose values must never be logged.
 
-use http::header::{HeaderMap, HeaderName, CONNECTION, UPGRADE};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, UPGRADE};
 
 // Header names used on every request, parsed once (a `&str` name is parsed on each use).
 pub const X_REBOUND_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-attempts");
@@ -13,13 +13,22 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const X_REBOUND_DEADLINE_MS: HeaderName = HeaderName::from_static("x-rebound-deadline-ms");
 pub const X_REBOUND_MAX_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-max-attempts");
 pub const X_REBOUND_CALLBACK: HeaderName = HeaderName::from_static("x-rebound-callback");
-pub const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
-pub const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
-pub const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");
 /// W3C Trace Context.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+
+/// An `x-rebound-attempts` value: static for the counts a retry policy allows, so that setting
+/// the header allocates nothing (`HeaderValue::from(u32)` allocates every time).
+pub fn attempts_value(attempts: u32) -> HeaderValue {
+    const SMALL: [&str; 17] = [
+        "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
+    ];
+    match SMALL.get(attempts as usize) {
+        Some(s) => HeaderValue::from_static(s),
+        None => HeaderValue::from(attempts),
+    }
+}
 
 /// Hop-by-hop headers that apply to one connection only (RFC 9110 §7.6.1, plus the
 /// non-standard `keep-alive` and `proxy-connection` that clients still send).
@@ -134,6 +143,13 @@ mod tests {
             h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
         }
         h
+    }
+
+    #[test]
+    fn attempts_values_are_the_decimal_count() {
+        for n in [0, 1, 9, 10, 16, 17, 100, u32::MAX] {
+            assert_eq!(attempts_value(n), HeaderValue::from(n), "{n}");
+        }
     }
 
     #[test]

@@ -78,7 +78,7 @@ fn error_of(value: &serde_json::Value) -> Option<InBandError> {
 /// Whether a whole JSON body is an error object (and which).
 pub fn classify_json(body: &[u8]) -> Option<InBandError> {
     // Parsed only when it can be an error.
-    memmem::find(body, b"\"error\"")?;
+    ERROR_KEY.find(body)?;
     serde_json::from_slice::<serde_json::Value>(body)
         .ok()
         .and_then(|v| error_of(&v))
@@ -89,7 +89,7 @@ pub fn classify_json(body: &[u8]) -> Option<InBandError> {
 /// without an equivalent.
 pub fn classify_event(event: &[u8]) -> Option<InBandError> {
     // Parsed only when it can be an error.
-    memmem::find(event, b"error")?;
+    ERROR_WORD.find(event)?;
     let mut name: &[u8] = b"";
     let mut data: Vec<&[u8]> = Vec::new();
     for line in lines(event) {
@@ -210,8 +210,11 @@ const ERROR_NAMES: [&[u8]; 2] = [b"event: error", b"event:error"];
 const ERROR_DATA: [&[u8]; 2] = [b"data: {\"error\"", b"data:{\"error\""];
 /// Every error pattern contains it: a frame without it holds no error line (searched with a
 /// searcher built once, not per frame).
-static ERROR_WORD: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"error"));
+static ERROR_WORD: std::sync::LazyLock<memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memmem::Finder::new(b"error"));
+/// The key of an error object in a JSON body (building a searcher costs more than a short search).
+static ERROR_KEY: std::sync::LazyLock<memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memmem::Finder::new(b"\"error\""));
 
 /// Enough of a line to judge it (longer than every pattern).
 const HEAD: usize = 16;

@@ -70,16 +70,20 @@ pub const SENSITIVE: [&str; 6] = [
 pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     let found = present(headers, &HOP_BY_HOP);
     if found[0] {
-        let listed: Vec<HeaderName> = headers
-            .get_all(CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-            .filter(|n| !(keep_upgrade && n == UPGRADE))
-            .collect();
-        for name in listed {
-            headers.remove(name);
+        // The values are cloned (a clone shares the bytes) so that the map can change while the
+        // tokens are read; one `Connection` value, the usual case, needs no `Vec`. A token is
+        // removed by its `&str`, which is looked up without building a `HeaderName` (an
+        // allocation for every name that is not a standard one, `keep-alive` included).
+        let mut values = headers.get_all(CONNECTION).iter();
+        let first = values.next().cloned();
+        let rest: Vec<http::HeaderValue> = values.cloned().collect();
+        for value in first.iter().chain(&rest) {
+            let Ok(value) = value.to_str() else { continue };
+            for token in value.split(',').map(str::trim) {
+                if !token.is_empty() && !(keep_upgrade && token.eq_ignore_ascii_case("upgrade")) {
+                    headers.remove(token);
+                }
+            }
         }
     }
     for (name, found) in HOP_BY_HOP.iter().zip(found) {
@@ -168,6 +172,20 @@ mod tests {
         strip_hop_by_hop(&mut h, false);
         let left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
         assert_eq!(left, vec!["authorization", "content-type"]);
+
+        // Every value of `Connection` counts, tokens in any case; a token that is no valid
+        // header name, or names nothing present, is ignored.
+        let mut h = map(&[
+            ("connection", "close"),
+            ("x-a", "1"),
+            ("connection", " X-B ,, bad name,x-missing"),
+            ("x-b", "2"),
+            ("x-c", "3"),
+        ]);
+        strip_hop_by_hop(&mut h, false);
+        let mut left: Vec<&str> = h.keys().map(|k| k.as_str()).collect();
+        left.sort_unstable();
+        assert_eq!(left, vec!["x-a", "x-c"]);
     }
 
     #[test]
@@ -182,6 +200,17 @@ mod tests {
         assert_eq!(h["upgrade"], "websocket");
         assert_eq!(h["connection"], "upgrade");
         assert_eq!(h["sec-websocket-key"], "k");
+
+        // Other listed headers still go.
+        let mut h = map(&[
+            ("connection", "keep-alive, UPGRADE, x-hop"),
+            ("upgrade", "websocket"),
+            ("x-hop", "1"),
+        ]);
+        strip_hop_by_hop(&mut h, true);
+        assert_eq!(h["upgrade"], "websocket");
+        assert_eq!(h["connection"], "upgrade");
+        assert!(!h.contains_key("x-hop"));
     }
 
     #[test]

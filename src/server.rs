@@ -298,12 +298,13 @@ async fn serve(
                 let handle = Box::pin(proxy.handle(req));
                 async move { Ok::<_, Infallible>(handle.await) }
             });
-            let conn = signal.watch(
-                builder
-                    .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
-                    .into_owned(),
-            );
-            if let Some(Err(e)) = conn.await {
+            // The connection goes straight to `watch`, which boxes it, and the watch is awaited
+            // where it is built: a future bound to a name across an await is kept twice in this
+            // task's state (the binding and the awaited copy), for the connection's whole life.
+            let conn = builder
+                .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
+                .into_owned();
+            if let Some(Err(e)) = signal.watch(conn).await {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }
         });

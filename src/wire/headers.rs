@@ -80,7 +80,8 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
         for value in first.iter().chain(&rest) {
             let Ok(value) = value.to_str() else { continue };
             for token in value.split(',').map(str::trim) {
-                if !token.is_empty() && !(keep_upgrade && token.eq_ignore_ascii_case("upgrade")) {
+                let kept = token.is_empty() || (keep_upgrade && token.eq_ignore_ascii_case("upgrade"));
+                if !kept {
                     headers.remove(token);
                 }
             }

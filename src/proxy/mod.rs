@@ -485,9 +485,8 @@ impl Proxy {
         trace: &RequestSpan,
     ) -> Delivery {
         let limits = retry::policy::request_limits(&parts.headers, &route.retry);
-        let (max_attempts, deadline) = (limits.max_attempts, limits.deadline);
         let started = Instant::now();
-        let mut state = RetryState::new(max_attempts, started + deadline);
+        let mut state = RetryState::new(limits.max_attempts, started + limits.deadline);
         if limits.sdk_retry {
             route.budget.record_external_retry(started);
         } else {
@@ -495,7 +494,7 @@ impl Proxy {
         }
         let mut d = Progress::new(
             route.primary().name.clone(),
-            deadline,
+            limits.deadline,
             self.models.for_request(body),
             started,
         );

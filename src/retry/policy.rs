@@ -301,26 +301,24 @@ pub struct RequestLimits {
 /// retrying past it is waste) and `x-stainless-retry-count`, each read from its first value as
 /// `HeaderMap::get` would. Unparseable values are ignored.
 ///
-/// One pass over the headers: five lookups by name hash each name whether or not it is there,
-/// which costs more than walking the dozen headers a request carries.
+/// One pass over the headers ([`first_values`]): five lookups by name would hash each
+/// name whether or not it is there, which costs more than walking the dozen headers a request
+/// carries.
 pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> RequestLimits {
-    const NAMES: [&str; 5] = [
-        "x-rebound-max-attempts",
-        "x-rebound-deadline-ms",
-        "x-stainless-timeout",
-        "x-stainless-read-timeout",
-        "x-stainless-retry-count",
-    ];
-    let mut first: [Option<&http::HeaderValue>; 5] = [None; 5];
-    for (name, value) in headers {
-        let name = name.as_str();
-        if !name.starts_with("x-") {
-            continue;
-        }
-        if let Some(i) = NAMES.iter().position(|n| *n == name) {
-            first[i].get_or_insert(value);
-        }
-    }
+    use crate::wire::headers::{
+        first_values, X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_STAINLESS_READ_TIMEOUT, X_STAINLESS_RETRY_COUNT,
+        X_STAINLESS_TIMEOUT,
+    };
+    let first = first_values(
+        headers,
+        &[
+            X_REBOUND_MAX_ATTEMPTS,
+            X_REBOUND_DEADLINE_MS,
+            X_STAINLESS_TIMEOUT,
+            X_STAINLESS_READ_TIMEOUT,
+            X_STAINLESS_RETRY_COUNT,
+        ],
+    );
     let text = |i: usize| first[i].and_then(|v| v.to_str().ok()).map(str::trim);
     let mut max_attempts = policy.max_attempts;
     if let Some(n) = text(0).and_then(|v| v.parse::<u32>().ok()) {

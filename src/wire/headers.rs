@@ -13,6 +13,9 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const X_REBOUND_DEADLINE_MS: HeaderName = HeaderName::from_static("x-rebound-deadline-ms");
 pub const X_REBOUND_MAX_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-max-attempts");
 pub const X_REBOUND_CALLBACK: HeaderName = HeaderName::from_static("x-rebound-callback");
+pub const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
+pub const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
+pub const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");
 /// W3C Trace Context.
 pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
@@ -108,6 +111,7 @@ pub fn remove_all<const N: usize>(headers: &mut HeaderMap, names: &[HeaderName; 
 
 /// Which of `names` the map holds, found in one pass over its names: most messages carry few or
 /// none of the headers rebound removes, and comparing names is cheaper than hashing each one.
+/// (A pass over the names alone: cheaper than [`first_values`]'s over every value.)
 fn present<const N: usize>(headers: &HeaderMap, names: &[HeaderName; N]) -> [bool; N] {
     let mut found = [false; N];
     for key in headers.keys() {
@@ -116,6 +120,22 @@ fn present<const N: usize>(headers: &HeaderMap, names: &[HeaderName; N]) -> [boo
         }
     }
     found
+}
+
+/// The first value of each of `names` (what `HeaderMap::get` returns), found in one pass over the
+/// map, as [`present`] finds names: five lookups by name would hash each name whether or not it
+/// is there.
+pub fn first_values<'h, const N: usize>(
+    headers: &'h HeaderMap,
+    names: &[HeaderName; N],
+) -> [Option<&'h HeaderValue>; N] {
+    let mut first = [None; N];
+    for (key, value) in headers {
+        if let Some(i) = names.iter().position(|n| n == key) {
+            first[i].get_or_insert(value);
+        }
+    }
+    first
 }
 
 /// Whether the request asks to switch protocols (a WebSocket handshake): `Connection` lists

@@ -10,6 +10,7 @@ use crate::support::certs::test_pki;
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes, ANTHROPIC_PING, SSE_COMMENT};
 use crate::support::sidecar::config_for;
 use crate::support::*;
+use http_body_util::BodyExt as _;
 
 fn shipped_path() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rebound.toml")
@@ -33,8 +34,18 @@ fn set(doc: &mut toml_edit::DocumentMut, path: &str, value: &str) {
 /// The shipped config with both providers at `provider`, both listeners on free ports, and
 /// `edits` (dotted key, new value) applied on top.
 fn shipped_config(provider: &FakeProvider, edits: &[(&str, &str)]) -> rebound::Config {
-    let path = shipped_path();
-    let text = std::fs::read_to_string(&path).unwrap();
+    parse_shipped(&shipped_doc(provider, edits))
+}
+
+/// The edited shipped config, parsed (as if read from its own path).
+fn parse_shipped(doc: &toml_edit::DocumentMut) -> rebound::Config {
+    rebound::Config::parse(&doc.to_string(), &shipped_path(), &|_| None)
+        .unwrap_or_else(|e| panic!("edited rebound.toml invalid:\n{e}"))
+}
+
+/// The shipped config as a document, edited as [`shipped_config`] says.
+fn shipped_doc(provider: &FakeProvider, edits: &[(&str, &str)]) -> toml_edit::DocumentMut {
+    let text = std::fs::read_to_string(shipped_path()).unwrap();
     let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
     set(&mut doc, "upstreams.openai.url", &provider.url());
     set(&mut doc, "upstreams.anthropic.url", &provider.url());
@@ -43,8 +54,7 @@ fn shipped_config(provider: &FakeProvider, edits: &[(&str, &str)]) -> rebound::C
     for (k, v) in edits {
         set(&mut doc, k, v);
     }
-    rebound::Config::parse(&doc.to_string(), &path, &|_| None)
-        .unwrap_or_else(|e| panic!("edited rebound.toml invalid:\n{e}"))
+    doc
 }
 
 async fn start(edits: &[(&str, &str)]) -> (FakeProvider, Rebound) {
@@ -95,6 +105,8 @@ async fn the_shipped_timeouts_are_generous_and_tested_as_shipped() {
         let p = &c.retry[name];
         assert!(p.per_try_timeout >= Duration::from_secs(600), "{name}: {p:?}");
         assert!(p.first_byte_timeout >= Duration::from_secs(600), "{name}: {p:?}");
+        // Issue 29: no stricter than the SDKs' own 600 s between bytes.
+        assert!(p.stream_idle_timeout >= Duration::from_secs(600), "{name}: {p:?}");
         assert_eq!(p.deadline, Duration::from_secs(900), "{name}");
     }
     for name in ["openai", "anthropic"] {
@@ -159,6 +171,168 @@ async fn a_stream_whose_first_event_comes_35s_after_its_head_is_delivered_whole_
     assert_eq!(o.text(), sse_stream_bytes(5));
     anthropic_stream_is_whole(&a.text());
     assert_eq!(retries(&rebound).await, 0.0, "no retry at all");
+}
+
+/// Issue 29 (1): a stream whose first event comes at once and whose next byte comes 75 s later (a
+/// reasoning model thinking after `response.created`, on a provider that sends no pings): delivered
+/// whole, with one provider call and no retry. Before, the shipped 60 s idle limit cut it.
+#[tokio::test]
+async fn a_stream_silent_75s_after_its_first_event_is_delivered_whole_with_one_call() {
+    let (provider, rebound) = start(&[]).await;
+    let pause = Step::PauseAfterFirst { ms: 75_000 };
+    provider.script("pause-openai", vec![pause.clone()]);
+    provider.script("pause-anthropic", vec![pause]);
+    let started = Instant::now();
+    let within = Duration::from_secs(300);
+    let body = r#"{"model":"m","stream":true}"#;
+    let (o, a) = tokio::join!(
+        call(&rebound, OPENAI, "pause-openai", body, &[], within),
+        call(&rebound, ANTHROPIC, "pause-anthropic", body, &[], within),
+    );
+    assert!(started.elapsed() >= Duration::from_secs(75));
+    for (answer, key) in [(&o, "pause-openai"), (&a, "pause-anthropic")] {
+        assert_eq!(answer.status, 200, "{key}: {}", answer.text());
+        assert_eq!(answer.header("x-rebound-attempts"), Some("1"), "{key}");
+        assert_eq!(provider.count(key), 1, "{key}: one provider call");
+        assert_eq!(provider.streams_completed(key), 1, "{key}");
+    }
+    assert_eq!(o.text(), sse_stream_bytes(5));
+    anthropic_stream_is_whole(&a.text());
+    assert_eq!(retries(&rebound).await, 0.0, "no retry at all");
+}
+
+/// Issue 29 (1), in paused time: a 9-minute silence after the first event is delivered whole
+/// (one call), and a silence past the shipped 600 s is what `stream_idle_timeout` still cuts (a
+/// visible abort, never a clean end, and no retry: the app has bytes).
+///
+/// Real sockets, virtual time: a blocking task held open keeps tokio from advancing the clock by
+/// itself, so it moves only by `advance` (exactly 540 s, then 61 s more) while the bytes flow on
+/// their own; nothing here depends on how fast the machine is.
+#[tokio::test(start_paused = true)]
+async fn a_nine_minute_pause_mid_stream_is_delivered_whole_and_600s_is_the_limit() {
+    let (release, held) = std::sync::mpsc::channel::<()>();
+    // A bound in real time, in case the test hangs: the clock then moves by itself again and
+    // the timeouts below fail it.
+    let hold = tokio::task::spawn_blocking(move || held.recv_timeout(std::time::Duration::from_secs(120)));
+    let (provider, rebound) = start(&[]).await;
+    provider.script("nine-openai", vec![Step::PauseAfterFirst { ms: 540_000 }]);
+    provider.script("nine-anthropic", vec![Step::PauseAfterFirst { ms: 540_000 }]);
+    provider.script("eleven", vec![Step::PauseAfterFirst { ms: 660_000 }]);
+    let body = r#"{"model":"m","stream":true}"#;
+    let open = |path: &'static str, key: &'static str| {
+        let url = format!("{}{path}", rebound.url);
+        async move {
+            let h = [("x-fake-key", key), ("content-type", "application/json")];
+            send_streaming_within(Duration::from_secs(30), "POST", &url, &h, body).await
+        }
+    };
+    let mut streams = Vec::new();
+    for (path, key) in [(OPENAI, "nine-openai"), (ANTHROPIC, "nine-anthropic"), (OPENAI, "eleven")] {
+        let resp = open(path, key).await;
+        assert_eq!(resp.status(), 200, "{key}");
+        assert_eq!(resp.headers()["x-rebound-attempts"], "1", "{key}");
+        let mut body = resp.into_body();
+        // The first event, before any time passes.
+        let first = body.frame().await.expect("a first frame").expect("not an error");
+        assert!(!first.data_ref().expect("data").is_empty(), "{key}");
+        streams.push((key, first.into_data().expect("data"), body));
+    }
+
+    // 9 minutes of silence: the provider then sends the rest.
+    tokio::time::advance(Duration::from_secs(540)).await;
+    let mut rest = Vec::new();
+    for (key, first, mut body) in streams {
+        if key == "eleven" {
+            rest.push((first, body));
+            continue;
+        }
+        let mut all = first.to_vec();
+        while let Some(frame) = body.frame().await {
+            let frame = frame.unwrap_or_else(|e| panic!("{key}: cut after a 9-minute pause: {e}"));
+            all.extend_from_slice(frame.data_ref().expect("data"));
+        }
+        let all = String::from_utf8(all).unwrap();
+        if key == "nine-openai" {
+            assert_eq!(all, sse_stream_bytes(5));
+        } else {
+            anthropic_stream_is_whole(&all);
+        }
+        assert_eq!(provider.count(key), 1, "{key}: one provider call");
+        assert_eq!(provider.streams_completed(key), 1, "{key}");
+    }
+
+    // The third is still silent at 601 s: cut by stream_idle_timeout, visibly.
+    tokio::time::advance(Duration::from_secs(61)).await;
+    let (_, mut body) = rest.pop().expect("the third stream");
+    let mut clean_end = true;
+    while let Some(frame) = body.frame().await {
+        if frame.is_err() {
+            clean_end = false;
+            break;
+        }
+    }
+    assert!(!clean_end, "a stream cut by the idle limit never ends cleanly");
+    assert_eq!(provider.count("eleven"), 1, "never retried once bytes went out");
+    assert_eq!(provider.streams_completed("eleven"), 0);
+    assert_eq!(retries(&rebound).await, 0.0, "no retry at all");
+    drop(release);
+    let _ = hold.await;
+}
+
+/// Issue 29 (1): a connection that really dies mid-stream (the provider's host hangs after the
+/// first event: its kernel still acknowledges TCP, nothing else answers) is still found, by the
+/// shipped `keepalive` (HTTP/2 PINGs, 15 s), not by the 600 s idle limit: the app sees the first
+/// event, then a visible abort, and the provider is called once (bytes went out: no retry).
+#[tokio::test]
+async fn a_connection_that_dies_mid_stream_is_found_by_keepalive() {
+    let pki = test_pki();
+    let provider = FakeProvider::start_tls(pki.server).await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, &pki.ca_pem).unwrap();
+    // Only the trust root for the fake provider's certificate is added.
+    let mut doc = shipped_doc(&provider, &[]);
+    for name in ["openai", "anthropic"] {
+        doc["upstreams"][name]["ca_file"] = toml_edit::value(ca.display().to_string());
+    }
+    let config = parse_shipped(&doc);
+    assert_eq!(config.upstreams["openai"].keepalive, Some(Duration::from_secs(15)));
+    let rebound = Rebound::start_config(config).await;
+    provider.script("dies", vec![Step::FreezeAfterFirst]);
+    let started = Instant::now();
+    let h = [("x-fake-key", "dies"), ("content-type", "application/json")];
+    let resp = send_streaming_within(
+        Duration::from_secs(60),
+        "POST",
+        &format!("{}{OPENAI}", rebound.url),
+        &h,
+        r#"{"model":"m","stream":true}"#,
+    )
+    .await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut got = Vec::new();
+    let mut clean_end = true;
+    while let Some(frame) = tokio::time::timeout(Duration::from_secs(300), body.frame())
+        .await
+        .expect("found long before the 600 s idle limit")
+    {
+        match frame {
+            Ok(f) => got.extend_from_slice(f.data_ref().expect("data")),
+            Err(_) => {
+                clean_end = false;
+                break;
+            }
+        }
+    }
+    let took = started.elapsed();
+    assert!(!clean_end, "a dead stream is never ended cleanly");
+    assert!(String::from_utf8_lossy(&got).starts_with("data: "), "the first event arrived");
+    assert_eq!(provider.count("dies"), 1, "bytes went out: no retry");
+    assert_eq!(provider.requests("dies")[0].version, "HTTP/2.0");
+    // About twice keepalive (one interval to the PING, one for its ack), far from 600 s.
+    assert!(took >= Duration::from_secs(15), "{took:?}");
+    eprintln!("dead connection found {took:?} after the request");
 }
 
 /// (c) A connection that really stalls (no byte at all past the configured limit) is still

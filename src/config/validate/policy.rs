@@ -18,7 +18,7 @@ pub fn default_retry(name: &str) -> RetryPolicy {
         jitter: Jitter::Full,
         per_try_timeout: Duration::from_secs(600),
         first_byte_timeout: Duration::from_secs(600),
-        stream_idle_timeout: Duration::from_secs(60),
+        stream_idle_timeout: Duration::from_secs(600),
         deadline: Duration::from_secs(900),
         retry_on: vec![
             RetryOn::ConnectFailure,

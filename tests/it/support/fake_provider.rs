@@ -81,6 +81,13 @@ pub enum Step {
     /// Stop reading and writing this connection for good (its process hangs, its kernel still
     /// answers TCP): an HTTP/2 PING is never acknowledged, nothing is ever answered.
     Freeze,
+    /// A model that pauses mid-stream: the normal stream's first event at once, then no byte at
+    /// all for `ms`, then the rest of the stream (a reasoning model between its first event and
+    /// its first token, on a provider that sends no pings).
+    PauseAfterFirst { ms: u64 },
+    /// The normal stream's first event, then the connection freezes for good (as [`Step::Freeze`],
+    /// mid-stream: the provider's host is gone after the first bytes).
+    FreezeAfterFirst,
     /// An in-band error: 200 and an event stream whose first event is an error of this type
     /// (`overloaded_error`, `rate_limit_error`, ...), then the end. Anthropic-shaped on
     /// `/messages` (`event: error` + `{"type":"error","error":{..}}`), OpenAI-shaped elsewhere
@@ -574,6 +581,30 @@ async fn answer(
         Some(Step::Freeze) => {
             frozen.store(true, Ordering::SeqCst);
             return futures_util::future::pending().await;
+        }
+        Some(Step::PauseAfterFirst { ms }) => {
+            let anthropic = path.ends_with("/messages");
+            let events = sse_events(state, key, chunks, gap, anthropic);
+            let pause = Duration::from_millis(ms);
+            let stream = futures_util::StreamExt::then(futures_util::StreamExt::enumerate(events), move |(i, frame)| async move {
+                if i == 1 {
+                    tokio::time::sleep(pause).await;
+                }
+                frame
+            });
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
+        Some(Step::FreezeAfterFirst) => {
+            let anthropic = path.ends_with("/messages");
+            let first = futures_util::StreamExt::take(sse_events(state, key, chunks, gap, anthropic), 1);
+            let freeze = futures_util::stream::once(async move {
+                // Let the first event reach the wire, then hang the connection.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                frozen.store(true, Ordering::SeqCst);
+                futures_util::future::pending::<Result<Frame<Bytes>, std::io::Error>>().await
+            });
+            let stream = futures_util::StreamExt::chain(first, freeze);
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         Some(Step::InBandError { error_type, headers }) => {
             let event = error_event(&error_type, path.ends_with("/messages"));

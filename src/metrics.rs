@@ -82,6 +82,9 @@ pub struct Metrics {
     pub idempotency_completions_total: IntCounterVec,
     /// Delivered responses held by this replica until their completion is written.
     pub idempotency_completions_pending: IntGauge,
+    /// Keys in progress under the claim of a replica that died (no heartbeat for `[redis]
+    /// liveness`), taken over by a new request with the key instead of waiting for the lease.
+    pub idempotency_takeovers_total: IntCounterVec,
     /// Trace spans by what became of them (`exported`; `dropped`: the export queue was full;
     /// `failed`: the collector did not take them).
     pub trace_spans_total: IntCounterVec,
@@ -235,6 +238,11 @@ impl Metrics {
                 "Completions of delivered responses not written at the first try, by route and result (late, lost).",
                 &["route", "result"],
             )?,
+            idempotency_takeovers_total: counter(
+                "idempotency_takeovers_total",
+                "Keys in progress under the claim of a dead replica (no heartbeat for [redis] liveness), taken over by a new request with the key.",
+                &["route"],
+            )?,
             idempotency_completions_pending: reg(
                 r,
                 IntGauge::new(
@@ -375,6 +383,7 @@ impl Metrics {
                 for result in IDEMPOTENCY_COMPLETION_RESULTS {
                     self.idempotency_completions_total.with_label_values(&[route, result]);
                 }
+                self.idempotency_takeovers_total.with_label_values(&[route]);
             }
             if r.dead_letters {
                 for reason in DEAD_LETTER_REASONS {

@@ -228,6 +228,9 @@ pub struct RedisConfig {
     pub key_prefix: String,
     pub command_timeout: Duration,
     pub sync_interval: Duration,
+    /// How long a replica counts as alive after its last heartbeat (sent every quarter of it):
+    /// past it, its followers elsewhere are aborted and its keys in progress taken over.
+    pub liveness: Duration,
 }
 
 impl RedisConfig {
@@ -242,6 +245,7 @@ impl RedisConfig {
             key_prefix: "rebound:".into(),
             command_timeout: Duration::from_millis(100),
             sync_interval: Duration::from_millis(250),
+            liveness: Duration::from_millis(1500),
         }
     }
 }

@@ -76,6 +76,7 @@ pub struct RawRedis {
     pub key_prefix: Option<String>,
     pub command_timeout: Option<String>,
     pub sync_interval: Option<String>,
+    pub liveness: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

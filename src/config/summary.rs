@@ -41,11 +41,12 @@ fn listeners(out: &mut String, c: &Config) {
         Some(r) => {
             let _ = writeln!(
                 out,
-                "redis {} (prefix {:?}, command_timeout {}, sync_interval {})",
+                "redis {} (prefix {:?}, command_timeout {}, sync_interval {}, liveness {})",
                 r.topology.describe(),
                 r.key_prefix,
                 d(r.command_timeout),
-                d(r.sync_interval)
+                d(r.sync_interval),
+                d(r.liveness)
             );
             let tls = match &r.ca_file {
                 Some(ca) => format!("trust roots from {}", ca.display()),

@@ -19,6 +19,7 @@
 pub mod fingerprint;
 pub mod held;
 pub mod live;
+pub mod liveness;
 mod recorder;
 pub mod redis_store;
 mod relay;
@@ -43,6 +44,7 @@ use crate::redis::RedisHandle;
 use crate::wire::body::BoxError;
 pub use held::{Held, HeldCompletion};
 pub use live::{End, Follower, Head, HeadOrEnd, Live, Lives};
+use liveness::Liveness;
 pub use recorder::Recorder;
 pub use redis_store::RedisStore;
 use relay::Relay;
@@ -88,6 +90,10 @@ pub struct Records {
     relay: Option<Arc<Relay>>,
     /// The lease renewals of this replica's in-flight claims (one task renews them all).
     pub renewals: Arc<Renewals>,
+    /// This replica's id: the first part of its claims' owner tokens.
+    replica: Arc<str>,
+    /// This replica's heartbeat, and which other replicas are dead (Redis).
+    liveness: Option<Arc<Liveness>>,
 }
 
 impl Records {
@@ -99,16 +105,32 @@ impl Records {
             orphan_releases: Arc::new(AtomicUsize::new(0)),
             lives: Arc::new(Lives::default()),
             relay: None,
+            replica: liveness::new_replica_id().into(),
+            liveness: None,
         }
     }
 
-    /// Records on Redis, with the relay of live responses between replicas (started here).
+    /// Records on Redis, with the relay of live responses between replicas and this replica's
+    /// heartbeat (both started here, both until `stop`).
     pub fn with_relay(store: AnyStore, redis: RedisHandle, tasks: &TaskTracker, stop: CancellationToken) -> Records {
         let mut records = Records::new(store);
-        let relay = Relay::new(redis, records.lives.clone(), tasks.clone(), stop);
+        let liveness = Liveness::new(redis.clone(), records.replica.to_string());
+        liveness.start(tasks, stop.clone());
+        let relay = Relay::new(redis, records.lives.clone(), liveness.clone(), tasks.clone(), stop);
         relay.start();
         records.relay = Some(relay);
+        records.liveness = Some(liveness);
         records
+    }
+
+    /// A new claim's owner token: this replica's id, then 64 random bits (`{replica}.{claim}`).
+    fn owner_token(&self) -> String {
+        let n: u64 = rand::rng().random();
+        let mut token = String::with_capacity(self.replica.len() + 17);
+        token.push_str(&self.replica);
+        token.push('.');
+        token.push_str(&fingerprint::hex(&n.to_be_bytes()));
+        token
     }
 }
 
@@ -234,6 +256,16 @@ enum Decision {
     },
 }
 
+/// What became of a key in progress under another claim, once its replica's liveness was asked.
+enum TakeOver {
+    /// Its replica is dead, and this request took the key over.
+    Claimed(Start),
+    /// Its replica is dead, but the record changed meanwhile: look at it again.
+    Changed(Pending),
+    /// Its replica is alive (or it cannot be told): wait, follow, or refuse as usual.
+    Alive(Pending),
+}
+
 /// A duplicate following an in-flight original: its head, and its body from byte 0.
 pub struct Followed {
     pub head: Head,
@@ -337,7 +369,7 @@ impl Idempotency {
         let mut pending = Pending {
             record,
             fingerprint,
-            owner: owner_token(),
+            owner: self.records.owner_token(),
             first: None,
         };
         // In memory, the first look is taken here; a duplicate of an original still in flight
@@ -447,6 +479,16 @@ impl Idempotency {
                     }
                 }
             };
+            // The original's replica died (it stopped heartbeating): its key is taken over now,
+            // not when its lease ends.
+            pending = match self.take_over_dead(pending, &theirs).await {
+                TakeOver::Claimed(start) => return start,
+                TakeOver::Changed(back) => {
+                    pending = back;
+                    continue;
+                }
+                TakeOver::Alive(back) => back,
+            };
             // The original runs on another replica: follow it through Redis.
             if let Some(relay) = self.records.relay.as_ref().filter(|_| follow && !theirs.is_empty()) {
                 let cap = usize::try_from(p.max_stored_body).unwrap_or(usize::MAX);
@@ -465,6 +507,47 @@ impl Idempotency {
             // tight loop; the original's completion (or release) ends the wait.
             tokio::time::sleep(step).await;
             step = (step * 2).min(MAX_WAIT_STEP);
+        }
+    }
+
+    /// A key in progress under `theirs`: taken over by this request when that claim's replica is
+    /// dead (Redis only; one `EXISTS`, and the takeover when it is dead).
+    async fn take_over_dead(&self, mut pending: Pending, theirs: &str) -> TakeOver {
+        let (Some(liveness), AnyStore::Redis(store)) = (self.records.liveness.as_ref(), &self.records.store) else {
+            return TakeOver::Alive(pending);
+        };
+        if !liveness.is_dead(theirs).await {
+            return TakeOver::Alive(pending);
+        }
+        let p = &self.policy;
+        let taken = store
+            .take_over(&pending.record, &pending.fingerprint, theirs, &pending.owner, p.lease)
+            .await;
+        match taken {
+            Ok(true) => {
+                self.metrics
+                    .idempotency_takeovers_total
+                    .with_label_values(&[&*self.route])
+                    .inc();
+                tracing::warn!(route = %self.route, "idempotency key in progress under a dead replica's claim taken over: the request runs again");
+                let follow = p.on_concurrent == OnConcurrent::Follow;
+                TakeOver::Claimed(Start::Claimed(self.claim(
+                    pending.record,
+                    pending.owner,
+                    pending.fingerprint,
+                    follow,
+                )))
+            }
+            Ok(false) => TakeOver::Changed(pending),
+            Err(e) => {
+                tracing::warn!(route = %self.route, error = %e, "idempotency takeover not written");
+                if e.maybe_applied {
+                    // It may still run: this request's claim is then released once the store answers.
+                    self.release_orphan(pending.record.clone(), pending.owner.clone());
+                    pending.owner = self.records.owner_token();
+                }
+                TakeOver::Alive(pending)
+            }
         }
     }
 
@@ -553,12 +636,6 @@ impl Idempotency {
             }),
         }
     }
-}
-
-/// A claim's owner: 128 random bits, in hex.
-fn owner_token() -> String {
-    let n: u128 = rand::rng().random();
-    fingerprint::hex(&n.to_be_bytes())
 }
 
 /// Ownership of a claimed key until the request ends. Dropped without an outcome (the client went
@@ -821,5 +898,132 @@ impl Drop for Claim {
         if let Some(inner) = self.inner.take() {
             inner.release_or_spawn();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::StatusPattern;
+    use http::HeaderValue;
+    use http_body_util::{BodyExt as _, StreamBody};
+
+    fn policy(complete_on_disconnect: bool) -> IdempotencyPolicy {
+        IdempotencyPolicy {
+            name: "t".into(),
+            header: http::HeaderName::from_static("idempotency-key"),
+            require_key: false,
+            ttl: Duration::from_secs(60),
+            lease: Duration::from_secs(30),
+            on_concurrent: OnConcurrent::Follow,
+            wait_timeout: Duration::from_secs(10),
+            store_statuses: vec![StatusPattern::Class(2)],
+            scope_headers: Vec::new(),
+            max_stored_body: 1 << 20,
+            complete_on_disconnect,
+            on_store_error: OnStoreError::FailClosed,
+        }
+    }
+
+    fn keyed() -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert("idempotency-key", HeaderValue::from_static("k1"));
+        h
+    }
+
+    fn check(idem: &Idempotency) -> Check {
+        idem.check(
+            &Method::POST,
+            "/v1/chat",
+            None,
+            &keyed(),
+            &Bytes::from_static(b"{}"),
+            None,
+        )
+    }
+
+    /// Issue 29 (3): on the memory store no other replica can hold a key, but a task of this one
+    /// can: one that crashes (panics) while it streams the original's response ends its
+    /// followers with an abort (never a clean end) and frees the key at once.
+    #[tokio::test]
+    async fn a_crashed_task_holds_no_key_in_memory() {
+        let records = Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default())));
+        let idem = Idempotency::new(
+            Arc::new(policy(false)),
+            &records,
+            Arc::new(Metrics::new().unwrap()),
+            TaskTracker::new(),
+            CancellationToken::new(),
+            "r".into(),
+        );
+        let Check::Decided(Start::Claimed(claim)) = check(&idem) else {
+            panic!("a fresh key is claimed");
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, BoxError>>(4);
+        let upstream = StreamBody::new(tokio_stream_of(rx));
+        let mut response = claim.record(200, &HeaderMap::new(), upstream, None);
+        tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"data: 1\n\n"))))
+            .await
+            .unwrap();
+        // The task that streams it reads the first event, then crashes.
+        let crashed = tokio::spawn(async move {
+            let first = response.frame().await.unwrap().unwrap();
+            assert_eq!(first.into_data().unwrap(), "data: 1\n\n");
+            panic!("the task streaming the original crashed");
+        })
+        .await;
+        assert!(crashed.unwrap_err().is_panic());
+        // A duplicate now: the key is free at once, claimed by it (not followed, not held).
+        let Check::Decided(Start::Claimed(_second)) = check(&idem) else {
+            panic!("the key is free once the task that held it crashed");
+        };
+        drop(tx);
+    }
+
+    /// A follower of an original whose task crashes mid-stream gets its first bytes, then an
+    /// abort.
+    #[tokio::test]
+    async fn a_follower_of_a_crashed_task_ends_with_an_abort() {
+        let records = Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default())));
+        let idem = Idempotency::new(
+            Arc::new(policy(false)),
+            &records,
+            Arc::new(Metrics::new().unwrap()),
+            TaskTracker::new(),
+            CancellationToken::new(),
+            "r".into(),
+        );
+        let Check::Decided(Start::Claimed(claim)) = check(&idem) else {
+            panic!("a fresh key is claimed");
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<http_body::Frame<Bytes>, BoxError>>(4);
+        let mut response = claim.record(200, &HeaderMap::new(), StreamBody::new(tokio_stream_of(rx)), None);
+        tx.send(Ok(http_body::Frame::data(Bytes::from_static(b"data: 1\n\n"))))
+            .await
+            .unwrap();
+        response.frame().await.unwrap().unwrap();
+        let Check::Wait(pending) = check(&idem) else {
+            panic!("an original in flight here is followed");
+        };
+        let Start::Follow(followed) = idem.wait(pending).await else {
+            panic!("followed");
+        };
+        assert_eq!(followed.head.status, 200);
+        let crashed = tokio::spawn(async move {
+            let _holds = response;
+            panic!("the task streaming the original crashed");
+        })
+        .await;
+        assert!(crashed.unwrap_err().is_panic());
+        let mut body = followed.body;
+        assert_eq!(body.frame().await.unwrap().unwrap().into_data().unwrap(), "data: 1\n\n");
+        assert!(body.frame().await.unwrap().is_err(), "an abort, never a clean end");
+        drop(tx);
+    }
+
+    fn tokio_stream_of<T: Send + 'static>(
+        mut rx: tokio::sync::mpsc::Receiver<T>,
+    ) -> impl futures_util::Stream<Item = T> + Send + Unpin {
+        Box::pin(futures_util::stream::poll_fn(move |cx| rx.poll_recv(cx)))
     }
 }

@@ -25,6 +25,7 @@ struct Scripts {
     renew: Script,
     complete: Script,
     release: Script,
+    take_over: Script,
 }
 
 /// A stored response's status and headers, as kept in its record (JSON).
@@ -48,6 +49,7 @@ impl RedisStore {
             renew: Script::new(include_str!("../redis/scripts/idem_renew_v2.lua")),
             complete: Script::new(include_str!("../redis/scripts/idem_complete_v2.lua")),
             release: Script::new(include_str!("../redis/scripts/idem_release_v2.lua")),
+            take_over: Script::new(include_str!("../redis/scripts/idem_takeover_v1.lua")),
         };
         RedisStore {
             redis,
@@ -129,6 +131,40 @@ fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
 type CompleteArgs<'a> = (&'a str, &'a str, &'a str, &'a Bytes, u64, &'a str);
 
 impl RedisStore {
+    /// Claims `key`, in progress under `dead` (a claim of a replica that stopped heartbeating),
+    /// for `owner`: `true` taken over, `false` the record changed meanwhile (look at it again).
+    pub async fn take_over(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        dead: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.full_key(key);
+        let script = &self.scripts.take_over;
+        let give_up_at = self.redis.give_up_at_ms();
+        let n: i64 = self
+            .redis
+            .run("idem_takeover", |mut c| async move {
+                script
+                    .key(&key)
+                    .arg(fingerprint)
+                    .arg(dead)
+                    .arg(owner)
+                    .arg(ms(lease))
+                    .arg(give_up_at)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await
+            .map_err(err)?;
+        match n {
+            -1 => Err(StoreError::new("idem_takeover_v1 ran after its caller gave up", false)),
+            n => Ok(n == 1),
+        }
+    }
+
     /// Whether completions wait for replica acknowledgements (`wait_replicas` > 0).
     pub fn waits_for_replicas(&self) -> bool {
         self.redis.wait_replicas() > 0

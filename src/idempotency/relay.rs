@@ -10,9 +10,11 @@
 //! connection, `XREAD BLOCK`) fills a local [`Live`] mirror that every follower there reads.
 //!
 //! A reader that hears nothing keeps asking (the owner may not have registered its claim yet),
-//! and checks the record: once it is no longer in progress under that owner, a response that
+//! and checks the record: once it is no longer in progress under that owner, or that owner's
+//! replica is dead (no heartbeat for `[redis] liveness`: [`super::liveness`]), a response that
 //! never arrived is treated as released (the followers then look at the record again: usually a
-//! replay), one cut short as aborted.
+//! replay, or a takeover of a dead replica's key), one cut short as aborted. A reader of a response
+//! whose replica died thus ends its followers within `liveness` + [`READ_BLOCK`] of the death.
 
 use foldhash::HashMap;
 use std::sync::{Arc, Mutex};
@@ -26,12 +28,14 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::live::{concat, End, Head, HeadOrEnd, Live, Lives};
+use super::liveness::Liveness;
 use crate::redis::RedisHandle;
 
 /// The most data per stream entry.
 const MAX_ENTRY: usize = 256 << 10;
-/// How long a reader blocks for the next entries before it looks at the record.
-const READ_BLOCK: Duration = Duration::from_millis(1000);
+/// How long a reader blocks for the next entries before it looks at the record (and at the
+/// liveness of the original's replica).
+const READ_BLOCK: Duration = Duration::from_millis(500);
 /// The first and the longest pause before a follow request is published again.
 const ASK_FIRST: Duration = Duration::from_millis(50);
 const ASK_MAX: Duration = Duration::from_secs(1);
@@ -40,6 +44,8 @@ const ASK_MAX: Duration = Duration::from_secs(1);
 pub struct Relay {
     redis: RedisHandle,
     lives: Arc<Lives>,
+    /// Which replicas are dead (a followed original's included).
+    liveness: Arc<Liveness>,
     channel: String,
     /// Mirrors of responses followed here, by relay stream key.
     mirrors: Mutex<HashMap<String, Arc<Live>>>,
@@ -53,11 +59,18 @@ fn stream_key(redis: &RedisHandle, record: &str, owner: &str) -> String {
 }
 
 impl Relay {
-    pub fn new(redis: RedisHandle, lives: Arc<Lives>, tasks: TaskTracker, stop: CancellationToken) -> Arc<Relay> {
+    pub fn new(
+        redis: RedisHandle,
+        lives: Arc<Lives>,
+        liveness: Arc<Liveness>,
+        tasks: TaskTracker,
+        stop: CancellationToken,
+    ) -> Arc<Relay> {
         let channel = redis.key("idem:follow");
         Arc::new(Relay {
             redis,
             lives,
+            liveness,
             channel,
             mirrors: Mutex::new(HashMap::default()),
             tasks,
@@ -340,8 +353,8 @@ impl Reader {
             .await;
     }
 
-    /// Whether the record is still in progress under the owner this mirror follows (a failure
-    /// to tell counts as yes: the next look decides).
+    /// Whether the record is still in progress under the owner this mirror follows, on a replica
+    /// that is alive (a failure to tell counts as yes: the next look decides).
     async fn original_runs(&self) -> bool {
         let record = &self.record;
         let found = self
@@ -357,7 +370,13 @@ impl Reader {
             })
             .await;
         match found {
-            Ok((Some(st), Some(own))) => st == "P" && own == self.owner,
+            Ok((Some(st), Some(own))) if st == "P" && own == self.owner => {
+                if self.relay.liveness.is_dead(&self.owner).await {
+                    tracing::warn!("the replica running a followed original died (no heartbeat for [redis] liveness): its followers here end");
+                    return false;
+                }
+                true
+            }
             Ok(_) => false,
             Err(_) => true,
         }

@@ -192,6 +192,11 @@ impl RedisHandle {
         self.inner.config.sync_interval.max(Duration::from_millis(50))
     }
 
+    /// `liveness`: how long a replica counts as alive after its last heartbeat.
+    pub fn liveness(&self) -> Duration {
+        self.inner.config.liveness
+    }
+
     /// The configured command timeout.
     pub fn command_timeout(&self) -> Duration {
         self.inner.config.command_timeout

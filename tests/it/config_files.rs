@@ -220,6 +220,35 @@ fn upstream_keepalive_is_typed_validated_and_shown() {
     );
 }
 
+#[test]
+fn redis_liveness_defaults_validates_and_is_shown() {
+    use std::time::Duration;
+    let redis = |extra: &str| format!("{BASE}[redis]\nurl = \"redis://127.0.0.1:1\"\n{extra}");
+    let parse = |src: &str| Config::parse(src, Path::new("t.toml"), &|_| None).unwrap();
+    // 1.5 s by default, shown by `rebound check`.
+    let c = parse(&redis(""));
+    let r = c.redis.as_ref().unwrap();
+    assert_eq!(r.liveness, Duration::from_millis(1500));
+    assert!(c.summary().contains("liveness 1500ms"), "{}", c.summary());
+    // A long command_timeout lengthens the default (a heartbeat must fit in a quarter of it)...
+    let c = parse(&redis("command_timeout = \"500ms\"\n"));
+    assert_eq!(c.redis.unwrap().liveness, Duration::from_secs(2));
+    // ...and a value set below that, or outside 500ms..60s, names the key and the bounds.
+    assert_eq!(
+        errors(&redis("command_timeout = \"500ms\"\nliveness = \"1s\"\n")),
+        ["t.toml:10:12: redis.liveness: expected a duration from 2s (500ms, and 4 x command_timeout: a heartbeat every quarter of it must fit its command_timeout) to 60s, found 1s"]
+    );
+    let e = errors(&redis("liveness = \"2m\"\n"));
+    assert!(
+        e[0].contains("redis.liveness: expected a duration from 500ms") && e[0].ends_with("to 60s, found 2m"),
+        "{e:?}"
+    );
+    assert_eq!(
+        parse(&redis("liveness = \"10s\"\n")).redis.unwrap().liveness,
+        Duration::from_secs(10)
+    );
+}
+
 mod properties {
     use std::path::Path;
 

@@ -71,7 +71,8 @@ async fn records(url: &str) -> Vec<(String, String)> {
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
     let keys: Vec<String> = ::redis::cmd("KEYS").arg("*idem:*").query_async(&mut c).await.unwrap();
     let mut out = Vec::new();
-    for k in keys {
+    // Records only: not the replicas' liveness records (`idem:alive:REPLICA`).
+    for k in keys.into_iter().filter(|k| !k.contains("idem:alive:")) {
         let st: Option<String> = ::redis::cmd("HGET")
             .arg(&k)
             .arg("st")

@@ -3,32 +3,17 @@
 //! retries a connection that really stalls. Two of these tests take 70 s and 35 s of wall time:
 //! that is what they prove (the margins are 600 s against 70 s, nothing here is timing-sensitive).
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::support::certs::test_pki;
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes, ANTHROPIC_PING, SSE_COMMENT};
+use crate::support::shipped;
 use crate::support::sidecar::config_for;
 use crate::support::*;
 use http_body_util::BodyExt as _;
 
-fn shipped_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("config/rebound.toml")
-}
-
-/// Sets `path` (dotted) in `doc` to the string `value`; the key must already exist, so that an
-/// edit can never silently miss.
-fn set(doc: &mut toml_edit::DocumentMut, path: &str, value: &str) {
-    let mut keys = path.split('.');
-    let first = keys.next().unwrap();
-    let mut item = doc
-        .get_mut(first)
-        .unwrap_or_else(|| panic!("[{first}] not in rebound.toml"));
-    for k in keys {
-        item = item.get_mut(k).unwrap_or_else(|| panic!("{path} not in rebound.toml"));
-    }
-    assert!(item.is_str(), "{path} is not a string in rebound.toml");
-    *item = toml_edit::value(value);
+fn shipped_path() -> std::path::PathBuf {
+    shipped::path()
 }
 
 /// The shipped config with both providers at `provider`, both listeners on free ports, and
@@ -37,24 +22,12 @@ fn shipped_config(provider: &FakeProvider, edits: &[(&str, &str)]) -> rebound::C
     parse_shipped(&shipped_doc(provider, edits))
 }
 
-/// The edited shipped config, parsed (as if read from its own path).
 fn parse_shipped(doc: &toml_edit::DocumentMut) -> rebound::Config {
-    rebound::Config::parse(&doc.to_string(), &shipped_path(), &|_| None)
-        .unwrap_or_else(|e| panic!("edited rebound.toml invalid:\n{e}"))
+    shipped::parse(doc)
 }
 
-/// The shipped config as a document, edited as [`shipped_config`] says.
 fn shipped_doc(provider: &FakeProvider, edits: &[(&str, &str)]) -> toml_edit::DocumentMut {
-    let text = std::fs::read_to_string(shipped_path()).unwrap();
-    let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
-    set(&mut doc, "upstreams.openai.url", &provider.url());
-    set(&mut doc, "upstreams.anthropic.url", &provider.url());
-    set(&mut doc, "server.listen", "127.0.0.1:0");
-    set(&mut doc, "admin.listen", "127.0.0.1:0");
-    for (k, v) in edits {
-        set(&mut doc, k, v);
-    }
-    doc
+    shipped::doc(&provider.url(), edits)
 }
 
 async fn start(edits: &[(&str, &str)]) -> (FakeProvider, Rebound) {
@@ -227,7 +200,11 @@ async fn a_nine_minute_pause_mid_stream_is_delivered_whole_and_600s_is_the_limit
         }
     };
     let mut streams = Vec::new();
-    for (path, key) in [(OPENAI, "nine-openai"), (ANTHROPIC, "nine-anthropic"), (OPENAI, "eleven")] {
+    for (path, key) in [
+        (OPENAI, "nine-openai"),
+        (ANTHROPIC, "nine-anthropic"),
+        (OPENAI, "eleven"),
+    ] {
         let resp = open(path, key).await;
         assert_eq!(resp.status(), 200, "{key}");
         assert_eq!(resp.headers()["x-rebound-attempts"], "1", "{key}");
@@ -327,7 +304,10 @@ async fn a_connection_that_dies_mid_stream_is_found_by_keepalive() {
     }
     let took = started.elapsed();
     assert!(!clean_end, "a dead stream is never ended cleanly");
-    assert!(String::from_utf8_lossy(&got).starts_with("data: "), "the first event arrived");
+    assert!(
+        String::from_utf8_lossy(&got).starts_with("data: "),
+        "the first event arrived"
+    );
     assert_eq!(provider.count("dies"), 1, "bytes went out: no retry");
     assert_eq!(provider.requests("dies")[0].version, "HTTP/2.0");
     // About twice keepalive (one interval to the PING, one for its ack), far from 600 s.

@@ -18,6 +18,7 @@ mod idempotency_store;
 mod inband;
 mod jobs;
 mod long_generation;
+mod owner_liveness;
 mod passthrough;
 mod pool;
 mod process;

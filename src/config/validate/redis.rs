@@ -34,6 +34,26 @@ impl Validator<'_> {
             );
         }
         let wait_replicas = self.int("redis.wait_replicas", r.wait_replicas, 0, 0, 16);
+        let command_timeout =
+            self.positive_duration("redis.command_timeout", &r.command_timeout, Duration::from_millis(100));
+        // A heartbeat, every quarter of `liveness`, must fit its command_timeout: the default
+        // (1.5 s) grows with a long command_timeout; a value set below that is an error.
+        let shortest = (command_timeout * 4).max(Duration::from_millis(500));
+        let default = shortest.max(Duration::from_millis(1500));
+        let liveness = self.duration("redis.liveness", &r.liveness, default);
+        let liveness = if liveness < shortest || liveness > Duration::from_secs(60) {
+            self.err(
+                "redis.liveness",
+                format!(
+                    "expected a duration from {} (500ms, and 4 x command_timeout: a heartbeat every quarter of it must fit its command_timeout) to 60s, found {}",
+                    crate::config::units::format_duration(shortest),
+                    crate::config::units::format_duration(liveness)
+                ),
+            );
+            default
+        } else {
+            liveness
+        };
         RedisConfig {
             topology,
             username,
@@ -43,12 +63,9 @@ impl Validator<'_> {
             key_prefix: self
                 .string("redis.key_prefix", r.key_prefix.as_deref())
                 .unwrap_or_else(|| "rebound:".into()),
-            command_timeout: self.positive_duration(
-                "redis.command_timeout",
-                &r.command_timeout,
-                Duration::from_millis(100),
-            ),
+            command_timeout,
             sync_interval: self.positive_duration("redis.sync_interval", &r.sync_interval, Duration::from_millis(250)),
+            liveness,
         }
     }
 

@@ -586,12 +586,15 @@ async fn answer(
             let anthropic = path.ends_with("/messages");
             let events = sse_events(state, key, chunks, gap, anthropic);
             let pause = Duration::from_millis(ms);
-            let stream = futures_util::StreamExt::then(futures_util::StreamExt::enumerate(events), move |(i, frame)| async move {
-                if i == 1 {
-                    tokio::time::sleep(pause).await;
-                }
-                frame
-            });
+            let stream = futures_util::StreamExt::then(
+                futures_util::StreamExt::enumerate(events),
+                move |(i, frame)| async move {
+                    if i == 1 {
+                        tokio::time::sleep(pause).await;
+                    }
+                    frame
+                },
+            );
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         Some(Step::FreezeAfterFirst) => {

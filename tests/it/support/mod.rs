@@ -9,6 +9,7 @@ pub mod fake_provider;
 pub mod redis;
 pub mod redis_cluster;
 pub mod redis_sentinel;
+pub mod shipped;
 pub mod sidecar;
 
 use std::time::Duration;

@@ -1,0 +1,22 @@
+-- idem_takeover_v1: claim a record still in progress under the claim of a replica that is dead (its
+-- liveness record lapsed: it stopped heartbeating), instead of waiting for that claim's lease.
+-- Only while that claim still holds it, for the same request (fingerprint): a record completed,
+-- released or taken over meanwhile is left alone.
+-- KEYS[1] record; ARGV[1] fingerprint, ARGV[2] the dead claim's owner, ARGV[3] the new owner,
+-- ARGV[4] lease (ms), ARGV[5] not_after: Redis TIME (ms) after which the caller has given up on this
+-- takeover (0: no bound), as in idem_begin_v3.
+-- Returns 1 taken over, 0 the record changed (look again), -1 too late.
+local na = tonumber(ARGV[5]) or 0
+if na > 0 then
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > na then
+    return -1
+  end
+end
+if redis.call('HGET', KEYS[1], 'st') == 'P' and redis.call('HGET', KEYS[1], 'own') == ARGV[2]
+    and redis.call('HGET', KEYS[1], 'fp') == ARGV[1] then
+  redis.call('HSET', KEYS[1], 'own', ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[4])
+  return 1
+end
+return 0

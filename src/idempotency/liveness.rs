@@ -98,6 +98,11 @@ impl Liveness {
         })
     }
 
+    /// How long a replica counts as alive after its last heartbeat (`[redis] liveness`).
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
     /// This replica's id.
     pub fn replica(&self) -> &str {
         &self.replica

@@ -46,7 +46,7 @@ pub use held::{Held, HeldCompletion};
 pub use live::{End, Follower, Head, HeadOrEnd, Live, Lives};
 use liveness::Liveness;
 pub use recorder::Recorder;
-pub use redis_store::RedisStore;
+pub use redis_store::{RedisStore, TakenOver};
 use relay::Relay;
 use renewal::{Renewal, Renewals};
 pub use store::{Begin, Completion, KeptHeaders, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};
@@ -521,10 +521,17 @@ impl Idempotency {
         }
         let p = &self.policy;
         let taken = store
-            .take_over(&pending.record, &pending.fingerprint, theirs, &pending.owner, p.lease)
+            .take_over(
+                &pending.record,
+                &pending.fingerprint,
+                theirs,
+                &pending.owner,
+                p.lease,
+                liveness.ttl(),
+            )
             .await;
         match taken {
-            Ok(true) => {
+            Ok(TakenOver::Yes) => {
                 self.metrics
                     .idempotency_takeovers_total
                     .with_label_values(&[&*self.route])
@@ -538,7 +545,8 @@ impl Idempotency {
                     follow,
                 )))
             }
-            Ok(false) => TakeOver::Changed(pending),
+            Ok(TakenOver::Changed) => TakeOver::Changed(pending),
+            Ok(TakenOver::TooYoung) => TakeOver::Alive(pending),
             Err(e) => {
                 tracing::warn!(route = %self.route, error = %e, "idempotency takeover not written");
                 if e.maybe_applied {

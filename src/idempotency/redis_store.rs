@@ -45,7 +45,7 @@ struct MetaOf<'a> {
 impl RedisStore {
     pub fn new(redis: RedisHandle) -> RedisStore {
         let scripts = Scripts {
-            begin: Script::new(include_str!("../redis/scripts/idem_begin_v3.lua")),
+            begin: Script::new(include_str!("../redis/scripts/idem_begin_v4.lua")),
             renew: Script::new(include_str!("../redis/scripts/idem_renew_v2.lua")),
             complete: Script::new(include_str!("../redis/scripts/idem_complete_v2.lua")),
             release: Script::new(include_str!("../redis/scripts/idem_release_v2.lua")),
@@ -92,10 +92,10 @@ pub fn fuzz_parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
 }
 
 fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
-    let bad = || StoreError::new("unexpected reply from idem_begin_v3", false);
+    let bad = || StoreError::new("unexpected reply from idem_begin_v4", false);
     match text(reply.first()).as_deref() {
         // Only when this replica's estimate of Redis's clock is off by more than the time left.
-        Some("late") => Err(StoreError::new("idem_begin_v3 ran after its caller gave up", false)),
+        Some("late") => Err(StoreError::new("idem_begin_v4 ran after its caller gave up", false)),
         Some("claimed") => Ok(Begin::Claimed),
         Some("mismatch") => Ok(Begin::Mismatch),
         Some("not_kept") => Ok(Begin::NotKept),
@@ -127,12 +127,24 @@ fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
     }
 }
 
+/// What a takeover of a dead replica's claim did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TakenOver {
+    /// The key is this request's now.
+    Yes,
+    /// The record is no longer that claim's (completed, released, taken over): look again.
+    Changed,
+    /// The claim is younger than `liveness`: left alone (its replica may be alive).
+    TooYoung,
+}
+
 /// A completion's arguments (`idem_complete_v2`'s ARGV).
 type CompleteArgs<'a> = (&'a str, &'a str, &'a str, &'a Bytes, u64, &'a str);
 
 impl RedisStore {
     /// Claims `key`, in progress under `dead` (a claim of a replica that stopped heartbeating),
-    /// for `owner`: `true` taken over, `false` the record changed meanwhile (look at it again).
+    /// for `owner`, unless that claim is younger than `liveness` (its replica may not have
+    /// written its liveness record yet).
     pub async fn take_over(
         &self,
         key: &str,
@@ -140,7 +152,8 @@ impl RedisStore {
         dead: &str,
         owner: &str,
         lease: Duration,
-    ) -> Result<bool, StoreError> {
+        liveness: Duration,
+    ) -> Result<TakenOver, StoreError> {
         let key = self.full_key(key);
         let script = &self.scripts.take_over;
         let give_up_at = self.redis.give_up_at_ms();
@@ -154,14 +167,17 @@ impl RedisStore {
                     .arg(owner)
                     .arg(ms(lease))
                     .arg(give_up_at)
+                    .arg(ms(liveness))
                     .invoke_async(&mut c)
                     .await
             })
             .await
             .map_err(err)?;
         match n {
+            1 => Ok(TakenOver::Yes),
             -1 => Err(StoreError::new("idem_takeover_v1 ran after its caller gave up", false)),
-            n => Ok(n == 1),
+            -2 => Ok(TakenOver::TooYoung),
+            _ => Ok(TakenOver::Changed),
         }
     }
 

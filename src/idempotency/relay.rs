@@ -365,13 +365,22 @@ impl Reader {
                     .arg(record)
                     .arg("st")
                     .arg("own")
-                    .query_async::<(Option<String>, Option<String>)>(&mut c)
+                    .arg("at")
+                    .query_async::<(Option<String>, Option<String>, Option<i64>)>(&mut c)
                     .await
             })
             .await;
         match found {
-            Ok((Some(st), Some(own))) if st == "P" && own == self.owner => {
-                if self.relay.liveness.is_dead(&self.owner).await {
+            Ok((Some(st), Some(own), at)) if st == "P" && own == self.owner => {
+                // A claim younger than `liveness` may be its replica's first, before its first
+                // heartbeat landed: never taken for dead (as idem_takeover_v1 refuses it).
+                let liveness = &self.relay.liveness;
+                let ttl_ms = i64::try_from(liveness.ttl().as_millis()).unwrap_or(i64::MAX);
+                let old_enough = matches!(
+                    (at, self.relay.redis.redis_now_ms()),
+                    (Some(at), Some(now)) if now.saturating_sub(at) >= ttl_ms
+                );
+                if old_enough && liveness.is_dead(&self.owner).await {
                     tracing::warn!("the replica running a followed original died (no heartbeat for [redis] liveness): its followers here end");
                     return false;
                 }

@@ -141,6 +141,7 @@ pub fn check(flows: &[Flow], provider: &FakeProvider, inj: &mut Injections) -> R
         sigterm_inflight: 0,
     };
     let bound = 2 * crate::SYNC_INTERVAL + crate::COMMAND_TIMEOUT;
+    let run_start = flows.iter().flat_map(|f| f.sends.iter().map(|s| s.start())).min();
     for flow in flows {
         let spec = &flow.spec;
         let ledger = provider.requests(&spec.fake_key);
@@ -316,8 +317,9 @@ pub fn check(flows: &[Flow], provider: &FakeProvider, inj: &mut Injections) -> R
                         r.violation(
                             "(a) one run per key",
                             format!(
-                                "{} fault {}: {} fresh 2xx, {} calls after completion; sends {detail}; provider calls {calls}",
+                                "{} (+{} ms into the run) fault {}: {} fresh 2xx, {} calls after completion; sends {detail}; provider calls {calls}",
                                 spec.fake_key,
+                                run_start.map_or(0, |r| ms(start, r)),
                                 spec.fault.name(),
                                 fresh,
                                 late.len()

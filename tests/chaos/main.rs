@@ -1,8 +1,9 @@
 //! The chaos suite (issue 14): 3 rebound replicas (the real binary) sharing one redis-server, the
 //! fake provider with a fault on ~30% of calls, clients sending mixed unary and streamed requests
 //! (half keyed, each keyed request sent twice at once and once more after), and during the run:
-//! Redis SIGKILLed and restarted empty, Redis frozen for 5 s, a replica SIGKILLed mid-request and
-//! restarted, a replica SIGTERMed with streams in flight and restarted, an invalid config reloaded.
+//! Redis SIGKILLed and restarted empty, Redis frozen for 5 s, a replica SIGKILLed mid-request (and
+//! mid-stream, with followers of its streams on the other two: (h), owner liveness) and restarted,
+//! a replica SIGTERMed with streams in flight and restarted, an invalid config reloaded.
 //! The invariants are checked from the provider's ledger and the clients' results and printed as
 //! a table (`cargo test --test chaos -- --nocapture`).
 //!
@@ -82,6 +83,10 @@ url = "{provider}"
 connect_timeout = "1s"
 cooldown = "reject"
 
+[upstreams.live]
+url = "{provider}"
+connect_timeout = "1s"
+
 
 [[routes]]
 name = "fake"
@@ -100,6 +105,13 @@ strip_prefix = true
 retry = "probe"
 idempotency = "chaos"
 dead_letters = true
+
+[[routes]]
+name = "live"
+path_prefix = "/live/"
+upstream = "live"
+strip_prefix = true
+idempotency = "live"
 
 {circuits}
 [retry.chaos]
@@ -142,6 +154,10 @@ open_for = "1s"
 max_open_for = "1s"
 half_open_probes = 1
 shared = true
+
+# The shipped lease: a dead owner's key must free long before it (owner liveness, (h)).
+[idempotency.live]
+lease = "30s"
 
 [idempotency.chaos]
 lease = "{lease}s"
@@ -213,6 +229,8 @@ pub struct Injections {
     /// (what, passed, detail)
     pub checks: Vec<(&'static str, bool, String)>,
     pub log: Vec<String>,
+    /// When the last replica SIGKILL took effect.
+    pub killed_at: Option<Instant>,
 }
 
 /// The replicas' RSS over time (for the soak's figure (g)).
@@ -329,7 +347,9 @@ async fn chaos() {
         tokio::time::sleep(Duration::from_secs(6)).await;
         redis_frozen(&redis, &replicas, &provider, &mut inj, round).await;
         tokio::time::sleep(Duration::from_secs(6)).await;
+        let follows = followed_streams(&replicas, 1, round).await;
         replica_killed(&mut replicas[1], &mut inj).await;
+        owner_death_checked(follows, &replicas, &provider, &mut inj).await;
         *pids.lock().unwrap() = replicas.iter().map(Replica::pid).collect();
         tokio::time::sleep(Duration::from_secs(6)).await;
         replica_terminated(&mut replicas[2], 2, &mut inj).await;
@@ -353,10 +373,31 @@ async fn chaos() {
         .unwrap();
     sampler.abort();
 
+    // Keys taken over from a replica taken for dead (owner liveness): each one is a second run.
+    for (i, r) in replicas.iter().enumerate() {
+        let page = r.metrics().await;
+        let taken = support::metric(&page, r#"rebound_idempotency_takeovers_total{route="fake"}"#);
+        let lines: Vec<String> = r
+            .process()
+            .logs()
+            .lines()
+            .filter(|l| l.contains("taken over") || l.contains("liveness record had lapsed"))
+            .map(str::to_string)
+            .collect();
+        say(
+            &mut inj,
+            started,
+            format!("replica {i}: {taken} keys of route fake taken over since its last start {lines:?}"),
+        );
+    }
     let flows = std::mem::take(&mut *flows.lock().unwrap());
     let report = checks::check(&flows, &provider, &mut inj);
     eprintln!("\n{}", inj.log.join("\n"));
     eprintln!("\n{}", report.table(load_for, skipped.load(Ordering::SeqCst)));
+    eprintln!("| check | passed | measured |\n|---|---|---|");
+    for (name, ok, detail) in &inj.checks {
+        eprintln!("| {name} | {ok} | {detail} |");
+    }
     eprintln!("{}", rss_table(&rss.lock().unwrap()));
     eprintln!("chaos: seed {seed}, whole run {:.1} s", started.elapsed().as_secs_f64());
     let failures = report.failures(&inj);
@@ -442,12 +483,194 @@ async fn redis_frozen(
     recovered("redis freeze", back, replicas, provider, inj, round * 2 + 1).await;
 }
 
+/// Live streams that one replica runs and the other two follow, when it is SIGKILLed ((h)).
+struct Follows {
+    /// The keys, each a stream on the owner and a follower on each other replica.
+    keys: Vec<String>,
+    /// (key, follower's replica, its end) per follower.
+    followers: Vec<(String, usize, tokio::task::JoinHandle<Ended>)>,
+    /// The originals' bodies, held open until the kill.
+    originals: Vec<hyper::body::Incoming>,
+}
+
+/// How a body ended: when, whether cleanly, and whether it had bytes.
+struct Ended {
+    at: Instant,
+    clean: bool,
+    bytes: usize,
+}
+
+/// A keyed streamed request on the `/live/` route (the shipped 30 s lease): `chunks` events
+/// `gap_ms` apart.
+async fn live_stream(base: &str, key: &str, chunks: &str, gap_ms: &str) -> http::Response<hyper::body::Incoming> {
+    support::send_streaming_within(
+        Duration::from_secs(30),
+        "POST",
+        &format!("{base}/live/v1/chat/completions"),
+        &[
+            ("x-fake-key", key),
+            ("idempotency-key", key),
+            ("x-fake-chunks", chunks),
+            ("x-fake-gap-ms", gap_ms),
+            ("content-type", "application/json"),
+        ],
+        r#"{"model":"m","stream":true}"#,
+    )
+    .await
+}
+
+async fn first_frame(body: &mut hyper::body::Incoming) -> usize {
+    use http_body_util::BodyExt as _;
+    match tokio::time::timeout(Duration::from_secs(10), body.frame()).await {
+        Ok(Some(Ok(f))) => f.data_ref().map_or(0, |d| d.len()),
+        _ => 0,
+    }
+}
+
+async fn read_to_end(mut body: hyper::body::Incoming, mut bytes: usize) -> Ended {
+    use http_body_util::BodyExt as _;
+    loop {
+        match tokio::time::timeout(Duration::from_secs(60), body.frame()).await {
+            Ok(Some(Ok(f))) => bytes += f.data_ref().map_or(0, |d| d.len()),
+            Ok(end) => {
+                return Ended {
+                    at: Instant::now(),
+                    clean: end.is_none(),
+                    bytes,
+                }
+            }
+            Err(_) => {
+                return Ended {
+                    at: Instant::now(),
+                    clean: false,
+                    bytes,
+                }
+            }
+        }
+    }
+}
+
+/// Two streams (60 events 250 ms apart) on replica `owner`, each followed from the two others.
+async fn followed_streams(replicas: &[Replica], owner: usize, round: usize) -> Follows {
+    let mut follows = Follows {
+        keys: Vec::new(),
+        followers: Vec::new(),
+        originals: Vec::new(),
+    };
+    for i in 0..2 {
+        let key = format!("owner-death-{round}-{i}");
+        let resp = live_stream(&replicas[owner].url, &key, "60", "250").await;
+        let mut body = resp.into_body();
+        first_frame(&mut body).await;
+        follows.originals.push(body);
+        for (r, replica) in replicas.iter().enumerate().filter(|(r, _)| *r != owner) {
+            let resp = live_stream(&replica.url, &key, "60", "250").await;
+            let mut body = resp.into_body();
+            let got = first_frame(&mut body).await;
+            follows
+                .followers
+                .push((key.clone(), r, tokio::spawn(read_to_end(body, got))));
+        }
+        follows.keys.push(key);
+    }
+    follows
+}
+
+/// (h) Owner liveness (issue 29), after the owner of `follows` was SIGKILLed: every follower
+/// ended with a visible abort within 3 s of the kill; a retry of each key 3.5 s after the kill,
+/// on another replica, got a whole fresh answer whose first byte came at once; the provider saw
+/// 2 calls per key; the key is then replayed (blocked nowhere).
+async fn owner_death_checked(follows: Follows, replicas: &[Replica], provider: &FakeProvider, inj: &mut Injections) {
+    let killed_at = inj.killed_at.expect("replica_killed ran");
+    drop(follows.originals);
+    let bound = Duration::from_secs(3);
+    let (mut ok, mut worst, mut detail) = (true, Duration::ZERO, Vec::new());
+    let n = follows.followers.len();
+    for (key, r, ended) in follows.followers {
+        let ended = ended.await.expect("the follower's reader");
+        let after = ended.at.saturating_duration_since(killed_at);
+        worst = worst.max(after);
+        if ended.clean || ended.bytes == 0 || after > bound {
+            ok = false;
+            detail.push(format!(
+                "{key} on replica {r}: clean {}, {} bytes, ended {after:?} after the kill",
+                ended.clean, ended.bytes
+            ));
+        }
+    }
+    inj.checks.push((
+        "(h) owner SIGKILLed: followers aborted within 3 s",
+        ok,
+        if detail.is_empty() {
+            format!("{n} followers, the last ended {worst:?} after the kill")
+        } else {
+            detail.join("; ")
+        },
+    ));
+    say(
+        inj,
+        Instant::now(),
+        format!("(h) {n} followers of the killed replica's streams ended visibly, the last {worst:?} after the kill"),
+    );
+
+    tokio::time::sleep_until((killed_at + Duration::from_millis(3500)).into()).await;
+    let (mut ok, mut slowest, mut detail) = (true, Duration::ZERO, Vec::new());
+    for key in &follows.keys {
+        let sent = Instant::now();
+        let resp = live_stream(&replicas[0].url, key, "5", "0").await;
+        let head = sent.elapsed();
+        slowest = slowest.max(head);
+        let fresh = resp.status() == 200 && resp.headers().get("idempotent-replayed").is_none();
+        let ended = read_to_end(resp.into_body(), 0).await;
+        let again = send(
+            "POST",
+            &format!("{}/live/v1/chat/completions", replicas[2].url),
+            &[
+                ("x-fake-key", key.as_str()),
+                ("idempotency-key", key.as_str()),
+                ("content-type", "application/json"),
+            ],
+            r#"{"model":"m","stream":true}"#,
+        )
+        .await;
+        let replayed = again.status == 200 && again.header("idempotent-replayed").is_some();
+        let calls = provider.count(key);
+        if !fresh || !ended.clean || head > Duration::from_secs(1) || calls != 2 || !replayed {
+            ok = false;
+            detail.push(format!(
+                "{key}: fresh {fresh}, whole {}, head after {head:?}, {calls} provider calls, then replayed {replayed}",
+                ended.clean
+            ));
+        }
+    }
+    inj.checks.push((
+        "(h) owner SIGKILLed: a retry at +3.5 s runs at once, 2 calls, key not blocked",
+        ok,
+        if detail.is_empty() {
+            format!(
+                "{} keys, the slowest head {slowest:?} after its retry",
+                follows.keys.len()
+            )
+        } else {
+            detail.join("; ")
+        },
+    ));
+    say(
+        inj,
+        Instant::now(),
+        format!(
+            "(h) retries at +3.5 s ran at once (slowest head {slowest:?}), 2 provider calls per key, then replayed"
+        ),
+    );
+}
+
 async fn replica_killed(replica: &mut Replica, inj: &mut Injections) {
     let inflight = replica.busy().await;
     let start = Instant::now();
     let p = replica.process.as_mut().expect("running");
     p.child.start_kill().unwrap();
     let _ = p.child.wait().await;
+    inj.killed_at = Some(Instant::now());
     replica.start().await;
     say(
         inj,

@@ -205,7 +205,7 @@ async fn redis_scripts_refuse_a_claim_or_renewal_that_runs_too_late() {
     let redis = RedisServer::start();
     let client = ::redis::Client::open(redis.url()).unwrap();
     let mut c = client.get_multiplexed_async_connection().await.unwrap();
-    let begin = ::redis::Script::new(include_str!("../../src/redis/scripts/idem_begin_v3.lua"));
+    let begin = ::redis::Script::new(include_str!("../../src/redis/scripts/idem_begin_v4.lua"));
     let renew = ::redis::Script::new(include_str!("../../src/redis/scripts/idem_renew_v2.lua"));
     let (secs, micros): (i64, i64) = ::redis::cmd("TIME").query_async(&mut c).await.unwrap();
     let now_ms = secs * 1000 + micros / 1000;
@@ -288,4 +288,72 @@ async fn redis_store_contract_on_a_cluster() {
         contract(&s, ns).await;
     }
     concurrent_claims(Arc::new(s), "c").await;
+}
+
+/// Owner liveness (issue 29): a dead replica's claim is taken over only by compare-and-set on its
+/// owner and fingerprint, and never while it is younger than `liveness` (a replica's first claims
+/// may land before its first heartbeat: chaos found another replica taking them over).
+#[tokio::test]
+async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() {
+    use rebound::idempotency::TakenOver;
+    let redis = RedisServer::start();
+    let handle = crate::support::sidecar::redis_handle(&redis.url()).await;
+    let s = RedisStore::new(handle);
+    let dead = "0123456789abcdef.0000000000000001";
+    let liveness = Duration::from_millis(1500);
+    assert_eq!(s.begin("t:a", "fp", dead, TTL).await.unwrap(), Begin::Claimed);
+    // Just claimed: too young, whoever asks.
+    assert_eq!(
+        s.take_over("t:a", "fp", dead, "new.1", TTL, liveness).await.unwrap(),
+        TakenOver::TooYoung
+    );
+    // Aged past liveness (its claim time moved back on Redis's clock).
+    let client = ::redis::Client::open(redis.url()).unwrap();
+    let mut c = client.get_multiplexed_async_connection().await.unwrap();
+    let at: i64 = ::redis::cmd("HGET")
+        .arg("rebound:t:a")
+        .arg("at")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let _: () = ::redis::cmd("HSET")
+        .arg("rebound:t:a")
+        .arg("at")
+        .arg(at - 2000)
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    // Another fingerprint, or an owner that no longer holds it: changed, nothing written.
+    assert_eq!(
+        s.take_over("t:a", "other", dead, "new.1", TTL, liveness).await.unwrap(),
+        TakenOver::Changed
+    );
+    assert_eq!(
+        s.take_over("t:a", "fp", "fedcba9876543210.1", "new.1", TTL, liveness)
+            .await
+            .unwrap(),
+        TakenOver::Changed
+    );
+    assert!(matches!(s.begin("t:a", "fp", "x", TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == dead));
+    // The dead owner's claim, old enough: taken over once; the new owner holds it, young again.
+    assert_eq!(
+        s.take_over("t:a", "fp", dead, "new.1", TTL, liveness).await.unwrap(),
+        TakenOver::Yes
+    );
+    assert_eq!(
+        s.take_over("t:a", "fp", dead, "new.2", TTL, liveness).await.unwrap(),
+        TakenOver::Changed
+    );
+    assert!(
+        matches!(s.begin("t:a", "fp", "x", TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == "new.1")
+    );
+    // The dead owner can no longer complete or renew it; the new one can.
+    let done = Completion::Kept(response("{}"));
+    assert!(!s.complete("t:a", "fp", dead, &done, TTL).await.unwrap());
+    assert!(!s.renew("t:a", dead, TTL).await.unwrap());
+    assert!(s.complete("t:a", "fp", "new.1", &done, TTL).await.unwrap());
+    assert!(matches!(
+        s.begin("t:a", "fp", "x", TTL).await.unwrap(),
+        Begin::Completed(_)
+    ));
 }

@@ -1,4 +1,4 @@
--- idem_begin_v3: claim the record or report its state, in one round trip.
+-- idem_begin_v4: claim the record or report its state, in one round trip.
 -- KEYS[1] record; ARGV[1] fingerprint, ARGV[2] owner token, ARGV[3] lease (ms),
 -- ARGV[4] not_after: Redis TIME (ms) after which the caller has given up waiting; 0: no bound.
 -- A claim that runs after not_after (it sat in the socket buffer of a frozen or stalled Redis while
@@ -6,18 +6,19 @@
 -- request that made it.
 -- v3: an in-progress reply carries the owner token, which names the relay of the original's
 -- response to followers on other replicas (`on_concurrent = "follow"`).
+-- v4: a claim records when it was made ('at', Redis TIME in ms): a claim younger than one
+-- `[redis] liveness` is never taken for a dead replica's (its owner may not have beaten yet).
 -- Returns {"claimed"} | {"mismatch"} | {"in_progress", pttl, owner} | {"not_kept"} | {"completed", meta, body}
 -- | {"late"}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local na = tonumber(ARGV[4]) or 0
-if na > 0 then
-  local t = redis.call('TIME')
-  if tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) > na then
-    return {'late'}
-  end
+if na > 0 and now > na then
+  return {'late'}
 end
 local st = redis.call('HGET', KEYS[1], 'st')
 if not st then
-  redis.call('HSET', KEYS[1], 'st', 'P', 'fp', ARGV[1], 'own', ARGV[2])
+  redis.call('HSET', KEYS[1], 'st', 'P', 'fp', ARGV[1], 'own', ARGV[2], 'at', now)
   redis.call('PEXPIRE', KEYS[1], ARGV[3])
   return {'claimed'}
 end

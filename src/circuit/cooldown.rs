@@ -26,15 +26,7 @@ use sha2::{Digest, Sha256};
 
 use crate::time::Instant;
 
-/// The credential headers hashed by default (the idempotency `scope_headers` default too).
-pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
-
-/// [`CREDENTIAL_HEADERS`] as header names (a `&str` name is parsed again on every lookup).
-pub const CREDENTIAL_NAMES: [HeaderName; 3] = [
-    http::header::AUTHORIZATION,
-    HeaderName::from_static("x-api-key"),
-    HeaderName::from_static("api-key"),
-];
+pub use crate::wire::headers::{CREDENTIAL_HEADERS, CREDENTIAL_NAMES};
 
 /// Entries per upstream at most.
 pub const DEFAULT_CAPACITY: usize = 10_000;

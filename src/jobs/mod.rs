@@ -65,7 +65,7 @@ pub const MAX_RUNS: u32 = 5;
 pub const CALLBACK_HEADER: &str = "x-rebound-callback";
 
 /// The headers a job's access is scoped by: only the credential that submitted it reads it.
-const ACCESS_HEADERS: [&str; 3] = crate::circuit::CREDENTIAL_HEADERS;
+const ACCESS_HEADERS: [&str; 3] = crate::wire::headers::CREDENTIAL_HEADERS;
 
 /// Response headers kept with a result, beyond the idempotency store's allowlist.
 const RESULT_HEADERS: [&str; 4] = [

@@ -57,6 +57,17 @@ pub const NOT_FORWARDED: [HeaderName; 5] = [
     http::header::CONTENT_LENGTH,
 ];
 
+/// The credential headers a cooldown hashes by default (the idempotency `scope_headers` default
+/// too, and what a job's poller must present).
+pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
+
+/// [`CREDENTIAL_HEADERS`] as header names (a `&str` name is parsed again on every lookup).
+pub const CREDENTIAL_NAMES: [HeaderName; 3] = [
+    http::header::AUTHORIZATION,
+    HeaderName::from_static("x-api-key"),
+    HeaderName::from_static("api-key"),
+];
+
 /// Header names whose values are credentials: never logged, never stored.
 pub const SENSITIVE: [&str; 6] = [
     "authorization",

@@ -1,5 +1,9 @@
-//! The layering ARCHITECTURE.md describes, checked: the top-level modules of src (`src/NAME.rs`
-//! or `src/NAME/`) import each other through `crate::` paths without a cycle.
+//! The layering and the code map of ARCHITECTURE.md, checked: the layer table is [`LAYERS`] and
+//! [`SAME_LAYER`] (ARCHITECTURE.md's table is written from them: `UPDATE_EXPECT=1 cargo test --test
+//! it architecture` rewrites it), every import between top-level modules of src (`src/NAME.rs` or
+//! `src/NAME/`, through `crate::` paths) goes down a layer or along a declared edge, there is no
+//! cycle, every file of src is in the code map, and every path or item the code map names exists
+//! (in the manner of rust-analyzer's tidy tests).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -127,6 +131,197 @@ fn describe(g: &Graph, cycle: &[String]) -> String {
         ));
     }
     out
+}
+
+/// The layers, lowest first: (layer, its modules, what it is). A module may import any module of
+/// a lower layer, and one of its own layer only along an edge of [`SAME_LAYER`].
+const LAYERS: &[(&str, &[&str], &str)] = &[
+    (
+        "leaves",
+        &["time", "testing", "config", "metrics"],
+        "the clock, unit-test helpers, the typed configuration, every metric",
+    ),
+    (
+        "vocabulary",
+        &["wire", "error", "routing", "telemetry"],
+        "the HTTP vocabulary, rebound's own errors, the route table, the log subscriber",
+    ),
+    (
+        "policy (pure)",
+        &["retry"],
+        "retry decisions, backoff, Retry-After, budgets, quotas",
+    ),
+    (
+        "I/O edges",
+        &["redis", "upstream", "traces"],
+        "the Redis connection, the upstream pools, the trace exporter",
+    ),
+    (
+        "features",
+        &["circuit", "idempotency", "dead_letters", "jobs"],
+        "what the pipeline composes, each with its shared state",
+    ),
+    ("pipeline", &["proxy"], "a request's path, top-down"),
+    (
+        "process",
+        &["shutdown", "reload", "admin", "server", "cli", "fuzzing"],
+        "listeners, the drain, reloads, the admin API, the command line, fuzz entry points",
+    ),
+];
+
+/// The imports allowed within a layer: (from, to, why).
+const SAME_LAYER: &[(&str, &str, &str)] = &[
+    (
+        "config",
+        "testing",
+        "its property tests share the seeded proptest configuration",
+    ),
+    ("metrics", "config", "it exports the series a configuration determines"),
+    ("error", "wire", "error responses carry rebound's header names"),
+    ("traces", "upstream", "spans are exported over an upstream pool"),
+    (
+        "dead_letters",
+        "idempotency",
+        "a dead letter keeps its request's idempotency identity",
+    ),
+    ("jobs", "idempotency", "a job keeps its request's idempotency identity"),
+    ("server", "admin", "the server starts the admin listener"),
+    ("server", "reload", "the server starts the reload watcher"),
+    ("server", "shutdown", "client connections watch the drain signal"),
+];
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|(_, modules, _)| modules.contains(&module))
+}
+
+/// The imports that go up a layer, or along an undeclared edge of one layer, and the modules in no
+/// layer, each with the files that import.
+fn layer_violations(g: &Graph) -> Vec<String> {
+    let mut out = Vec::new();
+    for (from, tos) in g {
+        let Some(lf) = layer_of(from) else {
+            out.push(format!("module `{from}` is in no layer of LAYERS"));
+            continue;
+        };
+        for (to, files) in tos {
+            let Some(lt) = layer_of(to) else {
+                out.push(format!("module `{to}` (imported by `{from}`) is in no layer of LAYERS"));
+                continue;
+            };
+            let declared = SAME_LAYER.iter().any(|(f, t, _)| f == from && t == to);
+            if lt > lf || (lt == lf && !declared) {
+                out.push(format!(
+                    "undeclared edge {from} ({}) -> {to} ({}): {}",
+                    LAYERS[lf].0,
+                    LAYERS[lt].0,
+                    files.iter().cloned().collect::<Vec<_>>().join(", ")
+                ));
+            }
+        }
+    }
+    for (from, to, _) in SAME_LAYER {
+        if !g.get(*from).is_some_and(|tos| tos.contains_key(*to)) {
+            out.push(format!(
+                "declared edge {from} -> {to} is not used: remove it from SAME_LAYER"
+            ));
+        }
+    }
+    out
+}
+
+/// ARCHITECTURE.md's layer table, written from [`LAYERS`] and [`SAME_LAYER`].
+fn layer_table() -> String {
+    let mut t = String::from("| layer | modules | what | may import |\n| --- | --- | --- | --- |\n");
+    for (i, (name, modules, what)) in LAYERS.iter().enumerate() {
+        let names = modules.iter().map(|m| format!("`{m}`")).collect::<Vec<_>>().join(", ");
+        let mut may = vec![if i == 0 {
+            "nothing below".to_string()
+        } else {
+            "the layers above this row".to_string()
+        }];
+        for (from, to, why) in SAME_LAYER.iter().filter(|(f, _, _)| modules.contains(f)) {
+            may.push(format!("`{from}` -> `{to}` ({why})"));
+        }
+        t.push_str(&format!("| {name} | {names} | {what} | {} |\n", may.join("; ")));
+    }
+    t
+}
+
+const TABLE_START: &str = "<!-- layers: written by tests/it/architecture.rs -->\n";
+const TABLE_END: &str = "<!-- end of layers -->";
+
+#[test]
+fn every_import_goes_down_a_layer_or_along_a_declared_edge() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let g = graph(&src);
+    let mut problems = layer_violations(&g);
+    // Every top-level module is in the table, imported or not.
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let name = entry
+            .unwrap()
+            .file_name()
+            .to_string_lossy()
+            .trim_end_matches(".rs")
+            .to_string();
+        if name != "lib" && name != "main" && layer_of(&name).is_none() {
+            problems.push(format!("module `{name}` is in no layer of LAYERS"));
+        }
+    }
+    problems.dedup();
+    assert!(
+        problems.is_empty(),
+        "the layer table is broken:\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn architecture_md_shows_the_layer_table_of_this_test() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let start = text.find(TABLE_START).expect("the layer table's start marker") + TABLE_START.len();
+    let end = start + text[start..].find(TABLE_END).expect("the layer table's end marker");
+    let want = layer_table();
+    if text[start..end] != want {
+        if std::env::var_os("UPDATE_EXPECT").is_some() {
+            std::fs::write(&path, format!("{}{want}{}", &text[..start], &text[end..])).unwrap();
+        } else {
+            panic!("ARCHITECTURE.md's layer table is not LAYERS (run with UPDATE_EXPECT=1 to write it):\n{want}");
+        }
+    }
+}
+
+#[test]
+fn an_undeclared_edge_fails_and_names_its_files() {
+    fn edge(g: &mut Graph, from: &str, to: &str, file: &str) {
+        g.entry(from.into())
+            .or_default()
+            .entry(to.into())
+            .or_default()
+            .insert(file.into());
+    }
+    let mut g = Graph::new();
+    for (from, to, _) in SAME_LAYER {
+        edge(&mut g, from, to, "declared");
+    }
+    edge(&mut g, "proxy", "wire", "src/proxy/mod.rs");
+    assert_eq!(layer_violations(&g), Vec::<String>::new());
+    edge(&mut g, "wire", "proxy", "src/wire/body.rs");
+    edge(&mut g, "circuit", "jobs", "src/circuit/mod.rs");
+    edge(&mut g, "nowhere", "wire", "src/nowhere.rs");
+    let v = layer_violations(&g);
+    assert!(
+        v.contains(&"undeclared edge wire (vocabulary) -> proxy (pipeline): src/wire/body.rs".to_string()),
+        "{v:?}"
+    );
+    assert!(
+        v.contains(&"undeclared edge circuit (features) -> jobs (features): src/circuit/mod.rs".to_string()),
+        "{v:?}"
+    );
+    assert!(
+        v.contains(&"module `nowhere` is in no layer of LAYERS".to_string()),
+        "{v:?}"
+    );
 }
 
 #[test]
@@ -271,4 +466,192 @@ fn the_size_scan_skips_tests_and_counts_functions() {
     let code = code_lines(text);
     assert_eq!(code.len(), 8, "{code:?}");
     assert_eq!(functions(&code), vec![("a", 1, 3), ("b", 10, 5)]);
+}
+
+/// ARCHITECTURE.md's code map: its sections, each with the paths its heading names and its text.
+fn code_map() -> Vec<(Vec<String>, String)> {
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md")).unwrap();
+    let start = text.find("\n## Code map").expect("a code map");
+    let rest = &text[start + 1..];
+    let end = rest[3..].find("\n## ").map_or(rest.len(), |i| i + 3);
+    let mut sections = Vec::new();
+    for part in rest[..end].split("\n### ").skip(1) {
+        let (heading, body) = part.split_once('\n').unwrap_or((part, ""));
+        let paths = ticked(heading).into_iter().filter(|t| t.starts_with("src/")).collect();
+        sections.push((paths, body.to_string()));
+    }
+    sections
+}
+
+/// The `backticked` tokens of a text.
+fn ticked(text: &str) -> Vec<String> {
+    text.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// The folders a section's relative paths are read against: its heading's folders, and the
+/// folders of its heading's files.
+fn bases(paths: &[String]) -> Vec<String> {
+    paths
+        .iter()
+        .map(|p| match p.rsplit_once('/') {
+            Some((dir, "")) => format!("{dir}/"),
+            Some((dir, _)) => format!("{dir}/"),
+            None => String::new(),
+        })
+        .collect()
+}
+
+fn is_path(token: &str) -> bool {
+    !token.contains(' ')
+        && (token.ends_with(".rs") || (token.ends_with('/') && token.len() > 1))
+        && !token.contains("::")
+}
+
+#[test]
+fn every_file_of_src_is_in_the_code_map_and_every_path_it_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let map = code_map();
+    let mut problems = Vec::new();
+    // Every path it names exists.
+    for (paths, body) in &map {
+        for p in paths {
+            if !root.join(p).exists() {
+                problems.push(format!("the code map names `{p}`, which does not exist"));
+            }
+        }
+        for t in ticked(body).into_iter().filter(|t| is_path(t)) {
+            // A path from the repository's root (`src/...`, `fuzz/`), or within the section.
+            let found = root.join(&t).exists() || bases(paths).iter().any(|b| root.join(format!("{b}{t}")).exists());
+            if !found {
+                problems.push(format!(
+                    "the code map's section {paths:?} names `{t}`, which does not exist"
+                ));
+            }
+        }
+    }
+    // Every file of src is in it: named by its path, or in its folder's section by its path there
+    // (or a folder of it).
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    for file in files {
+        let rel = format!("src/{}", file.strip_prefix(root.join("src")).unwrap().display());
+        let covered = map.iter().any(|(paths, body)| {
+            let tokens = ticked(body);
+            paths.contains(&rel)
+                || tokens.contains(&rel)
+                || paths.iter().filter(|p| p.ends_with('/')).any(|dir| {
+                    rel.strip_prefix(dir.as_str()).is_some_and(|inner| {
+                        let mut names = vec![inner.to_string()];
+                        let mut at = inner;
+                        while let Some((parent, _)) = at.rsplit_once('/') {
+                            names.push(format!("{parent}/"));
+                            at = parent;
+                        }
+                        names.iter().any(|n| tokens.contains(n))
+                    })
+                })
+        });
+        if !covered {
+            problems.push(format!("`{rel}` is in no section of the code map"));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "ARCHITECTURE.md's code map is not true:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The Rust sources of a top-level module (`src/NAME.rs` or `src/NAME/`), as one text.
+fn module_text(root: &Path, module: &str) -> Option<String> {
+    let file = root.join(format!("src/{module}.rs"));
+    if file.exists() {
+        return std::fs::read_to_string(file).ok();
+    }
+    let dir = root.join(format!("src/{module}"));
+    if !dir.is_dir() {
+        return None;
+    }
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    Some(
+        files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap())
+            .collect::<Vec<_>>()
+            .join("\n"),
+    )
+}
+
+/// Whether `text` defines `name`: an item, a module, an enum variant or a field.
+fn defines(text: &str, name: &str) -> bool {
+    let item = [
+        "fn ", "struct ", "enum ", "trait ", "type ", "const ", "static ", "mod ",
+    ]
+    .iter()
+    .any(|kw| {
+        text.match_indices(&format!("{kw}{name}")).any(|(i, m)| {
+            let after = text[i + m.len()..].chars().next();
+            let before = text[..i].chars().next_back();
+            !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                && !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+        })
+    });
+    item || text.lines().any(|l| {
+        let l = l
+            .trim_start()
+            .trim_start_matches("pub ")
+            .trim_start_matches("pub(crate) ");
+        l.strip_prefix(name).is_some_and(|rest| {
+            let rest = rest.trim_start();
+            rest.starts_with(',') || rest.starts_with('(') || rest.starts_with('{') || rest.starts_with(':')
+        })
+    })
+}
+
+#[test]
+fn every_item_architecture_md_names_exists() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut all = String::new();
+    let mut files = Vec::new();
+    rust_files(&root.join("src"), &mut files);
+    for f in &files {
+        all.push_str(&std::fs::read_to_string(f).unwrap());
+        all.push('\n');
+    }
+    let ident = |s: &str| !s.is_empty() && s.chars().all(|c| c.is_alphanumeric() || c == '_');
+    let mut problems = Vec::new();
+    let mut checked = 0;
+    // The whole page: the code map, and the cross-cutting sections after it.
+    let page = std::fs::read_to_string(root.join("ARCHITECTURE.md")).unwrap();
+    {
+        for t in ticked(&page) {
+            let segs: Vec<&str> = t.split("::").collect();
+            if segs.len() < 2 || !segs.iter().all(|s| ident(s)) {
+                continue;
+            }
+            checked += 1;
+            let last = segs[segs.len() - 1];
+            let ok = match module_text(root, segs[0]) {
+                // `module::...::item`: the item is defined in that module.
+                Some(text) => {
+                    defines(&text, last)
+                        || root
+                            .join(format!("src/{}/{last}.rs", segs[..segs.len() - 1].join("/")))
+                            .exists()
+                }
+                // `Type::member`: both are defined somewhere in src.
+                None => defines(&all, segs[0]) && defines(&all, last),
+            };
+            if !ok {
+                problems.push(format!("the code map names `{t}`, which is not defined in src"));
+            }
+        }
+    }
+    assert!(checked >= 8, "the scan found the code map's items ({checked})");
+    assert!(
+        problems.is_empty(),
+        "ARCHITECTURE.md's code map is not true:\n{}",
+        problems.join("\n")
+    );
 }

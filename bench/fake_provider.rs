@@ -3,6 +3,7 @@
 //! `cargo run --release --example fake-provider -- --listen 127.0.0.1:9000 [--tls-dir DIR] [--record]`
 //! With `--tls-dir`, it writes `ca.pem` there and serves TLS (ALPN h2, http/1.1) for `localhost`.
 
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the clock and lock rules are the product's: harnesses measure real time and keep their own fixtures
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test fixture: fails loudly by design
 
 #[path = "../tests/it/support/certs.rs"]

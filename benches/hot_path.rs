@@ -1,6 +1,7 @@
 //! Micro-benchmarks of the functions every request runs (divan): a regression here shows before
 //! the load benchmark (`bench/run`) would. `cargo bench --bench hot_path`.
 
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the clock and lock rules are the product's: harnesses measure real time and keep their own fixtures
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use divan::{black_box, Bencher};

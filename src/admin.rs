@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::dead_letters::{DeadLetter, DeadLetters, Filter, ReplayRecord};
-use crate::error::{problem_body, ErrorKind};
+use crate::error::ErrorKind;
 use crate::metrics::Metrics;
 use crate::proxy::Proxy;
 use crate::redis::RedisHandle;
@@ -242,7 +242,10 @@ async fn replay(state: &AdminState, entry: DeadLetter) -> ReplayOutcome {
     let proxy = state.proxy.load_full();
     let resp = proxy.handle(req).await;
     let status = resp.status().as_u16();
-    let from_store = resp.headers().get("idempotent-replayed").is_some_and(|v| v == "true");
+    let from_store = resp
+        .headers()
+        .get(crate::wire::headers::IDEMPOTENT_REPLAYED)
+        .is_some_and(|v| v == "true");
     // Read the response to its end: that is what completes its idempotency record.
     let _ = resp.into_body().collect().await;
     let at_ms = time::now_unix_ms();
@@ -342,11 +345,7 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Full<Bytes>> {
 }
 
 fn problem(kind: ErrorKind, message: &str) -> Response<Full<Bytes>> {
-    let mut resp = Response::new(Full::new(Bytes::from(problem_body(kind, message))));
-    *resp.status_mut() = kind.row().status;
-    resp.headers_mut()
-        .insert(header::CONTENT_TYPE, http::HeaderValue::from_static("application/json"));
-    resp
+    crate::error::problem_response(kind, message, None, |body| Full::new(Bytes::from(body)))
 }
 
 fn text(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

@@ -9,8 +9,9 @@
 //! exclude them and every `[dead_letters] sensitive_headers` entry; the idempotency scope is kept
 //! as its hash only.
 
+use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use base64::Engine as _;
 use bytes::Bytes;
@@ -333,7 +334,7 @@ impl DeadLetters {
             .inc();
         match &self.backend {
             Backend::Memory(ring) => {
-                let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                let mut ring = ring.lock();
                 let (ms, seq) = ring.last_id;
                 let id = if entry.time_ms > ms {
                     (entry.time_ms, 0)
@@ -408,7 +409,7 @@ impl DeadLetters {
     pub async fn get(&self, id: &str) -> Result<Option<DeadLetter>, DeadLetterError> {
         match &self.backend {
             Backend::Memory(ring) => {
-                let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                let ring = ring.lock();
                 Ok(ring.position(id).and_then(|i| ring.entries.get(i)).cloned())
             }
             Backend::Redis(r) => {
@@ -456,7 +457,7 @@ impl DeadLetters {
     pub async fn record_replay(&self, id: &str, replay: ReplayRecord) -> Result<(), DeadLetterError> {
         match &self.backend {
             Backend::Memory(ring) => {
-                let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                let mut ring = ring.lock();
                 if let Some(e) = ring.position(id).and_then(|i| ring.entries.get_mut(i)) {
                     e.replays.push(replay);
                 }
@@ -482,7 +483,7 @@ impl DeadLetters {
     pub async fn purge(&self, filter: &Filter) -> Result<u64, DeadLetterError> {
         match &self.backend {
             Backend::Memory(ring) => {
-                let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                let mut ring = ring.lock();
                 let before = ring.entries.len();
                 ring.entries.retain(|e| !filter.matches(e));
                 self.metrics.dead_letters_depth.set(ring.entries.len() as i64);
@@ -541,7 +542,7 @@ impl DeadLetters {
     async fn scan_back(&self, before: Option<&str>, count: usize) -> Result<Vec<DeadLetter>, DeadLetterError> {
         match &self.backend {
             Backend::Memory(ring) => {
-                let ring = ring.lock().unwrap_or_else(|e| e.into_inner());
+                let ring = ring.lock();
                 // The ring is in id order: the entries older than `before` are a prefix of it.
                 let end = before.map_or(ring.entries.len(), |b| {
                     let b = id_order(b);

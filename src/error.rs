@@ -294,22 +294,39 @@ impl ProxyError {
     }
 }
 
-/// Rebound's own error: JSON body, `x-rebound-error`, `x-should-retry`.
-pub fn error_response(err: ProxyError, mut log: RequestLog) -> Response<ProxyBody> {
-    let status = err.status();
-    log.set_error(err.code());
-    let mut resp = Response::new(ProxyBody::full(err.body(), log, status.as_u16()));
-    *resp.status_mut() = status;
+/// The one builder of every error rebound answers for itself (the proxy, the job API, the admin
+/// API): its status, the JSON body of [`problem_body`] (made into `B` by `body`),
+/// `content-type`, `x-rebound-error`, `x-should-retry`, and `retry-after` when it is known.
+pub fn problem_response<B>(
+    kind: ErrorKind,
+    message: &str,
+    retry_after: Option<std::time::Duration>,
+    body: impl FnOnce(String) -> B,
+) -> Response<B> {
+    let row = kind.row();
+    let mut resp = Response::new(body(problem_body(kind, message)));
+    *resp.status_mut() = row.status;
     let h = resp.headers_mut();
     h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    h.insert(headers::X_REBOUND_ERROR, HeaderValue::from_static(err.code()));
+    h.insert(headers::X_REBOUND_ERROR, HeaderValue::from_static(row.code));
     h.insert(
         headers::X_SHOULD_RETRY,
-        HeaderValue::from_static(if err.should_retry() { "true" } else { "false" }),
+        HeaderValue::from_static(if row.retryable { "true" } else { "false" }),
     );
-    if let Some(after) = err.retry_after() {
+    if let Some(after) = retry_after {
         h.insert(http::header::RETRY_AFTER, HeaderValue::from(after.as_secs().max(1)));
     }
+    resp
+}
+
+/// Rebound's own error on the proxy listener ([`problem_response`]), its code in the request's
+/// log and in the response's `Delivered` extension.
+pub fn error_response(err: ProxyError, mut log: RequestLog) -> Response<ProxyBody> {
+    let status = err.status().as_u16();
+    log.set_error(err.code());
+    let mut resp = problem_response(err.kind(), &err.to_string(), err.retry_after(), |body| {
+        ProxyBody::full(body, log, status)
+    });
     resp.extensions_mut().insert(Delivered {
         attempts: 0,
         error: Some(err.code()),

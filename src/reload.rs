@@ -7,9 +7,10 @@
 //! What a reload cannot change without a restart: the listen addresses, `[redis]`, `[log]` and `[jobs]`
 //! (a reload that changes them applies everything else and says so in a warning).
 
+use parking_lot::Mutex;
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
@@ -89,9 +90,7 @@ impl Reloader {
     /// Loads, validates and swaps in the file's current contents.
     pub fn reload(&self, trigger: &str) -> Result<(), ReloadError> {
         if let Ok(bytes) = std::fs::read(&self.path) {
-            if let Ok(mut seen) = self.seen.lock() {
-                *seen = Some(digest(&[&bytes]));
-            }
+            *self.seen.lock() = Some(digest(&[&bytes]));
         }
         let result = self.try_reload();
         let label = if result.is_ok() { "success" } else { "failure" };
@@ -135,11 +134,7 @@ impl Reloader {
                 continue;
             };
             let current = digest(&[&bytes]);
-            let changed = self
-                .seen
-                .lock()
-                .map(|seen| seen.as_deref() != Some(current.as_str()))
-                .unwrap_or(false);
+            let changed = self.seen.lock().as_deref() != Some(current.as_str());
             if changed {
                 let _ = self.reload("file change");
             }

@@ -6,10 +6,11 @@
 //! and woken when the signal moves. hyper-util's graceful watcher plus a cancellation token,
 //! which this replaces, took two locks on every wake-up.
 
+use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Poll, Waker};
 
 use hyper_util::server::graceful::GracefulConnection;
@@ -52,7 +53,7 @@ impl ShutdownSignal {
         // The store happens before the lock: a connection that registers after the wake-up
         // below loads the new state after its own registration (under the same lock).
         self.inner.state.fetch_max(to, Ordering::SeqCst);
-        for waker in lock(&self.inner.wakers).values() {
+        for waker in self.inner.wakers.lock().values() {
             waker.wake_by_ref();
         }
     }
@@ -77,7 +78,7 @@ impl ShutdownSignal {
             let mut draining = false;
             poll_fn(|cx| {
                 if !registered.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
-                    lock(&inner.wakers).insert(id, cx.waker().clone());
+                    inner.wakers.lock().insert(id, cx.waker().clone());
                     registered = Some(cx.waker().clone());
                 }
                 match inner.state.load(Ordering::SeqCst) {
@@ -103,11 +104,6 @@ struct Registration<'a> {
 
 impl Drop for Registration<'_> {
     fn drop(&mut self) {
-        lock(&self.inner.wakers).remove(&self.id);
+        self.inner.wakers.lock().remove(&self.id);
     }
-}
-
-/// A poisoned lock only means a waker call panicked: the map itself is intact.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -11,7 +11,8 @@
 //!   on the request path.
 //! - When traces are off, every call here is a branch on `None`.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderMap;
@@ -123,8 +124,8 @@ impl Traces {
     pub async fn shutdown(&self, bound: Duration) {
         let Some(inner) = &self.inner else { return };
         let _ = inner.provider.shutdown();
-        inner.queue.lock().unwrap_or_else(|e| e.into_inner()).take();
-        let task = inner.exporter_task.lock().unwrap_or_else(|e| e.into_inner()).take();
+        inner.queue.lock().take();
+        let task = inner.exporter_task.lock().take();
         if let Some(task) = task {
             let _ = tokio::time::timeout(bound, task).await;
         }
@@ -169,7 +170,7 @@ impl SpanProcessor for Queue {
         if !span.span_context.is_sampled() {
             return;
         }
-        let tx = self.tx.lock().unwrap_or_else(|e| e.into_inner());
+        let tx = self.tx.lock();
         if tx.as_ref().is_none_or(|tx| tx.try_send(span).is_err()) {
             self.dropped.inc();
         }
@@ -194,7 +195,7 @@ async fn export(
     let mut batch = Vec::with_capacity(MAX_BATCH);
     while let Some(first) = rx.recv().await {
         batch.push(first);
-        let until = tokio::time::Instant::now() + BATCH_DELAY;
+        let until = crate::time::now() + BATCH_DELAY;
         while batch.len() < MAX_BATCH {
             match tokio::time::timeout_at(until, rx.recv()).await {
                 Ok(Some(span)) => batch.push(span),

@@ -1007,7 +1007,7 @@ mod tests {
 
     impl T {
         fn new(cfg: BreakerConfig) -> T {
-            let now = Instant::now();
+            let now = crate::time::now();
             T {
                 b: Breaker::new(cfg, now),
                 now,

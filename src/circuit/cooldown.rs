@@ -228,7 +228,7 @@ mod tests {
 
     #[test]
     fn keeps_the_latest_deadline() {
-        let now = Instant::now();
+        let now = crate::time::now();
         let mut t = CooldownTable::default();
         assert!(t.note(cred(1), now + 3 * SEC, now));
         assert_eq!(t.check(&cred(1), now), Some(3 * SEC));
@@ -244,7 +244,7 @@ mod tests {
 
     #[test]
     fn expired_entries_are_pruned() {
-        let now = Instant::now();
+        let now = crate::time::now();
         let mut t = CooldownTable::default();
         t.note(cred(1), now + SEC, now);
         t.note(cred(2), now + 3 * SEC, now);
@@ -255,7 +255,7 @@ mod tests {
 
     #[test]
     fn bounded_and_evicts_the_soonest_expiring() {
-        let now = Instant::now();
+        let now = crate::time::now();
         let mut t = CooldownTable::new(3);
         t.note(cred(1), now + 10 * SEC, now);
         t.note(cred(2), now + 2 * SEC, now);
@@ -276,7 +276,7 @@ mod tests {
 
     #[test]
     fn the_deadline_index_follows_every_change() {
-        let now = Instant::now();
+        let now = crate::time::now();
         let mut t = CooldownTable::new(100);
         for i in 0..=255u8 {
             // Deadlines not in insertion order; every third one extended later.

@@ -23,16 +23,17 @@
 //!   says a credential has at most `pacing_reserve` requests left, [`Circuits::hold_note`] with
 //!   the quota's reset; before sending, [`Circuits::hold_check`] says how long to wait.
 //!
-//! Locks are `std::sync::Mutex`es held for a few field updates, never across an `.await`.
+//! Locks are `parking_lot::Mutex`es held for a few field updates, never across an `.await`.
 
 pub mod breaker;
 pub mod cooldown;
 pub mod shared;
 
 use foldhash::HashMap;
+use parking_lot::Mutex;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -210,10 +211,6 @@ impl Drop for Permit {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
 /// How long a probe may hold its slot (and its fleet lease) without reporting: the longest an
 /// attempt can take before its outcome is known under any retry policy (`per_try_timeout` plus
 /// `first_byte_timeout`, but never past the `deadline`, which bounds both), plus a second.
@@ -337,7 +334,7 @@ impl Circuits {
     /// The state of `upstream`'s circuit (`None` without a breaker).
     pub fn state(&self, upstream: &str, now: Instant) -> Option<CircuitState> {
         let entry = self.entries.get(upstream)?;
-        let cell = lock(entry.breaker.as_ref()?);
+        let cell = entry.breaker.as_ref()?.lock();
         Some(cell.breaker.state(now))
     }
 
@@ -362,7 +359,7 @@ impl Circuits {
     /// [`Circuits::cooldown_check`] for either hold (always `None` when its mode is `off`).
     pub fn hold_check(&self, hold: Hold, upstream: &str, cred: &CredentialHash, now: Instant) -> Option<Duration> {
         let entry = self.entries.get(upstream)?;
-        entry.holds(hold).and_then(|h| lock(h).table.check(cred, now))
+        entry.holds(hold).and_then(|h| h.lock().table.check(cred, now))
     }
 
     /// [`Circuits::cooldowns_active`] for either hold.
@@ -370,7 +367,7 @@ impl Circuits {
         self.entries
             .get(upstream)
             .and_then(|e| e.holds(hold))
-            .is_some_and(|h| !lock(h).table.is_empty())
+            .is_some_and(|h| !h.lock().table.is_empty())
     }
 
     /// [`Circuits::cooldown_note`] for either hold.
@@ -383,7 +380,7 @@ impl Circuits {
         };
         let shared = entry.shares(hold);
         let extended = {
-            let mut c = lock(holds);
+            let mut c = holds.lock();
             let extended = c.table.note(cred, until, now);
             if extended && shared {
                 c.queue(cred, until, now);
@@ -418,8 +415,8 @@ impl Circuits {
     pub fn refresh(&self, now: Instant) {
         for entry in self.entries.values() {
             entry.update(|cell| cell.breaker.advance(now));
-            lock(&entry.cooldowns).table.prune(now);
-            lock(&entry.pacing).table.prune(now);
+            entry.cooldowns.lock().table.prune(now);
+            entry.pacing.lock().table.prune(now);
         }
     }
 
@@ -462,7 +459,7 @@ impl Entry {
             return Admission::Allowed(Permit::unguarded());
         };
         let (admission, transition, half_open) = {
-            let mut cell = lock(cell);
+            let mut cell = cell.lock();
             let (admission, transition) = cell.breaker.admit(attempt, now);
             let half_open = cell.breaker.state(now) == CircuitState::HalfOpen;
             (admission, transition, half_open)
@@ -514,7 +511,7 @@ impl Entry {
         let Some(cell) = &self.breaker else {
             return;
         };
-        let transition = f(&mut lock(cell));
+        let transition = f(&mut cell.lock());
         if let Some(t) = transition {
             self.on_transition(t);
         }
@@ -522,7 +519,7 @@ impl Entry {
 
     /// Runs `f` on the breaker under its lock (`None` without a breaker).
     pub(crate) fn with_cell<R>(&self, f: impl FnOnce(&mut Cell) -> R) -> Option<R> {
-        self.breaker.as_ref().map(|cell| f(&mut lock(cell)))
+        self.breaker.as_ref().map(|cell| f(&mut cell.lock()))
     }
 
     fn on_transition(&self, t: Transition) {
@@ -572,12 +569,12 @@ impl Entry {
             out.flush_now = self.flush_now.swap(false, Ordering::Relaxed);
         }
         if self.share_cooldowns {
-            let mut c = lock(&self.cooldowns);
+            let mut c = self.cooldowns.lock();
             out.cooldowns = c.outbox.drain().filter(|(_, t)| *t > now).collect();
             c.table.prune(now);
         }
         if self.share_pacing {
-            let mut c = lock(&self.pacing);
+            let mut c = self.pacing.lock();
             out.pacing = c.outbox.drain().filter(|(_, t)| *t > now).collect();
             c.table.prune(now);
         }
@@ -594,7 +591,7 @@ impl Entry {
         }
         for (hold, cred, until) in holds {
             if let Some(h) = self.holds(hold).filter(|_| until > now) {
-                lock(h).queue(cred, until, now);
+                h.lock().queue(cred, until, now);
             }
         }
     }
@@ -602,7 +599,7 @@ impl Entry {
     /// A hold learned from the fleet (not shared again).
     pub(crate) fn hold_from_fleet(&self, hold: Hold, cred: CredentialHash, until: Instant, now: Instant) {
         if let Some(h) = self.holds(hold) {
-            lock(h).table.note(cred, until, now);
+            h.lock().table.note(cred, until, now);
         }
     }
 }
@@ -664,7 +661,7 @@ fallback = ["b"]
     #[test]
     fn opens_rejects_and_counts() {
         let (c, m) = circuits();
-        let now = Instant::now();
+        let now = crate::time::now();
         fail(&c, "a", now);
         fail(&c, "a", now);
         assert_eq!(c.state("a", now), Some(CircuitState::Open));
@@ -708,7 +705,7 @@ fallback = ["b"]
     #[test]
     fn unguarded_upstreams_are_always_allowed() {
         let (c, _) = circuits();
-        let now = Instant::now();
+        let now = crate::time::now();
         for _ in 0..100 {
             fail(&c, "plain", now);
             fail(&c, "nonexistent", now);
@@ -719,7 +716,7 @@ fallback = ["b"]
     #[test]
     fn a_dropped_probe_gives_its_slot_back() {
         let (c, _) = circuits();
-        let now = Instant::now();
+        let now = crate::time::now();
         fail(&c, "a", now);
         fail(&c, "a", now);
         let later = now + Duration::from_secs(2);
@@ -736,7 +733,7 @@ fallback = ["b"]
     #[test]
     fn falls_back_in_order() {
         let (c, _) = circuits();
-        let now = Instant::now();
+        let now = crate::time::now();
         let (up, p) = c.admit_first(["a", "b"], Attempt::First, now).unwrap();
         assert_eq!(up, "a");
         drop(p);
@@ -756,7 +753,7 @@ fallback = ["b"]
     #[test]
     fn cooldowns_per_credential_and_off() {
         let (c, m) = circuits();
-        let now = Instant::now();
+        let now = crate::time::now();
         let k1 = CredentialHash([1; 16]);
         let k2 = CredentialHash([2; 16]);
         c.cooldown_note("a", k1, now + Duration::from_secs(3), now);
@@ -775,7 +772,7 @@ fallback = ["b"]
     fn shared_entries_queue_their_cooldowns_and_deltas() {
         let metrics = Arc::new(Metrics::new().unwrap());
         let c = Circuits::new(&config("\n[redis]\nurl = \"redis://127.0.0.1:1/0\"\n"), metrics);
-        let now = Instant::now();
+        let now = crate::time::now();
         let k1 = CredentialHash([1; 16]);
         c.cooldown_note("a", k1, now + Duration::from_secs(3), now);
         c.cooldown_note("a", k1, now + Duration::from_secs(2), now);

@@ -630,7 +630,7 @@ mod tests {
             probe_lease: Duration::from_secs(90),
         };
         Cell {
-            breaker: Breaker::new(cfg, Instant::now()).shared(),
+            breaker: Breaker::new(cfg, crate::time::now()).shared(),
             fleet_gen: 0,
         }
     }
@@ -640,7 +640,7 @@ mod tests {
     #[test]
     fn follows_the_fleet_and_ignores_stale_states() {
         let mut c = cell();
-        let now = Instant::now();
+        let now = crate::time::now();
         let t = reconcile(&mut c, Fleet::Open { left: 5 * SEC }, 100, now).unwrap();
         assert_eq!(t.to, CircuitState::Open);
         assert_eq!(c.breaker.open_until(), Some(now + 5 * SEC));
@@ -666,7 +666,7 @@ mod tests {
     #[test]
     fn an_empty_store_leaves_the_breaker_local() {
         let mut c = cell();
-        let now = Instant::now();
+        let now = crate::time::now();
         reconcile(&mut c, Fleet::Open { left: 5 * SEC }, 100, now);
         assert!(c.breaker.is_fleet_phase());
         // Redis restarted empty: generation 0.
@@ -682,7 +682,7 @@ mod tests {
     #[test]
     fn a_closed_fleet_at_the_same_generation_localizes() {
         let mut c = cell();
-        let now = Instant::now();
+        let now = crate::time::now();
         reconcile(&mut c, Fleet::Open { left: SEC }, 100, now);
         // The trip record expired without a close: carry on locally.
         assert_eq!(reconcile(&mut c, Fleet::Closed, 100, now), None);

@@ -7,8 +7,9 @@
 //! that fails (`rebound_idempotency_completions_total{result="lost"}`).
 
 use foldhash::HashMap;
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use super::store::Completion;
 
@@ -54,14 +55,14 @@ impl Held {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
-        let m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let m = self.map.lock();
         m.map.get(record).cloned()
     }
 
     /// Holds `completion` for `record`; false (nothing held) when the bounds are reached.
     pub fn hold(&self, record: &str, completion: Arc<HeldCompletion>) -> bool {
         let size = completion.size();
-        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.map.lock();
         if m.map.len() >= MAX_ENTRIES || m.bytes + size > MAX_BYTES {
             return false;
         }
@@ -75,7 +76,7 @@ impl Held {
 
     /// Lets go of `record`'s completion (written, or given up).
     pub fn forget(&self, record: &str) {
-        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.map.lock();
         if let Some(old) = m.map.remove(record) {
             m.bytes = m.bytes.saturating_sub(old.size());
         }

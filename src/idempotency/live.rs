@@ -12,11 +12,12 @@
 //! stored, and a follower still behind them is cut with an abort.
 
 use foldhash::HashMap;
+use parking_lot::Mutex;
 use std::collections::VecDeque;
 use std::future::poll_fn;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
@@ -127,13 +128,9 @@ impl Live {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The response's status and kept headers are decided.
     pub fn set_head(&self, head: Head) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         if s.head.is_none() && s.end.is_none() {
             s.head = Some(head);
             s.wake_all();
@@ -146,7 +143,7 @@ impl Live {
         if data.is_empty() {
             return;
         }
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         if s.end.is_some() {
             return;
         }
@@ -162,7 +159,7 @@ impl Live {
 
     /// The original's response ended (the first end counts).
     pub fn finish(&self, end: End) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         if s.end.is_none() {
             s.end = Some(end);
             s.wake_all();
@@ -172,7 +169,7 @@ impl Live {
     /// Ends a response that cannot be shared from byte 0 (a relay's source outgrew the cap):
     /// followers waiting for the head are refused, the others cut.
     pub fn cut(&self) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         s.dropped = s.dropped.max(1) + s.chunks.len() as u64;
         s.held = 0;
         s.chunks.clear();
@@ -184,7 +181,7 @@ impl Live {
 
     /// The most body bytes it keeps (`max_stored_body`).
     pub fn cap(&self) -> usize {
-        self.lock().cap
+        self.state.lock().cap
     }
 
     /// Claims the right to relay this response (once).
@@ -194,9 +191,9 @@ impl Live {
 
     /// Waits for chunks from index `from` on (at most about `max_bytes` of them) or the end.
     pub async fn next_batch(&self, from: u64, max_bytes: usize) -> Batch {
-        let id = self.lock().waiter_id();
+        let id = self.state.lock().waiter_id();
         let out = poll_fn(|cx| {
-            let mut s = self.lock();
+            let mut s = self.state.lock();
             if from < s.dropped {
                 return Poll::Ready(Batch {
                     cut: true,
@@ -226,14 +223,14 @@ impl Live {
             Poll::Ready(batch)
         })
         .await;
-        self.lock().unregister(id);
+        self.state.lock().unregister(id);
         out
     }
 
     /// The original's body ended cleanly but the response is a failure not to be shared with
     /// new duplicates (followers already reading get it to its end).
     pub fn finish_unshared(&self) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         s.unshared = true;
         if s.end.is_none() {
             s.end = Some(End::Complete);
@@ -243,17 +240,17 @@ impl Live {
 
     /// Whether it ended as a failure not shared with new duplicates.
     pub fn is_unshared(&self) -> bool {
-        self.lock().unshared
+        self.state.lock().unshared
     }
 
     /// Whether the response kept its first byte (it never outgrew `max_stored_body`).
     pub fn is_whole(&self) -> bool {
-        self.lock().dropped == 0
+        self.state.lock().dropped == 0
     }
 
     /// The whole body, when none of it was dropped (one copy, unless it is one chunk).
     pub fn body(&self) -> Option<Bytes> {
-        let s = self.lock();
+        let s = self.state.lock();
         if s.dropped > 0 {
             return None;
         }
@@ -262,9 +259,9 @@ impl Live {
 
     /// Waits until the head is decided or the response ends without one.
     pub async fn head(&self) -> HeadOrEnd {
-        let id = self.lock().waiter_id();
+        let id = self.state.lock().waiter_id();
         let out = poll_fn(|cx| {
-            let mut s = self.lock();
+            let mut s = self.state.lock();
             if s.unshared {
                 return Poll::Ready(HeadOrEnd::End(End::Released));
             }
@@ -281,13 +278,13 @@ impl Live {
             Poll::Pending
         })
         .await;
-        self.lock().unregister(id);
+        self.state.lock().unregister(id);
         out
     }
 
     /// A body that reads this response from byte 0.
     pub fn follower(self: &Arc<Self>) -> Follower {
-        let id = self.lock().waiter_id();
+        let id = self.state.lock().waiter_id();
         Follower {
             live: self.clone(),
             next: 0,
@@ -298,7 +295,7 @@ impl Live {
 
     /// Chunk `index` of the body, or why there is none (yet).
     fn poll_chunk(&self, index: u64, id: u64, cx: &mut Context<'_>) -> Poll<Option<Result<Bytes, BoxError>>> {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         if index < s.dropped {
             return Poll::Ready(Some(Err(Box::new(FollowerCut))));
         }
@@ -396,7 +393,7 @@ impl Body for Follower {
 
 impl Drop for Follower {
     fn drop(&mut self) {
-        self.live.lock().unregister(self.id);
+        self.live.state.lock().unregister(self.id);
     }
 }
 
@@ -407,18 +404,14 @@ pub struct Lives {
 }
 
 impl Lives {
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, Arc<Live>>> {
-        self.map.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// The live response of an in-flight claim of `record` on this replica.
     pub fn get(&self, record: &str) -> Option<Arc<Live>> {
-        self.lock().get(record).cloned()
+        self.map.lock().get(record).cloned()
     }
 
     /// Registers a fresh claim's response; the returned guard ends and unregisters it when dropped.
     pub fn register(self: &Arc<Self>, record: &str, live: Arc<Live>) -> Registered {
-        self.lock().insert(record.to_string(), live.clone());
+        self.map.lock().insert(record.to_string(), live.clone());
         Registered {
             lives: self.clone(),
             record: record.to_string(),
@@ -428,7 +421,7 @@ impl Lives {
 
     /// How many are registered.
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.map.lock().len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -447,7 +440,7 @@ pub struct Registered {
 impl Drop for Registered {
     fn drop(&mut self) {
         self.live.finish(End::Released);
-        let mut map = self.lives.lock();
+        let mut map = self.lives.map.lock();
         // A later claim of the same key may have registered its own since.
         if map.get(&self.record).is_some_and(|l| Arc::ptr_eq(l, &self.live)) {
             map.remove(&self.record);
@@ -537,7 +530,7 @@ mod tests {
         let reg2 = lives.register("k", second.clone());
         drop(reg);
         assert!(Arc::ptr_eq(&lives.get("k").unwrap(), &second));
-        assert!(matches!(first.lock().end, Some(End::Released)));
+        assert!(matches!(first.state.lock().end, Some(End::Released)));
         drop(reg2);
         assert!(lives.is_empty());
     }

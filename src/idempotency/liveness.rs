@@ -19,7 +19,8 @@
 //! Owner tokens of another form (before this version) are never taken for dead: their keys free
 //! as they always did, when their lease ends.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -112,10 +113,6 @@ impl Liveness {
         self.redis.key(&format!("idem:alive:{replica}"))
     }
 
-    fn trust(&self) -> std::sync::MutexGuard<'_, Trust> {
-        self.trust.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Starts the heartbeat (until `stop`: the process's end, after its drain).
     pub fn start(self: &Arc<Self>, tasks: &TaskTracker, stop: CancellationToken) {
         let liveness = self.clone();
@@ -155,8 +152,8 @@ impl Liveness {
             .await;
         if let Ok(previous) = answer {
             let continuous = previous.is_some();
-            let was_trusted = self.trust().trusted(time::now(), self.ttl);
-            self.trust().answered(time::now(), continuous, self.ttl);
+            let was_trusted = self.trust.lock().trusted(time::now(), self.ttl);
+            self.trust.lock().answered(time::now(), continuous, self.ttl);
             if !continuous && was_trusted {
                 tracing::warn!(
                     "this replica's liveness record had lapsed (Redis stalled, restarted or unreachable for longer than [redis] liveness): other replicas may have taken over its keys in progress"
@@ -172,7 +169,7 @@ impl Liveness {
         let Some(replica) = replica_of(owner) else {
             return false;
         };
-        if replica == self.replica || !self.trust().trusted(time::now(), self.ttl) {
+        if replica == self.replica || !self.trust.lock().trusted(time::now(), self.ttl) {
             return false;
         }
         let key = self.key(replica);

@@ -445,7 +445,7 @@ impl Idempotency {
     pub async fn wait(&self, mut pending: Pending) -> Start {
         let p = &self.policy;
         let follow = p.on_concurrent == OnConcurrent::Follow;
-        let waited_until = tokio::time::Instant::now() + p.wait_timeout;
+        let waited_until = crate::time::now() + p.wait_timeout;
         let mut step = Duration::from_millis(20);
         loop {
             let (lease_left, theirs) = match pending.first.take() {
@@ -497,7 +497,7 @@ impl Idempotency {
                     return start;
                 }
             }
-            let now = tokio::time::Instant::now();
+            let now = crate::time::now();
             if p.on_concurrent == OnConcurrent::Conflict || now + step > waited_until {
                 self.count("conflict");
                 let retry_after = lease_left.clamp(Duration::from_secs(1), Duration::from_secs(30));
@@ -695,12 +695,12 @@ impl Writer {
         F: FnMut() -> Fut,
         Fut: std::future::Future<Output = Result<bool, StoreError>>,
     {
-        let give_up = tokio::time::Instant::now() + bound;
+        let give_up = crate::time::now() + bound;
         let mut step = WRITE_RETRY_FIRST;
         loop {
             if failed {
                 let pause = step.mul_f64(rand::rng().random_range(0.5..=1.0));
-                if tokio::time::Instant::now() + pause >= give_up {
+                if crate::time::now() + pause >= give_up {
                     return Written::Abandoned;
                 }
                 tokio::select! {

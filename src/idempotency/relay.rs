@@ -17,7 +17,8 @@
 //! whose replica died thus ends its followers within `liveness` + [`READ_BLOCK`] of the death.
 
 use foldhash::HashMap;
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -88,7 +89,7 @@ impl Relay {
     /// response on this replica, shared by its followers here).
     pub fn mirror(self: &Arc<Self>, record: &str, owner: &str, fingerprint: &str, cap: usize) -> Arc<Live> {
         let key = stream_key(&self.redis, record, owner);
-        let mut mirrors = self.mirrors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mirrors = self.mirrors.lock();
         if let Some(live) = mirrors.get(&key) {
             return live.clone();
         }
@@ -290,7 +291,7 @@ impl Reader {
             _ = self.relay.stop.cancelled() => self.live.finish(End::Aborted),
             () = self.read() => {}
         }
-        let mut mirrors = self.relay.mirrors.lock().unwrap_or_else(|e| e.into_inner());
+        let mut mirrors = self.relay.mirrors.lock();
         if mirrors.get(&self.key).is_some_and(|l| Arc::ptr_eq(l, &self.live)) {
             mirrors.remove(&self.key);
         }
@@ -314,7 +315,7 @@ impl Reader {
         loop {
             if !accepted && asked_at.is_none_or(|at: tokio::time::Instant| at.elapsed() >= ask_every) {
                 self.ask().await;
-                asked_at = Some(tokio::time::Instant::now());
+                asked_at = Some(crate::time::now());
                 ask_every = (ask_every * 2).min(ASK_MAX);
             }
             let block = if accepted { READ_BLOCK } else { ask_every };

@@ -10,7 +10,8 @@
 //! The renewals due at one wake-up run concurrently (each bounded by the store's
 //! `command_timeout`): a store that does not answer one of them delays the others by at most that.
 
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use parking_lot::Mutex;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use foldhash::HashMap;
@@ -60,7 +61,7 @@ pub struct Renewal {
 
 impl Drop for Renewal {
     fn drop(&mut self) {
-        self.renewals.lock().claims.remove(&self.id);
+        self.renewals.state.lock().claims.remove(&self.id);
     }
 }
 
@@ -80,16 +81,12 @@ impl Renewals {
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Renews `live`'s claim every `lease / 3` until the returned [`Renewal`] is dropped.
     /// Must be called on the runtime (the first claim starts the ticker there).
     pub fn renew(self: &Arc<Self>, live: Arc<Live>, lease: Duration, route: Arc<str>) -> Renewal {
         let interval = lease / 3;
-        let at = Instant::now() + interval;
-        let mut s = self.lock();
+        let at = crate::time::now() + interval;
+        let mut s = self.state.lock();
         let id = s.next_id;
         s.next_id += 1;
         s.claims.insert(id, Due { live, lease, at, route });
@@ -116,7 +113,7 @@ impl Renewals {
 
     /// Claims with a renewal due.
     pub fn len(&self) -> usize {
-        self.lock().claims.len()
+        self.state.lock().claims.len()
     }
 
     /// Whether no claim is renewed.
@@ -126,7 +123,7 @@ impl Renewals {
 
     /// The renewals due at `now` (their next one planned), and when the ticker wakes next.
     fn due(&self, now: Instant) -> (Vec<(u64, Due)>, Option<Instant>) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         let mut due = Vec::new();
         let mut next: Option<Instant> = None;
         for (id, d) in s.claims.iter_mut() {
@@ -150,14 +147,14 @@ impl Renewals {
 
     /// Stops renewing a claim whose lease another owner holds now.
     fn forget(&self, id: u64) {
-        self.lock().claims.remove(&id);
+        self.state.lock().claims.remove(&id);
     }
 }
 
 async fn tick(renewals: Weak<Renewals>, wake: Arc<Notify>) {
     loop {
         let Some(r) = renewals.upgrade() else { return };
-        let (due, wakes_at) = r.due(Instant::now());
+        let (due, wakes_at) = r.due(crate::time::now());
         if !due.is_empty() {
             let renewed = due
                 .iter()
@@ -213,7 +210,7 @@ mod tests {
 
     impl Renewals {
         fn quiet(&self) -> bool {
-            self.lock().wakes_at.is_none()
+            self.state.lock().wakes_at.is_none()
         }
     }
 

@@ -6,9 +6,10 @@
 //! the owner, so a stale owner can never overwrite a newer one.
 
 use foldhash::HashMap;
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -213,7 +214,7 @@ impl MemoryStore {
 
     /// Runs `f` under the lock, after purging at most [`PURGE_PER_CALL`] expired records of each kind.
     fn with<T>(&self, f: impl FnOnce(&mut Memory, Instant) -> T) -> T {
-        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.inner.lock();
         let now = time::now();
         m.purge(now, PURGE_PER_CALL);
         f(&mut m, now)
@@ -223,7 +224,7 @@ impl MemoryStore {
     /// record first (each is purged once, from the front of its index, so its cost is the expired
     /// records it frees, never the live ones), then reads the map's own count.
     pub fn len(&self) -> usize {
-        let mut m = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut m = self.inner.lock();
         m.purge(time::now(), usize::MAX);
         m.map.len()
     }
@@ -488,16 +489,16 @@ mod tests {
 
     /// Records held (expired ones not yet purged included), without purging anything.
     fn held(s: &MemoryStore) -> usize {
-        s.inner.lock().unwrap().map.len()
+        s.inner.lock().map.len()
     }
 
     fn bytes(s: &MemoryStore) -> usize {
-        s.inner.lock().unwrap().bytes
+        s.inner.lock().bytes
     }
 
     /// The indexes and the byte count agree with the map (walks it: tests only).
     fn check_consistent(s: &MemoryStore) {
-        let m = s.inner.lock().unwrap();
+        let m = s.inner.lock();
         assert_eq!(m.map.len(), m.completed.len() + m.leases.len());
         for (name, e) in &m.map {
             let index = if e.is_lease() { &m.leases } else { &m.completed };
@@ -516,7 +517,7 @@ mod tests {
 
     /// Whether `key` holds a live completed record; looks without claiming or purging anything.
     async fn kept(s: &MemoryStore, key: &str) -> bool {
-        let m = s.inner.lock().unwrap();
+        let m = s.inner.lock();
         m.map
             .get(key)
             .is_some_and(|e| e.expires > time::now() && matches!(e.state, MemState::Completed(_)))

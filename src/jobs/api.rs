@@ -6,6 +6,7 @@ use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusC
 use super::{access_of, json_response, Jobs};
 use crate::error::{error_response, ProxyError};
 use crate::wire::body::{ProxyBody, RequestLog};
+use crate::wire::headers;
 
 /// Whether `path` is the job API's (`/jobs/...`).
 pub fn is_api_path(path: &str) -> bool {
@@ -67,9 +68,9 @@ impl Jobs {
                 h.append(name, value);
             }
         }
-        h.insert("x-rebound-attempts", HeaderValue::from(view.attempts));
+        h.insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(view.attempts));
         if let Ok(v) = HeaderValue::from_str(&view.id) {
-            h.insert("x-rebound-job-id", v);
+            h.insert(headers::X_REBOUND_JOB_ID, v);
         }
         resp
     }

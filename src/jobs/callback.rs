@@ -106,7 +106,7 @@ impl Callbacks {
             let req = Request::post(url)
                 .header(header::CONTENT_TYPE, "application/json")
                 .header("idempotency-key", job_id)
-                .header("x-rebound-job-id", job_id)
+                .header(crate::wire::headers::X_REBOUND_JOB_ID, job_id)
                 .header(header::USER_AGENT, concat!("rebound/", env!("CARGO_PKG_VERSION")))
                 .body(Full::new(payload.clone()));
             let Ok(req) = req else { return view };

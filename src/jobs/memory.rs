@@ -2,8 +2,8 @@
 //! are capped by `max_queue`; finished ones are kept for `result_ttl`, at most
 //! [`MAX_FINISHED`] of them and [`MAX_RESULT_BYTES`] of result bodies (the oldest go first).
 
+use parking_lot::Mutex;
 use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -76,15 +76,11 @@ impl Job {
 }
 
 impl MemoryQueue {
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
     /// Creates and queues a job, unless its id exists or `max_queue` jobs are unfinished.
     /// Returns the outcome and the number of unfinished jobs.
     pub fn submit(&self, job: NewJob, max_queue: usize) -> (Submitted, usize) {
-        let mut s = self.lock();
-        s.sweep(Instant::now());
+        let mut s = self.state.lock();
+        s.sweep(crate::time::now());
         if let Some(existing) = s.jobs.get(&job.id) {
             let outcome = if existing.fingerprint == job.fingerprint {
                 Submitted::Exists(existing.view.state)
@@ -136,8 +132,8 @@ impl MemoryQueue {
 
     /// A job's view, its result and callback target.
     pub fn load(&self, id: &str) -> Option<Loaded> {
-        let mut s = self.lock();
-        s.sweep(Instant::now());
+        let mut s = self.state.lock();
+        s.sweep(crate::time::now());
         let job = s.jobs.get(id)?;
         Some(Loaded {
             view: job.view.clone(),
@@ -158,7 +154,7 @@ impl MemoryQueue {
     }
 
     fn try_take(&self, now_ms: u64) -> Option<Taken> {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         while let Some(id) = s.queue.pop_front() {
             let Some(job) = s.jobs.get_mut(&id) else { continue };
             let Some(Pending {
@@ -186,8 +182,8 @@ impl MemoryQueue {
 
     /// Records a run's outcome. Returns the number of unfinished jobs.
     pub fn finish(&self, id: &str, f: &Finished, callback_pending: bool, ttl: Duration) -> usize {
-        let mut s = self.lock();
-        let now = Instant::now();
+        let mut s = self.state.lock();
+        let now = crate::time::now();
         if let Some(job) = s.jobs.get_mut(id) {
             if !job.view.state.finished() {
                 job.view.state = f.state;
@@ -217,7 +213,7 @@ impl MemoryQueue {
 
     /// Records what became of a job's callback.
     pub fn callback_done(&self, id: &str, view: CallbackView) {
-        let mut s = self.lock();
+        let mut s = self.state.lock();
         if let Some(job) = s.jobs.get_mut(id) {
             job.view.callback = Some(view);
         }

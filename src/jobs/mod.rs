@@ -33,8 +33,9 @@ pub mod seal;
 mod submit;
 mod worker;
 
+use parking_lot::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -49,7 +50,7 @@ use crate::idempotency::fingerprint;
 use crate::metrics::Metrics;
 use crate::redis::RedisHandle;
 use crate::wire::body::{ProxyBody, RequestLog};
-use crate::wire::headers as hygiene;
+use crate::wire::headers::{self, self as hygiene};
 use memory::MemoryQueue;
 use redis_queue::RedisQueue;
 use seal::Sealer;
@@ -61,18 +62,15 @@ pub use prefer::{prefers_async, wants_async};
 /// the fleet down one replica after another).
 pub const MAX_RUNS: u32 = 5;
 
-/// The request header naming a callback URL.
-pub const CALLBACK_HEADER: &str = "x-rebound-callback";
-
 /// The headers a job's access is scoped by: only the credential that submitted it reads it.
 const ACCESS_HEADERS: [&str; 3] = crate::wire::headers::CREDENTIAL_HEADERS;
 
 /// Response headers kept with a result, beyond the idempotency store's allowlist.
-const RESULT_HEADERS: [&str; 4] = [
-    "x-rebound-error",
-    "x-rebound-upstream",
-    "idempotent-replayed",
-    "retry-after",
+const RESULT_HEADERS: [HeaderName; 4] = [
+    headers::X_REBOUND_ERROR,
+    headers::X_REBOUND_UPSTREAM,
+    headers::IDEMPOTENT_REPLAYED,
+    http::header::RETRY_AFTER,
 ];
 
 /// Longest block of one XREADGROUP.
@@ -176,14 +174,12 @@ impl Jobs {
         draining: CancellationToken,
         stop: CancellationToken,
     ) {
-        if let Ok(mut slot) = self.inner.runtime.lock() {
-            *slot = Some(RuntimeParts {
-                pipeline,
-                tasks: tasks.clone(),
-                draining,
-                stop,
-            });
-        }
+        *self.inner.runtime.lock() = Some(RuntimeParts {
+            pipeline,
+            tasks: tasks.clone(),
+            draining,
+            stop,
+        });
         self.spawn_workers();
     }
 

@@ -6,11 +6,12 @@ use http::{header, HeaderValue, Method, Response, StatusCode};
 use rand::Rng as _;
 
 use super::record::{JobState, NewJob, StoredRequest, Submitted};
-use super::{access_of, callback, hygiene, json_response, Backend, Jobs, JobsError, CALLBACK_HEADER};
+use super::{access_of, callback, hygiene, json_response, Backend, Jobs, JobsError};
 use crate::error::{error_response, ProxyError};
 use crate::idempotency::fingerprint::{self, digest};
 use crate::idempotency::{Idempotency, ReplayIdentity};
 use crate::wire::body::{ProxyBody, RequestLog};
+use crate::wire::headers;
 
 /// A job's identity: its id, and with an idempotency key the fingerprint and identity every run
 /// claims (hashes only).
@@ -50,7 +51,7 @@ impl Jobs {
         let allowed = &self.inner.config.callback_allowed_prefixes;
         match parts
             .headers
-            .get_all(CALLBACK_HEADER)
+            .get_all(headers::X_REBOUND_CALLBACK)
             .iter()
             .collect::<Vec<_>>()
             .as_slice()
@@ -80,7 +81,7 @@ impl Jobs {
         hygiene::strip_hop_by_hop(&mut kept, false);
         let (mut headers, mut credentials) = (Vec::new(), Vec::new());
         for (name, value) in &kept {
-            if matches!(name.as_str(), "host" | "content-length" | CALLBACK_HEADER) {
+            if *name == headers::X_REBOUND_CALLBACK || matches!(name.as_str(), "host" | "content-length") {
                 continue;
             }
             let Ok(value) = value.to_str() else { continue };
@@ -226,11 +227,11 @@ fn accepted(id: &str, state: JobState, existing: bool, log: RequestLog) -> Respo
         h.insert(header::LOCATION, location);
     }
     if let Ok(v) = HeaderValue::from_str(id) {
-        h.insert("x-rebound-job-id", v);
+        h.insert(headers::X_REBOUND_JOB_ID, v);
     }
-    h.insert("preference-applied", HeaderValue::from_static("respond-async"));
+    h.insert(headers::PREFERENCE_APPLIED, HeaderValue::from_static("respond-async"));
     if existing {
-        h.insert("idempotent-replayed", HeaderValue::from_static("true"));
+        h.insert(headers::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
     }
     resp
 }

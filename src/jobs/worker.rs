@@ -32,10 +32,7 @@ impl Jobs {
         if !self.inner.wanted.load(Ordering::SeqCst) {
             return;
         }
-        let parts = match self.inner.runtime.lock() {
-            Ok(mut slot) => slot.take(),
-            Err(_) => None,
-        };
+        let parts = self.inner.runtime.lock().take();
         let Some(parts) = parts else { return };
         let workers = self.inner.config.workers;
         let rt = Arc::new(Runtime {
@@ -152,8 +149,8 @@ async fn redis_reader(rt: Arc<Runtime>, queue: RedisQueue, tasks: TaskTracker, d
         conn: None,
         group_ready: false,
         cursor: "0-0".to_string(),
-        next_reclaim: Instant::now(),
-        next_departed: Instant::now() + DEPARTED_EVERY,
+        next_reclaim: crate::time::now(),
+        next_departed: crate::time::now() + DEPARTED_EVERY,
         announced: false,
         rt,
         queue,
@@ -225,7 +222,7 @@ impl Reader {
     /// When due: reclaims one entry of a dead worker (handing it `permit`), refreshes the depth
     /// and forgets departed consumers. The permit comes back when it was not used.
     async fn reclaim_due(&mut self, permit: OwnedSemaphorePermit) -> Option<OwnedSemaphorePermit> {
-        let now = Instant::now();
+        let now = crate::time::now();
         if now < self.next_reclaim {
             return Some(permit);
         }
@@ -297,7 +294,7 @@ impl Reader {
     ) -> Result<bool, (&'static str, String)> {
         let block = self
             .next_reclaim
-            .saturating_duration_since(Instant::now())
+            .saturating_duration_since(crate::time::now())
             .clamp(Duration::from_millis(10), READ_BLOCK);
         let read = tokio::select! {
             r = tokio::time::timeout(block + Duration::from_secs(5), self.queue.read_new(&mut conn, &self.rt.consumer, block)) => r,
@@ -489,9 +486,7 @@ impl Runtime {
         let headers: Vec<(String, String)> = resp
             .headers()
             .iter()
-            .filter(|(k, _)| {
-                crate::idempotency::KEPT_HEADERS.contains(&k.as_str()) || RESULT_HEADERS.contains(&k.as_str())
-            })
+            .filter(|(k, _)| crate::idempotency::KEPT_HEADERS.contains(&k.as_str()) || RESULT_HEADERS.contains(k))
             .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
             .collect();
         let rebound_error = delivered.error.map(str::to_string);

@@ -45,7 +45,7 @@ pub(super) async fn attempt(
 ) -> (Result<Response<Primed<UpstreamBody>>, AttemptError>, Instant) {
     let policy = &route.retry;
     let sent = target.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
-    let head_at = Instant::now();
+    let head_at = crate::time::now();
     target.attempts.duration.observe((head_at - started).as_secs_f64());
     let (mut parts, body) = match sent {
         Ok(resp) => resp.into_parts(),
@@ -59,11 +59,11 @@ pub(super) async fn attempt(
             .first_byte_timeout
             .min(remaining.saturating_sub(head_at - started));
         match read_ahead(&mut body, shape, head_at + wait).await {
-            Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), Instant::now()),
-            Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), Instant::now()),
+            Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), crate::time::now()),
+            Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
             Ok(ahead) => {
                 if ahead.waited {
-                    received = Instant::now();
+                    received = crate::time::now();
                 }
                 if let Some(e) = ahead.in_band {
                     target.attempts.first_event_errors.inc();
@@ -189,7 +189,7 @@ mod tests {
 
     async fn ahead(frames: &[&str], pending: bool, shape: Shape) -> (Result<Ahead, Stopped>, String) {
         let mut b = body(frames, pending);
-        let deadline = Instant::now() + Duration::from_millis(50);
+        let deadline = crate::time::now() + Duration::from_millis(50);
         let r = read_ahead(&mut b, shape, deadline).await;
         let held = String::from_utf8(b.held_prefix(usize::MAX).into_owned()).unwrap();
         (r, held)
@@ -276,7 +276,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn what_was_held_is_put_back_in_order() {
         let mut b = body(&["event: ping\n", "data: {}\n\n", "data: rest\n\n"], false);
-        let r = read_ahead(&mut b, Shape::EventStream, Instant::now() + Duration::from_secs(1)).await;
+        let r = read_ahead(&mut b, Shape::EventStream, crate::time::now() + Duration::from_secs(1)).await;
         assert!(r.is_ok());
         assert_eq!(b.held_len(), 22);
         let all = b.collect().await.unwrap().to_bytes();

@@ -485,7 +485,7 @@ impl Proxy {
         trace: &RequestSpan,
     ) -> Delivery {
         let limits = retry::policy::request_limits(&parts.headers, &route.retry);
-        let started = Instant::now();
+        let started = crate::time::now();
         let mut state = RetryState::new(limits.max_attempts, started + limits.deadline);
         if limits.sdk_retry {
             route.budget.record_external_retry(started);
@@ -504,7 +504,7 @@ impl Proxy {
             let go = match self.admit(route, parts, path, body, &state, &mut d, now).await {
                 Admit::Go(go) => go,
                 Admit::Held => {
-                    now = Instant::now();
+                    now = crate::time::now();
                     continue;
                 }
                 Admit::Stop(delivery) => return delivery,
@@ -547,7 +547,7 @@ impl Proxy {
                         r
                     });
                     tokio::time::sleep(wait).await;
-                    now = Instant::now();
+                    now = crate::time::now();
                 }
                 Decision::Deliver(stop) => {
                     self.count_stop(route, stop);
@@ -855,29 +855,15 @@ impl Delivery {
     /// Why this delivery is a failure for good, if it is one: rebound stopped retrying something
     /// transient, or could not try at all (a permanent 4xx is the app's to see, not a dead letter).
     fn dead_letter_reason(&self) -> Option<&'static str> {
-        match self.stop {
-            Stop::CircuitOpen => return Some("circuit_open"),
-            Stop::Cooldown => return Some("cooldown"),
-            _ => {}
-        }
-        if !self.outcome.is_some_and(Outcome::is_failure) {
-            return None;
-        }
-        match self.stop {
-            Stop::Exhausted => Some("retries_exhausted"),
-            Stop::BudgetExhausted => Some("budget_exhausted"),
-            Stop::Deadline => Some("deadline_exceeded"),
-            Stop::HintTooLong => Some("retry_after_too_long"),
-            Stop::UnsafeToReplay => Some("unsafe_to_replay"),
-            _ => None,
-        }
+        let untried = matches!(self.stop, Stop::CircuitOpen | Stop::Cooldown);
+        let failed = self.outcome.is_some_and(Outcome::is_failure);
+        (self.stop.is_dead_letter() && (untried || failed)).then(|| self.stop.as_str())
     }
 
-    /// The entry's error class: the last outcome, or what stopped the loop.
+    /// The entry's error class: the last outcome, or what stopped the loop before an attempt.
     fn error_class(&self) -> &'static str {
         match (self.outcome, self.stop) {
-            (_, Stop::CircuitOpen) => "circuit_open",
-            (_, Stop::Cooldown) => "cooldown",
+            (_, stop @ (Stop::CircuitOpen | Stop::Cooldown)) => stop.as_str(),
             (Some(o), _) => o.label(),
             (None, _) => "timeout",
         }

@@ -309,7 +309,7 @@ where
             return Poll::Ready(frame);
         }
         if !this.armed {
-            let deadline = tokio::time::Instant::now() + this.idle;
+            let deadline = crate::time::now() + this.idle;
             match &mut this.timer {
                 Some(timer) => timer.as_mut().reset(deadline),
                 None => this.timer = Some(Box::pin(tokio::time::sleep_until(deadline))),

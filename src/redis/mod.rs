@@ -14,9 +14,10 @@
 mod conn;
 mod nodes;
 
+use parking_lot::RwLock;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection, PubSub};
@@ -128,12 +129,12 @@ impl RedisHandle {
     /// whose Redis is up does not answer its first requests as if it were down). `Err`: Redis
     /// refused rebound for good (credentials, certificate): the message says what to fix.
     pub async fn wait_connected(&self, bound: Duration) -> Result<bool, String> {
-        let end = tokio::time::Instant::now() + bound;
+        let end = crate::time::now() + bound;
         while !self.is_up() {
             if let Some(why) = self.refused() {
                 return Err(why);
             }
-            if tokio::time::Instant::now() >= end {
+            if crate::time::now() >= end {
                 return Ok(false);
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -148,7 +149,7 @@ impl RedisHandle {
 
     /// What Redis refused for good since the last answer, if anything.
     pub fn refused(&self) -> Option<String> {
-        self.inner.refused.read().ok().and_then(|r| r.clone())
+        self.inner.refused.read().clone()
     }
 
     /// The topology and its state, in a few words (readiness).
@@ -171,7 +172,7 @@ impl RedisHandle {
     /// a command that ran after its caller gave up on it (it sat in a frozen Redis's buffer).
     pub fn redis_now_ms(&self) -> Option<i64> {
         let offset = self.inner.clock_offset_ms.load(Ordering::Relaxed);
-        (offset != i64::MIN).then(|| time::unix_ms_now().saturating_add(offset))
+        (offset != i64::MIN).then(|| signed(time::now_unix_ms()).saturating_add(offset))
     }
 
     /// The instant on Redis's clock (unix ms) after which a command sent now has been given up
@@ -240,7 +241,7 @@ impl RedisHandle {
             return Err(RedisError::NotConnected);
         };
         let timeout = self.inner.config.command_timeout;
-        let started = tokio::time::Instant::now();
+        let started = crate::time::now();
         let result = tokio::time::timeout(timeout, f(conn)).await;
         self.inner
             .metrics
@@ -388,7 +389,7 @@ impl RedisHandle {
     }
 
     fn master(&self) -> Option<(String, u16)> {
-        self.inner.master.read().ok().and_then(|m| m.clone())
+        self.inner.master.read().clone()
     }
 
     async fn supervise(&self) {
@@ -415,9 +416,7 @@ impl RedisHandle {
             match &health {
                 Ok(()) => {
                     failures = 0;
-                    if let Ok(mut r) = self.inner.refused.write() {
-                        *r = None;
-                    }
+                    *self.inner.refused.write() = None;
                     if !self.is_up() {
                         tracing::info!(redis = %topology, "redis connected");
                         announced_down = false;
@@ -475,9 +474,7 @@ impl RedisHandle {
     fn note_failure(&self, topology: &str, e: &RedisError, announced_down: &mut bool) {
         if let Some(why) = refusal(e) {
             let first = self.refused().is_none();
-            if let Ok(mut r) = self.inner.refused.write() {
-                *r = Some(format!("redis {topology} refused rebound: {why} ({e})"));
-            }
+            *self.inner.refused.write() = Some(format!("redis {topology} refused rebound: {why} ({e})"));
             if first {
                 tracing::error!(redis = %topology, error = %e, "redis refused rebound: {why}");
             }
@@ -606,13 +603,13 @@ impl RedisHandle {
             }
             RedisTopology::Standalone { .. } => {}
         }
-        let sent = time::unix_ms_now();
+        let sent = signed(time::now_unix_ms());
         let (secs, micros) = self
             .run("ping", |mut c| async move {
                 redis::cmd("TIME").query_async::<(i64, i64)>(&mut c).await
             })
             .await?;
-        let received = time::unix_ms_now();
+        let received = signed(time::now_unix_ms());
         let theirs = secs.saturating_mul(1000).saturating_add(micros / 1000);
         let ours = sent + (received - sent) / 2;
         self.inner.clock_offset_ms.store(theirs - ours, Ordering::Relaxed);
@@ -690,14 +687,14 @@ fn refusal(e: &RedisError) -> Option<&'static str> {
 }
 
 fn read<T: Clone>(slot: &RwLock<Option<T>>) -> Option<T> {
-    slot.read()
-        .map(|c| c.clone())
-        .unwrap_or_else(|e| e.into_inner().clone())
+    slot.read().clone()
 }
 
 fn store<T>(slot: &RwLock<Option<T>>, value: Option<T>) {
-    match slot.write() {
-        Ok(mut s) => *s = value,
-        Err(e) => *e.into_inner() = value,
-    }
+    *slot.write() = value;
+}
+
+/// Unix milliseconds as a signed number, for offsets between clocks.
+fn signed(ms: u64) -> i64 {
+    i64::try_from(ms).unwrap_or(i64::MAX)
 }

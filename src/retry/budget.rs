@@ -10,11 +10,11 @@
 //!
 //! The window is a ring of [`SLOTS`] buckets of `window / SLOTS` each, so old traffic falls out in
 //! steps of one bucket and the effective window is between 9/10 and 10/10 of `window`, as in
-//! tower. Counters sit behind a `std::sync::Mutex`: the critical section is a handful of
+//! tower. Counters sit behind a `parking_lot::Mutex`: the critical section is a handful of
 //! additions, never held across an `.await` (there is none here), and an uncontended futex costs
 //! tens of nanoseconds, which is simpler to get right than a lock-free rotating ring.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use parking_lot::Mutex;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -150,7 +150,7 @@ impl RetryBudget {
 
     /// Records one original request at `now`: it earns `ratio` retries for the window.
     pub fn deposit(&self, now: Instant) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         let slot = self.advance(&mut state, now);
         let slot = &mut state.slots[slot];
         slot.requests = slot.requests.saturating_add(1);
@@ -159,7 +159,7 @@ impl RetryBudget {
     /// Asks for one retry at `now`: true (and the retry is counted) when the window's retries
     /// are below what it allows; false, counting nothing, when the budget is spent.
     pub fn withdraw(&self, now: Instant) -> bool {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         let slot = self.advance(&mut state, now);
         let (requests, retries) = totals(&state);
         // The retry must fit: `retries + 1 <= allowed`. For whole numbers this is
@@ -179,7 +179,7 @@ impl RetryBudget {
     /// is already here, but it is retry traffic and must not earn retries of its own. Call it
     /// instead of [`deposit`](RetryBudget::deposit) for such a request.
     pub fn record_external_retry(&self, now: Instant) {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         let slot = self.advance(&mut state, now);
         let slot = &mut state.slots[slot];
         slot.retries = slot.retries.saturating_add(1);
@@ -187,7 +187,7 @@ impl RetryBudget {
 
     /// The window's counts as of `now` (advancing the window like the other calls).
     pub fn snapshot(&self, now: Instant) -> BudgetSnapshot {
-        let mut state = self.lock();
+        let mut state = self.state.lock();
         self.advance(&mut state, now);
         let (requests, retries) = totals(&state);
         BudgetSnapshot {
@@ -199,12 +199,6 @@ impl RetryBudget {
 
     fn allowed(&self, requests: u64) -> f64 {
         self.reserve + self.ratio * requests as f64
-    }
-
-    /// The counters are plain integers that are always consistent, so a panic elsewhere while
-    /// the lock was held (impossible here, but cheap to handle) leaves nothing to repair.
-    fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Moves the ring forward to `now`, clearing the buckets that fell out of the window, and
@@ -282,7 +276,7 @@ mod tests {
     #[test]
     fn floor_holds_with_zero_traffic() {
         let b = budget(0.2, 10);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         // 10 per second over a 10 s window: 100 retries with no requests at all.
         assert_eq!(drain(&b, t0), 100);
         assert!(!b.withdraw(t0 + SEC * 5));
@@ -293,7 +287,7 @@ mod tests {
     #[test]
     fn zero_floor_and_zero_ratio_allow_nothing() {
         let b = budget(0.0, 0);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         for _ in 0..1000 {
             b.deposit(t0);
         }
@@ -303,7 +297,7 @@ mod tests {
     #[test]
     fn ratio_without_floor() {
         let b = budget(0.2, 0);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         assert!(!b.withdraw(t0));
         for _ in 0..100 {
             b.deposit(t0);
@@ -322,7 +316,7 @@ mod tests {
     #[test]
     fn floor_and_ratio_add_up() {
         let b = budget(0.5, 3);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         for _ in 0..10 {
             b.deposit(t0);
         }
@@ -334,7 +328,7 @@ mod tests {
     #[test]
     fn window_expiry_restores_the_budget() {
         let b = budget(0.2, 10);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         for _ in 0..1000 {
             b.deposit(t0);
         }
@@ -351,7 +345,7 @@ mod tests {
     #[test]
     fn buckets_expire_one_at_a_time() {
         let b = budget(1.0, 0);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         // One request per second for 10 s, each second in its own bucket.
         for s in 0..10 {
             b.deposit(t0 + SEC * s);
@@ -365,7 +359,7 @@ mod tests {
     #[test]
     fn external_retries_spend_the_budget_unchecked() {
         let b = budget(0.2, 1);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         for _ in 0..50 {
             b.deposit(t0);
         }
@@ -383,7 +377,7 @@ mod tests {
     #[test]
     fn out_of_order_times_count_in_the_newest_bucket() {
         let b = budget(0.0, 1);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         b.snapshot(t0);
         b.snapshot(t0 + SEC * 5);
         // A task that read the clock before t0 + 5 s but got the lock later.
@@ -399,7 +393,7 @@ mod tests {
     #[test]
     fn huge_time_jumps_do_not_overflow() {
         let b = budget(0.2, 10);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         b.deposit(t0);
         let far = t0 + Duration::from_secs(60 * 60 * 24 * 365 * 100);
         assert_eq!(drain(&b, far), 100);
@@ -416,7 +410,7 @@ mod tests {
     #[test]
     fn ratio_holds_under_sustained_failure() {
         let b = budget(0.2, 10);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         let mut granted_per_second = [0u64; 30];
         let mut denied = 0u64;
         for ms in 0..30_000u64 {
@@ -459,7 +453,7 @@ mod tests {
     #[test]
     fn concurrent_callers_get_exactly_the_budget() {
         let b = budget(0.2, 10);
-        let t0 = Instant::now();
+        let t0 = crate::time::now();
         let granted: u64 = std::thread::scope(|scope| {
             let handles: Vec<_> = (0..4)
                 .map(|_| {

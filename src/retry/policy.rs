@@ -140,21 +140,42 @@ pub enum Stop {
 }
 
 impl Stop {
-    /// The `reason` given in logs.
+    /// Why the loop stopped, the one spelling: the `reason` of the log line, of a dead letter and
+    /// of `rebound_dead_letters_total`, and the error class of a failure rebound did not try.
+    /// (Before issue 30 the log said `attempts_exhausted` and `deadline`.)
     pub fn as_str(self) -> &'static str {
         match self {
             Stop::Success => "success",
             Stop::NotRetryable => "not_retryable",
             Stop::UnsafeToReplay => "unsafe_to_replay",
-            Stop::Exhausted => "attempts_exhausted",
+            Stop::Exhausted => "retries_exhausted",
             Stop::HintTooLong => "retry_after_too_long",
-            Stop::Deadline => "deadline",
+            Stop::Deadline => "deadline_exceeded",
             Stop::BudgetExhausted => "budget_exhausted",
             Stop::CircuitOpen => "circuit_open",
             Stop::Cooldown => "cooldown",
         }
     }
+
+    /// Whether a failure delivered for this reason is a dead letter: rebound stopped retrying
+    /// something transient, or could not try at all. `NotRetryable` (a permanent 4xx is the
+    /// app's to see) and `Success` are not.
+    pub fn is_dead_letter(self) -> bool {
+        DEAD_LETTER_STOPS.contains(&self)
+    }
 }
+
+/// The reasons a failure becomes a dead letter (`rebound_dead_letters_total{reason}`, in this
+/// order: `metrics::DEAD_LETTER_REASONS` is checked against it).
+pub const DEAD_LETTER_STOPS: [Stop; 7] = [
+    Stop::Exhausted,
+    Stop::BudgetExhausted,
+    Stop::Deadline,
+    Stop::HintTooLong,
+    Stop::UnsafeToReplay,
+    Stop::CircuitOpen,
+    Stop::Cooldown,
+];
 
 /// Where a wait came from (the `source` label of `rebound_retry_wait_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -353,6 +374,23 @@ mod tests {
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
+    /// One spelling per reason: the metric's label values are the stop reasons' own.
+    #[test]
+    fn dead_letter_reasons_are_the_stop_reasons() {
+        assert_eq!(
+            DEAD_LETTER_STOPS.map(Stop::as_str),
+            crate::metrics::DEAD_LETTER_REASONS,
+            "metrics::DEAD_LETTER_REASONS must list Stop::as_str of DEAD_LETTER_STOPS, in order"
+        );
+        assert_eq!(Stop::Exhausted.as_str(), "retries_exhausted");
+        assert_eq!(
+            Stop::Deadline.as_str(),
+            "deadline_exceeded",
+            "the error code of the same stop"
+        );
+        assert!(!Stop::NotRetryable.is_dead_letter() && !Stop::Success.is_dead_letter());
+    }
+
     struct Case {
         policy: RetryPolicy,
         backoff: Backoff,
@@ -378,7 +416,7 @@ mod tests {
             backoff,
             budget,
             rng: StdRng::seed_from_u64(7),
-            now: Instant::now(),
+            now: crate::time::now(),
         }
     }
 

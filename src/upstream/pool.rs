@@ -16,8 +16,9 @@
 //!   is sent again on another connection (hyper hands it back unsent, so this is safe for every
 //!   method). It is invisible to the retry engine, like hyper-util's own "canceled" replay.
 
+use parking_lot::Mutex;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -102,7 +103,7 @@ impl Pool {
                     let sent = h2.try_send_request(req).await;
                     if sent.as_ref().is_err_and(|e| e.message().is_some()) {
                         // The shared connection is going away: the next request opens another.
-                        lock(&self.h2).take();
+                        self.h2.lock().take();
                     }
                     sent.map(|resp| resp.map(|body| UpstreamBody::new(body, None)))
                 }
@@ -152,7 +153,7 @@ impl Pool {
     /// A reusable connection: the shared HTTP/2 one, else the most recently idle HTTP/1.1 one.
     async fn checkout(&self) -> Option<Sender> {
         {
-            let mut h2 = lock(&self.h2);
+            let mut h2 = self.h2.lock();
             match h2.as_ref() {
                 Some(s) if !s.is_closed() => return Some(Sender::H2(s.clone())),
                 Some(_) => *h2 = None,
@@ -160,7 +161,7 @@ impl Pool {
             }
         }
         loop {
-            let Idle { mut sender, since } = lock(&self.idle).pop()?;
+            let Idle { mut sender, since } = self.idle.lock().pop()?;
             if since.elapsed() >= IDLE_TIMEOUT {
                 continue;
             }
@@ -177,8 +178,8 @@ impl Pool {
         if sender.is_closed() {
             return;
         }
-        let now = Instant::now();
-        let mut idle = lock(&self.idle);
+        let now = crate::time::now();
+        let mut idle = self.idle.lock();
         // The bottom of the stack is the longest idle: expire from there.
         let expired = idle
             .iter()
@@ -218,7 +219,7 @@ impl Pool {
                 .await
                 .map_err(|e| connect_failed(error_chain(&e)))?;
             tokio::spawn(drive(conn));
-            *lock(&self.h2) = Some(sender.clone());
+            *self.h2.lock() = Some(sender.clone());
             Ok(Sender::H2(sender))
         } else {
             let (sender, conn) = http1::Builder::new()
@@ -236,11 +237,6 @@ async fn drive(conn: impl std::future::Future<Output = hyper::Result<()>>) {
     if let Err(e) = conn.await {
         tracing::debug!(error = %e, "upstream connection ended with an error");
     }
-}
-
-/// A poisoned lock only means another request panicked mid-update of a plain list: keep going.
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// An upstream response body. An HTTP/1.1 body returns its connection to the pool as soon as

@@ -129,7 +129,7 @@ impl RequestLog {
         metrics.inflight_requests.inc();
         RequestLog {
             metrics: metrics.clone(),
-            start: Instant::now(),
+            start: crate::time::now(),
             method: method.clone(),
             uri: uri.clone(),
             route: None,

@@ -13,6 +13,9 @@ pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-
 pub const X_REBOUND_DEADLINE_MS: HeaderName = HeaderName::from_static("x-rebound-deadline-ms");
 pub const X_REBOUND_MAX_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-max-attempts");
 pub const X_REBOUND_CALLBACK: HeaderName = HeaderName::from_static("x-rebound-callback");
+/// A job's id, on its 202, its `GET /jobs/{id}` answers and its callback.
+pub const X_REBOUND_JOB_ID: HeaderName = HeaderName::from_static("x-rebound-job-id");
+pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
 pub const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
 pub const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
 pub const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");

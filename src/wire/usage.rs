@@ -24,7 +24,8 @@
 //! The four kinds are disjoint: `input` is the input tokens neither read from nor written to a
 //! prompt cache, so that the kinds add up to what the provider bills.
 
-use std::sync::{Arc, Mutex};
+use parking_lot::Mutex;
+use std::sync::Arc;
 
 use memchr::memmem;
 
@@ -161,21 +162,21 @@ impl Ledger {
             cache_write: usage.cache_write,
             outcome: std::borrow::Cow::Borrowed(if wasted { "wasted" } else { "delivered" }),
         };
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(entry);
+        self.0.lock().push(entry);
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).is_empty()
+        self.0.lock().is_empty()
     }
 
     /// Every attempt's usage so far, in the order counted.
     pub fn entries(&self) -> Vec<AttemptUsage> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.0.lock().clone()
     }
 
     /// The entries as compact JSON (`[]` when none), for the access log.
     pub fn to_json(&self) -> String {
-        serde_json::to_string(&*self.0.lock().unwrap_or_else(|e| e.into_inner())).unwrap_or_default()
+        serde_json::to_string(&*self.0.lock()).unwrap_or_default()
     }
 }
 

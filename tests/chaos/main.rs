@@ -11,6 +11,7 @@
 //! `REBOUND_CHAOS_RATE` says otherwise) and reports the replicas' RSS over time;
 //! `REBOUND_CHAOS_SEED` replaces the fixed seed.
 
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the clock and lock rules are the product's: harnesses measure real time and keep their own fixtures
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // a test harness fails loudly by design
 
 #[path = "../it/support/mod.rs"]

@@ -257,6 +257,10 @@ async fn admin_api_needs_the_token_and_is_off_without_one() {
     .await;
     assert_eq!(wrong.status, 401);
     assert_eq!(wrong.json()["error"]["code"], "unauthorized");
+    // Admin errors are built as the proxy's are (one builder): code and retry advice in headers.
+    assert_eq!(wrong.header("x-rebound-error"), Some("unauthorized"));
+    assert_eq!(wrong.header("x-should-retry"), Some("false"));
+    assert_eq!(wrong.header("content-type"), Some("application/json"));
     assert_eq!(admin(&rebound, "GET", "/admin/dead-letters").await.status, 200);
 
     let off = Rebound::start(&config_for(&provider.url(), "")).await;
@@ -269,6 +273,7 @@ async fn admin_api_needs_the_token_and_is_off_without_one() {
     .await;
     assert_eq!(a.status, 404);
     assert_eq!(a.json()["error"]["code"], "admin_disabled");
+    assert_eq!(a.header("x-rebound-error"), Some("admin_disabled"));
 }
 
 #[tokio::test]

@@ -1,5 +1,6 @@
 //! rebound's integration tests: one binary (one link), real sockets throughout.
 
+#![allow(clippy::disallowed_methods, clippy::disallowed_types)] // the clock and lock rules are the product's: harnesses measure real time and keep their own fixtures
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)] // fixtures (outside #[test] fns) fail loudly by design
 
 mod support;

@@ -12,9 +12,9 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 
+use super::claim::ClaimInner;
 use super::live::{End, Head, Live};
 use super::store::{Completion, StoredResponse};
-use super::ClaimInner;
 use crate::wire::body::BoxError;
 
 /// Tees a response into the idempotency store while it streams to the client, frame by frame,

@@ -8,7 +8,8 @@ use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 
-use super::{attempt_error, upstream_response, Proxy, Route};
+use super::attempts::attempt_error;
+use super::{upstream_response, Proxy, Route};
 use crate::error::error_response;
 use crate::error::ProxyError;
 use crate::wire::body::{ProxyBody, RequestLog};

@@ -62,6 +62,12 @@ use crate::config::{CircuitPolicy, FailureOn};
 use crate::retry::policy::Outcome;
 use crate::time::Instant;
 
+mod fleet;
+mod window;
+
+pub use fleet::{Deltas, LeaseReport, LeaseResult, LeaseToken};
+use window::Window;
+
 /// Buckets in the sliding window.
 pub const BUCKETS: usize = 10;
 
@@ -202,63 +208,6 @@ pub fn open_duration(cfg: &BreakerConfig, n: u32, hint: Option<Duration>, rng: &
     open_duration_with(cfg, n, hint, rng.random_range(0..=1_000_000))
 }
 
-/// A fleet probe lease (the member of the Redis lease set).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LeaseToken(pub u64);
-
-/// What became of a leased probe, for the fleet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseResult {
-    Success,
-    Failure {
-        hint: Option<Duration>,
-    },
-    /// Unused, abandoned, neutral, stale or lapsed: give the lease back.
-    Released,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseReport {
-    pub token: LeaseToken,
-    pub result: LeaseResult,
-}
-
-/// Outcomes counted since the last sync, for the fleet counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Deltas {
-    pub successes: u64,
-    pub failures: u64,
-    /// First-attempt failures after the last success (the run that continues the fleet's).
-    pub tail_failures: u64,
-    /// A success ended the fleet's run in this period.
-    pub had_success: bool,
-    /// The longest Retry-After hint sent with a failure (for the fleet's open floor).
-    pub max_hint: Option<Duration>,
-    /// When the oldest of these outcomes was recorded.
-    pub since: Option<Instant>,
-}
-
-impl Deltas {
-    pub fn is_empty(&self) -> bool {
-        self.successes == 0 && self.failures == 0
-    }
-
-    /// Puts deltas that could not be sent (`older`) back in front of these.
-    pub fn merge_older(&mut self, older: Deltas) {
-        self.successes = self.successes.saturating_add(older.successes);
-        self.failures = self.failures.saturating_add(older.failures);
-        if !self.had_success {
-            self.tail_failures = self.tail_failures.saturating_add(older.tail_failures);
-        }
-        self.had_success |= older.had_success;
-        self.max_hint = self.max_hint.max(older.max_hint);
-        self.since = match (self.since, older.since) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
-    }
-}
-
 /// Why the state changed (for logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cause {
@@ -339,67 +288,6 @@ pub struct Recorded {
     pub transition: Option<Transition>,
     /// The ticket was from an earlier generation: ignored.
     pub stale: bool,
-}
-
-#[derive(Debug, Clone, Copy, Default)]
-struct Bucket {
-    epoch: u64,
-    used: bool,
-    successes: u64,
-    failures: u64,
-}
-
-/// The sliding window: a ring of buckets indexed by `(now - origin) / bucket`.
-#[derive(Debug, Clone)]
-struct Window {
-    origin: Instant,
-    bucket_nanos: u128,
-    buckets: [Bucket; BUCKETS],
-}
-
-impl Window {
-    fn new(bucket: Duration, origin: Instant) -> Window {
-        Window {
-            origin,
-            bucket_nanos: bucket.as_nanos().max(1),
-            buckets: [Bucket::default(); BUCKETS],
-        }
-    }
-
-    fn epoch(&self, now: Instant) -> u64 {
-        u64::try_from(now.saturating_duration_since(self.origin).as_nanos() / self.bucket_nanos).unwrap_or(u64::MAX)
-    }
-
-    fn add(&mut self, now: Instant, failure: bool) {
-        let epoch = self.epoch(now);
-        let b = &mut self.buckets[(epoch % BUCKETS as u64) as usize];
-        if !b.used || b.epoch != epoch {
-            *b = Bucket {
-                epoch,
-                used: true,
-                successes: 0,
-                failures: 0,
-            };
-        }
-        if failure {
-            b.failures = b.failures.saturating_add(1);
-        } else {
-            b.successes = b.successes.saturating_add(1);
-        }
-    }
-
-    /// (successes, failures) of the calls in the window at `now`.
-    fn totals(&self, now: Instant) -> (u64, u64) {
-        let current = self.epoch(now);
-        self.buckets
-            .iter()
-            .filter(|b| b.used && b.epoch <= current && b.epoch.saturating_add(BUCKETS as u64) > current)
-            .fold((0, 0), |(s, f), b| (s + b.successes, f + b.failures))
-    }
-
-    fn clear(&mut self) {
-        self.buckets = [Bucket::default(); BUCKETS];
-    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -832,133 +720,6 @@ impl Breaker {
             self.reports.remove(0);
         }
         self.reports.push(LeaseReport { token, result });
-    }
-
-    /// The fleet opened the circuit until `until`: open (or stay open, until the later of the
-    /// two), marked as a fleet phase.
-    pub fn apply_remote_open(&mut self, until: Instant, now: Instant) -> Option<Transition> {
-        if until <= now {
-            return None;
-        }
-        if let Phase::Open { until: u, fleet } = &mut self.phase {
-            *u = (*u).max(until);
-            *fleet = true;
-            return None;
-        }
-        let from = self.phase.state(now);
-        self.openings = self.openings.saturating_add(1);
-        self.enter_open(until, true);
-        Some(Transition {
-            from,
-            to: CircuitState::Open,
-            cause: Cause::Fleet,
-            open_for: Some(until - now),
-        })
-    }
-
-    /// The fleet is half-open (its open time elapsed, no probe has closed it yet): a closed
-    /// breaker joins it; an open or half-open one becomes a fleet phase (its probes need leases).
-    pub fn apply_remote_half_open(&mut self, now: Instant) -> Option<Transition> {
-        match &mut self.phase {
-            Phase::Open { fleet, .. } | Phase::HalfOpen { fleet, .. } => {
-                *fleet = true;
-                None
-            }
-            Phase::Closed => {
-                self.generation += 1;
-                self.openings = self.openings.max(1);
-                self.phase = Phase::HalfOpen {
-                    slots: Vec::new(),
-                    successes: 0,
-                    fleet: true,
-                };
-                let _ = now;
-                Some(Transition {
-                    from: CircuitState::Closed,
-                    to: CircuitState::HalfOpen,
-                    cause: Cause::Fleet,
-                    open_for: None,
-                })
-            }
-        }
-    }
-
-    /// The fleet closed the circuit (its probes succeeded): a fleet phase closes. A phase this
-    /// breaker entered on its own (a local trip the fleet never adopted) is left alone.
-    pub fn apply_remote_close(&mut self, now: Instant) -> Option<Transition> {
-        if self.phase.fleet() {
-            Some(self.close(Cause::Fleet, now))
-        } else {
-            None
-        }
-    }
-
-    /// The fleet no longer holds this phase (its record expired or Redis lost it): carry on
-    /// locally, probing without leases.
-    pub fn localize(&mut self) {
-        match &mut self.phase {
-            Phase::Open { fleet, .. } | Phase::HalfOpen { fleet, .. } => *fleet = false,
-            Phase::Closed => {}
-        }
-        self.drop_credits();
-    }
-
-    /// A sync with the fleet succeeded: fleet phases need leases until `until`.
-    pub fn attach_until(&mut self, until: Instant) {
-        self.attached_until = Some(until);
-    }
-
-    /// Whether the last sync is recent enough for fleet phases to wait for leases.
-    pub fn is_attached(&self, now: Instant) -> bool {
-        self.attached_until.is_some_and(|t| now < t)
-    }
-
-    /// Whether a call was rejected for want of a fleet lease since the last call (resets it).
-    pub fn take_lease_demand(&mut self, now: Instant) -> bool {
-        let wanted = std::mem::take(&mut self.wants_lease);
-        wanted
-            && self.phase.fleet()
-            && self.state(now) == CircuitState::HalfOpen
-            && self.credits.is_empty()
-            && self.is_attached(now)
-    }
-
-    /// A fleet lease was granted. Returns false (and reports it released) when the breaker no
-    /// longer needs it.
-    pub fn grant_lease(&mut self, token: LeaseToken, expires: Instant, use_by: Instant, now: Instant) -> bool {
-        let _ = self.advance(now);
-        let wanted = matches!(self.phase, Phase::HalfOpen { fleet: true, .. }) && expires > now;
-        if wanted {
-            self.credits.push(Credit {
-                token,
-                use_by: use_by.min(expires),
-                expires,
-            });
-        } else {
-            self.report(token, LeaseResult::Released);
-        }
-        wanted
-    }
-
-    /// The outcomes counted since the last call, for the fleet counters.
-    pub fn take_deltas(&mut self) -> Deltas {
-        std::mem::take(&mut self.deltas)
-    }
-
-    /// Puts back deltas that could not be sent, unless they have left the window meanwhile
-    /// (stale counts would skew the fleet's window when Redis comes back).
-    pub fn restore_deltas(&mut self, older: Deltas, now: Instant) {
-        if older
-            .since
-            .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.window)
-        {
-            self.deltas.merge_older(older);
-        }
-    }
-
-    /// The leased probes' results since the last call.
-    pub fn take_reports(&mut self) -> Vec<LeaseReport> {
-        std::mem::take(&mut self.reports)
     }
 }
 

@@ -1,0 +1,470 @@
+//! Step 6 of the pipeline: the retry loop ([`Proxy::attempts`]), one attempt after another until
+//! an outcome is delivered: admit, send, observe, decide.
+
+use super::pacing::credential_hash_of;
+use super::stream::Primed;
+use super::tokens::RequestTokens;
+use super::{commit, pacing, tokens, Proxy, Route, Target};
+use crate::circuit::{release_delay, Attempt, Permit, CREDENTIAL_NAMES};
+use crate::config::CooldownMode;
+use crate::dead_letters::{self, AttemptRecord, DeadLetter};
+use crate::error::ProxyError;
+use crate::idempotency::Claim;
+use crate::jobs;
+use crate::retry;
+use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
+use crate::time;
+use crate::traces::RequestSpan;
+use crate::upstream::{AttemptError, UpstreamBody};
+use crate::wire::headers;
+use bytes::Bytes;
+use http::{HeaderValue, Method, Request, Response};
+use http_body_util::Full;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::Instant;
+
+impl Proxy {
+    /// The retry loop, until an outcome is delivered, as four phases per attempt: **admit** (the
+    /// deadline, the circuits choosing the upstream: the route's, else its fallbacks in order, all
+    /// open: 503 `circuit_open`; the credential's cooldown: held or 429 `cooldown`), **send**,
+    /// **observe** (the outcome feeds the breaker, a 429's reset hint the cooldown, the metrics)
+    /// and **decide** (the pure retry policy: deliver, or wait and go round again).
+    pub(super) async fn attempts(
+        &self,
+        route: &Route,
+        parts: &http::request::Parts,
+        path: &str,
+        body: &Bytes,
+        trace: &RequestSpan,
+    ) -> Delivery {
+        let limits = retry::policy::request_limits(&parts.headers, &route.retry);
+        let started = crate::time::now();
+        let mut state = RetryState::new(limits.max_attempts, started + limits.deadline);
+        if limits.sdk_retry {
+            route.budget.record_external_retry(started);
+        } else {
+            route.budget.deposit(started);
+        }
+        let mut d = Progress::new(
+            route.primary().name.clone(),
+            limits.deadline,
+            self.models.for_request(body),
+            started,
+        );
+        let mut now = started;
+        let mut waited: (Duration, Option<&'static str>) = (Duration::ZERO, None);
+        loop {
+            let go = match self.admit(route, parts, path, body, &state, &mut d, now).await {
+                Admit::Go(go) => go,
+                Admit::Held => {
+                    now = crate::time::now();
+                    continue;
+                }
+                Admit::Stop(delivery) => return delivery,
+            };
+            d.last = None;
+            state.attempts += 1;
+            d.upstream = go.target.name.clone();
+            let remaining = state.deadline.saturating_duration_since(now);
+            d.sent = now;
+            let span = trace.attempt(state.attempts, &go.target.name, waited.0, waited.1);
+            let mut req = go.req;
+            span.inject(req.headers_mut());
+            let (result, received) = commit::attempt(route, go.target, req, now, remaining).await;
+            let (outcome, hint) = self.observe(go.target, go.permit, &go.credentials, &result, received);
+            let status = result.as_ref().ok().map(|r| r.status().as_u16());
+            span.end(outcome.label(), status, hint.map(|h| h.delay));
+            let target = go.target;
+            d.record(
+                outcome,
+                result.as_ref().ok().map(|r| r.status().as_u16()),
+                received - now,
+            );
+            let decision = state.decide(
+                &route.retry,
+                &route.backoff,
+                &parts.method,
+                outcome,
+                hint,
+                &route.budget,
+                received,
+                &mut rand::rng(),
+            );
+            match decision {
+                Decision::Retry { wait, source, reason } => {
+                    self.count_retry(route, state.attempts, &reason.to_string(), wait, source.as_str());
+                    d.waited(wait);
+                    waited = (wait, Some(source.as_str()));
+                    d.last = result.ok().map(|mut r| {
+                        tokens::discard(&mut r, &target.tokens, &d.tokens, state.attempts, now);
+                        r
+                    });
+                    tokio::time::sleep(wait).await;
+                    now = crate::time::now();
+                }
+                Decision::Deliver(stop) => {
+                    self.count_stop(route, stop);
+                    let result = result.map_err(|e| {
+                        tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
+                        attempt_error(&target.name, e)
+                    });
+                    if outcome.is_failure() && (state.attempts > 1 || stop != Stop::NotRetryable) {
+                        tracing::info!(route = %route.name, attempts = state.attempts, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
+                    }
+                    return d.deliver(result, stop);
+                }
+            }
+        }
+    }
+
+    /// Admission of the next attempt: the deadline, the circuits (which upstream), the request
+    /// for it, and the credential's cooldown (which may hold the request, then look again).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn admit<'r>(
+        &self,
+        route: &'r Route,
+        parts: &http::request::Parts,
+        path: &str,
+        body: &Bytes,
+        state: &RetryState,
+        d: &mut Progress,
+        now: Instant,
+    ) -> Admit<'r> {
+        if state.deadline <= now {
+            let (upstream, timeout_ms) = (route.primary().name.to_string(), d.deadline.as_millis());
+            return Admit::Stop(d.stop_before_attempt(Stop::Deadline, || ProxyError::Timeout { upstream, timeout_ms }));
+        }
+        let kind = if state.attempts == 0 {
+            Attempt::First
+        } else {
+            Attempt::Retry
+        };
+        let (target, permit) = match self
+            .circuits
+            .admit_first(route.targets.iter().map(|t| &*t.name), kind, now)
+        {
+            Ok((name, permit)) => (route.target(name), permit),
+            Err(retry_after) => {
+                let upstream = route.primary().name.to_string();
+                return Admit::Stop(
+                    d.stop_before_attempt(Stop::CircuitOpen, || ProxyError::CircuitOpen { upstream, retry_after }),
+                );
+            }
+        };
+        let req = match build_upstream_request(target, parts, path, body.clone()) {
+            Ok(r) => r,
+            Err(e) => {
+                d.last = None;
+                return Admit::Stop(
+                    d.stop_before_attempt(Stop::NotRetryable, || ProxyError::InvalidRequestTarget(e.to_string())),
+                );
+            }
+        };
+        // The credential is hashed only when some cooldown holds this upstream, or after a 429.
+        let credentials = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
+        if let Some(hold) = pacing::wait(&self.circuits, target, &credentials, now, state.deadline) {
+            drop(permit);
+            tokio::time::sleep(hold).await;
+            return Admit::Held;
+        }
+        if self.circuits.cooldowns_active(&target.name) {
+            let credential = credential_hash_of(&credentials);
+            if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
+                if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
+                    drop(permit);
+                    let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
+                    tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
+                    tokio::time::sleep(hold).await;
+                    return Admit::Held;
+                }
+                self.circuits.count_cooldown_rejection(&target.name);
+                let upstream = target.name.to_string();
+                return Admit::Stop(d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown {
+                    upstream,
+                    retry_after: left,
+                }));
+            }
+        }
+        Admit::Go(Go {
+            target,
+            permit,
+            req,
+            credentials,
+        })
+    }
+
+    /// What an attempt's result tells: its outcome (counted), the breaker fed through `permit`,
+    /// a 429's reset hint noted as a cooldown for the credential, and the hint for the decision.
+    pub(super) fn observe(
+        &self,
+        target: &Target,
+        permit: Permit,
+        credentials: &[Option<HeaderValue>; 3],
+        result: &Result<Response<Primed<UpstreamBody>>, AttemptError>,
+        received: Instant,
+    ) -> (Outcome, Option<retry::RetryHint>) {
+        let outcome = match result {
+            Ok(resp) => commit::outcome_of(resp),
+            Err(e) => e.outcome(),
+        };
+        target.attempts.count(outcome.label());
+        if let Ok(resp) = result {
+            pacing::note(&self.circuits, target, credentials, resp.headers(), received);
+        }
+        let hint = match result {
+            Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
+            _ => None,
+        };
+        permit.record(
+            outcome,
+            hint.filter(|h| h.source.is_explicit()).map(|h| h.delay),
+            received,
+        );
+        if let Some(h) = hint.filter(|_| outcome.is_rate_limited()) {
+            self.circuits.cooldown_note(
+                &target.name,
+                credential_hash_of(credentials),
+                received + h.delay,
+                received,
+            );
+        }
+        (outcome, hint)
+    }
+
+    pub(super) fn count_retry(&self, route: &Route, attempt: u32, reason: &str, wait: Duration, source: &str) {
+        self.metrics
+            .retries_total
+            .with_label_values(&[&*route.name, reason])
+            .inc();
+        self.metrics
+            .retry_wait_seconds
+            .with_label_values(&[&*route.name, source])
+            .observe(wait.as_secs_f64());
+        tracing::debug!(route = %route.name, attempt, reason, wait_ms = wait.as_millis() as u64, source, "retrying");
+    }
+
+    pub(super) fn count_stop(&self, route: &Route, stop: Stop) {
+        let family = match stop {
+            Stop::Exhausted => &self.metrics.retries_exhausted_total,
+            Stop::BudgetExhausted => &self.metrics.retry_budget_exhausted_total,
+            _ => return,
+        };
+        family.with_label_values(&[&*route.name]).inc();
+    }
+
+    /// Records a dead letter in the background (the response does not wait for the store).
+    pub(super) fn record_dead_letter(
+        &self,
+        route: &Route,
+        parts: &http::request::Parts,
+        body: &Bytes,
+        d: &Delivery,
+        reason: &str,
+    ) {
+        let idem = route.idempotency.as_ref();
+        let failure = dead_letters::Failure {
+            route: &route.name,
+            upstream: &d.upstream,
+            parts,
+            body,
+            keep_body: route.config.dead_letter_bodies,
+            idempotency_header: idem.map(|i| &i.policy.header),
+            identity: idem
+                .map(|i| i.identity_of(&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers, body)),
+            reason,
+            error_class: d.error_class(),
+            final_status: d.status(),
+            attempts: tokens::with_usage(&d.attempts, &d.tokens.ledger),
+            job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.clone()),
+        };
+        let entry = DeadLetter::of(failure, &self.dead_letter_config);
+        let store = self.dead_letters.clone();
+        self.tasks.spawn(async move {
+            if let Err(e) = store.add(entry).await {
+                tracing::warn!(error = %e, "dead letter not recorded");
+            }
+        });
+    }
+}
+
+/// The retry loop's account of a request so far: what each attempt did, and where.
+pub(super) struct Progress {
+    /// The last attempt's outcome (`None` while no attempt ran).
+    pub(super) outcome: Option<Outcome>,
+    pub(super) attempts: Vec<AttemptRecord>,
+    /// The upstream of the last attempt (a fallback, when the primary's circuit was open).
+    pub(super) upstream: Arc<str>,
+    /// The last failed response, kept while waiting: delivered if no further attempt can run.
+    pub(super) last: Option<Response<Primed<UpstreamBody>>>,
+    /// The request's whole deadline (for the error that reports it).
+    pub(super) deadline: Duration,
+    /// The request's model label and token ledger.
+    pub(super) tokens: RequestTokens,
+    /// When the last attempt was sent.
+    pub(super) sent: Instant,
+}
+
+impl Progress {
+    pub(super) fn new(upstream: Arc<str>, deadline: Duration, tokens: RequestTokens, started: Instant) -> Progress {
+        Progress {
+            outcome: None,
+            attempts: Vec::new(),
+            upstream,
+            last: None,
+            deadline,
+            tokens,
+            sent: started,
+        }
+    }
+
+    pub(super) fn record(&mut self, outcome: Outcome, status: Option<u16>, took: Duration) {
+        self.outcome = Some(outcome);
+        self.attempts.push(AttemptRecord {
+            outcome: std::borrow::Cow::Borrowed(outcome.label()),
+            status,
+            duration_ms: took.as_millis() as u64,
+            wait_ms: 0,
+            usage: None,
+        });
+    }
+
+    pub(super) fn waited(&mut self, wait: Duration) {
+        if let Some(a) = self.attempts.last_mut() {
+            a.wait_ms = wait.as_millis() as u64;
+        }
+    }
+
+    /// Ends the loop with this result.
+    pub(super) fn deliver(
+        &mut self,
+        result: Result<Response<Primed<UpstreamBody>>, ProxyError>,
+        stop: Stop,
+    ) -> Delivery {
+        Delivery {
+            result,
+            outcome: self.outcome,
+            attempts: std::mem::take(&mut self.attempts),
+            stop,
+            upstream: self.upstream.clone(),
+            tokens: self.tokens.clone(),
+            sent: self.sent,
+        }
+    }
+
+    /// Ends the loop before an attempt could run: the last failed response, if one is kept,
+    /// else rebound's own error.
+    pub(super) fn stop_before_attempt(&mut self, stop: Stop, err: impl FnOnce() -> ProxyError) -> Delivery {
+        let result = self.last.take().map_or_else(|| Err(err()), Ok);
+        self.deliver(result, stop)
+    }
+}
+
+/// What admission decided for the next attempt.
+pub(super) enum Admit<'r> {
+    /// Send it.
+    Go(Go<'r>),
+    /// A cooldown held the request for a while; admit again.
+    Held,
+    /// No attempt can run: this is delivered.
+    Stop(Delivery),
+}
+
+/// An admitted attempt: where it goes, the circuit's permit, the request, and its credential
+/// header values (hashed only when a cooldown needs them).
+pub(super) struct Go<'r> {
+    pub(super) target: &'r Target,
+    pub(super) permit: Permit,
+    pub(super) req: Request<Full<Bytes>>,
+    pub(super) credentials: [Option<HeaderValue>; 3],
+}
+
+/// What the retry loop hands back.
+pub(super) struct Delivery {
+    /// The upstream's answer, or rebound's own error.
+    pub(super) result: Result<Response<Primed<UpstreamBody>>, ProxyError>,
+    /// The last attempt's outcome (`None` when no attempt ran).
+    pub(super) outcome: Option<Outcome>,
+    pub(super) attempts: Vec<AttemptRecord>,
+    pub(super) stop: Stop,
+    /// The upstream of the last attempt.
+    pub(super) upstream: Arc<str>,
+    pub(super) tokens: RequestTokens,
+    /// When the last attempt was sent.
+    pub(super) sent: Instant,
+}
+
+impl Delivery {
+    /// Whether `claim`'s store keeps this outcome: a response with a stored status that is not
+    /// an in-band error.
+    pub(super) fn stored_by(&self, claim: &Claim) -> bool {
+        let in_band = matches!(self.outcome, Some(Outcome::InBand(_)));
+        !in_band && matches!(&self.result, Ok(r) if claim.stores(r.status().as_u16()))
+    }
+
+    /// The status the app receives.
+    pub(super) fn status(&self) -> u16 {
+        match &self.result {
+            Ok(r) => r.status().as_u16(),
+            Err(e) => e.status().as_u16(),
+        }
+    }
+
+    /// Why this delivery is a failure for good, if it is one: rebound stopped retrying something
+    /// transient, or could not try at all (a permanent 4xx is the app's to see, not a dead letter).
+    pub(super) fn dead_letter_reason(&self) -> Option<&'static str> {
+        let untried = matches!(self.stop, Stop::CircuitOpen | Stop::Cooldown);
+        let failed = self.outcome.is_some_and(Outcome::is_failure);
+        (self.stop.is_dead_letter() && (untried || failed)).then(|| self.stop.as_str())
+    }
+
+    /// The entry's error class: the last outcome, or what stopped the loop before an attempt.
+    pub(super) fn error_class(&self) -> &'static str {
+        match (self.outcome, self.stop) {
+            (_, stop @ (Stop::CircuitOpen | Stop::Cooldown)) => stop.as_str(),
+            (Some(o), _) => o.label(),
+            (None, _) => "timeout",
+        }
+    }
+}
+
+/// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
+/// `host` from the upstream URL, the upstream's `set_headers` in.
+pub(super) fn build_upstream_request(
+    target: &Target,
+    parts: &http::request::Parts,
+    path: &str,
+    body: Bytes,
+) -> Result<Request<Full<Bytes>>, http::uri::InvalidUri> {
+    let uri = target.upstream.target_for(path, parts.uri.query())?;
+    let body_len = body.len();
+    let mut req = Request::new(Full::new(body));
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    let headers = req.headers_mut();
+    headers.clone_from(&parts.headers);
+    headers::strip_hop_by_hop(headers, false);
+    // Rebound's own headers out; the client sets `host` (HTTP/1.1) or `:authority` (HTTP/2)
+    // from the upstream URI; the length is the buffered body's.
+    headers::remove_all(headers, &headers::NOT_FORWARDED);
+    if body_len > 0 || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body_len));
+    }
+    for (name, value) in &target.upstream.config.set_headers {
+        headers.insert(name.clone(), value.clone());
+    }
+    Ok(req)
+}
+
+pub(super) fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {
+    let upstream = upstream.to_string();
+    match e {
+        AttemptError::Timeout(t) => ProxyError::Timeout {
+            upstream,
+            timeout_ms: t.as_millis(),
+        },
+        AttemptError::Connect(detail) | AttemptError::RefusedStream(detail) | AttemptError::Reset(detail) => {
+            ProxyError::UpstreamUnreachable { upstream, detail }
+        }
+    }
+}

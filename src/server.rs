@@ -230,6 +230,7 @@ struct Drain {
     grace: Duration,
 }
 
+/// The proxy listener's life: accept until shutdown, then drain.
 async fn serve(
     listener: TcpListener,
     proxy: Arc<ArcSwap<Proxy>>,
@@ -239,6 +240,16 @@ async fn serve(
     admin: &AdminState,
 ) -> Exit {
     let signal = ShutdownSignal::new();
+    let builder = http_builder(&limits);
+    accept_until_shutdown(&listener, &proxy, &shutdown, &drain.tasks, &limits, &builder, &signal).await;
+    drop(listener);
+    admin.draining.store(true, Ordering::SeqCst);
+    drain_connections(drain, signal).await
+}
+
+/// HTTP/1.1 (keep-alive, head read timeout and size) and HTTP/2 (header list size), as the
+/// limits say.
+fn http_builder(limits: &ClientLimits) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()
@@ -250,6 +261,20 @@ async fn serve(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_request_head).unwrap_or(u32::MAX));
+    builder
+}
+
+/// Accepts connections until `shutdown`, each on a slot of `max_connections` (past it, new
+/// connections wait in the listen backlog), each served by a task on `tasks`.
+async fn accept_until_shutdown(
+    listener: &TcpListener,
+    proxy: &Arc<ArcSwap<Proxy>>,
+    shutdown: &CancellationToken,
+    tasks: &TaskTracker,
+    limits: &ClientLimits,
+    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    signal: &ShutdownSignal,
+) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections as usize));
     loop {
         // A connection slot first: past max_connections, new connections wait in the backlog.
@@ -276,7 +301,7 @@ async fn serve(
         let proxy = proxy.clone();
         let (builder, signal, shutdown) = (builder.clone(), signal.clone(), shutdown.clone());
         let first_byte = limits.header_read_timeout;
-        drain.tasks.spawn(async move {
+        tasks.spawn(async move {
             let _slot = slot;
             // A client that connects and sends nothing is closed after header_read_timeout
             // (hyper times HTTP/1 heads and idle kept-alive connections from there on).
@@ -309,9 +334,11 @@ async fn serve(
             }
         });
     }
+}
 
-    drop(listener);
-    admin.draining.store(true, Ordering::SeqCst);
+/// The drain: connections finish their requests within the grace, then what is left is closed
+/// and unfinished work abandoned (`hard_stop`).
+async fn drain_connections(drain: Drain, signal: ShutdownSignal) -> Exit {
     let open = drain.tasks.len();
     tracing::info!(open_tasks = open, grace_ms = drain.grace.as_millis() as u64, "draining");
     drain.tasks.close();

@@ -326,31 +326,49 @@ impl DeadLetters {
         r.key("dead_letters:replays")
     }
 
-    /// Records an entry (its `id` is assigned here) and counts it.
-    pub async fn add(&self, mut entry: DeadLetter) -> Result<String, DeadLetterError> {
+    /// Records an entry at once when the store is in memory (a write there never waits: no task,
+    /// and the entry is there before the response goes out); on Redis it is handed back, for
+    /// [`DeadLetters::add`] on a task.
+    pub fn add_now(&self, entry: DeadLetter) -> Result<String, Box<DeadLetter>> {
+        match &self.backend {
+            Backend::Memory(ring) => Ok(self.add_to_ring(ring, entry)),
+            Backend::Redis(_) => Err(Box::new(entry)),
+        }
+    }
+
+    /// Counts an entry and adds it to the ring (its `id` is assigned here).
+    fn add_to_ring(&self, ring: &Mutex<Ring>, mut entry: DeadLetter) -> String {
         self.metrics
             .dead_letters_total
             .with_label_values(&[&entry.route, &entry.reason])
             .inc();
+        let mut ring = ring.lock();
+        let (ms, seq) = ring.last_id;
+        let id = if entry.time_ms > ms {
+            (entry.time_ms, 0)
+        } else {
+            (ms, seq + 1)
+        };
+        ring.last_id = id;
+        entry.id = format!("{}-{}", id.0, id.1);
+        let id = entry.id.clone();
+        ring.entries.push_back(entry);
+        while ring.entries.len() > self.cap {
+            ring.entries.pop_front();
+        }
+        self.metrics.dead_letters_depth.set(ring.entries.len() as i64);
+        id
+    }
+
+    /// Records an entry (its `id` is assigned here) and counts it.
+    pub async fn add(&self, entry: DeadLetter) -> Result<String, DeadLetterError> {
         match &self.backend {
-            Backend::Memory(ring) => {
-                let mut ring = ring.lock();
-                let (ms, seq) = ring.last_id;
-                let id = if entry.time_ms > ms {
-                    (entry.time_ms, 0)
-                } else {
-                    (ms, seq + 1)
-                };
-                ring.last_id = id;
-                entry.id = format!("{}-{}", id.0, id.1);
-                ring.entries.push_back(entry.clone());
-                while ring.entries.len() > self.cap {
-                    ring.entries.pop_front();
-                }
-                self.metrics.dead_letters_depth.set(ring.entries.len() as i64);
-                Ok(entry.id)
-            }
+            Backend::Memory(ring) => Ok(self.add_to_ring(ring, entry)),
             Backend::Redis(r) => {
+                self.metrics
+                    .dead_letters_total
+                    .with_label_values(&[&entry.route, &entry.reason])
+                    .inc();
                 let key = Self::stream_key(r);
                 let data = serde_json::to_string(&entry).unwrap_or_default();
                 let cap = self.cap;

@@ -279,12 +279,15 @@ impl Proxy {
             job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.clone()),
         };
         let entry = DeadLetter::of(failure, &self.dead_letter_config);
-        let store = self.dead_letters.clone();
-        self.tasks.spawn(async move {
-            if let Err(e) = store.add(entry).await {
-                tracing::warn!(error = %e, "dead letter not recorded");
-            }
-        });
+        // In memory: recorded here, before the response goes out; on Redis: by a task.
+        if let Err(entry) = self.dead_letters.add_now(entry) {
+            let store = self.dead_letters.clone();
+            self.tasks.spawn(async move {
+                if let Err(e) = store.add(*entry).await {
+                    tracing::warn!(error = %e, "dead letter not recorded");
+                }
+            });
+        }
     }
 }
 

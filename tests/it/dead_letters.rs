@@ -153,7 +153,7 @@ async fn bodies_are_kept_only_where_the_route_says_and_4xx_is_not_a_dead_letter(
     assert!(page["items"][0]["body_base64"].is_null());
     provider.script("bad", vec![Step::status(400)]);
     assert_eq!(failing_call(&rebound, "bad", "x400", "{}").await.status, 400);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // In memory a dead letter is recorded before its response goes out: none for the 400.
     assert_eq!(
         admin(&rebound, "GET", "/admin/dead-letters").await.json()["items"]
             .as_array()
@@ -211,8 +211,15 @@ async fn replay_after_recovery_succeeds_and_never_duplicates() {
     // answered from the idempotency store, with no provider call.
     let app_retry = failing_call(&rebound, "b", "replay-b", r#"{"n":"b"}"#).await;
     assert_eq!(app_retry.status, 200);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(provider.count("b"), 4);
+    // Its completion is written to Redis as its body ends: wait for it to land (the replay of a
+    // and the app's retry of b: two stored responses).
+    let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(&rebound.metrics().await, stored) < 2.0 {
+        assert!(tokio::time::Instant::now() < end, "b's completion never landed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let r = admin(&rebound, "POST", &format!("/admin/dead-letters/{id_b}/replay"))
         .await
         .json();

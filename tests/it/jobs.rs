@@ -242,7 +242,13 @@ async fn one_job_per_idempotency_key(redis: Option<&RedisServer>) {
     let late = submit(&rebound.url, "k", Some("job-key-1"), body, &tenant).await;
     assert_eq!(job_id(&late), id);
     assert_eq!(late.json()["status"], "succeeded");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // No job is left to run (a duplicate enqueued by mistake would be queued or running): then
+    // the provider's count is final.
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    while metric(&rebound.metrics().await, "rebound_jobs_queue_depth") > 0.0 {
+        assert!(tokio::time::Instant::now() < end, "jobs left in the queue");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(provider.count("k"), 1, "one job, one upstream call");
     let m = rebound.metrics().await;
     assert_eq!(
@@ -348,7 +354,7 @@ async fn a_killed_worker_s_job_is_reclaimed_and_completed_once() {
     let r = get(&format!("{}/jobs/{id}/result", survivor.url)).await;
     assert_eq!(r.body, chat_completion().as_bytes());
     // The dead worker's call never came back to anyone; the survivor's is the one that counts.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both reached the provider before the survivor recorded its result: the count is final.
     assert_eq!(provider.count("long"), 2);
     let m = survivor.metrics().await;
     assert_eq!(metric(&m, "rebound_jobs_reclaimed_total"), 1.0);

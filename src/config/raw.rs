@@ -1,11 +1,13 @@
 //! The configuration file as TOML sees it: a serde mirror with `deny_unknown_fields`, every value
-//! optional (defaults are applied in `validate`), units still strings.
+//! optional (defaults are applied in `validate`), units still strings. Serialisable too: the tests
+//! build their configurations with it (`tests/it/support/config_builder.rs`), so that a misspelt
+//! key does not compile.
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawConfig {
     pub server: Option<RawServer>,
@@ -28,7 +30,7 @@ pub struct RawConfig {
     pub idempotency: BTreeMap<String, RawIdempotency>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawTelemetry {
     pub otlp_endpoint: Option<String>,
@@ -36,7 +38,7 @@ pub struct RawTelemetry {
     pub service_name: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawServer {
     pub listen: Option<String>,
@@ -48,21 +50,21 @@ pub struct RawServer {
     pub shutdown_grace: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawAdmin {
     pub listen: Option<String>,
     pub token: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawLog {
     pub format: Option<String>,
     pub level: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRedis {
     pub url: Option<String>,
@@ -79,7 +81,7 @@ pub struct RawRedis {
     pub liveness: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawUpstream {
     pub url: Option<String>,
@@ -94,7 +96,7 @@ pub struct RawUpstream {
     pub set_headers: BTreeMap<String, String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRoute {
     pub name: Option<String>,
@@ -110,7 +112,7 @@ pub struct RawRoute {
     pub async_jobs: Option<bool>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawRetry {
     pub max_attempts: Option<i64>,
@@ -130,7 +132,7 @@ pub struct RawRetry {
     pub budget_min_per_second: Option<i64>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawCircuit {
     pub consecutive_failures: Option<i64>,
@@ -144,7 +146,7 @@ pub struct RawCircuit {
     pub shared: Option<bool>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawIdempotency {
     pub header: Option<String>,
@@ -160,14 +162,14 @@ pub struct RawIdempotency {
     pub on_store_error: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawDeadLetters {
     pub max_entries: Option<i64>,
     pub sensitive_headers: Option<Vec<String>>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawJobs {
     pub workers: Option<i64>,
@@ -179,7 +181,7 @@ pub struct RawJobs {
     pub secret: Option<String>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RawMetrics {
     pub models: Option<Vec<String>>,

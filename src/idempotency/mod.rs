@@ -672,6 +672,19 @@ mod tests {
         }
     }
 
+    /// A route's idempotency on the memory store, `complete_on_disconnect` off.
+    fn memory_idempotency() -> Idempotency {
+        let records = Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default())));
+        Idempotency::new(
+            Arc::new(policy(false)),
+            &records,
+            Arc::new(Metrics::new().unwrap()),
+            TaskTracker::new(),
+            CancellationToken::new(),
+            "r".into(),
+        )
+    }
+
     fn keyed() -> HeaderMap {
         let mut h = HeaderMap::new();
         h.insert("idempotency-key", HeaderValue::from_static("k1"));
@@ -694,15 +707,7 @@ mod tests {
     /// followers with an abort (never a clean end) and frees the key at once.
     #[tokio::test]
     async fn a_crashed_task_holds_no_key_in_memory() {
-        let records = Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default())));
-        let idem = Idempotency::new(
-            Arc::new(policy(false)),
-            &records,
-            Arc::new(Metrics::new().unwrap()),
-            TaskTracker::new(),
-            CancellationToken::new(),
-            "r".into(),
-        );
+        let idem = memory_idempotency();
         let Check::Decided(Start::Claimed(claim)) = check(&idem) else {
             panic!("a fresh key is claimed");
         };
@@ -731,15 +736,7 @@ mod tests {
     /// abort.
     #[tokio::test]
     async fn a_follower_of_a_crashed_task_ends_with_an_abort() {
-        let records = Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default())));
-        let idem = Idempotency::new(
-            Arc::new(policy(false)),
-            &records,
-            Arc::new(Metrics::new().unwrap()),
-            TaskTracker::new(),
-            CancellationToken::new(),
-            "r".into(),
-        );
+        let idem = memory_idempotency();
         let Check::Decided(Start::Claimed(claim)) = check(&idem) else {
             panic!("a fresh key is claimed");
         };

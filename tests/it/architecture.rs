@@ -94,6 +94,15 @@ fn graph(src: &Path) -> Graph {
     g
 }
 
+/// Adds the import `from -> to` of `file` to `g` (for the tests of the scan itself).
+fn edge(g: &mut Graph, from: &str, to: &str, file: &str) {
+    g.entry(from.into())
+        .or_default()
+        .entry(to.into())
+        .or_default()
+        .insert(file.into());
+}
+
 /// One cycle, if there is any: the modules in order, the first repeated at the end.
 fn find_cycle(g: &Graph) -> Option<Vec<String>> {
     fn visit(g: &Graph, node: &str, stack: &mut Vec<String>, done: &mut BTreeSet<String>) -> Option<Vec<String>> {
@@ -293,13 +302,6 @@ fn architecture_md_shows_the_layer_table_of_this_test() {
 
 #[test]
 fn an_undeclared_edge_fails_and_names_its_files() {
-    fn edge(g: &mut Graph, from: &str, to: &str, file: &str) {
-        g.entry(from.into())
-            .or_default()
-            .entry(to.into())
-            .or_default()
-            .insert(file.into());
-    }
     let mut g = Graph::new();
     for (from, to, _) in SAME_LAYER {
         edge(&mut g, from, to, "declared");
@@ -341,13 +343,6 @@ fn the_scan_sees_every_import_form_and_reports_a_cycle_with_its_files() {
     );
     assert_eq!(paths, ["a", "b", "c", "d", "e"].map(String::from).into());
 
-    fn edge(g: &mut Graph, from: &str, to: &str, file: &str) {
-        g.entry(from.into())
-            .or_default()
-            .entry(to.into())
-            .or_default()
-            .insert(file.into());
-    }
     let mut g = Graph::new();
     edge(&mut g, "proxy", "jobs", "src/proxy/mod.rs");
     edge(&mut g, "jobs", "wire", "src/jobs/mod.rs");

@@ -120,30 +120,11 @@ async fn a_non_streamed_answer_after_70s_is_delivered_whole_with_one_call() {
 /// between (a reasoning model on a provider that sends no pings): delivered whole, one call.
 #[tokio::test]
 async fn a_stream_whose_first_event_comes_35s_after_its_head_is_delivered_whole_with_one_call() {
-    let (provider, rebound) = start(&[]).await;
     let think = Step::ThinkThenStream {
         ms: 35_000,
         ping_every_ms: 0,
     };
-    provider.script("think-openai", vec![think.clone()]);
-    provider.script("think-anthropic", vec![think]);
-    let started = Instant::now();
-    let within = Duration::from_secs(300);
-    let body = r#"{"model":"m","stream":true}"#;
-    let (o, a) = tokio::join!(
-        call(&rebound, OPENAI, "think-openai", body, &[], within),
-        call(&rebound, ANTHROPIC, "think-anthropic", body, &[], within),
-    );
-    assert!(started.elapsed() >= Duration::from_secs(35));
-    for (answer, key) in [(&o, "think-openai"), (&a, "think-anthropic")] {
-        assert_eq!(answer.status, 200, "{key}: {}", answer.text());
-        assert_eq!(answer.header("x-rebound-attempts"), Some("1"), "{key}");
-        assert_eq!(provider.count(key), 1, "{key}: one provider call");
-        assert_eq!(provider.streams_completed(key), 1, "{key}");
-    }
-    assert_eq!(o.text(), sse_stream_bytes(5));
-    anthropic_stream_is_whole(&a.text());
-    assert_eq!(retries(&rebound).await, 0.0, "no retry at all");
+    both_streams_whole_with_one_call(think, "think", Duration::from_secs(35)).await;
 }
 
 /// Issue 29 (1): a stream whose first event comes at once and whose next byte comes 75 s later (a
@@ -151,19 +132,27 @@ async fn a_stream_whose_first_event_comes_35s_after_its_head_is_delivered_whole_
 /// whole, with one provider call and no retry. Before, the shipped 60 s idle limit cut it.
 #[tokio::test]
 async fn a_stream_silent_75s_after_its_first_event_is_delivered_whole_with_one_call() {
-    let (provider, rebound) = start(&[]).await;
     let pause = Step::PauseAfterFirst { ms: 75_000 };
-    provider.script("pause-openai", vec![pause.clone()]);
-    provider.script("pause-anthropic", vec![pause]);
+    both_streams_whole_with_one_call(pause, "pause", Duration::from_secs(75)).await;
+}
+
+/// An OpenAI and an Anthropic stream through the shipped config, both scripted with `step` (keys
+/// `{prefix}-openai`, `{prefix}-anthropic`): each takes at least `took` and is delivered whole,
+/// with one provider call and no retry.
+async fn both_streams_whole_with_one_call(step: Step, prefix: &str, took: Duration) {
+    let (provider, rebound) = start(&[]).await;
+    let (ko, ka) = (format!("{prefix}-openai"), format!("{prefix}-anthropic"));
+    provider.script(&ko, vec![step.clone()]);
+    provider.script(&ka, vec![step]);
     let started = Instant::now();
     let within = Duration::from_secs(300);
     let body = r#"{"model":"m","stream":true}"#;
     let (o, a) = tokio::join!(
-        call(&rebound, OPENAI, "pause-openai", body, &[], within),
-        call(&rebound, ANTHROPIC, "pause-anthropic", body, &[], within),
+        call(&rebound, OPENAI, &ko, body, &[], within),
+        call(&rebound, ANTHROPIC, &ka, body, &[], within),
     );
-    assert!(started.elapsed() >= Duration::from_secs(75));
-    for (answer, key) in [(&o, "pause-openai"), (&a, "pause-anthropic")] {
+    assert!(started.elapsed() >= took);
+    for (answer, key) in [(&o, &ko), (&a, &ka)] {
         assert_eq!(answer.status, 200, "{key}: {}", answer.text());
         assert_eq!(answer.header("x-rebound-attempts"), Some("1"), "{key}");
         assert_eq!(provider.count(key), 1, "{key}: one provider call");

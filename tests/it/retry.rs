@@ -4,32 +4,29 @@ use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
 
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_chunk};
-use crate::support::sidecar::config_for;
 use crate::support::*;
+use rebound::config::raw::RawRetry;
 
-/// A rebound whose `fake` route uses `[retry.p]` with these keys (fast defaults for tests).
-async fn with_policy(policy: &str) -> (FakeProvider, Rebound) {
+/// A rebound whose `fake` route uses `[retry.p]`: fast defaults for tests, then `edit`.
+async fn with_policy(edit: impl FnOnce(&mut RawRetry)) -> (FakeProvider, Rebound) {
     let provider = FakeProvider::start().await;
-    let defaults = [
-        ("max_attempts", "3"),
-        ("base_delay", "\"10ms\""),
-        ("max_delay", "\"50ms\""),
-        ("per_try_timeout", "\"1s\""),
-        ("first_byte_timeout", "\"300ms\""),
-        ("deadline", "\"10s\""),
-    ];
-    let mut table = String::from("\n[retry.p]\n");
-    for (k, v) in defaults {
-        if !policy.lines().any(|l| l.trim_start().starts_with(&format!("{k} "))) {
-            table.push_str(&format!("{k} = {v}\n"));
-        }
-    }
-    table.push_str(policy);
-    let toml = Edit::new(&config_for(&provider.url(), &table))
-        .route_set("fake", "retry", "p")
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let mut policy = RawRetry {
+        max_attempts: Some(3),
+        base_delay: some("10ms"),
+        max_delay: some("50ms"),
+        per_try_timeout: some("1s"),
+        first_byte_timeout: some("300ms"),
+        deadline: some("10s"),
+        ..RawRetry::default()
+    };
+    edit(&mut policy);
+    let rebound = TestConfig::new(&provider.url())
+        .retry("p", policy)
+        .route(|r| r.retry = some("p"))
+        .start()
+        .await;
     (provider, rebound)
 }
 
@@ -52,7 +49,7 @@ fn gaps(provider: &FakeProvider, key: &str) -> Vec<Duration> {
 
 #[tokio::test]
 async fn transient_failures_are_retried_until_success() {
-    let (provider, rebound) = with_policy("").await;
+    let (provider, rebound) = with_policy(|_| {}).await;
     provider.script("k", vec![Step::status(503), Step::status(503)]);
     let a = call(&rebound, "k", &[]).await;
     assert_eq!(a.status, 200);
@@ -92,7 +89,7 @@ async fn transient_failures_are_retried_until_success() {
 
 #[tokio::test]
 async fn permanent_failures_are_passed_through_after_one_attempt() {
-    let (provider, rebound) = with_policy("").await;
+    let (provider, rebound) = with_policy(|_| {}).await;
     for status in [400u16, 401, 403, 404, 422] {
         let key = format!("p{status}");
         let body = format!(r#"{{"error":{{"message":"provider says {status}"}}}}"#);
@@ -116,7 +113,7 @@ async fn permanent_failures_are_passed_through_after_one_attempt() {
 
 #[tokio::test]
 async fn exhausted_attempts_hand_back_the_last_answer_and_stop_the_sdk() {
-    let (provider, rebound) = with_policy("").await;
+    let (provider, rebound) = with_policy(|_| {}).await;
     provider.script(
         "k",
         vec![
@@ -137,7 +134,7 @@ async fn exhausted_attempts_hand_back_the_last_answer_and_stop_the_sdk() {
 
 #[tokio::test]
 async fn retry_after_seconds_is_obeyed() {
-    let (provider, rebound) = with_policy("").await;
+    let (provider, rebound) = with_policy(|_| {}).await;
     provider.script("k", vec![Step::status_with(429, &[("retry-after", "2")])]);
     let a = call(&rebound, "k", &[]).await;
     assert_eq!(a.status, 200);
@@ -158,7 +155,7 @@ async fn retry_after_seconds_is_obeyed() {
 
 #[tokio::test]
 async fn retry_after_http_date_and_ms_are_obeyed() {
-    let (provider, rebound) = with_policy("").await;
+    let (provider, rebound) = with_policy(|_| {}).await;
     let date = httpdate::fmt_http_date(std::time::SystemTime::now() + Duration::from_secs(3));
     provider.script("date", vec![Step::status_with(503, &[("retry-after", &date)])]);
     provider.script("ms", vec![Step::status_with(429, &[("retry-after-ms", "1200")])]);
@@ -179,7 +176,7 @@ async fn retry_after_http_date_and_ms_are_obeyed() {
 
 #[tokio::test]
 async fn retry_after_beyond_the_cap_is_handed_back_at_once() {
-    let (provider, rebound) = with_policy("max_retry_after = \"60s\"\n").await;
+    let (provider, rebound) = with_policy(|p| p.max_retry_after = some("60s")).await;
     provider.script("k", vec![Step::status_with(429, &[("retry-after", "120")])]);
     let started = Instant::now();
     let a = call(&rebound, "k", &[]).await;
@@ -208,7 +205,11 @@ async fn retry_after_beyond_the_cap_is_handed_back_at_once() {
 
 #[tokio::test]
 async fn status_500_is_retried_once_only() {
-    let (provider, rebound) = with_policy("max_attempts = 5\nretry_once_on = [\"500\"]\n").await;
+    let (provider, rebound) = with_policy(|p| {
+        p.max_attempts = Some(5);
+        p.retry_once_on = Some(vec!["500".into()]);
+    })
+    .await;
     provider.script("k", vec![Step::status(500), Step::status(500), Step::status(500)]);
     let a = call(&rebound, "k", &[]).await;
     assert_eq!(a.status, 500);
@@ -218,7 +219,7 @@ async fn status_500_is_retried_once_only() {
 
 #[tokio::test]
 async fn resets_and_stalled_first_bytes_are_retried() {
-    let (provider, rebound) = with_policy("").await;
+    let (provider, rebound) = with_policy(|_| {}).await;
     provider.script("reset", vec![Step::Reset]);
     let a = call(&rebound, "reset", &[]).await;
     assert_eq!(a.status, 200);
@@ -251,7 +252,7 @@ async fn resets_and_stalled_first_bytes_are_retried() {
 
 #[tokio::test]
 async fn a_stream_cut_after_its_first_chunk_is_aborted_not_retried() {
-    let (provider, rebound) = with_policy("").await;
+    let (provider, rebound) = with_policy(|_| {}).await;
     provider.script("cut", vec![Step::CutAfterFirstChunk]);
     let resp = send_streaming(
         "POST",
@@ -277,7 +278,7 @@ async fn a_stream_cut_after_its_first_chunk_is_aborted_not_retried() {
 
 #[tokio::test]
 async fn stream_idle_timeout_aborts_a_silent_stream() {
-    let (provider, rebound) = with_policy("stream_idle_timeout = \"300ms\"\n").await;
+    let (provider, rebound) = with_policy(|p| p.stream_idle_timeout = some("300ms")).await;
     provider.script("idle", vec![Step::StallAfterFirstChunk]);
     let resp = send_streaming(
         "POST",
@@ -301,7 +302,11 @@ async fn stream_idle_timeout_aborts_a_silent_stream() {
 
 #[tokio::test]
 async fn safe_only_does_not_replay_a_post_that_may_have_run() {
-    let (provider, rebound) = with_policy("non_idempotent = \"safe-only\"\nper_try_timeout = \"300ms\"\n").await;
+    let (provider, rebound) = with_policy(|p| {
+        p.non_idempotent = some("safe-only");
+        p.per_try_timeout = some("300ms");
+    })
+    .await;
     provider.script("timeout", vec![Step::Delay { ms: 1000 }]);
     let a = call(&rebound, "timeout", &[]).await;
     assert_eq!(a.status, 504);
@@ -329,9 +334,13 @@ async fn safe_only_does_not_replay_a_post_that_may_have_run() {
 
 #[tokio::test]
 async fn the_deadline_bounds_attempts_and_waits() {
-    let (provider, rebound) = with_policy(
-        "max_attempts = 20\nbase_delay = \"200ms\"\nmax_delay = \"200ms\"\njitter = \"none\"\ndeadline = \"1s\"\n",
-    )
+    let (provider, rebound) = with_policy(|p| {
+        p.max_attempts = Some(20);
+        p.base_delay = some("200ms");
+        p.max_delay = some("200ms");
+        p.jitter = some("none");
+        p.deadline = some("1s");
+    })
     .await;
     provider.script("k", (0..20).map(|_| Step::status(503)).collect());
     let started = Instant::now();
@@ -355,7 +364,7 @@ async fn the_deadline_bounds_attempts_and_waits() {
 
 #[tokio::test]
 async fn request_overrides_only_tighten() {
-    let (provider, rebound) = with_policy("").await;
+    let (provider, rebound) = with_policy(|_| {}).await;
     provider.script("one", vec![Step::status(503), Step::status(503)]);
     let a = call(&rebound, "one", &[("x-rebound-max-attempts", "1")]).await;
     assert_eq!(a.status, 503);
@@ -380,7 +389,11 @@ async fn request_overrides_only_tighten() {
 #[tokio::test]
 async fn the_budget_caps_retries_under_a_total_outage() {
     // Floor 1/s over the 10 s window = 10 retries, plus 20% of the requests.
-    let (provider, rebound) = with_policy("budget_ratio = 0.2\nbudget_min_per_second = 1\n").await;
+    let (provider, rebound) = with_policy(|p| {
+        p.budget_ratio = Some(0.2);
+        p.budget_min_per_second = Some(1);
+    })
+    .await;
     provider.script("down", vec![Step::status(503); 1000]);
     let mut set = tokio::task::JoinSet::new();
     for i in 0..100 {
@@ -412,7 +425,11 @@ async fn the_budget_caps_retries_under_a_total_outage() {
 
 #[tokio::test]
 async fn sdk_retries_spend_the_budget() {
-    let (provider, rebound) = with_policy("budget_ratio = 0.0\nbudget_min_per_second = 1\n").await;
+    let (provider, rebound) = with_policy(|p| {
+        p.budget_ratio = Some(0.0);
+        p.budget_min_per_second = Some(1);
+    })
+    .await;
     // 10 requests that are themselves SDK retries use up the floor (10 per window)...
     for _ in 0..10 {
         call(&rebound, "ok", &[("x-stainless-retry-count", "1")]).await;
@@ -426,7 +443,12 @@ async fn sdk_retries_spend_the_budget() {
 
 #[tokio::test]
 async fn concurrent_retries_are_spread_not_in_lockstep() {
-    let (provider, rebound) = with_policy("base_delay = \"400ms\"\nmax_delay = \"400ms\"\njitter = \"full\"\n").await;
+    let (provider, rebound) = with_policy(|p| {
+        p.base_delay = some("400ms");
+        p.max_delay = some("400ms");
+        p.jitter = some("full");
+    })
+    .await;
     let keys: Vec<String> = (0..50).map(|i| format!("j{i}")).collect();
     for k in &keys {
         provider.script(k, vec![Step::status(503)]);
@@ -468,7 +490,7 @@ async fn concurrent_retries_are_spread_not_in_lockstep() {
 #[tokio::test]
 async fn routes_without_a_policy_make_one_attempt_and_leave_the_sdk_in_charge() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let rebound = TestConfig::new(&provider.url()).start().await;
     provider.script("k", vec![Step::status(503)]);
     let a = call(&rebound, "k", &[]).await;
     assert_eq!(a.status, 503);

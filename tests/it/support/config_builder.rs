@@ -1,0 +1,107 @@
+//! A typed builder for test configurations: the config file's own serde mirror
+//! (`rebound::config::raw`), so a misspelt key does not compile; serialised to TOML and loaded by
+//! the real parser and validator, as a file would be.
+
+use rebound::config::raw::{RawAdmin, RawConfig, RawLog, RawRetry, RawRoute, RawServer, RawUpstream};
+
+use super::sidecar::{parse, Rebound};
+
+/// `Some(s.to_string())`, for the raw mirror's optional strings.
+pub fn some(s: &str) -> Option<String> {
+    Some(s.to_string())
+}
+
+/// A test configuration, typed.
+pub struct TestConfig(pub RawConfig);
+
+impl TestConfig {
+    /// What `config_for(url, "")` writes: `/fake/` forwarded to `upstream_url` (prefix stripped),
+    /// both listeners on port 0, a 5 s shutdown grace, debug logs.
+    pub fn new(upstream_url: &str) -> TestConfig {
+        let mut raw = RawConfig {
+            server: Some(RawServer {
+                listen: some("127.0.0.1:0"),
+                shutdown_grace: some("5s"),
+                ..RawServer::default()
+            }),
+            admin: Some(RawAdmin {
+                listen: some("127.0.0.1:0"),
+                ..RawAdmin::default()
+            }),
+            log: Some(RawLog {
+                level: some("debug"),
+                ..RawLog::default()
+            }),
+            ..RawConfig::default()
+        };
+        raw.upstreams.insert(
+            "fake".into(),
+            RawUpstream {
+                url: some(upstream_url),
+                connect_timeout: some("1s"),
+                ..RawUpstream::default()
+            },
+        );
+        raw.routes.push(RawRoute {
+            name: some("fake"),
+            path_prefix: some("/fake/"),
+            upstream: some("fake"),
+            strip_prefix: Some(true),
+            ..RawRoute::default()
+        });
+        TestConfig(raw)
+    }
+
+    /// The `fake` route, edited.
+    pub fn route(mut self, edit: impl FnOnce(&mut RawRoute)) -> TestConfig {
+        let route = self.0.routes.iter_mut().find(|r| r.name.as_deref() == Some("fake"));
+        edit(route.expect("the fake route"));
+        self
+    }
+
+    /// The `fake` upstream, edited.
+    pub fn upstream(mut self, edit: impl FnOnce(&mut RawUpstream)) -> TestConfig {
+        edit(self.0.upstreams.get_mut("fake").expect("the fake upstream"));
+        self
+    }
+
+    /// `[retry.NAME]`.
+    pub fn retry(mut self, name: &str, policy: RawRetry) -> TestConfig {
+        self.0.retry.insert(name.to_string(), policy);
+        self
+    }
+
+    /// The file it stands for.
+    pub fn toml(&self) -> String {
+        toml::to_string(&self.0).expect("a test config serialises to TOML")
+    }
+
+    /// The validated configuration (a test config that does not validate fails loudly).
+    pub fn config(&self) -> rebound::Config {
+        parse(&self.toml())
+    }
+
+    pub async fn start(&self) -> Rebound {
+        Rebound::start_config(self.config()).await
+    }
+}
+
+#[test]
+fn the_typed_config_is_what_config_for_writes() {
+    let typed = TestConfig::new("http://127.0.0.1:9").config();
+    let text = parse(&super::sidecar::config_for("http://127.0.0.1:9", ""));
+    assert_eq!(format!("{typed:?}"), format!("{text:?}"));
+    // An edit lands where it names (and a key the mirror lacks does not compile).
+    let c = TestConfig::new("http://127.0.0.1:9")
+        .retry(
+            "p",
+            RawRetry {
+                max_attempts: Some(5),
+                ..RawRetry::default()
+            },
+        )
+        .route(|r| r.retry = some("p"))
+        .config();
+    assert_eq!(c.retry["p"].max_attempts, 5);
+    assert_eq!(c.routes[0].retry.as_deref(), Some("p"));
+}

@@ -215,11 +215,7 @@ async fn replay_after_recovery_succeeds_and_never_duplicates() {
     // Its completion is written to Redis as its body ends: wait for it to land (the replay of a
     // and the app's retry of b: two stored responses).
     let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(&rebound.metrics().await, stored) < 2.0 {
-        assert!(tokio::time::Instant::now() < end, "b's completion never landed");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_metric(&rebound, stored, |n| n >= 2.0).await;
     let r = admin(&rebound, "POST", &format!("/admin/dead-letters/{id_b}/replay"))
         .await
         .json();

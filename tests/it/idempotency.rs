@@ -66,6 +66,10 @@ async fn a_completed_key_is_replayed_by_another_instance_without_a_second_call()
     assert_eq!(first.status, 200);
     assert!(first.header("idempotent-replayed").is_none());
     assert!(eventually(Duration::from_secs(2), || !provider.requests("k").is_empty()).await);
+    // The completion is written to Redis as the body ends, in the background: B asks once it
+    // landed (before, B would follow the original instead of replaying it).
+    let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
+    until_metric(&a, stored, |n| n >= 1.0).await;
 
     let again = call(&b.url, "k", Some("key-1"), r#"{"model":"m"}"#, &[]).await;
     assert_eq!(again.status, 200);

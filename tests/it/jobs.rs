@@ -244,11 +244,7 @@ async fn one_job_per_idempotency_key(redis: Option<&RedisServer>) {
     assert_eq!(late.json()["status"], "succeeded");
     // No job is left to run (a duplicate enqueued by mistake would be queued or running): then
     // the provider's count is final.
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(&rebound.metrics().await, "rebound_jobs_queue_depth") > 0.0 {
-        assert!(tokio::time::Instant::now() < end, "jobs left in the queue");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_metric(&rebound, "rebound_jobs_queue_depth", |n| n == 0.0).await;
     assert_eq!(provider.count("k"), 1, "one job, one upstream call");
     let m = rebound.metrics().await;
     assert_eq!(

@@ -131,14 +131,7 @@ async fn the_hot_path_costs_two_one_or_no_redis_round_trips_and_idle_sync_stays_
     assert_eq!(call(Some("warm-up")).await.status, 200);
     // Its completion, written in the background, lands before the monitor starts counting.
     let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    while metric(&rebound.metrics().await, stored) < 1.0 {
-        assert!(
-            tokio::time::Instant::now() < end,
-            "the warm-up's completion never landed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_metric(&rebound, stored, |n| n >= 1.0).await;
 
     let monitor = Monitor::start(redis.port);
     let start = monitor.sync(redis.port, "mark-miss").await;

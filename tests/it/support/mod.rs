@@ -146,6 +146,23 @@ pub async fn eventually(within: Duration, f: impl FnMut() -> bool) -> bool {
 }
 
 /// The value of a metric sample line `name{labels} value` in a Prometheus page (0 when absent).
+/// Waits (10 s at most, failing loudly past it) until the series `name_and_labels` on
+/// `rebound`'s `/metrics` satisfies `want`: the event a test waits for instead of a fixed time.
+pub async fn until_metric(rebound: &Rebound, name_and_labels: &str, want: impl Fn(f64) -> bool) {
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let value = metric(&rebound.metrics().await, name_and_labels);
+        if want(value) {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < end,
+            "{name_and_labels} is still {value} after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 pub fn metric(page: &str, name_and_labels: &str) -> f64 {
     page.lines()
         .find_map(|l| l.strip_prefix(name_and_labels).and_then(|rest| rest.strip_prefix(' ')))

@@ -336,12 +336,17 @@ impl DeadLetters {
         }
     }
 
-    /// Counts an entry and adds it to the ring (its `id` is assigned here).
-    fn add_to_ring(&self, ring: &Mutex<Ring>, mut entry: DeadLetter) -> String {
+    /// Counts an entry (`rebound_dead_letters_total`), wherever it is recorded.
+    fn count(&self, entry: &DeadLetter) {
         self.metrics
             .dead_letters_total
             .with_label_values(&[&entry.route, &entry.reason])
             .inc();
+    }
+
+    /// Counts an entry and adds it to the ring (its `id` is assigned here).
+    fn add_to_ring(&self, ring: &Mutex<Ring>, mut entry: DeadLetter) -> String {
+        self.count(&entry);
         let mut ring = ring.lock();
         let (ms, seq) = ring.last_id;
         let id = if entry.time_ms > ms {
@@ -365,10 +370,7 @@ impl DeadLetters {
         match &self.backend {
             Backend::Memory(ring) => Ok(self.add_to_ring(ring, entry)),
             Backend::Redis(r) => {
-                self.metrics
-                    .dead_letters_total
-                    .with_label_values(&[&entry.route, &entry.reason])
-                    .inc();
+                self.count(&entry);
                 let key = Self::stream_key(r);
                 let data = serde_json::to_string(&entry).unwrap_or_default();
                 let cap = self.cap;

@@ -104,11 +104,6 @@ impl Liveness {
         self.ttl
     }
 
-    /// This replica's id.
-    pub fn replica(&self) -> &str {
-        &self.replica
-    }
-
     fn key(&self, replica: &str) -> String {
         self.redis.key(&format!("idem:alive:{replica}"))
     }
@@ -152,8 +147,13 @@ impl Liveness {
             .await;
         if let Ok(previous) = answer {
             let continuous = previous.is_some();
-            let was_trusted = self.trust.lock().trusted(time::now(), self.ttl);
-            self.trust.lock().answered(time::now(), continuous, self.ttl);
+            let now = time::now();
+            let was_trusted = {
+                let mut trust = self.trust.lock();
+                let was = trust.trusted(now, self.ttl);
+                trust.answered(now, continuous, self.ttl);
+                was
+            };
             if !continuous && was_trusted {
                 tracing::warn!(
                     "this replica's liveness record had lapsed (Redis stalled, restarted or unreachable for longer than [redis] liveness): other replicas may have taken over its keys in progress"

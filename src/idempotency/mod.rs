@@ -655,7 +655,8 @@ mod tests {
     use http::HeaderValue;
     use http_body_util::{BodyExt as _, StreamBody};
 
-    fn policy(complete_on_disconnect: bool) -> IdempotencyPolicy {
+    /// Follow, 30 s lease, `complete_on_disconnect` off (a crashed task's claim is released).
+    fn policy() -> IdempotencyPolicy {
         IdempotencyPolicy {
             name: "t".into(),
             header: http::HeaderName::from_static("idempotency-key"),
@@ -667,7 +668,7 @@ mod tests {
             store_statuses: vec![StatusPattern::Class(2)],
             scope_headers: Vec::new(),
             max_stored_body: 1 << 20,
-            complete_on_disconnect,
+            complete_on_disconnect: false,
             on_store_error: OnStoreError::FailClosed,
         }
     }
@@ -676,7 +677,7 @@ mod tests {
     fn memory_idempotency() -> Idempotency {
         let records = Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default())));
         Idempotency::new(
-            Arc::new(policy(false)),
+            Arc::new(policy()),
             &records,
             Arc::new(Metrics::new().unwrap()),
             TaskTracker::new(),

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use http_body_util::BodyExt;
 
 use crate::support::fake_provider::sse_stream_bytes;
@@ -45,42 +45,9 @@ async fn stream(url: &str, key: &str, chunks: &str, gap_ms: &str) -> http::Respo
     .await
 }
 
-/// A body read to its end: the bytes, when the first one arrived, and whether it ended cleanly.
-struct Read {
-    bytes: Bytes,
-    first_at: Option<Instant>,
-    clean: bool,
-}
-
-async fn read(resp: http::Response<hyper::body::Incoming>) -> Read {
-    let mut body = resp.into_body();
-    let mut buf = BytesMut::new();
-    let mut first_at = None;
-    loop {
-        match tokio::time::timeout(Duration::from_secs(20), body.frame()).await {
-            Ok(Some(Ok(frame))) => {
-                if let Some(d) = frame.data_ref() {
-                    first_at.get_or_insert_with(Instant::now);
-                    buf.extend_from_slice(d);
-                }
-            }
-            Ok(Some(Err(_))) => {
-                return Read {
-                    bytes: buf.freeze(),
-                    first_at,
-                    clean: false,
-                }
-            }
-            Ok(None) => {
-                return Read {
-                    bytes: buf.freeze(),
-                    first_at,
-                    clean: true,
-                }
-            }
-            Err(_) => panic!("the body stalled for 20 s"),
-        }
-    }
+/// A response's body read to its end (a 20 s silence fails the test).
+async fn read(resp: http::Response<hyper::body::Incoming>) -> BodyRead {
+    read_body(resp.into_body(), &[], Duration::from_secs(20)).await
 }
 
 /// Five duplicates, on both replicas, follow one live stream: each gets its first byte while the

@@ -38,35 +38,9 @@ async fn stream(base: &str, key: &str, chunks: &str, gap_ms: &str) -> http::Resp
     .await
 }
 
-/// A body read from here on: its bytes, when its first one came, when it ended, and how.
-struct Read {
-    bytes: BytesMut,
-    first_at: Option<Instant>,
-    ended_at: Instant,
-    clean: bool,
-}
-
-async fn read(mut body: hyper::body::Incoming, mut bytes: BytesMut) -> Read {
-    let mut first_at = None;
-    loop {
-        match tokio::time::timeout(Duration::from_secs(60), body.frame()).await {
-            Ok(Some(Ok(frame))) => {
-                if let Some(d) = frame.data_ref() {
-                    first_at.get_or_insert_with(Instant::now);
-                    bytes.extend_from_slice(d);
-                }
-            }
-            Ok(end) => {
-                return Read {
-                    bytes,
-                    first_at,
-                    ended_at: Instant::now(),
-                    clean: end.is_none(),
-                }
-            }
-            Err(_) => panic!("the body stalled for 60 s"),
-        }
-    }
+/// A body read to its end after the bytes `got` already (a 60 s silence fails the test).
+async fn read(body: hyper::body::Incoming, got: BytesMut) -> BodyRead {
+    read_body(body, &got, Duration::from_secs(60)).await
 }
 
 /// The first data frame of a response (it is live).

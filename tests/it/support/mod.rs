@@ -146,6 +146,43 @@ pub async fn eventually(within: Duration, f: impl FnMut() -> bool) -> bool {
 }
 
 /// The value of a metric sample line `name{labels} value` in a Prometheus page (0 when absent).
+/// A response body read to its end.
+pub struct BodyRead {
+    /// Every data byte: what the caller had read already, then the rest.
+    pub bytes: Bytes,
+    /// When the first data frame read here came.
+    pub first_at: Option<std::time::Instant>,
+    pub ended_at: std::time::Instant,
+    /// Ended cleanly; `false`: it failed (a visible abort).
+    pub clean: bool,
+}
+
+/// Reads `body` to its end, after the `already` bytes the caller read from it; a silence longer
+/// than `stall` fails the test.
+pub async fn read_body(mut body: Incoming, already: &[u8], stall: Duration) -> BodyRead {
+    let mut bytes = bytes::BytesMut::from(already);
+    let mut first_at = None;
+    loop {
+        match tokio::time::timeout(stall, body.frame()).await {
+            Ok(Some(Ok(frame))) => {
+                if let Some(d) = frame.data_ref() {
+                    first_at.get_or_insert_with(std::time::Instant::now);
+                    bytes.extend_from_slice(d);
+                }
+            }
+            Ok(end) => {
+                return BodyRead {
+                    bytes: bytes.freeze(),
+                    first_at,
+                    ended_at: std::time::Instant::now(),
+                    clean: end.is_none(),
+                }
+            }
+            Err(_) => panic!("the body stalled for {stall:?}"),
+        }
+    }
+}
+
 /// Waits (10 s at most, failing loudly past it) until the series `name_and_labels` on
 /// `rebound`'s `/metrics` satisfies `want`: the event a test waits for instead of a fixed time.
 pub async fn until_metric(rebound: &Rebound, name_and_labels: &str, want: impl Fn(f64) -> bool) {

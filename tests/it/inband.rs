@@ -3,7 +3,7 @@
 //! answer when a retry succeeds, the provider's error stream as it came otherwise; an error that
 //! comes after the stream started is passed through and counted.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::support::fake_provider::{anthropic_message, error_event, error_object, sse_stream_bytes};
 use crate::support::sidecar::config_for;
@@ -187,14 +187,12 @@ async fn a_rate_limit_error_waits_for_the_retry_after_it_came_with() {
             headers: vec![("retry-after-ms".into(), "400".into())],
         }],
     );
-    let started = Instant::now();
     let a = call(&format!("{}/fake", rebound.url), MESSAGES, "k", STREAM, &[]).await;
     assert_eq!(a.status, 200);
     assert!(!a.text().contains("error"));
     let at: Vec<_> = provider.requests("k").iter().map(|r| r.at.unwrap()).collect();
     assert_eq!(at.len(), 2);
     assert!(at[1] - at[0] >= Duration::from_millis(400), "{:?}", at[1] - at[0]);
-    assert!(started.elapsed() < Duration::from_secs(3));
     let page = rebound.metrics().await;
     assert_eq!(
         metric(&page, r#"rebound_retries_total{reason="429",route="fake"}"#),
@@ -256,22 +254,18 @@ async fn exhausted_retries_deliver_the_error_stream_as_it_came() {
 
 #[tokio::test]
 async fn an_in_band_error_is_not_stored_for_an_idempotency_key() {
-    let (provider, rebound) = start("\n[idempotency.idem]\nlease = \"5s\"\n", |e| {
-        e.route_set("fake", "idempotency", "idem")
-    })
-    .await;
+    // "conflict": a key still held answers 409 at once, so the retry below shows whether the
+    // first released it (no wall-clock limit needed).
+    let idem = "\n[idempotency.idem]\nlease = \"5s\"\non_concurrent = \"conflict\"\n";
+    let (provider, rebound) = start(idem, |e| e.route_set("fake", "idempotency", "idem")).await;
     provider.script("k", vec![Step::in_band("overloaded_error")]);
     let key = [("idempotency-key", "in-band-1")];
     let once = [("idempotency-key", "in-band-1"), ("x-rebound-max-attempts", "1")];
     let first = call(&format!("{}/fake", rebound.url), MESSAGES, "k", STREAM, &once).await;
     assert_eq!(first.text(), error_event("overloaded_error", true));
-    // The key was released, not stored: the app's retry runs, at once, and gets the generation.
-    let started = Instant::now();
+    // The key was released, not stored: the app's retry runs and gets the generation.
     let again = call(&format!("{}/fake", rebound.url), MESSAGES, "k", STREAM, &key).await;
-    assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "not held by the first's lease"
-    );
+    assert_eq!(again.status, 200, "not held by the first's lease: {}", again.text());
     assert_eq!(provider.count("k"), 2);
     assert!(again.header("idempotent-replayed").is_none());
     assert_eq!(again.text(), normal(&provider, MESSAGES, STREAM).await);

@@ -30,6 +30,7 @@ mod redis_topologies;
 mod reload;
 mod retry;
 mod shutdown;
+mod tidy;
 mod tls;
 mod tokens;
 mod traces;

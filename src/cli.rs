@@ -230,7 +230,7 @@ fn replay_text(v: &serde_json::Value) -> String {
 }
 
 /// `2026-11-29 10:04:05` from unix milliseconds (UTC).
-pub fn utc(ms: u64) -> String {
+pub(crate) fn utc(ms: u64) -> String {
     crate::time::utc(ms)
 }
 

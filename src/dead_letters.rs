@@ -45,7 +45,7 @@ pub struct AttemptRecord {
 /// A replay of an entry and what came of it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ReplayRecord {
-    pub at_ms: u64,
+    pub(crate) at_ms: u64,
     pub status: u16,
     /// The replay was answered from the idempotency store (the original already succeeded).
     pub from_store: bool,
@@ -57,7 +57,7 @@ pub struct DeadLetter {
     /// Time-ordered (`<unix ms>-<seq>`, the Redis Stream id form).
     #[serde(default)]
     pub id: String,
-    pub time_ms: u64,
+    pub(crate) time_ms: u64,
     pub route: String,
     pub upstream: String,
     pub method: String,
@@ -101,14 +101,14 @@ impl DeadLetter {
     }
 
     /// Whether this entry can be re-sent as it was.
-    pub fn replayable(&self) -> bool {
+    pub(crate) fn replayable(&self) -> bool {
         self.body_kept
     }
 }
 
 /// The request headers an entry keeps: everything but credentials, hop-by-hop headers and the
 /// configured sensitive ones.
-pub fn keepable_headers(headers: &HeaderMap, config: &DeadLettersConfig) -> Vec<(String, String)> {
+pub(crate) fn keepable_headers(headers: &HeaderMap, config: &DeadLettersConfig) -> Vec<(String, String)> {
     headers
         .iter()
         .filter(|(k, _)| !SENSITIVE.contains(&k.as_str()))
@@ -124,7 +124,7 @@ pub fn keepable_headers(headers: &HeaderMap, config: &DeadLettersConfig) -> Vec<
 }
 
 /// A query with the values of credential-like parameters redacted.
-pub fn redact_query(query: &str) -> String {
+pub(crate) fn redact_query(query: &str) -> String {
     query
         .split('&')
         .map(|pair| match pair.split_once('=') {
@@ -154,7 +154,7 @@ fn is_secret_param(name: &str) -> bool {
 }
 
 /// Encodes a body for an entry.
-pub fn encode_body(body: &[u8]) -> String {
+pub(crate) fn encode_body(body: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(body)
 }
 
@@ -182,7 +182,7 @@ impl Filter {
 pub struct Page {
     pub items: Vec<DeadLetter>,
     /// Pass as `cursor` for the next page; `None` at the end.
-    pub next_cursor: Option<String>,
+    pub(crate) next_cursor: Option<String>,
 }
 
 /// One group of the summary.
@@ -195,7 +195,7 @@ pub struct Group {
     pub final_status: u16,
     pub count: u64,
     pub first_seen_ms: u64,
-    pub last_seen_ms: u64,
+    pub(crate) last_seen_ms: u64,
 }
 
 /// Counts grouped by route, upstream, reason, error class and status: what an on-call engineer
@@ -260,9 +260,9 @@ pub struct Failure<'a> {
     pub parts: &'a http::request::Parts,
     pub body: &'a Bytes,
     /// `dead_letter_bodies` on the route (an empty body is always "kept").
-    pub keep_body: bool,
+    pub(crate) keep_body: bool,
     /// The route's idempotency header, when the route has idempotency.
-    pub idempotency_header: Option<&'a http::HeaderName>,
+    pub(crate) idempotency_header: Option<&'a http::HeaderName>,
     /// The idempotency identity a replay must carry to find the original's record.
     pub identity: Option<ReplayIdentity>,
     pub reason: &'a str,
@@ -329,7 +329,7 @@ impl DeadLetters {
     /// Records an entry at once when the store is in memory (a write there never waits: no task,
     /// and the entry is there before the response goes out); on Redis it is handed back, for
     /// [`DeadLetters::add`] on a task.
-    pub fn add_now(&self, entry: DeadLetter) -> Result<String, Box<DeadLetter>> {
+    pub(crate) fn add_now(&self, entry: DeadLetter) -> Result<String, Box<DeadLetter>> {
         match &self.backend {
             Backend::Memory(ring) => Ok(self.add_to_ring(ring, entry)),
             Backend::Redis(_) => Err(Box::new(entry)),
@@ -474,7 +474,7 @@ impl DeadLetters {
     }
 
     /// Records a replay's outcome on its entry.
-    pub async fn record_replay(&self, id: &str, replay: ReplayRecord) -> Result<(), DeadLetterError> {
+    pub(crate) async fn record_replay(&self, id: &str, replay: ReplayRecord) -> Result<(), DeadLetterError> {
         match &self.backend {
             Backend::Memory(ring) => {
                 let mut ring = ring.lock();

@@ -109,7 +109,7 @@ pub struct ErrorRow {
     /// The stable machine-readable code (`x-rebound-error`, `error.code`).
     pub code: &'static str,
     /// A short title for the problem document.
-    pub title: &'static str,
+    pub(crate) title: &'static str,
     /// Whether the client may usefully retry (`x-should-retry`). Only an in-progress idempotent
     /// request (the same key then gets the replay) and an unfinished job's result are worth coming
     /// back for; everything else is final: rebound already spent its own retries, or the request
@@ -208,7 +208,7 @@ impl ErrorKind {
 
 /// The JSON body of every error rebound answers for itself: RFC 9457 fields plus the
 /// `{"error": {...}}` object the OpenAI and Anthropic SDKs read.
-pub fn problem_body(kind: ErrorKind, message: &str) -> String {
+pub(crate) fn problem_body(kind: ErrorKind, message: &str) -> String {
     let row = kind.row();
     serde_json::json!({
         "type": format!("https://rebound.dev/errors/{}", row.code),
@@ -268,11 +268,6 @@ impl ProxyError {
         self.kind().row().code
     }
 
-    /// Whether the client may usefully retry (see [`ErrorRow::retryable`]).
-    pub fn should_retry(&self) -> bool {
-        self.kind().row().retryable
-    }
-
     /// When to come back (`retry-after`), where that is known.
     pub fn retry_after(&self) -> Option<std::time::Duration> {
         match self {
@@ -297,7 +292,7 @@ impl ProxyError {
 /// The one builder of every error rebound answers for itself (the proxy, the job API, the admin
 /// API): its status, the JSON body of [`problem_body`] (made into `B` by `body`),
 /// `content-type`, `x-rebound-error`, `x-should-retry`, and `retry-after` when it is known.
-pub fn problem_response<B>(
+pub(crate) fn problem_response<B>(
     kind: ErrorKind,
     message: &str,
     retry_after: Option<std::time::Duration>,
@@ -321,7 +316,7 @@ pub fn problem_response<B>(
 
 /// Rebound's own error on the proxy listener ([`problem_response`]), its code in the request's
 /// log and in the response's `Delivered` extension.
-pub fn error_response(err: ProxyError, mut log: RequestLog) -> Response<ProxyBody> {
+pub(crate) fn error_response(err: ProxyError, mut log: RequestLog) -> Response<ProxyBody> {
     let status = err.status().as_u16();
     log.set_error(err.code());
     let mut resp = problem_response(err.kind(), &err.to_string(), err.retry_after(), |body| {

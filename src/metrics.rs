@@ -51,86 +51,86 @@ pub struct Metrics {
     /// The OpenTelemetry GenAI families, whose names carry no `rebound_` prefix.
     gen_ai: Registry,
     /// Requests answered, by route and status code (`route="none"` when no route matched).
-    pub requests_total: IntCounterVec,
+    pub(crate) requests_total: IntCounterVec,
     /// From request head to the end of the response body, by route.
-    pub request_duration_seconds: HistogramVec,
+    pub(crate) request_duration_seconds: HistogramVec,
     /// Requests whose response has not ended yet (streams included).
-    pub inflight_requests: IntGauge,
+    pub(crate) inflight_requests: IntGauge,
     /// Upstream attempts by route, upstream and outcome (`ok`, `status_4xx`, `status_429`,
     /// `status_5xx`, `connect_failure`, `reset`, `timeout`, `stream_error`).
-    pub upstream_attempts_total: IntCounterVec,
+    pub(crate) upstream_attempts_total: IntCounterVec,
     /// Errors reported inside a 2xx body, by route, upstream and position: `first_event` (the
     /// first SSE event or the JSON body, seen before anything was forwarded: the attempt's outcome
     /// is `stream_error`) or `mid_stream` (after bytes went to the app: passed through).
-    pub stream_errors_total: IntCounterVec,
+    pub(crate) stream_errors_total: IntCounterVec,
     /// From sending an attempt to its response head, by upstream.
-    pub upstream_attempt_duration_seconds: HistogramVec,
+    pub(crate) upstream_attempt_duration_seconds: HistogramVec,
     /// Retries by route and reason (the `retry_on` entry that matched: `503`, `timeout`, ...).
-    pub retries_total: IntCounterVec,
+    pub(crate) retries_total: IntCounterVec,
     /// Waits before retries, by route and source (`backoff` or `retry_after`).
-    pub retry_wait_seconds: HistogramVec,
+    pub(crate) retry_wait_seconds: HistogramVec,
     /// Requests whose failure was delivered because their attempts were used up.
-    pub retries_exhausted_total: IntCounterVec,
+    pub(crate) retries_exhausted_total: IntCounterVec,
     /// Retries refused because the route's retry budget was spent.
-    pub retry_budget_exhausted_total: IntCounterVec,
+    pub(crate) retry_budget_exhausted_total: IntCounterVec,
     /// Idempotency outcomes by route and result (`stored`, `replayed`, `conflict`, `mismatch`,
     /// `invalid`, `store_error`, `not_stored`).
-    pub idempotency_requests_total: IntCounterVec,
+    pub(crate) idempotency_requests_total: IntCounterVec,
     /// Completions of delivered responses that did not land at the first write, by route and
     /// result: `late` (written after the store failed to answer; duplicates meanwhile answered
     /// from the replica that held the response) or `lost` (never written: a retry with the key
     /// may run again).
-    pub idempotency_completions_total: IntCounterVec,
+    pub(crate) idempotency_completions_total: IntCounterVec,
     /// Delivered responses held by this replica until their completion is written.
-    pub idempotency_completions_pending: IntGauge,
+    pub(crate) idempotency_completions_pending: IntGauge,
     /// Keys in progress under the claim of a replica that died (no heartbeat for `[redis]
     /// liveness`), taken over by a new request with the key instead of waiting for the lease.
-    pub idempotency_takeovers_total: IntCounterVec,
+    pub(crate) idempotency_takeovers_total: IntCounterVec,
     /// Trace spans by what became of them (`exported`; `dropped`: the export queue was full;
     /// `failed`: the collector did not take them).
-    pub trace_spans_total: IntCounterVec,
+    pub(crate) trace_spans_total: IntCounterVec,
     /// Redis command latency by operation.
     pub redis_command_duration_seconds: HistogramVec,
     /// Requests recorded as dead letters, by route and reason.
-    pub dead_letters_total: IntCounterVec,
+    pub(crate) dead_letters_total: IntCounterVec,
     /// Dead letters held (this process's ring, or the fleet's stream).
-    pub dead_letters_depth: IntGauge,
+    pub(crate) dead_letters_depth: IntGauge,
     /// Async jobs by route and status: `queued`, `deduplicated` (the same Idempotency-Key
     /// again), `rejected` (queue full or store down), `succeeded`, `failed`.
-    pub jobs_total: IntCounterVec,
+    pub(crate) jobs_total: IntCounterVec,
     /// Unfinished jobs, queued or running (the fleet's with Redis, this process's without).
-    pub jobs_queue_depth: IntGauge,
+    pub(crate) jobs_queue_depth: IntGauge,
     /// Jobs taken over from a worker that stopped heartbeating (visibility timeout).
-    pub jobs_reclaimed_total: IntCounter,
+    pub(crate) jobs_reclaimed_total: IntCounter,
     /// Configuration reloads by result (`success`, `failure`).
-    pub config_reloads_total: IntCounterVec,
+    pub(crate) config_reloads_total: IntCounterVec,
     /// Circuit state by upstream: 0 closed, 1 half-open, 2 open (upstreams with a breaker).
-    pub circuit_state: IntGaugeVec,
+    pub(crate) circuit_state: IntGaugeVec,
     /// Circuit state changes by upstream and new state (`closed`, `half_open`, `open`).
-    pub circuit_transitions_total: IntCounterVec,
+    pub(crate) circuit_transitions_total: IntCounterVec,
     /// Attempts refused by an open (or probing) circuit, by upstream.
-    pub circuit_rejections_total: IntCounterVec,
+    pub(crate) circuit_rejections_total: IntCounterVec,
     /// Requests answered 429 `cooldown` (a provider rate limit still in force), by upstream.
-    pub cooldown_rejections_total: IntCounterVec,
+    pub(crate) cooldown_rejections_total: IntCounterVec,
     /// Tokens by route, upstream, model (`[metrics] models`, else `other`), kind (`input`,
     /// `output`, `cache_read`, `cache_write`) and outcome (`delivered`, `wasted`: the attempt's
     /// response did not reach the app whole).
-    pub tokens_total: IntCounterVec,
+    pub(crate) tokens_total: IntCounterVec,
     /// Requests held until a credential's request quota reset (pacing), by upstream.
-    pub pacing_waits_total: IntCounterVec,
+    pub(crate) pacing_waits_total: IntCounterVec,
     /// `gen_ai_client_token_usage`: tokens per upstream attempt that reported usage, by
     /// `gen_ai_token_type` (`input`, cached included; `output`), `gen_ai_request_model` and
     /// `gen_ai_provider_name`.
-    pub gen_ai_client_token_usage: HistogramVec,
+    pub(crate) gen_ai_client_token_usage: HistogramVec,
     /// `gen_ai_client_operation_duration_seconds`: from sending an attempt to the end of its
     /// response body, for attempts whose body was metered.
-    pub gen_ai_client_operation_duration_seconds: HistogramVec,
+    pub(crate) gen_ai_client_operation_duration_seconds: HistogramVec,
     /// Redis command failures by operation.
     pub redis_errors_total: IntCounterVec,
     /// 1 while the Redis connection answers its health check, 0 otherwise (and 0 without `[redis]`).
-    pub redis_up: IntGauge,
+    pub(crate) redis_up: IntGauge,
     /// Always 1, labelled with the version.
-    pub build_info: IntGaugeVec,
+    pub(crate) build_info: IntGaugeVec,
 }
 
 impl Metrics {
@@ -327,7 +327,7 @@ impl Metrics {
     /// `increase()` and `absent()` work before the first failure and a dashboard has data on day
     /// one. Called for each configuration loaded (a reload adds the series of new routes and
     /// upstreams); a series that exists already keeps its value.
-    pub fn init_series(&self, config: &Config) {
+    pub(crate) fn init_series(&self, config: &Config) {
         if config.telemetry.otlp_endpoint.is_some() {
             for result in ["exported", "dropped", "failed"] {
                 self.trace_spans_total.with_label_values(&[result]);
@@ -399,7 +399,7 @@ impl Metrics {
     }
 
     /// The Prometheus text exposition of every family.
-    pub fn render(&self) -> Vec<u8> {
+    pub(crate) fn render(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 * 1024);
         // Encoding into a Vec cannot fail for well-formed families; an error leaves a partial page.
         let mut families = self.registry.gather();
@@ -411,9 +411,9 @@ impl Metrics {
 
 /// The `result` label values of `rebound_idempotency_requests_total`.
 /// `rebound_idempotency_completions_total{result}`: completions written late, and lost.
-pub const IDEMPOTENCY_COMPLETION_RESULTS: [&str; 2] = ["late", "lost"];
+pub(crate) const IDEMPOTENCY_COMPLETION_RESULTS: [&str; 2] = ["late", "lost"];
 
-pub const IDEMPOTENCY_RESULTS: [&str; 8] = [
+pub(crate) const IDEMPOTENCY_RESULTS: [&str; 8] = [
     "stored",
     "replayed",
     "followed",
@@ -426,7 +426,7 @@ pub const IDEMPOTENCY_RESULTS: [&str; 8] = [
 
 /// The `reason` label values of `rebound_dead_letters_total`: `retry::policy::Stop::as_str` of
 /// `DEAD_LETTER_STOPS` (a test there keeps them equal; the leaf cannot import the policy).
-pub const DEAD_LETTER_REASONS: [&str; 7] = [
+pub(crate) const DEAD_LETTER_REASONS: [&str; 7] = [
     "retries_exhausted",
     "budget_exhausted",
     "deadline_exceeded",
@@ -437,7 +437,7 @@ pub const DEAD_LETTER_REASONS: [&str; 7] = [
 ];
 
 /// The `outcome` label values of `rebound_upstream_attempts_total`, in a fixed order.
-pub const OUTCOMES: [&str; 8] = [
+pub(crate) const OUTCOMES: [&str; 8] = [
     "ok",
     "status_4xx",
     "status_429",
@@ -449,10 +449,10 @@ pub const OUTCOMES: [&str; 8] = [
 ];
 
 /// The `position` label values of `rebound_stream_errors_total`.
-pub const STREAM_ERROR_POSITIONS: [&str; 2] = ["first_event", "mid_stream"];
+pub(crate) const STREAM_ERROR_POSITIONS: [&str; 2] = ["first_event", "mid_stream"];
 
 /// One route's children of the request families, resolved once: the hot path hashes no labels.
-pub struct RouteMetrics {
+pub(crate) struct RouteMetrics {
     pub route: Arc<str>,
     requests_total: IntCounterVec,
     duration: Histogram,
@@ -485,14 +485,14 @@ impl RouteMetrics {
     }
 
     /// Observes a request's duration.
-    pub fn observe(&self, seconds: f64) {
+    pub(crate) fn observe(&self, seconds: f64) {
         self.duration.observe(seconds);
     }
 }
 
 /// One route's children of a `{route, LABEL}` counter family, resolved once for the labels it
 /// takes: counting one of them hashes nothing (a label lookup hashes every value, every call).
-pub struct RouteCounters {
+pub(crate) struct RouteCounters {
     children: Vec<(&'static str, IntCounter)>,
     family: IntCounterVec,
     route: Arc<str>,
@@ -511,7 +511,7 @@ impl RouteCounters {
     }
 
     /// Counts one `label` (a label outside the resolved set is looked up).
-    pub fn inc(&self, label: &str) {
+    pub(crate) fn inc(&self, label: &str) {
         match self.children.iter().find(|(l, _)| *l == label) {
             Some((_, c)) => c.inc(),
             None => self.family.with_label_values(&[&*self.route, label]).inc(),
@@ -520,13 +520,13 @@ impl RouteCounters {
 }
 
 /// The children of the attempt families for one (route, upstream) pair, resolved once.
-pub struct AttemptMetrics {
+pub(crate) struct AttemptMetrics {
     by_outcome: [IntCounter; OUTCOMES.len()],
     pub duration: Histogram,
     /// `rebound_stream_errors_total{position="first_event"}`.
-    pub first_event_errors: IntCounter,
+    pub(crate) first_event_errors: IntCounter,
     /// `rebound_stream_errors_total{position="mid_stream"}`.
-    pub mid_stream_errors: IntCounter,
+    pub(crate) mid_stream_errors: IntCounter,
 }
 
 impl AttemptMetrics {
@@ -550,10 +550,10 @@ impl AttemptMetrics {
 }
 
 /// The `outcome` label values of `rebound_tokens_total`.
-pub const TOKEN_OUTCOMES: [&str; 2] = ["delivered", "wasted"];
+pub(crate) const TOKEN_OUTCOMES: [&str; 2] = ["delivered", "wasted"];
 
 /// The `kind` label values of `rebound_tokens_total`.
-pub const TOKEN_KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
+pub(crate) const TOKEN_KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
 
 /// One model's children of the token families for one (route, upstream) pair.
 struct ModelChildren {
@@ -567,7 +567,7 @@ struct ModelChildren {
 
 /// The token families for one (route, upstream) pair: children resolved once per model label
 /// (a handful: the configured models and `other`), so that an attempt hashes no labels.
-pub struct TokenMetrics {
+pub(crate) struct TokenMetrics {
     route: Arc<str>,
     upstream: Arc<str>,
     provider: Arc<str>,

@@ -21,7 +21,7 @@ use crate::idempotency::fingerprint::digest;
 use crate::proxy::{BuildError, Proxy, Shared};
 
 /// How often the configuration file is looked at.
-pub const WATCH_INTERVAL: Duration = Duration::from_secs(1);
+pub(crate) const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Why a reload was refused (the running configuration stays).
 #[derive(Debug, thiserror::Error)]
@@ -33,7 +33,7 @@ pub enum ReloadError {
 }
 
 /// Reloads one configuration file into the running proxy.
-pub struct Reloader {
+pub(crate) struct Reloader {
     path: PathBuf,
     proxy: Arc<ArcSwap<Proxy>>,
     shared: Shared,

@@ -33,7 +33,7 @@ impl<T> RouteTable<T> {
 }
 
 /// The path to forward: with `strip`, `path` minus `prefix`, keeping a leading slash.
-pub fn forwarded_path<'a>(path: &'a str, prefix: &str, strip: bool) -> std::borrow::Cow<'a, str> {
+pub(crate) fn forwarded_path<'a>(path: &'a str, prefix: &str, strip: bool) -> std::borrow::Cow<'a, str> {
     if !strip {
         return path.into();
     }

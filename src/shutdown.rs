@@ -20,7 +20,7 @@ const STOP: u8 = 2;
 
 /// Sends drain and stop to every watched connection. Clones share the signal.
 #[derive(Clone, Default)]
-pub struct ShutdownSignal {
+pub(crate) struct ShutdownSignal {
     inner: Arc<Inner>,
 }
 

@@ -14,25 +14,25 @@ pub fn now() -> Instant {
 
 /// Wall-clock now, for parsing absolute times in headers.
 #[allow(clippy::disallowed_methods)]
-pub fn wall_now() -> SystemTime {
+pub(crate) fn wall_now() -> SystemTime {
     SystemTime::now()
 }
 
 /// Unix milliseconds of a wall-clock time (0 before 1970): the one conversion, used by every
 /// timestamp rebound records (dead letters, jobs) and by the Redis clock offset.
-pub fn unix_ms(t: SystemTime) -> u64 {
+pub(crate) fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// Wall-clock now in unix milliseconds.
-pub fn now_unix_ms() -> u64 {
+pub(crate) fn now_unix_ms() -> u64 {
     unix_ms(wall_now())
 }
 
 /// A UTC date and time of day from unix milliseconds: `(year, month, day, hour, minute, second,
 /// millisecond)` (Howard Hinnant's `civil_from_days`).
-pub fn civil_from_unix_ms(ms: u64) -> (i64, u32, u32, u32, u32, u32, u32) {
+pub(crate) fn civil_from_unix_ms(ms: u64) -> (i64, u32, u32, u32, u32, u32, u32) {
     let secs = ms / 1000;
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let z = days as i64 + 719_468;
@@ -62,7 +62,7 @@ pub fn rfc3339(ms: u64) -> String {
 }
 
 /// Unix milliseconds as `2026-11-29 10:04:05` (UTC), for tables.
-pub fn utc(ms: u64) -> String {
+pub(crate) fn utc(ms: u64) -> String {
     let (y, mo, d, h, mi, s, _) = civil_from_unix_ms(ms);
     format!("{y:04}-{mo:02}-{d:02} {h:02}:{mi:02}:{s:02}")
 }

@@ -247,12 +247,12 @@ struct RequestInner {
 
 impl RequestSpan {
     /// Whether spans are recorded for this request (worth computing attributes for).
-    pub fn is_recording(&self) -> bool {
+    pub(crate) fn is_recording(&self) -> bool {
         self.span.as_ref().is_some_and(|s| s.cx.span().is_recording())
     }
 
     /// The route and the GenAI attributes known before the attempts.
-    pub fn set_route(&self, route: &str, provider: &str, model: Option<&str>, operation: Option<&str>) {
+    pub(crate) fn set_route(&self, route: &str, provider: &str, model: Option<&str>, operation: Option<&str>) {
         let Some(s) = &self.span else { return };
         let span = s.cx.span();
         span.set_attribute(KeyValue::new("http.route", route.to_string()));
@@ -318,7 +318,7 @@ pub struct AttemptSpan {
 
 impl AttemptSpan {
     /// Writes this attempt's `traceparent` (and `tracestate`) into the upstream request.
-    pub fn inject(&self, headers: &mut HeaderMap) {
+    pub(crate) fn inject(&self, headers: &mut HeaderMap) {
         if let Some(cx) = &self.span {
             TraceContextPropagator::new().inject_context(cx, &mut HeaderInjector(headers));
         }
@@ -344,7 +344,7 @@ impl AttemptSpan {
 }
 
 /// `gen_ai.operation.name` from the request path.
-pub fn operation_name(path: &str) -> Option<&'static str> {
+pub(crate) fn operation_name(path: &str) -> Option<&'static str> {
     if path.ends_with("/chat/completions") || path.ends_with("/messages") || path.ends_with("/responses") {
         Some("chat")
     } else if path.ends_with("/completions") {

@@ -26,10 +26,10 @@ use sha2::{Digest, Sha256};
 
 use crate::time::Instant;
 
-pub use crate::wire::headers::{CREDENTIAL_HEADERS, CREDENTIAL_NAMES};
+pub(crate) use crate::wire::headers::CREDENTIAL_NAMES;
 
 /// Entries per upstream at most.
-pub const DEFAULT_CAPACITY: usize = 10_000;
+pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
 
 /// Domain separation: a hash made here never equals one made for another purpose.
 const DOMAIN: &[u8] = b"rebound/cooldown-credential/v1\0";
@@ -73,7 +73,7 @@ impl FromStr for CredentialHash {
 /// Hashes the values of the `names` headers in `headers` (each name in the order given, each of
 /// its values in order; absent headers count as absent, so requests without any credential share
 /// one hash). Pass the headers as they go to the upstream (after `set_headers`).
-pub fn credential_hash(headers: &HeaderMap, names: &[HeaderName]) -> CredentialHash {
+pub(crate) fn credential_hash(headers: &HeaderMap, names: &[HeaderName]) -> CredentialHash {
     let mut h = Sha256::new();
     h.update(DOMAIN);
     for name in names {
@@ -95,15 +95,16 @@ pub fn credential_hash(headers: &HeaderMap, names: &[HeaderName]) -> CredentialH
     CredentialHash(out)
 }
 
+#[cfg(test)]
 /// [`credential_hash`] over [`CREDENTIAL_HEADERS`].
-pub fn default_credential_hash(headers: &HeaderMap) -> CredentialHash {
+pub(crate) fn default_credential_hash(headers: &HeaderMap) -> CredentialHash {
     credential_hash(headers, &CREDENTIAL_NAMES)
 }
 
 /// How long a request held by a cooldown (`cooldown = "wait"`) should sleep: the time left plus
 /// an upward jitter of `U(0, clamp(left / 5, 50 ms, 2 s))`, so that the requests that piled up do
 /// not all hit the provider in the same millisecond when the window reopens.
-pub fn release_delay(left: Duration, rng: &mut impl Rng) -> Duration {
+pub(crate) fn release_delay(left: Duration, rng: &mut impl Rng) -> Duration {
     let spread = (left / 5).clamp(Duration::from_millis(50), Duration::from_secs(2));
     let extra = rng.random_range(0..=u64::try_from(spread.as_micros()).unwrap_or(u64::MAX));
     left + Duration::from_micros(extra)
@@ -111,7 +112,7 @@ pub fn release_delay(left: Duration, rng: &mut impl Rng) -> Duration {
 
 /// One upstream's cooldowns.
 #[derive(Debug, Clone)]
-pub struct CooldownTable {
+pub(crate) struct CooldownTable {
     entries: HashMap<CredentialHash, Instant>,
     /// The same entries, soonest deadline first.
     by_deadline: BTreeSet<(Instant, CredentialHash)>,
@@ -175,6 +176,7 @@ impl CooldownTable {
             .filter(|d| !d.is_zero())
     }
 
+    #[cfg(test)]
     /// The deadline held for `cred`, if it is still ahead.
     pub fn until(&self, cred: &CredentialHash, now: Instant) -> Option<Instant> {
         self.entries.get(cred).copied().filter(|t| *t > now)
@@ -182,7 +184,7 @@ impl CooldownTable {
 
     /// Drops expired entries, from the front of the deadline index (each once: O(log n) per
     /// entry dropped, nothing for the live ones).
-    pub fn prune(&mut self, now: Instant) {
+    pub(crate) fn prune(&mut self, now: Instant) {
         while let Some(&(t, cred)) = self.by_deadline.first() {
             if t > now {
                 break;
@@ -192,6 +194,7 @@ impl CooldownTable {
         }
     }
 
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }
@@ -306,7 +309,7 @@ mod tests {
 
     #[test]
     fn credential_hash_is_stable_and_distinguishes() {
-        let names = CREDENTIAL_HEADERS.map(HeaderName::from_static);
+        let names = crate::wire::headers::CREDENTIAL_HEADERS.map(HeaderName::from_static);
         let a = credential_hash(&headers(&[("authorization", "Bearer sk-a")]), &names);
         // Pinned: replicas of different builds must agree.
         assert_eq!(

@@ -41,9 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use breaker::{Attempt, CircuitState};
-pub use cooldown::{
-    credential_hash, default_credential_hash, release_delay, CredentialHash, CREDENTIAL_HEADERS, CREDENTIAL_NAMES,
-};
+pub use cooldown::CredentialHash;
+pub(crate) use cooldown::{credential_hash, release_delay, CREDENTIAL_NAMES};
 
 use self::breaker::{Breaker, BreakerConfig, Deltas, LeaseReport, Ticket, Transition};
 use self::cooldown::CooldownTable;
@@ -122,7 +121,7 @@ impl Cooldowns {
 /// What keeps calls with a credential from going out: a 429's cooldown, or pacing (its request
 /// quota nearly spent until its reset).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hold {
+pub(crate) enum Hold {
     Cooldown,
     Pacing,
 }
@@ -313,7 +312,7 @@ impl Circuits {
     /// The first of `upstreams` (the route's upstream, then its fallbacks, in order) whose
     /// circuit admits the attempt, with its permit; or, when every circuit is open, the shortest
     /// of their retry-afters.
-    pub fn admit_first<'a>(
+    pub(crate) fn admit_first<'a>(
         &self,
         upstreams: impl IntoIterator<Item = &'a str>,
         attempt: Attempt,
@@ -346,7 +345,7 @@ impl Circuits {
 
     /// Whether any cooldown holds calls to `upstream` (cheap: lets the hot path skip hashing the
     /// credential when none does).
-    pub fn cooldowns_active(&self, upstream: &str) -> bool {
+    pub(crate) fn cooldowns_active(&self, upstream: &str) -> bool {
         self.hold_active(Hold::Cooldown, upstream)
     }
 
@@ -357,13 +356,19 @@ impl Circuits {
     }
 
     /// [`Circuits::cooldown_check`] for either hold (always `None` when its mode is `off`).
-    pub fn hold_check(&self, hold: Hold, upstream: &str, cred: &CredentialHash, now: Instant) -> Option<Duration> {
+    pub(crate) fn hold_check(
+        &self,
+        hold: Hold,
+        upstream: &str,
+        cred: &CredentialHash,
+        now: Instant,
+    ) -> Option<Duration> {
         let entry = self.entries.get(upstream)?;
         entry.holds(hold).and_then(|h| h.lock().table.check(cred, now))
     }
 
     /// [`Circuits::cooldowns_active`] for either hold.
-    pub fn hold_active(&self, hold: Hold, upstream: &str) -> bool {
+    pub(crate) fn hold_active(&self, hold: Hold, upstream: &str) -> bool {
         self.entries
             .get(upstream)
             .and_then(|e| e.holds(hold))
@@ -371,7 +376,7 @@ impl Circuits {
     }
 
     /// [`Circuits::cooldown_note`] for either hold.
-    pub fn hold_note(&self, hold: Hold, upstream: &str, cred: CredentialHash, until: Instant, now: Instant) {
+    pub(crate) fn hold_note(&self, hold: Hold, upstream: &str, cred: CredentialHash, until: Instant, now: Instant) {
         let Some(entry) = self.entries.get(upstream) else {
             return;
         };
@@ -393,14 +398,14 @@ impl Circuits {
     }
 
     /// Counts a request held by pacing (`rebound_pacing_waits_total`).
-    pub fn count_pacing_wait(&self, upstream: &str) {
+    pub(crate) fn count_pacing_wait(&self, upstream: &str) {
         if let Some(entry) = self.entries.get(upstream) {
             entry.metrics.pacing_waits_total.with_label_values(&[&entry.name]).inc();
         }
     }
 
     /// Counts a request answered 429 `cooldown` (`rebound_cooldown_rejections_total`).
-    pub fn count_cooldown_rejection(&self, upstream: &str) {
+    pub(crate) fn count_cooldown_rejection(&self, upstream: &str) {
         if let Some(entry) = self.entries.get(upstream) {
             entry
                 .metrics
@@ -412,7 +417,7 @@ impl Circuits {
 
     /// Applies elapsed time: open circuits whose time is up become half-open (gauges follow),
     /// lapsed probes are freed, expired cooldowns dropped.
-    pub fn refresh(&self, now: Instant) {
+    pub(crate) fn refresh(&self, now: Instant) {
         for entry in self.entries.values() {
             entry.update(|cell| cell.breaker.advance(now));
             entry.cooldowns.lock().table.prune(now);

@@ -74,7 +74,7 @@ pub fn channel(redis: &RedisHandle) -> String {
 
 /// One upstream's keys, in the order the scripts take them (see `circuit_lib_v1.lua`), all under
 /// the hash tag `{upstream}`.
-pub fn upstream_keys(redis: &RedisHandle, upstream: &str) -> [String; 7] {
+pub(crate) fn upstream_keys(redis: &RedisHandle, upstream: &str) -> [String; 7] {
     let k = |suffix: &str| redis.key(&format!("circuit:{{{upstream}}}:{suffix}"));
     [
         k("gen"),

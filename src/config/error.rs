@@ -9,7 +9,7 @@ use toml_edit::{ImDocument, Item, Table, Value};
 pub struct ConfigError {
     pub file: String,
     pub line: Option<usize>,
-    pub column: Option<usize>,
+    pub(crate) column: Option<usize>,
     /// Dotted key path, e.g. `routes[0].upstream` (empty for file-level problems).
     pub key: String,
     /// What was expected and what was found.
@@ -57,7 +57,7 @@ pub(crate) struct Locator<'a> {
 }
 
 impl<'a> Locator<'a> {
-    pub(crate) fn new(src: &'a str) -> Locator<'a> {
+    pub fn new(src: &'a str) -> Locator<'a> {
         Locator {
             src,
             doc: ImDocument::parse(src).ok(),
@@ -100,7 +100,7 @@ impl<'a> Locator<'a> {
     }
 
     /// A located error for `key`.
-    pub(crate) fn error(&self, file: &str, key: &str, message: String) -> ConfigError {
+    pub fn error(&self, file: &str, key: &str, message: String) -> ConfigError {
         let (line, column) = match self.span_of(key) {
             Some(span) => {
                 let (l, c) = self.line_col(span.start);

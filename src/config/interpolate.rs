@@ -4,7 +4,7 @@
 
 /// Replaces every `${VAR}` / `${VAR:-default}` in `s` using `env`. Errors say what is wrong in
 /// words that complete "expected ...".
-pub fn interpolate(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
+pub(crate) fn interpolate(s: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<String, String> {
     if !s.contains('$') {
         return Ok(s.to_string());
     }

@@ -8,7 +8,7 @@
 //! Policies (`[retry.*]`, `[circuit.*]`, `[idempotency.*]`) are validated here even where the
 //! pipeline does not use them yet, so that a config that loads today keeps loading.
 
-pub mod interpolate;
+pub(crate) mod interpolate;
 pub mod jitter;
 pub mod raw;
 pub mod units;
@@ -25,7 +25,9 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
-pub use error::{ConfigError, ConfigErrors};
+pub use error::ConfigErrors;
+
+pub use error::ConfigError;
 
 pub use jitter::Jitter;
 
@@ -59,8 +61,8 @@ pub struct TelemetryConfig {
     /// `None`: no traces.
     pub otlp_endpoint: Option<String>,
     /// The share of traces sampled when the app sent no sampling decision (its own is followed).
-    pub sample_ratio: f64,
-    pub service_name: String,
+    pub(crate) sample_ratio: f64,
+    pub(crate) service_name: String,
 }
 
 #[derive(Debug, Clone)]
@@ -117,7 +119,7 @@ pub struct DeadLettersConfig {
     pub max_entries: u32,
     /// Headers never kept in an entry, on top of the credentials (authorization, x-api-key,
     /// api-key, cookie, proxy-authorization), which are never kept.
-    pub sensitive_headers: Vec<HeaderName>,
+    pub(crate) sensitive_headers: Vec<HeaderName>,
 }
 
 /// Async jobs (`Prefer: respond-async` on routes with `async = true`). Read at startup: a reload
@@ -129,11 +131,11 @@ pub struct JobsConfig {
     /// A running job whose worker stops heartbeating for this long is reclaimed by another.
     pub visibility_timeout: Duration,
     /// How long a finished job (and its result) is kept; also the longest a job may wait queued.
-    pub result_ttl: Duration,
+    pub(crate) result_ttl: Duration,
     /// Unfinished jobs (queued or running) at most: fleet-wide with Redis, per process without.
     pub max_queue: u32,
     /// The largest response kept as a result.
-    pub max_result_body: u64,
+    pub(crate) max_result_body: u64,
     /// `x-rebound-callback` URLs must start with one of these (none: callbacks refused).
     pub callback_allowed_prefixes: Vec<String>,
     /// Seals the credential headers of queued jobs in Redis; the same on every replica. Secret.
@@ -193,7 +195,7 @@ impl RedisTopology {
     }
 
     /// Every URL as written, secrets included (to compare two configurations; never printed).
-    pub fn describe_secret(&self) -> String {
+    pub(crate) fn describe_secret(&self) -> String {
         match self {
             RedisTopology::Standalone { url } => url.clone(),
             RedisTopology::Cluster { seeds } => seeds.join(" "),
@@ -273,7 +275,7 @@ impl std::fmt::Debug for RedisConfig {
 }
 
 /// `redis://user:secret@host/0` → `redis://***@host/0`.
-pub fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://***{}", &url[..s], &url[at..]),
         _ => url.to_string(),
@@ -302,14 +304,7 @@ pub struct MetricsConfig {
     pub models: Vec<String>,
 }
 
-impl MetricsConfig {
-    /// The `model` label for `model`: itself when configured, else `other`.
-    pub fn model_label<'a>(&'a self, model: Option<&str>) -> &'a str {
-        model
-            .and_then(|m| self.models.iter().find(|c| c.as_str() == m))
-            .map_or("other", String::as_str)
-    }
-}
+impl MetricsConfig {}
 
 #[derive(Clone)]
 pub struct UpstreamConfig {
@@ -318,7 +313,7 @@ pub struct UpstreamConfig {
     pub scheme: http::uri::Scheme,
     pub authority: http::uri::Authority,
     /// The URL's path without a trailing slash (`""` for none): prepended to forwarded paths.
-    pub base_path: String,
+    pub(crate) base_path: String,
     pub connect_timeout: Duration,
     /// Liveness probing of idle-looking connections (`None`: off): TCP keepalive on every
     /// connection, HTTP/2 PINGs while a request is in flight. See [`UpstreamConfig::keepalive`].
@@ -422,7 +417,7 @@ pub struct RetryPolicy {
     pub retry_on: Vec<RetryOn>,
     pub retry_once_on: Vec<RetryOn>,
     pub non_idempotent: NonIdempotent,
-    pub respect_retry_after: bool,
+    pub(crate) respect_retry_after: bool,
     pub max_retry_after: Duration,
     pub budget_ratio: f64,
     pub budget_min_per_second: u32,
@@ -430,7 +425,7 @@ pub struct RetryPolicy {
 
 impl RetryPolicy {
     /// The policy of a route that names none: one attempt, the default timeouts.
-    pub fn no_retries() -> RetryPolicy {
+    pub(crate) fn no_retries() -> RetryPolicy {
         RetryPolicy {
             name: "(none)".into(),
             max_attempts: 1,
@@ -479,7 +474,7 @@ pub enum OnStoreError {
 
 /// A status or a class of statuses (`"2xx"`, `"201"`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatusPattern {
+pub(crate) enum StatusPattern {
     Class(u16),
     Exact(u16),
 }
@@ -502,7 +497,7 @@ pub struct IdempotencyPolicy {
     pub lease: Duration,
     pub on_concurrent: OnConcurrent,
     pub wait_timeout: Duration,
-    pub store_statuses: Vec<StatusPattern>,
+    pub(crate) store_statuses: Vec<StatusPattern>,
     pub scope_headers: Vec<HeaderName>,
     pub max_stored_body: u64,
     pub complete_on_disconnect: bool,

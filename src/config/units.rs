@@ -48,7 +48,7 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 }
 
 /// Formats a duration the way the config writes it (for `rebound check`).
-pub fn format_duration(d: Duration) -> String {
+pub(crate) fn format_duration(d: Duration) -> String {
     let ms = d.as_millis();
     if ms == 0 {
         "0s".into()
@@ -64,7 +64,7 @@ pub fn format_duration(d: Duration) -> String {
 }
 
 /// Formats a size in the largest binary unit that divides it.
-pub fn format_size(n: u64) -> String {
+pub(crate) fn format_size(n: u64) -> String {
     for (unit, f) in [("GiB", 1u64 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)] {
         if n >= f && n % f == 0 {
             return format!("{}{unit}", n / f);

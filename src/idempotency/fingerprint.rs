@@ -43,7 +43,7 @@ pub fn hex(bytes: &[u8]) -> String {
 }
 
 /// Appends `bytes` in lower-case hex.
-pub fn push_hex(out: &mut String, bytes: &[u8]) {
+pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut buf = [0u8; 64];
     for chunk in bytes.chunks(32) {

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use super::store::Completion;
 
 /// The most completions held at once.
-pub const MAX_ENTRIES: usize = 10_000;
+pub(crate) const MAX_ENTRIES: usize = 10_000;
 /// The most response bytes held at once.
-pub const MAX_BYTES: usize = 64 << 20;
+pub(crate) const MAX_BYTES: usize = 64 << 20;
 
 /// A delivered response waiting for its write.
 #[derive(Debug)]
@@ -75,7 +75,7 @@ impl Held {
     }
 
     /// Lets go of `record`'s completion (written, or given up).
-    pub fn forget(&self, record: &str) {
+    pub(crate) fn forget(&self, record: &str) {
         let mut m = self.map.lock();
         if let Some(old) = m.map.remove(record) {
             m.bytes = m.bytes.saturating_sub(old.size());

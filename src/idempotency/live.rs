@@ -71,7 +71,7 @@ pub struct Live {
 
 /// What a relay reads next: the chunks after the ones it sent, and how the response ended.
 #[derive(Debug, Default)]
-pub struct Batch {
+pub(crate) struct Batch {
     pub data: Vec<Bytes>,
     /// The index of the chunk after `data`.
     pub next: u64,
@@ -100,12 +100,12 @@ struct State {
 /// The follower cannot get the rest: it fell more than `max_stored_body` behind.
 #[derive(Debug, thiserror::Error)]
 #[error("the follower fell more than max_stored_body behind the original")]
-pub struct FollowerCut;
+pub(crate) struct FollowerCut;
 
 /// The original's response failed mid-stream.
 #[derive(Debug, thiserror::Error)]
 #[error("the original response was aborted mid-stream")]
-pub struct OriginalAborted;
+pub(crate) struct OriginalAborted;
 
 impl Live {
     pub fn new(record: String, fingerprint: String, owner: String, cap: usize) -> Live {
@@ -129,7 +129,7 @@ impl Live {
     }
 
     /// The response's status and kept headers are decided.
-    pub fn set_head(&self, head: Head) {
+    pub(crate) fn set_head(&self, head: Head) {
         let mut s = self.state.lock();
         if s.head.is_none() && s.end.is_none() {
             s.head = Some(head);
@@ -185,12 +185,12 @@ impl Live {
     }
 
     /// Claims the right to relay this response (once).
-    pub fn start_relay(&self) -> bool {
+    pub(crate) fn start_relay(&self) -> bool {
         !self.relaying.swap(true, Ordering::AcqRel)
     }
 
     /// Waits for chunks from index `from` on (at most about `max_bytes` of them) or the end.
-    pub async fn next_batch(&self, from: u64, max_bytes: usize) -> Batch {
+    pub(crate) async fn next_batch(&self, from: u64, max_bytes: usize) -> Batch {
         let id = self.state.lock().waiter_id();
         let out = poll_fn(|cx| {
             let mut s = self.state.lock();
@@ -229,7 +229,7 @@ impl Live {
 
     /// The original's body ended cleanly but the response is a failure not to be shared with
     /// new duplicates (followers already reading get it to its end).
-    pub fn finish_unshared(&self) {
+    pub(crate) fn finish_unshared(&self) {
         let mut s = self.state.lock();
         s.unshared = true;
         if s.end.is_none() {
@@ -239,12 +239,13 @@ impl Live {
     }
 
     /// Whether it ended as a failure not shared with new duplicates.
-    pub fn is_unshared(&self) -> bool {
+    pub(crate) fn is_unshared(&self) -> bool {
         self.state.lock().unshared
     }
 
+    #[cfg(test)]
     /// Whether the response kept its first byte (it never outgrew `max_stored_body`).
-    pub fn is_whole(&self) -> bool {
+    pub(crate) fn is_whole(&self) -> bool {
         self.state.lock().dropped == 0
     }
 
@@ -399,7 +400,7 @@ impl Drop for Follower {
 
 /// The live responses of this replica's in-flight claims, by record key.
 #[derive(Default)]
-pub struct Lives {
+pub(crate) struct Lives {
     map: Mutex<HashMap<String, Arc<Live>>>,
 }
 
@@ -410,7 +411,7 @@ impl Lives {
     }
 
     /// Registers a fresh claim's response; the returned guard ends and unregisters it when dropped.
-    pub fn register(self: &Arc<Self>, record: &str, live: Arc<Live>) -> Registered {
+    pub(crate) fn register(self: &Arc<Self>, record: &str, live: Arc<Live>) -> Registered {
         self.map.lock().insert(record.to_string(), live.clone());
         Registered {
             lives: self.clone(),
@@ -419,11 +420,13 @@ impl Lives {
         }
     }
 
+    #[cfg(test)]
     /// How many are registered.
     pub fn len(&self) -> usize {
         self.map.lock().len()
     }
 
+    #[cfg(test)]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
@@ -431,7 +434,7 @@ impl Lives {
 
 /// A registered live response: unregistered when the claim ends (its write landed or was given
 /// up), and ended as released if nothing else ended it.
-pub struct Registered {
+pub(crate) struct Registered {
     lives: Arc<Lives>,
     record: String,
     pub live: Arc<Live>,

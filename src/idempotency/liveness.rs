@@ -33,14 +33,14 @@ use crate::time::{self, Instant};
 const REPLICA_HEX: usize = 16;
 
 /// This replica's id: 64 random bits in hex.
-pub fn new_replica_id() -> String {
+pub(crate) fn new_replica_id() -> String {
     let n: u64 = rand::random();
     super::fingerprint::hex(&n.to_be_bytes())
 }
 
 /// The replica that made the claim `owner` (`{replica}.{claim}`); `None` for a token of another
 /// form (made before owner liveness existed: never taken for dead).
-pub fn replica_of(owner: &str) -> Option<&str> {
+pub(crate) fn replica_of(owner: &str) -> Option<&str> {
     let (replica, claim) = owner.split_once('.')?;
     let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
     (replica.len() == REPLICA_HEX && hex(replica) && hex(claim)).then_some(replica)
@@ -49,7 +49,7 @@ pub fn replica_of(owner: &str) -> Option<&str> {
 /// Whether this replica may take another for dead: its own heartbeats landed without a gap for
 /// at least one TTL, and the last one within a TTL. Pure: the caller gives the instants.
 #[derive(Debug, Clone, Default)]
-pub struct Trust {
+pub(crate) struct Trust {
     /// Since when this replica's own record has been in Redis without a gap (as far as it knows).
     since: Option<Instant>,
     /// When its last heartbeat was answered.
@@ -70,7 +70,7 @@ impl Trust {
     }
 
     /// Whether a missing record of another replica means it is dead, at `now`.
-    pub fn trusted(&self, now: Instant, ttl: Duration) -> bool {
+    pub(crate) fn trusted(&self, now: Instant, ttl: Duration) -> bool {
         match (self.since, self.last) {
             (Some(since), Some(last)) => {
                 now.saturating_duration_since(since) >= ttl && now.saturating_duration_since(last) <= ttl
@@ -81,7 +81,7 @@ impl Trust {
 }
 
 /// This replica's heartbeat, and its view of the others.
-pub struct Liveness {
+pub(crate) struct Liveness {
     redis: RedisHandle,
     replica: String,
     ttl: Duration,
@@ -165,7 +165,7 @@ impl Liveness {
     /// Whether the replica that made the claim `owner` is dead: another replica's, its liveness
     /// record gone, while this replica's own heartbeats are trusted. One `EXISTS`; an error, an
     /// untrusted view, this replica's own claims and tokens of another form all count as alive.
-    pub async fn is_dead(&self, owner: &str) -> bool {
+    pub(crate) async fn is_dead(&self, owner: &str) -> bool {
         let Some(replica) = replica_of(owner) else {
             return false;
         };

@@ -22,7 +22,7 @@ pub mod held;
 pub mod live;
 pub mod liveness;
 mod recorder;
-pub mod redis_store;
+pub(crate) mod redis_store;
 mod relay;
 pub mod renewal;
 pub mod store;
@@ -43,18 +43,25 @@ use crate::metrics::{Metrics, RouteCounters, IDEMPOTENCY_COMPLETION_RESULTS, IDE
 use crate::redis::RedisHandle;
 pub use claim::Claim;
 use claim::{ClaimInner, Writer};
-pub use held::{Held, HeldCompletion};
-pub use live::{End, Follower, Head, HeadOrEnd, Live, Lives};
+pub use held::Held;
+pub use held::HeldCompletion;
+pub use live::End;
+pub use live::Follower;
+pub use live::Head;
+pub use live::HeadOrEnd;
+pub use live::Live;
+pub(crate) use live::Lives;
 use liveness::Liveness;
 pub use recorder::Recorder;
 pub use redis_store::{RedisStore, TakenOver};
 use relay::Relay;
 use renewal::Renewals;
-pub use store::{Begin, Completion, KeptHeaders, MemoryLimits, MemoryStore, Store, StoreError, StoredResponse};
+pub use store::StoreError;
+pub use store::{Begin, Completion, MemoryLimits, MemoryStore, Store, StoredResponse};
 
 /// Response headers kept with a stored response (and replayed). Never `set-cookie`, rate-limit
 /// or hop-by-hop headers: they describe the original exchange, not the result.
-pub const KEPT_HEADERS: [&str; 9] = [
+pub(crate) const KEPT_HEADERS: [&str; 9] = [
     "content-type",
     "content-encoding",
     "content-language",
@@ -86,7 +93,7 @@ pub struct Records {
     /// Releases of unanswered claims in flight.
     orphan_releases: Arc<AtomicUsize>,
     /// The responses of this replica's in-flight claims, for their followers.
-    pub lives: Arc<Lives>,
+    pub(crate) lives: Arc<Lives>,
     /// Follows originals on other replicas, and relays this one's to their followers (Redis).
     relay: Option<Arc<Relay>>,
     /// The lease renewals of this replica's in-flight claims (one task renews them all).
@@ -113,7 +120,12 @@ impl Records {
 
     /// Records on Redis, with the relay of live responses between replicas and this replica's
     /// heartbeat (both started here, both until `stop`).
-    pub fn with_relay(store: AnyStore, redis: RedisHandle, tasks: &TaskTracker, stop: CancellationToken) -> Records {
+    pub(crate) fn with_relay(
+        store: AnyStore,
+        redis: RedisHandle,
+        tasks: &TaskTracker,
+        stop: CancellationToken,
+    ) -> Records {
         let mut records = Records::new(store);
         let liveness = Liveness::new(redis.clone(), records.replica.to_string());
         liveness.start(tasks, stop.clone());
@@ -145,7 +157,7 @@ pub enum AnyStore {
 impl AnyStore {
     /// Whether a completion is acknowledged by replicas before its response ends
     /// (`[redis] wait_replicas` > 0).
-    pub fn waits_for_replicas(&self) -> bool {
+    pub(crate) fn waits_for_replicas(&self) -> bool {
         matches!(self, AnyStore::Redis(s) if s.waits_for_replicas())
     }
 }
@@ -307,7 +319,7 @@ impl Idempotency {
     }
 
     /// The identity a dead letter keeps so that its replay finds the original's record.
-    pub fn identity_of(
+    pub(crate) fn identity_of(
         &self,
         method: &Method,
         path: &str,
@@ -322,7 +334,7 @@ impl Idempotency {
     }
 
     /// The tenant scope of a request (a hash of its `scope_headers` values).
-    pub fn scope_of(&self, headers: &HeaderMap) -> String {
+    pub(crate) fn scope_of(&self, headers: &HeaderMap) -> String {
         fingerprint::scope_hash(headers, &self.policy.scope_headers)
     }
 

@@ -87,7 +87,7 @@ fn text(v: Option<&Value>) -> Option<String> {
 
 /// For the fuzz targets under `fuzz/`.
 #[doc(hidden)]
-pub fn fuzz_parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
+pub(crate) fn fuzz_parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
     parse_begin(reply)
 }
 
@@ -182,7 +182,7 @@ impl RedisStore {
     }
 
     /// Whether completions wait for replica acknowledgements (`wait_replicas` > 0).
-    pub fn waits_for_replicas(&self) -> bool {
+    pub(crate) fn waits_for_replicas(&self) -> bool {
         self.redis.wait_replicas() > 0
     }
 

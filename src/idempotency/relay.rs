@@ -42,7 +42,7 @@ const ASK_FIRST: Duration = Duration::from_millis(50);
 const ASK_MAX: Duration = Duration::from_secs(1);
 
 /// The relay of this replica: answers follow requests, and mirrors followed responses.
-pub struct Relay {
+pub(crate) struct Relay {
     redis: RedisHandle,
     lives: Arc<Lives>,
     /// Which replicas are dead (a followed original's included).

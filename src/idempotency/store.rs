@@ -18,7 +18,7 @@ use crate::time::{self, Instant};
 
 /// The response headers kept with a response (allowlisted: [`super::KEPT_HEADERS`]), shared by
 /// every copy of it (the live response, the store, each replay) instead of copied.
-pub type KeptHeaders = Arc<[(String, String)]>;
+pub(crate) type KeptHeaders = Arc<[(String, String)]>;
 
 /// A response kept for replay.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -66,7 +66,7 @@ pub struct StoreError {
     pub message: String,
     /// The command was sent and may still run (it timed out, or its connection broke after it
     /// was written): a claim made this way is released once the store answers again.
-    pub maybe_applied: bool,
+    pub(crate) maybe_applied: bool,
 }
 
 impl StoreError {
@@ -144,7 +144,7 @@ pub struct MemoryStore {
 
 /// The most expired records of each kind (completed, leases) one call purges: no call does
 /// unbounded work, and since a record is purged only once the purge keeps up, amortised.
-pub const PURGE_PER_CALL: usize = 64;
+pub(crate) const PURGE_PER_CALL: usize = 64;
 
 /// A position in an expiry index: the expiry, then a sequence number that makes it unique.
 type Slot = (Instant, u64);

@@ -9,7 +9,7 @@ use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
 
 /// Whether `path` is the job API's (`/jobs/...`).
-pub fn is_api_path(path: &str) -> bool {
+pub(crate) fn is_api_path(path: &str) -> bool {
     path.starts_with("/jobs/")
 }
 

@@ -52,7 +52,7 @@ pub fn payload(view: &JobView, result: Option<&JobResult>) -> Bytes {
 }
 
 /// The client callbacks go out on.
-pub struct Callbacks {
+pub(crate) struct Callbacks {
     client: Option<Client<HttpsConnector<HttpConnector>, Full<Bytes>>>,
 }
 
@@ -85,7 +85,13 @@ impl Callbacks {
 
     /// Delivers `payload` to `url`: until a 2xx, a status not worth retrying, or
     /// [`ATTEMPTS`] POSTs. `stop` abandons it (shutdown).
-    pub async fn deliver(&self, url: &str, job_id: &str, payload: Bytes, stop: &CancellationToken) -> CallbackView {
+    pub(crate) async fn deliver(
+        &self,
+        url: &str,
+        job_id: &str,
+        payload: Bytes,
+        stop: &CancellationToken,
+    ) -> CallbackView {
         let mut view = CallbackView {
             state: CallbackState::Failed,
             attempts: 0,

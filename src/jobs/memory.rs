@@ -15,12 +15,12 @@ use super::record::{
 };
 
 /// Finished jobs kept at most.
-pub const MAX_FINISHED: usize = 10_000;
+pub(crate) const MAX_FINISHED: usize = 10_000;
 /// Result bodies kept at most (bytes).
-pub const MAX_RESULT_BYTES: usize = 64 << 20;
+pub(crate) const MAX_RESULT_BYTES: usize = 64 << 20;
 
 /// A job a worker took.
-pub struct Taken {
+pub(crate) struct Taken {
     pub id: String,
     pub route: String,
     pub request: StoredRequest,
@@ -30,14 +30,14 @@ pub struct Taken {
 }
 
 /// A job with what the API shows and what a callback needs.
-pub struct Loaded {
-    pub view: JobView,
+pub(crate) struct Loaded {
+    pub(crate) view: JobView,
     pub result: Option<JobResult>,
     pub callback: Option<String>,
 }
 
 #[derive(Default)]
-pub struct MemoryQueue {
+pub(crate) struct MemoryQueue {
     state: Mutex<State>,
     notify: Notify,
 }
@@ -212,7 +212,7 @@ impl MemoryQueue {
     }
 
     /// Records what became of a job's callback.
-    pub fn callback_done(&self, id: &str, view: CallbackView) {
+    pub(crate) fn callback_done(&self, id: &str, view: CallbackView) {
         let mut s = self.state.lock();
         if let Some(job) = s.jobs.get_mut(id) {
             job.view.callback = Some(view);

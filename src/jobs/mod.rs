@@ -28,8 +28,8 @@ pub mod callback;
 pub mod memory;
 pub mod prefer;
 pub mod record;
-pub mod redis_queue;
-pub mod seal;
+pub(crate) mod redis_queue;
+pub(crate) mod seal;
 mod submit;
 mod worker;
 
@@ -55,12 +55,12 @@ use memory::MemoryQueue;
 use redis_queue::RedisQueue;
 use seal::Sealer;
 
-pub use api::is_api_path;
-pub use prefer::{prefers_async, wants_async};
+pub(crate) use api::is_api_path;
+pub(crate) use prefer::wants_async;
 
 /// A job whose workers died this many times is failed as abandoned (a poison job must not take
 /// the fleet down one replica after another).
-pub const MAX_RUNS: u32 = 5;
+pub(crate) const MAX_RUNS: u32 = 5;
 
 /// The headers a job's access is scoped by: only the credential that submitted it reads it.
 const ACCESS_HEADERS: [&str; 3] = crate::wire::headers::CREDENTIAL_HEADERS;
@@ -91,7 +91,7 @@ pub trait Pipeline: Send + Sync + 'static {
 
 /// Marks a request run by a job worker (it is never queued again; dead letters name the job).
 #[derive(Debug, Clone)]
-pub struct JobRun(pub String);
+pub(crate) struct JobRun(pub String);
 
 /// The job service: the queue (memory or Redis), its workers, the API. One per process; cheap to
 /// clone.
@@ -155,7 +155,7 @@ impl Jobs {
 
     /// The service for a configuration: `Some` when one of its routes is async (the workers are
     /// started then, once).
-    pub fn for_config(&self, config: &Config) -> Option<Jobs> {
+    pub(crate) fn for_config(&self, config: &Config) -> Option<Jobs> {
         if !config.routes.iter().any(|r| r.async_jobs) {
             return None;
         }
@@ -213,7 +213,7 @@ impl Jobs {
 
 /// Why the job service could not do what was asked.
 #[derive(Debug, thiserror::Error)]
-pub enum JobsError {
+pub(crate) enum JobsError {
     /// Redis did not answer, or refused the command.
     #[error("job store unavailable: {0}")]
     Store(#[from] crate::redis::RedisError),

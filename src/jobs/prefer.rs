@@ -7,7 +7,7 @@ use super::JobRun;
 
 /// Whether the request asks to be answered asynchronously (`Prefer: respond-async`, among any
 /// other preferences, in any of several `Prefer` headers) and is not a job's own run.
-pub fn wants_async(parts: &http::request::Parts) -> bool {
+pub(crate) fn wants_async(parts: &http::request::Parts) -> bool {
     parts.extensions.get::<JobRun>().is_none() && prefers_async(&parts.headers)
 }
 

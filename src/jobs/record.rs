@@ -41,7 +41,7 @@ impl JobState {
 
 /// The request a job runs, minus its body and credentials (kept beside it).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct StoredRequest {
+pub(crate) struct StoredRequest {
     pub method: String,
     /// Path and query as the app sent them (the route prefix included).
     pub uri: String,
@@ -55,14 +55,14 @@ pub struct StoredRequest {
 
 /// A job to create.
 #[derive(Debug, Clone)]
-pub struct NewJob {
+pub(crate) struct NewJob {
     pub id: String,
     pub route: String,
     /// The idempotency fingerprint when the job came with a key (`""` without).
     pub fingerprint: String,
     /// Hash of the submitter's credential headers: only the same credential reads the job.
     pub access: String,
-    pub created_ms: u64,
+    pub(crate) created_ms: u64,
     pub request: StoredRequest,
     pub body: Bytes,
     /// Credential headers (sealed before they reach Redis).
@@ -72,7 +72,7 @@ pub struct NewJob {
 
 /// How a submission went.
 #[derive(Debug, Clone, PartialEq)]
-pub enum Submitted {
+pub(crate) enum Submitted {
     /// Created and queued.
     Queued,
     /// A job with this id exists (the same Idempotency-Key): its state.
@@ -127,9 +127,9 @@ pub struct JobView {
     pub state: JobState,
     pub route: String,
     pub access: String,
-    pub created_ms: u64,
-    pub started_ms: Option<u64>,
-    pub finished_ms: Option<u64>,
+    pub(crate) created_ms: u64,
+    pub(crate) started_ms: Option<u64>,
+    pub(crate) finished_ms: Option<u64>,
     /// Worker runs (more than 1 when a job was reclaimed from a worker that died).
     pub runs: u32,
     /// Upstream attempts of the run that finished it.
@@ -145,7 +145,7 @@ pub struct JobView {
 
 impl JobView {
     /// The status document.
-    pub fn to_json(&self) -> serde_json::Value {
+    pub(crate) fn to_json(&self) -> serde_json::Value {
         let at = |ms: Option<u64>| ms.map(rfc3339);
         let mut v = serde_json::json!({
             "job_id": self.id,
@@ -186,9 +186,9 @@ pub struct JobResult {
 
 /// A run's outcome, as the owner records it.
 #[derive(Debug, Clone)]
-pub struct Finished {
+pub(crate) struct Finished {
     pub state: JobState,
-    pub finished_ms: u64,
+    pub(crate) finished_ms: u64,
     pub attempts: u32,
     /// The final HTTP status (none when no request could be made).
     pub http_status: Option<u16>,

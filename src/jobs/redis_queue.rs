@@ -31,7 +31,7 @@ use super::JobsError;
 use crate::redis::{RedisError, RedisHandle};
 
 /// The consumer group every replica's workers read through.
-pub const GROUP: &str = "workers";
+pub(crate) const GROUP: &str = "workers";
 
 /// The stream's MAXLEN backstop, as a multiple of `max_queue` (trimming never happens while the
 /// cap holds: finished entries are deleted).
@@ -56,7 +56,7 @@ pub enum Start {
 }
 
 /// A job to run, as the start script hands it over.
-pub struct Run {
+pub(crate) struct Run {
     /// This run's number (more than 1: the job was reclaimed).
     pub runs: u32,
     /// `None` when it could not be read.
@@ -69,8 +69,8 @@ pub struct Run {
 }
 
 /// A job read back with its result and callback target.
-pub struct Loaded {
-    pub view: JobView,
+pub(crate) struct Loaded {
+    pub(crate) view: JobView,
     pub result: Option<JobResult>,
     pub callback: Option<String>,
 }
@@ -84,7 +84,7 @@ struct Scripts {
 
 /// The queue's keys and scripts over the process's Redis connection.
 #[derive(Clone)]
-pub struct RedisQueue {
+pub(crate) struct RedisQueue {
     pub redis: RedisHandle,
     scripts: Arc<Scripts>,
     pub stream: String,
@@ -133,7 +133,7 @@ fn entry(v: &Value) -> Option<(String, Option<String>)> {
     Some((id, job))
 }
 
-pub fn is_nogroup(e: &RedisError) -> bool {
+pub(crate) fn is_nogroup(e: &RedisError) -> bool {
     matches!(e, RedisError::Command { source, .. } if source.code() == Some("NOGROUP"))
 }
 
@@ -235,7 +235,7 @@ impl RedisQueue {
     }
 
     /// Creates the consumer group (and the stream) if they do not exist.
-    pub async fn ensure_group(&self) -> Result<(), RedisError> {
+    pub(crate) async fn ensure_group(&self) -> Result<(), RedisError> {
         let stream = self.stream.clone();
         let created: Result<Value, RedisError> = self
             .redis
@@ -258,7 +258,7 @@ impl RedisQueue {
 
     /// Reads one new entry for `consumer`, blocking up to `block` on a connection of its own.
     /// `Ok(None)`: nothing arrived. A missing group is reported as [`JobsError::NoGroup`].
-    pub async fn read_new(
+    pub(crate) async fn read_new(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
         consumer: &str,
@@ -368,7 +368,7 @@ impl RedisQueue {
     }
 
     /// Acknowledges and deletes an entry whose job id could not be read.
-    pub async fn drop_entry(&self, entry: &str) -> Result<(), RedisError> {
+    pub(crate) async fn drop_entry(&self, entry: &str) -> Result<(), RedisError> {
         let (stream, entry) = (self.stream.clone(), entry.to_string());
         self.redis
             .run("jobs_ack", |mut c| async move {
@@ -448,7 +448,7 @@ impl RedisQueue {
     }
 
     /// Records what became of the job's callback and acknowledges its entry.
-    pub async fn callback_done(
+    pub(crate) async fn callback_done(
         &self,
         id: &str,
         entry: &str,
@@ -505,7 +505,7 @@ impl RedisQueue {
     }
 
     /// Removes consumers of departed processes: nothing pending, idle for longer than `idle`.
-    pub async fn forget_departed(&self, idle: Duration) -> Result<usize, RedisError> {
+    pub(crate) async fn forget_departed(&self, idle: Duration) -> Result<usize, RedisError> {
         let stream = self.stream.clone();
         let reply = self
             .redis
@@ -563,7 +563,11 @@ impl RedisQueue {
 }
 
 /// Opens the sealed credentials of a job.
-pub fn open_credentials(sealer: Option<&Sealer>, id: &str, sealed: &str) -> Result<Vec<(String, String)>, JobsError> {
+pub(crate) fn open_credentials(
+    sealer: Option<&Sealer>,
+    id: &str,
+    sealed: &str,
+) -> Result<Vec<(String, String)>, JobsError> {
     if sealed.is_empty() {
         return Ok(Vec::new());
     }
@@ -577,7 +581,7 @@ pub fn open_credentials(sealer: Option<&Sealer>, id: &str, sealed: &str) -> Resu
 /// `None` when it holds no job. Whatever the bytes, a decision, never a panic.
 /// For the fuzz targets under `fuzz/`.
 #[doc(hidden)]
-pub fn fuzz_decode(reply: &[Value]) {
+pub(crate) fn fuzz_decode(reply: &[Value]) {
     let _ = decode("fuzz", reply);
 }
 

@@ -9,7 +9,7 @@ use ring::aead::{Aad, LessSafeKey, Nonce, UnboundKey, CHACHA20_POLY1305, NONCE_L
 use crate::idempotency::fingerprint::digest;
 
 /// Seals and opens credential headers.
-pub struct Sealer {
+pub(crate) struct Sealer {
     key: LessSafeKey,
 }
 
@@ -28,7 +28,7 @@ impl Sealer {
     }
 
     /// `base64(nonce || ciphertext || tag)`.
-    pub fn seal(&self, aad: &str, plain: &[u8]) -> Option<String> {
+    pub(crate) fn seal(&self, aad: &str, plain: &[u8]) -> Option<String> {
         let mut nonce = [0u8; NONCE_LEN];
         rand::rng().fill(&mut nonce);
         let mut data = plain.to_vec();

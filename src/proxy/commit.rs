@@ -32,7 +32,7 @@ use crate::upstream::{error_chain, AttemptError, UpstreamBody};
 use crate::wire::sse::{self, EventEnd, InBandError, Shape};
 
 /// The most rebound reads ahead of the commit point.
-pub const LOOKAHEAD: usize = 64 * 1024;
+pub(crate) const LOOKAHEAD: usize = 64 * 1024;
 
 /// One attempt: the response (its prefix read ahead, an in-band error marked as an
 /// [`InBandError`] extension) or why it failed, and when it was received.

@@ -49,7 +49,8 @@ use crate::wire::headers;
 use crate::wire::sse::Shape;
 use attempts::Delivery;
 use idempotent::{follow_response, idempotency_step, replay_response, Answered};
-pub use routes::{BuildError, Route, Target, Targets};
+pub use routes::BuildError;
+pub(crate) use routes::{Route, Target};
 use stream::{ErrorWatch, IdleTimeout};
 use tokens::Meter;
 
@@ -65,7 +66,7 @@ pub struct Shared {
     /// shutdown.
     pub tasks: TaskTracker,
     /// Cancelled when the shutdown grace runs out.
-    pub hard_stop: CancellationToken,
+    pub(crate) hard_stop: CancellationToken,
     /// The idempotency store (Redis when configured: any replica answers; else in memory), and
     /// the delivered responses this replica holds until their write lands.
     pub store: Records,
@@ -83,7 +84,7 @@ impl Shared {
     /// The store for `redis`: Redis when configured (with the relay that lets duplicates follow
     /// an original on another replica, its tasks on `tasks` until `stop`), else a bounded map in
     /// memory (one replica).
-    pub fn store_for(redis: Option<RedisHandle>, tasks: &TaskTracker, stop: CancellationToken) -> Records {
+    pub(crate) fn store_for(redis: Option<RedisHandle>, tasks: &TaskTracker, stop: CancellationToken) -> Records {
         match redis {
             Some(r) => Records::with_relay(AnyStore::Redis(RedisStore::new(r.clone())), r, tasks, stop),
             None => Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default()))),

@@ -12,7 +12,7 @@ use http::HeaderValue;
 use std::sync::Arc;
 
 /// A route with everything it refers to resolved.
-pub struct Route {
+pub(crate) struct Route {
     pub name: Arc<str>,
     pub config: RouteConfig,
     pub retry: Arc<RetryPolicy>,
@@ -31,7 +31,7 @@ pub struct Route {
 
 /// An upstream a route may use.
 #[derive(Clone)]
-pub struct Target {
+pub(crate) struct Target {
     pub name: Arc<str>,
     pub upstream: Arc<Upstream>,
     /// `x-rebound-upstream` for responses it served.
@@ -60,7 +60,7 @@ impl Target {
 }
 
 /// The upstreams a route may use: its own, then its fallbacks in order (never empty).
-pub struct Targets {
+pub(crate) struct Targets {
     primary: Target,
     fallbacks: Vec<Target>,
 }

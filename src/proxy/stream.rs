@@ -24,7 +24,7 @@ use crate::wire::sse::{ErrorScan, Shape};
 
 /// A body whose first frames were already read (the prefix), put back in order before the rest.
 /// The prefix is held as the frames came: nothing is copied.
-pub struct Primed<B> {
+pub(crate) struct Primed<B> {
     /// The first frame held (kept apart: the common case holds one frame and allocates nothing).
     first: Option<Frame<Bytes>>,
     /// Frames held after it, when the commit point took several.
@@ -46,12 +46,12 @@ impl<B> Primed<B> {
     }
 
     /// The response's shape (its `content-type`).
-    pub fn shape(&self) -> Shape {
+    pub(crate) fn shape(&self) -> Shape {
         self.shape
     }
 
     /// The body still to be read.
-    pub fn inner_mut(&mut self) -> &mut B {
+    pub(crate) fn inner_mut(&mut self) -> &mut B {
         &mut self.inner
     }
 
@@ -69,13 +69,13 @@ impl<B> Primed<B> {
     }
 
     /// The data bytes held.
-    pub fn held_len(&self) -> usize {
+    pub(crate) fn held_len(&self) -> usize {
         self.held().map(Bytes::len).sum()
     }
 
     /// The first `n` data bytes held (fewer if fewer are held): borrowed when the first frame has
     /// them all, else copied together.
-    pub fn held_prefix(&self, n: usize) -> Cow<'_, [u8]> {
+    pub(crate) fn held_prefix(&self, n: usize) -> Cow<'_, [u8]> {
         let mut held = self.held();
         match held.next() {
             None => Cow::Borrowed(&[]),
@@ -134,7 +134,7 @@ where
 ///
 /// In the same poll, each data frame is fed to the attempt's token [`Meter`] (event streams and
 /// JSON bodies), which is finished when the body ends, fails or is dropped.
-pub struct ErrorWatch<B: Body> {
+pub(crate) struct ErrorWatch<B: Body> {
     inner: B,
     watching: Option<Watching>,
     meter: Option<Meter>,
@@ -182,7 +182,7 @@ impl<B: Body> ErrorWatch<B> {
     /// event was not an error is watched (the flag is set when an error event passes); a response
     /// whose first event or JSON body was one is not (its flag is set already); any other response
     /// has no flag.
-    pub fn for_response(
+    pub(crate) fn for_response(
         inner: B,
         shape: Shape,
         first_event_error: bool,
@@ -266,7 +266,7 @@ impl<B: Body> Drop for ErrorWatch<B> {
 /// The upstream went silent for longer than `stream_idle_timeout`.
 #[derive(Debug, thiserror::Error)]
 #[error("the upstream sent nothing for {0:?} (stream_idle_timeout)")]
-pub struct StreamIdle(pub Duration);
+pub(crate) struct StreamIdle(pub Duration);
 
 /// Fails the body when no frame arrives within `idle` of the previous one. The client connection
 /// is then aborted: a stream cut short must never look complete.
@@ -275,7 +275,7 @@ pub struct StreamIdle(pub Duration);
 /// common JSON case, never touches the timer wheel), and re-armed after each frame that follows a
 /// wait: the silence is measured from the moment rebound found the stream waiting, which is at
 /// most one poll after the previous frame.
-pub struct IdleTimeout<B> {
+pub(crate) struct IdleTimeout<B> {
     inner: B,
     idle: Duration,
     /// Created on the first wait; reset for every later one.

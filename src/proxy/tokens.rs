@@ -33,7 +33,7 @@ pub struct Counted;
 
 /// What every attempt of one request shares: its model label and its ledger.
 #[derive(Clone)]
-pub struct RequestTokens {
+pub(crate) struct RequestTokens {
     pub model: Arc<str>,
     pub ledger: Ledger,
 }
@@ -42,7 +42,7 @@ pub struct RequestTokens {
 const OTHER: &str = "other";
 
 /// The `model` label values of one configuration: `[metrics] models`, then `other`.
-pub struct Models {
+pub(crate) struct Models {
     listed: Vec<Arc<str>>,
     other: Arc<str>,
 }
@@ -57,7 +57,7 @@ impl Models {
 
     /// A request's label: the request body's `model` when it is listed, else `other` (the body
     /// is not searched when no model is listed).
-    pub fn for_request(&self, body: &[u8]) -> RequestTokens {
+    pub(crate) fn for_request(&self, body: &[u8]) -> RequestTokens {
         let model = match self.listed.is_empty() {
             true => None,
             false => request_model(body).and_then(|m| self.listed.iter().find(|l| &***l == m)),
@@ -71,7 +71,7 @@ impl Models {
 
 /// `gen_ai_provider_name` for an upstream: the OpenTelemetry name of a provider known by its host
 /// (`openai`, `anthropic`, `azure.ai.openai`), else the upstream's name.
-pub fn provider_name(name: &str, config: &UpstreamConfig) -> String {
+pub(crate) fn provider_name(name: &str, config: &UpstreamConfig) -> String {
     let host = config.authority.host().to_ascii_lowercase();
     let known = if host.ends_with(".openai.azure.com") {
         "azure.ai.openai"
@@ -86,7 +86,7 @@ pub fn provider_name(name: &str, config: &UpstreamConfig) -> String {
 }
 
 /// One attempt's usage, read as its body passes, counted once.
-pub struct Meter {
+pub(crate) struct Meter {
     scan: UsageScan,
     metrics: Arc<TokenMetrics>,
     request: RequestTokens,
@@ -101,7 +101,7 @@ pub struct Meter {
 impl Meter {
     /// A meter for attempt number `attempt` (from 1), sent at `sent`, when the body's `shape`
     /// can carry usage (JSON or an event stream).
-    pub fn for_response(
+    pub(crate) fn for_response(
         shape: Shape,
         metrics: &Arc<TokenMetrics>,
         request: &RequestTokens,
@@ -123,7 +123,7 @@ impl Meter {
     }
 
     /// The meter of the delivered attempt's response, unless its tokens were counted already.
-    pub fn for_delivered<B>(
+    pub(crate) fn for_delivered<B>(
         resp: &Response<Primed<B>>,
         metrics: &Arc<TokenMetrics>,
         request: &RequestTokens,
@@ -137,7 +137,7 @@ impl Meter {
     }
 
     /// The response's error flag (an in-band or mid-stream error makes its tokens wasted).
-    pub fn watch_error(&mut self, flag: Option<Arc<AtomicBool>>) {
+    pub(crate) fn watch_error(&mut self, flag: Option<Arc<AtomicBool>>) {
         self.error = flag;
     }
 
@@ -165,7 +165,7 @@ impl Meter {
 
 /// Counts an attempt that is not delivered (retried, or replaced by a later one) as wasted, from
 /// the bytes the commit point read of it, and marks it counted.
-pub fn discard<B>(
+pub(crate) fn discard<B>(
     resp: &mut Response<Primed<B>>,
     metrics: &Arc<TokenMetrics>,
     request: &RequestTokens,
@@ -183,7 +183,7 @@ pub fn discard<B>(
 }
 
 /// `attempts` with the usage each one reported (as counted so far).
-pub fn with_usage(attempts: &[AttemptRecord], ledger: &Ledger) -> Vec<AttemptRecord> {
+pub(crate) fn with_usage(attempts: &[AttemptRecord], ledger: &Ledger) -> Vec<AttemptRecord> {
     let counted = ledger.entries();
     let mut out = attempts.to_vec();
     for (i, a) in out.iter_mut().enumerate() {

@@ -128,7 +128,7 @@ impl RedisHandle {
     /// Waits until the first health check answers, at most `bound` (startup: so that a fleet
     /// whose Redis is up does not answer its first requests as if it were down). `Err`: Redis
     /// refused rebound for good (credentials, certificate): the message says what to fix.
-    pub async fn wait_connected(&self, bound: Duration) -> Result<bool, String> {
+    pub(crate) async fn wait_connected(&self, bound: Duration) -> Result<bool, String> {
         let end = crate::time::now() + bound;
         while !self.is_up() {
             if let Some(why) = self.refused() {
@@ -170,14 +170,14 @@ impl RedisHandle {
     /// Redis's clock now (unix ms), from this replica's clock and the offset measured by the last
     /// health check; `None` before the first one answered. Scripts compare it with `TIME` to refuse
     /// a command that ran after its caller gave up on it (it sat in a frozen Redis's buffer).
-    pub fn redis_now_ms(&self) -> Option<i64> {
+    pub(crate) fn redis_now_ms(&self) -> Option<i64> {
         let offset = self.inner.clock_offset_ms.load(Ordering::Relaxed);
         (offset != i64::MIN).then(|| signed(time::now_unix_ms()).saturating_add(offset))
     }
 
     /// The instant on Redis's clock (unix ms) after which a command sent now has been given up
     /// on: now plus `command_timeout`. 0 (no bound) while the offset is unknown.
-    pub fn give_up_at_ms(&self) -> i64 {
+    pub(crate) fn give_up_at_ms(&self) -> i64 {
         let timeout = i64::try_from(self.inner.config.command_timeout.as_millis()).unwrap_or(i64::MAX);
         self.redis_now_ms().map_or(0, |now| now.saturating_add(timeout))
     }
@@ -189,7 +189,7 @@ impl RedisHandle {
 
     /// How long a lost subscription or connection waits, at most, before it is tried again: the
     /// fleet sync interval, so that shared state is back within about two of them after Redis is.
-    pub fn reconnect_backoff_max(&self) -> Duration {
+    pub(crate) fn reconnect_backoff_max(&self) -> Duration {
         self.inner.config.sync_interval.max(Duration::from_millis(50))
     }
 
@@ -221,7 +221,7 @@ impl RedisHandle {
 
     /// [`RedisHandle::run`] on the lane of writes that wait for replicas (`WAIT` holds its
     /// connection until the replicas answer: the shared one must not wait behind it).
-    pub async fn run_durable<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, RedisError>
+    pub(crate) async fn run_durable<T, F, Fut>(&self, op: &'static str, f: F) -> Result<T, RedisError>
     where
         F: FnOnce(Conn) -> Fut,
         Fut: Future<Output = redis::RedisResult<T>>,
@@ -282,7 +282,7 @@ impl RedisHandle {
     /// BLOCK` would stall every command behind them on the shared one): the server, Sentinel's
     /// current master, or the master of the key's Cluster slot. Made within the connect timeout;
     /// its replies wait at most `response_timeout` (`None`: as long as the caller's own bound).
-    pub async fn dedicated_for(
+    pub(crate) async fn dedicated_for(
         &self,
         key: &str,
         response_timeout: Option<Duration>,
@@ -313,7 +313,7 @@ impl RedisHandle {
 
     /// A pub/sub connection (subscribe on it). Classic pub/sub: on a Cluster every node hears
     /// what is published on any node, so it goes to any master (another one after each loss).
-    pub async fn pubsub(&self) -> Result<PubSub, RedisError> {
+    pub(crate) async fn pubsub(&self) -> Result<PubSub, RedisError> {
         let op = "pubsub";
         let client = self.client_for(None).await?;
         let timeout = self.nodes()?.connect_timeout;

@@ -74,7 +74,7 @@ impl Nodes {
     }
 
     /// A client for a configured URL, with the configured credentials.
-    pub fn url_client(&self, url: &str) -> redis::RedisResult<Client> {
+    pub(crate) fn url_client(&self, url: &str) -> redis::RedisResult<Client> {
         let info = self.with_credentials(url.into_connection_info()?);
         self.client(info)
     }
@@ -85,7 +85,7 @@ impl Nodes {
     }
 
     /// A client for a data node found at `host:port` (a Sentinel master, a Cluster node).
-    pub fn node_client(&self, host: &str, port: u16) -> redis::RedisResult<Client> {
+    pub(crate) fn node_client(&self, host: &str, port: u16) -> redis::RedisResult<Client> {
         let addr = if self.tls {
             ConnectionAddr::TcpTls {
                 host: host.to_string(),
@@ -127,7 +127,7 @@ impl Nodes {
 
     /// The master `name` as the first sentinel that knows it says (`host`, `port`), and the index
     /// of that sentinel (asked first next time). Each sentinel gets `connect_timeout`.
-    pub async fn sentinel_master(
+    pub(crate) async fn sentinel_master(
         &self,
         sentinels: &[String],
         name: &str,

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use rand::Rng;
 
-pub use crate::config::jitter::{Jitter, UnknownJitter};
+pub use crate::config::jitter::Jitter;
 
 const NANOS_PER_SEC: u128 = 1_000_000_000;
 
 /// Why a [`Backoff`] could not be built.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum InvalidBackoff {
+pub(crate) enum InvalidBackoff {
     /// `max_delay` is zero: every delay would be zero, which is never what a policy means.
     #[error("max_delay must be greater than zero")]
     ZeroMax,
@@ -52,7 +52,7 @@ pub enum InvalidBackoff {
 /// `decorrelated` ignores `n`: the first retry draws from `500ms..=1.5s` (prev = base), and each
 /// later one from `500ms..=3*prev`, the result capped at 30s.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
+pub(crate) struct Backoff {
     base: Duration,
     max: Duration,
     jitter: Jitter,
@@ -60,7 +60,7 @@ pub struct Backoff {
 
 impl Backoff {
     /// Builds a schedule; rejects `max == 0` and `base > max`.
-    pub fn try_new(base: Duration, max: Duration, jitter: Jitter) -> Result<Backoff, InvalidBackoff> {
+    pub(crate) fn try_new(base: Duration, max: Duration, jitter: Jitter) -> Result<Backoff, InvalidBackoff> {
         if max.is_zero() {
             return Err(InvalidBackoff::ZeroMax);
         }
@@ -70,19 +70,16 @@ impl Backoff {
         Ok(Backoff { base, max, jitter })
     }
 
+    #[cfg(test)]
     /// The configured base delay.
     pub fn base(&self) -> Duration {
         self.base
     }
 
+    #[cfg(test)]
     /// The configured maximum delay: no [`Backoff::delay`] is ever longer.
     pub fn max(&self) -> Duration {
         self.max
-    }
-
-    /// The configured jitter mode.
-    pub fn jitter(&self) -> Jitter {
-        self.jitter
     }
 
     /// `min(max, base * 2^(retry-1))`, saturating: never overflows, whatever `retry` is.
@@ -105,7 +102,7 @@ impl Backoff {
     ///
     /// The result is always `<= max`; for `full` it is in `[0, cap(retry)]`, for `equal` in
     /// `[cap/2, cap]`, for `decorrelated` in `[min(base, max), max]`, for `none` exactly `cap`.
-    pub fn delay<R: Rng + ?Sized>(&self, retry: u32, prev: Option<Duration>, rng: &mut R) -> Duration {
+    pub(crate) fn delay<R: Rng + ?Sized>(&self, retry: u32, prev: Option<Duration>, rng: &mut R) -> Duration {
         match self.jitter {
             Jitter::None => self.cap(retry),
             Jitter::Full => {
@@ -130,11 +127,11 @@ impl Backoff {
 }
 
 /// Smallest upward jitter added on top of a Retry-After hint.
-pub const RETRY_AFTER_MIN_EXTRA: Duration = Duration::from_millis(10);
+pub(crate) const RETRY_AFTER_MIN_EXTRA: Duration = Duration::from_millis(10);
 /// Smallest spread of the random part of the Retry-After jitter.
-pub const RETRY_AFTER_MIN_SPREAD: Duration = Duration::from_millis(50);
+pub(crate) const RETRY_AFTER_MIN_SPREAD: Duration = Duration::from_millis(50);
 /// Largest spread of the random part of the Retry-After jitter.
-pub const RETRY_AFTER_MAX_SPREAD: Duration = Duration::from_secs(1);
+pub(crate) const RETRY_AFTER_MAX_SPREAD: Duration = Duration::from_secs(1);
 
 /// The extra wait to add on top of a server's Retry-After `hint`: never negative, so the caller
 /// never comes back earlier than the server asked.
@@ -150,7 +147,7 @@ pub const RETRY_AFTER_MAX_SPREAD: Duration = Duration::from_secs(1);
 /// at most 1 s, because past the reset instant the wait is pure added latency, and at least
 /// 50 ms so that short or zero hints are spread too. The fixed 10 ms floor keeps us from arriving
 /// at the reset boundary itself, where a one-second-resolution clock may not have ticked yet.
-pub fn retry_after_jitter<R: Rng + ?Sized>(hint: Duration, rng: &mut R) -> Duration {
+pub(crate) fn retry_after_jitter<R: Rng + ?Sized>(hint: Duration, rng: &mut R) -> Duration {
     let spread = (hint / 10).clamp(RETRY_AFTER_MIN_SPREAD, RETRY_AFTER_MAX_SPREAD);
     RETRY_AFTER_MIN_EXTRA + from_nanos(uniform(rng, 0, spread.as_nanos()))
 }

@@ -22,18 +22,19 @@ use tokio::time::Instant;
 /// Number of buckets the window is divided into.
 pub const SLOTS: usize = 10;
 
+#[cfg(test)]
 /// The window used when a route does not say otherwise (Linkerd's `ttl` default).
-pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
 
 /// The shortest window accepted: 1 ms, so that a bucket is at least 100 µs.
-pub const MIN_WINDOW: Duration = Duration::from_millis(1);
+pub(crate) const MIN_WINDOW: Duration = Duration::from_millis(1);
 
 /// Largest accepted `ratio` (tower's bound: retries may add up to 1000 times the traffic).
-pub const MAX_RATIO: f64 = 1000.0;
+pub(crate) const MAX_RATIO: f64 = 1000.0;
 
 /// Why a [`RetryBudget`] could not be built.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum InvalidBudget {
+pub(crate) enum InvalidBudget {
     /// `ratio` is negative, NaN, infinite or above [`MAX_RATIO`].
     #[error("budget_ratio must be a number between 0 and {MAX_RATIO}, got {0}")]
     Ratio(f64),
@@ -42,9 +43,10 @@ pub enum InvalidBudget {
     Window(Duration),
 }
 
+#[cfg(test)]
 /// The counts a budget holds for its current window, for metrics and logs.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct BudgetSnapshot {
+pub(crate) struct BudgetSnapshot {
     /// Original requests deposited in the window.
     pub requests: u64,
     /// Retries withdrawn (granted or recorded as external) in the window.
@@ -53,7 +55,9 @@ pub struct BudgetSnapshot {
     pub allowed: f64,
 }
 
+#[cfg(test)]
 impl BudgetSnapshot {
+    #[cfg(test)]
     /// Retries that would still be granted now (whole retries, zero when spent).
     pub fn remaining(&self) -> u64 {
         let left = (self.allowed - self.retries as f64).floor();
@@ -97,10 +101,8 @@ struct State {
 /// Times come from the caller (`tokio::time::Instant`, the project's one clock). They need not
 /// be strictly ordered across tasks: a time older than the newest bucket counts in the newest.
 #[derive(Debug)]
-pub struct RetryBudget {
+pub(crate) struct RetryBudget {
     ratio: f64,
-    min_per_second: u32,
-    window: Duration,
     slot_nanos: u128,
     reserve: f64,
     state: Mutex<State>,
@@ -112,7 +114,7 @@ impl RetryBudget {
     /// the sliding `window` (normally [`DEFAULT_WINDOW`]).
     ///
     /// Rejects a `ratio` outside `0..=MAX_RATIO` (or NaN) and a window below [`MIN_WINDOW`].
-    pub fn try_new(ratio: f64, min_per_second: u32, window: Duration) -> Result<RetryBudget, InvalidBudget> {
+    pub(crate) fn try_new(ratio: f64, min_per_second: u32, window: Duration) -> Result<RetryBudget, InvalidBudget> {
         if !(0.0..=MAX_RATIO).contains(&ratio) {
             return Err(InvalidBudget::Ratio(ratio));
         }
@@ -121,8 +123,6 @@ impl RetryBudget {
         }
         Ok(RetryBudget {
             ratio,
-            min_per_second,
-            window,
             slot_nanos: window.as_nanos() / SLOTS as u128,
             reserve: f64::from(min_per_second) * window.as_secs_f64(),
             state: Mutex::new(State {
@@ -133,23 +133,8 @@ impl RetryBudget {
         })
     }
 
-    /// The configured ratio.
-    pub fn ratio(&self) -> f64 {
-        self.ratio
-    }
-
-    /// The configured floor, in retries per second.
-    pub fn min_per_second(&self) -> u32 {
-        self.min_per_second
-    }
-
-    /// The configured window.
-    pub fn window(&self) -> Duration {
-        self.window
-    }
-
     /// Records one original request at `now`: it earns `ratio` retries for the window.
-    pub fn deposit(&self, now: Instant) {
+    pub(crate) fn deposit(&self, now: Instant) {
         let mut state = self.state.lock();
         let slot = self.advance(&mut state, now);
         let slot = &mut state.slots[slot];
@@ -158,7 +143,7 @@ impl RetryBudget {
 
     /// Asks for one retry at `now`: true (and the retry is counted) when the window's retries
     /// are below what it allows; false, counting nothing, when the budget is spent.
-    pub fn withdraw(&self, now: Instant) -> bool {
+    pub(crate) fn withdraw(&self, now: Instant) -> bool {
         let mut state = self.state.lock();
         let slot = self.advance(&mut state, now);
         let (requests, retries) = totals(&state);
@@ -178,15 +163,16 @@ impl RetryBudget {
     /// `x-stainless-retry-count` > 0) as a withdrawal, without checking the budget: the request
     /// is already here, but it is retry traffic and must not earn retries of its own. Call it
     /// instead of [`deposit`](RetryBudget::deposit) for such a request.
-    pub fn record_external_retry(&self, now: Instant) {
+    pub(crate) fn record_external_retry(&self, now: Instant) {
         let mut state = self.state.lock();
         let slot = self.advance(&mut state, now);
         let slot = &mut state.slots[slot];
         slot.retries = slot.retries.saturating_add(1);
     }
 
+    #[cfg(test)]
     /// The window's counts as of `now` (advancing the window like the other calls).
-    pub fn snapshot(&self, now: Instant) -> BudgetSnapshot {
+    pub(crate) fn snapshot(&self, now: Instant) -> BudgetSnapshot {
         let mut state = self.state.lock();
         self.advance(&mut state, now);
         let (requests, retries) = totals(&state);

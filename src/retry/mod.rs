@@ -33,7 +33,10 @@ pub mod policy;
 pub mod quota;
 pub mod retry_after;
 
-pub use backoff::{retry_after_jitter, Backoff, InvalidBackoff, Jitter, UnknownJitter};
-pub use budget::{BudgetSnapshot, InvalidBudget, RetryBudget};
-pub use quota::{requests_quota, Quota};
-pub use retry_after::{parse_hint, HintSource, RetryHint};
+pub use backoff::Jitter;
+
+pub(crate) use backoff::Backoff;
+pub(crate) use budget::RetryBudget;
+pub(crate) use quota::requests_quota;
+pub use retry_after::RetryHint;
+pub use retry_after::{parse_hint, HintSource};

@@ -47,7 +47,7 @@ pub enum Outcome {
 
 /// How safe it is to send the request again (RFC 9110 §9.2.2 for non-idempotent methods).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Safety {
+pub(crate) enum Safety {
     /// The provider surely did not process it: connect failure, refused stream, 429, 503, 529.
     NotProcessed,
     /// The provider may have processed it: reset after send, timeouts, other 5xx.
@@ -72,12 +72,12 @@ impl Outcome {
     }
 
     /// A 429, or an in-band rate-limit error: its reset hints count, and note a cooldown.
-    pub fn is_rate_limited(self) -> bool {
+    pub(crate) fn is_rate_limited(self) -> bool {
         matches!(self, Outcome::Status(s) | Outcome::InBand(s) if s == StatusCode::TOO_MANY_REQUESTS)
     }
 
     /// Whether a retry could process the request twice.
-    pub fn safety(self) -> Safety {
+    pub(crate) fn safety(self) -> Safety {
         match self {
             Outcome::ConnectFailure | Outcome::RefusedStream => Safety::NotProcessed,
             Outcome::Status(s) | Outcome::InBand(s) if matches!(s.as_u16(), 429 | 503 | 529) => Safety::NotProcessed,
@@ -88,12 +88,12 @@ impl Outcome {
     }
 
     /// Whether this is a failure (anything but a 1xx-3xx response; an in-band error always is).
-    pub fn is_failure(self) -> bool {
+    pub(crate) fn is_failure(self) -> bool {
         !matches!(self, Outcome::Status(s) if !(s.is_client_error() || s.is_server_error()))
     }
 
     /// The `outcome` label of `rebound_upstream_attempts_total`.
-    pub fn label(self) -> &'static str {
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Outcome::Status(s) if s.as_u16() == 429 => "status_429",
             Outcome::Status(s) if s.is_client_error() => "status_4xx",
@@ -108,7 +108,7 @@ impl Outcome {
 }
 
 /// Methods RFC 9110 §9.2.2 calls idempotent: safe to repeat whatever happened.
-pub fn is_idempotent(method: &Method) -> bool {
+pub(crate) fn is_idempotent(method: &Method) -> bool {
     matches!(
         *method,
         Method::GET | Method::HEAD | Method::OPTIONS | Method::PUT | Method::DELETE | Method::TRACE
@@ -160,14 +160,14 @@ impl Stop {
     /// Whether a failure delivered for this reason is a dead letter: rebound stopped retrying
     /// something transient, or could not try at all. `NotRetryable` (a permanent 4xx is the
     /// app's to see) and `Success` are not.
-    pub fn is_dead_letter(self) -> bool {
+    pub(crate) fn is_dead_letter(self) -> bool {
         DEAD_LETTER_STOPS.contains(&self)
     }
 }
 
 /// The reasons a failure becomes a dead letter (`rebound_dead_letters_total{reason}`, in this
 /// order: `metrics::DEAD_LETTER_REASONS` is checked against it).
-pub const DEAD_LETTER_STOPS: [Stop; 7] = [
+pub(crate) const DEAD_LETTER_STOPS: [Stop; 7] = [
     Stop::Exhausted,
     Stop::BudgetExhausted,
     Stop::Deadline,
@@ -179,7 +179,7 @@ pub const DEAD_LETTER_STOPS: [Stop; 7] = [
 
 /// Where a wait came from (the `source` label of `rebound_retry_wait_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WaitSource {
+pub(crate) enum WaitSource {
     Backoff,
     RetryAfter,
 }
@@ -195,7 +195,7 @@ impl WaitSource {
 
 /// What to do after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Decision {
+pub(crate) enum Decision {
     Deliver(Stop),
     Retry {
         wait: Duration,
@@ -206,7 +206,7 @@ pub enum Decision {
 
 /// The retry state of one request across its attempts.
 #[derive(Debug, Clone)]
-pub struct RetryState {
+pub(crate) struct RetryState {
     /// Attempts allowed (the policy's, tightened by `x-rebound-max-attempts`).
     pub max_attempts: u32,
     /// The whole request must be answered by then.
@@ -233,7 +233,7 @@ impl RetryState {
     /// Decides after attempt number `self.attempts` produced `outcome`. A `Retry` is committed:
     /// the budget was withdrawn and the state advanced.
     #[allow(clippy::too_many_arguments)]
-    pub fn decide<R: Rng + ?Sized>(
+    pub(crate) fn decide<R: Rng + ?Sized>(
         &mut self,
         policy: &RetryPolicy,
         backoff: &Backoff,
@@ -309,12 +309,12 @@ impl RetryState {
 /// What the app's request asks of the retry loop: its own limits (the policy's, tightened, never
 /// loosened) and whether it is itself an SDK's retry.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RequestLimits {
+pub(crate) struct RequestLimits {
     pub max_attempts: u32,
     pub deadline: Duration,
     /// `x-stainless-retry-count` > 0: the request counts against the retry budget, so that two
     /// layers cannot multiply an outage.
-    pub sdk_retry: bool,
+    pub(crate) sdk_retry: bool,
 }
 
 /// The request's [`RequestLimits`], from `x-rebound-max-attempts`, `x-rebound-deadline-ms`, the
@@ -325,7 +325,7 @@ pub struct RequestLimits {
 /// One pass over the headers ([`first_values`]): five lookups by name would hash each
 /// name whether or not it is there, which costs more than walking the dozen headers a request
 /// carries.
-pub fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> RequestLimits {
+pub(crate) fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> RequestLimits {
     use crate::wire::headers::{
         first_values, X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_STAINLESS_READ_TIMEOUT, X_STAINLESS_RETRY_COUNT,
         X_STAINLESS_TIMEOUT,

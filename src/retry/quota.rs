@@ -12,7 +12,7 @@ use super::retry_after::{parse_go_duration, parse_rfc3339, parse_unsigned, singl
 
 /// Requests left in the current window, and when it resets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Quota {
+pub(crate) struct Quota {
     pub remaining: u64,
     pub reset: Duration,
 }
@@ -25,7 +25,7 @@ const ANTHROPIC_RESET: HeaderName = HeaderName::from_static("anthropic-ratelimit
 
 /// The request quota a response reports, if it reports one whole (both the remaining count and
 /// the reset, valid). With both providers' headers, the one with fewer requests left.
-pub fn requests_quota(headers: &HeaderMap, now: SystemTime) -> Option<Quota> {
+pub(crate) fn requests_quota(headers: &HeaderMap, now: SystemTime) -> Option<Quota> {
     let remaining = |name: &HeaderName| single_value(headers, name).and_then(parse_unsigned);
     let openai = remaining(&OPENAI_REMAINING).and_then(|remaining| {
         let reset = single_value(headers, &OPENAI_RESET).and_then(parse_go_duration)?;

@@ -33,7 +33,7 @@ use http::header::{HeaderMap, DATE, RETRY_AFTER};
 
 /// The largest delay any parser here returns: 2^31 seconds (about 68 years). Larger values
 /// saturate to it (RFC 9111 §1.2.2 precedent), so that `now + hint` can never overflow.
-pub const MAX_HINT: Duration = Duration::from_secs(1 << 31);
+pub(crate) const MAX_HINT: Duration = Duration::from_secs(1 << 31);
 
 const NANOS_PER_MILLI: u128 = 1_000_000;
 const NANOS_PER_SEC: u128 = 1_000_000_000;
@@ -63,7 +63,7 @@ pub enum HintSource {
 
 impl HintSource {
     /// The (lower-case) name of the header this hint was read from.
-    pub const fn header_name(self) -> &'static str {
+    pub(crate) const fn header_name(self) -> &'static str {
         match self {
             HintSource::RetryAfterMs => "retry-after-ms",
             HintSource::RetryAfter => "retry-after",
@@ -79,7 +79,7 @@ impl HintSource {
     /// True for `retry-after-ms` and `retry-after`: the server said "come back after this".
     /// False for reset headers, which only say when a quota refills and are sent on every
     /// response, successful ones included.
-    pub const fn is_explicit(self) -> bool {
+    pub(crate) const fn is_explicit(self) -> bool {
         matches!(self, HintSource::RetryAfterMs | HintSource::RetryAfter)
     }
 
@@ -107,7 +107,7 @@ impl fmt::Display for HintSource {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryHint {
     /// How long to wait; zero for a date in the past; at most [`MAX_HINT`].
-    pub delay: Duration,
+    pub(crate) delay: Duration,
     /// The header it was read from.
     pub source: HintSource,
 }
@@ -260,7 +260,7 @@ pub fn parse_go_duration(value: &str) -> Option<Duration> {
 /// truncated), and `Z` (or `z`) or a `±HH:MM` offset (`-00:00` counts as UTC). Day of month is
 /// checked against the month and leap years; a leap second (`:60`) is read as the first second
 /// of the next minute. Surrounding spaces or tabs are allowed; nothing else is.
-pub fn parse_rfc3339(value: &str) -> Option<SystemTime> {
+pub(crate) fn parse_rfc3339(value: &str) -> Option<SystemTime> {
     let s = trim_ows(value).as_bytes();
     // "YYYY-MM-DDTHH:MM:SS" then fraction and offset.
     if s.len() < 20 {

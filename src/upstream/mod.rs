@@ -26,7 +26,7 @@ use crate::retry::policy::Outcome;
 type HttpsClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
 
 /// A configured upstream and its connection pools.
-pub struct Upstream {
+pub(crate) struct Upstream {
     pub config: Arc<UpstreamConfig>,
     /// HTTP/1.1 and, over TLS, HTTP/2 when the server selects it by ALPN.
     pool: Arc<pool::Pool>,
@@ -105,7 +105,7 @@ impl Upstream {
 
     /// The upstream URI for a forwarded path (already stripped) and query, absolute (for the
     /// upgrade client).
-    pub fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
+    pub(crate) fn uri_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::Error> {
         Uri::builder()
             .scheme(self.config.scheme.clone())
             .authority(self.config.authority.clone())
@@ -115,7 +115,7 @@ impl Upstream {
 
     /// The origin-form target (`/base/path?query`) of a forwarded request: what HTTP/1.1 sends;
     /// the pool makes it absolute for HTTP/2.
-    pub fn target_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
+    pub(crate) fn target_for(&self, path: &str, query: Option<&str>) -> Result<Uri, http::uri::InvalidUri> {
         http::uri::PathAndQuery::try_from(self.path_and_query(path, query)).map(Uri::from)
     }
 
@@ -145,7 +145,7 @@ impl Upstream {
     }
 
     /// Sends an upgrade request (HTTP/1.1 only).
-    pub async fn send_upgrade(
+    pub(crate) async fn send_upgrade(
         &self,
         req: Request<Full<Bytes>>,
         timeout: Duration,
@@ -163,7 +163,7 @@ const TCP_KEEPALIVE_PROBES: u32 = 3;
 
 /// The gap between TCP keepalive probes: a third of `keepalive` (whole seconds, at least one), so
 /// that the last of [`TCP_KEEPALIVE_PROBES`] goes unanswered about `keepalive` after the first.
-pub fn tcp_keepalive_interval(keepalive: Duration) -> Duration {
+pub(crate) fn tcp_keepalive_interval(keepalive: Duration) -> Duration {
     Duration::from_secs((keepalive.as_secs() / u64::from(TCP_KEEPALIVE_PROBES)).max(1))
 }
 
@@ -217,7 +217,7 @@ fn refused_stream(e: &(dyn std::error::Error + 'static)) -> bool {
 }
 
 /// `outer: inner: innermost`, for logs and error messages (never contains headers).
-pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+pub(crate) fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
     let mut out = e.to_string();
     let mut src = e.source();
     while let Some(s) = src {

@@ -41,9 +41,9 @@ type H1 = http1::SendRequest<ReqBody>;
 type H2 = http2::SendRequest<ReqBody>;
 
 /// Idle HTTP/1.1 connections kept per upstream, at most.
-pub const MAX_IDLE: usize = 512;
+pub(crate) const MAX_IDLE: usize = 512;
 /// How long an idle connection is kept.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The connections to one upstream.
 pub struct Pool {
@@ -288,7 +288,7 @@ impl Body for UpstreamBody {
 }
 
 /// `host` for HTTP/1.1: the authority, without the scheme's default port (as hyper-util sets it).
-pub fn host_header(scheme: &http::uri::Scheme, authority: &http::uri::Authority) -> Option<HeaderValue> {
+pub(crate) fn host_header(scheme: &http::uri::Scheme, authority: &http::uri::Authority) -> Option<HeaderValue> {
     let default_port = if *scheme == http::uri::Scheme::HTTPS { 443 } else { 80 };
     let host = match authority.port_u16() {
         Some(port) if port != default_port => authority.as_str(),

@@ -15,7 +15,7 @@ pub enum TlsError {
 }
 
 /// A client config trusting the webpki roots and the certificates in `ca_file`.
-pub fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, TlsError> {
+pub(crate) fn client_config(ca_file: Option<&Path>) -> Result<rustls::ClientConfig, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
     if let Some(path) = ca_file {

@@ -20,7 +20,7 @@ use crate::metrics::{Metrics, RouteMetrics};
 /// worker) that needs it typed rather than read back from `x-rebound-*` headers: the upstream
 /// attempts made, and rebound's own error code when rebound answered for itself.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Delivered {
+pub(crate) struct Delivered {
     pub attempts: u32,
     pub error: Option<&'static str>,
 }
@@ -30,14 +30,14 @@ pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a request body could not be taken.
 #[derive(Debug)]
-pub enum BodyError {
+pub(crate) enum BodyError {
     TooLarge,
     Read(String),
 }
 
 /// Reads the whole request body (it is re-sent on retries), refusing at once a declared
 /// `content-length` over `limit` and stopping as soon as the bytes read pass it.
-pub async fn read_capped<B>(body: B, headers: &HeaderMap, limit: u64) -> Result<Bytes, BodyError>
+pub(crate) async fn read_capped<B>(body: B, headers: &HeaderMap, limit: u64) -> Result<Bytes, BodyError>
 where
     B: Body<Data = Bytes>,
     B::Error: Into<BoxError>,
@@ -79,7 +79,7 @@ impl Completion {
 }
 
 /// What ends a request's trace span when its books close (implemented by `traces`).
-pub trait SpanEnd: Send {
+pub(crate) trait SpanEnd: Send {
     /// `tokens`: the input (cached included) and output tokens of the attempts whose response
     /// was delivered, when any reported usage.
     fn end(self: Box<Self>, status: u16, completion: &str, error: Option<&str>, tokens: Option<[u64; 2]>);
@@ -147,7 +147,7 @@ impl RequestLog {
     }
 
     /// Takes the trace id of the app's `traceparent` (W3C: `00-<32 hex>-<16 hex>-<2 hex>`), if valid.
-    pub fn set_trace(&mut self, headers: &http::HeaderMap) {
+    pub(crate) fn set_trace(&mut self, headers: &http::HeaderMap) {
         self.trace_id = headers
             .get(super::headers::TRACEPARENT)
             .and_then(|v| v.to_str().ok())
@@ -156,7 +156,7 @@ impl RequestLog {
     }
 
     /// The span to end with the books (and whose trace id the log line carries).
-    pub fn set_span(&mut self, span: Box<dyn SpanEnd>, trace_id: Option<String>) {
+    pub(crate) fn set_span(&mut self, span: Box<dyn SpanEnd>, trace_id: Option<String>) {
         self.span = Some(span);
         if trace_id.is_some() {
             self.trace_id = trace_id;
@@ -164,17 +164,17 @@ impl RequestLog {
     }
 
     /// Records what idempotency did with the request.
-    pub fn set_idempotency(&mut self, result: &'static str) {
+    pub(crate) fn set_idempotency(&mut self, result: &'static str) {
         self.idempotency = Some(result);
     }
 
     /// Records rebound's own error code.
-    pub fn set_error(&mut self, code: &'static str) {
+    pub(crate) fn set_error(&mut self, code: &'static str) {
         self.error = Some(code);
     }
 
     /// Records the time waited between attempts.
-    pub fn set_wait(&mut self, wait_ms: u64) {
+    pub(crate) fn set_wait(&mut self, wait_ms: u64) {
         self.wait_ms = wait_ms;
     }
 
@@ -184,18 +184,18 @@ impl RequestLog {
     }
 
     /// Names the route (its metric children, resolved at config load).
-    pub fn set_route(&mut self, route: &Arc<RouteMetrics>) {
+    pub(crate) fn set_route(&mut self, route: &Arc<RouteMetrics>) {
         self.route = Some(route.clone());
     }
 
     /// Names the upstream that answered and the attempts made.
-    pub fn set_upstream(&mut self, upstream: &Arc<str>, attempts: u32) {
+    pub(crate) fn set_upstream(&mut self, upstream: &Arc<str>, attempts: u32) {
         self.upstream = Some(upstream.clone());
         self.attempts = attempts;
     }
 
     /// The request's token ledger (logged as `usage` when an attempt reported any).
-    pub fn set_usage(&mut self, ledger: &Ledger) {
+    pub(crate) fn set_usage(&mut self, ledger: &Ledger) {
         self.usage = Some(ledger.clone());
     }
 
@@ -265,7 +265,7 @@ impl RequestLog {
 }
 
 /// The trace id of a W3C `traceparent` value (version 00 layout; all-zero ids are invalid).
-pub fn trace_id_of(traceparent: &str) -> Option<&str> {
+pub(crate) fn trace_id_of(traceparent: &str) -> Option<&str> {
     let mut parts = traceparent.trim().split('-');
     let (version, trace, span, flags) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
     let hex = |s: &str, n: usize| s.len() == n && s.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));

@@ -4,29 +4,29 @@
 use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, UPGRADE};
 
 // Header names used on every request, parsed once (a `&str` name is parsed on each use).
-pub const X_REBOUND_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-attempts");
-pub const X_REBOUND_UPSTREAM: HeaderName = HeaderName::from_static("x-rebound-upstream");
-pub const X_REBOUND_ERROR: HeaderName = HeaderName::from_static("x-rebound-error");
-pub const X_REBOUND_IDEMPOTENCY: HeaderName = HeaderName::from_static("x-rebound-idempotency");
-pub const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
-pub const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-pub const X_REBOUND_DEADLINE_MS: HeaderName = HeaderName::from_static("x-rebound-deadline-ms");
-pub const X_REBOUND_MAX_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-max-attempts");
-pub const X_REBOUND_CALLBACK: HeaderName = HeaderName::from_static("x-rebound-callback");
+pub(crate) const X_REBOUND_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-attempts");
+pub(crate) const X_REBOUND_UPSTREAM: HeaderName = HeaderName::from_static("x-rebound-upstream");
+pub(crate) const X_REBOUND_ERROR: HeaderName = HeaderName::from_static("x-rebound-error");
+pub(crate) const X_REBOUND_IDEMPOTENCY: HeaderName = HeaderName::from_static("x-rebound-idempotency");
+pub(crate) const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
+pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub(crate) const X_REBOUND_DEADLINE_MS: HeaderName = HeaderName::from_static("x-rebound-deadline-ms");
+pub(crate) const X_REBOUND_MAX_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-max-attempts");
+pub(crate) const X_REBOUND_CALLBACK: HeaderName = HeaderName::from_static("x-rebound-callback");
 /// A job's id, on its 202, its `GET /jobs/{id}` answers and its callback.
-pub const X_REBOUND_JOB_ID: HeaderName = HeaderName::from_static("x-rebound-job-id");
-pub const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
-pub const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
-pub const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
-pub const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");
+pub(crate) const X_REBOUND_JOB_ID: HeaderName = HeaderName::from_static("x-rebound-job-id");
+pub(crate) const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("preference-applied");
+pub(crate) const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
+pub(crate) const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
+pub(crate) const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");
 /// W3C Trace Context.
-pub const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
+pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
 /// An `x-rebound-attempts` value: static for the counts a retry policy allows, so that setting
 /// the header allocates nothing (`HeaderValue::from(u32)` allocates every time).
-pub fn attempts_value(attempts: u32) -> HeaderValue {
+pub(crate) fn attempts_value(attempts: u32) -> HeaderValue {
     const SMALL: [&str; 17] = [
         "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15", "16",
     ];
@@ -52,7 +52,7 @@ const HOP_BY_HOP: [HeaderName; 9] = [
 
 /// Request headers never copied to the upstream request as they came: rebound's own, and the
 /// ones the upstream request sets itself (`host`, `content-length`).
-pub const NOT_FORWARDED: [HeaderName; 5] = [
+pub(crate) const NOT_FORWARDED: [HeaderName; 5] = [
     X_REBOUND_DEADLINE_MS,
     X_REBOUND_MAX_ATTEMPTS,
     X_REBOUND_CALLBACK,
@@ -62,17 +62,17 @@ pub const NOT_FORWARDED: [HeaderName; 5] = [
 
 /// The credential headers a cooldown hashes by default (the idempotency `scope_headers` default
 /// too, and what a job's poller must present).
-pub const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
+pub(crate) const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
 
 /// [`CREDENTIAL_HEADERS`] as header names (a `&str` name is parsed again on every lookup).
-pub const CREDENTIAL_NAMES: [HeaderName; 3] = [
+pub(crate) const CREDENTIAL_NAMES: [HeaderName; 3] = [
     http::header::AUTHORIZATION,
     HeaderName::from_static("x-api-key"),
     HeaderName::from_static("api-key"),
 ];
 
 /// Header names whose values are credentials: never logged, never stored.
-pub const SENSITIVE: [&str; 6] = [
+pub(crate) const SENSITIVE: [&str; 6] = [
     "authorization",
     "proxy-authorization",
     "x-api-key",
@@ -115,7 +115,7 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
 }
 
 /// Removes every header in `names` (each name once, however many values it has).
-pub fn remove_all<const N: usize>(headers: &mut HeaderMap, names: &[HeaderName; N]) {
+pub(crate) fn remove_all<const N: usize>(headers: &mut HeaderMap, names: &[HeaderName; N]) {
     for (name, found) in names.iter().zip(present(headers, names)) {
         if found {
             headers.remove(name);
@@ -139,7 +139,7 @@ fn present<const N: usize>(headers: &HeaderMap, names: &[HeaderName; N]) -> [boo
 /// The first value of each of `names` (what `HeaderMap::get` returns), found in one pass over the
 /// map, as [`present`] finds names: five lookups by name would hash each name whether or not it
 /// is there.
-pub fn first_values<'h, const N: usize>(
+pub(crate) fn first_values<'h, const N: usize>(
     headers: &'h HeaderMap,
     names: &[HeaderName; N],
 ) -> [Option<&'h HeaderValue>; N] {
@@ -154,7 +154,7 @@ pub fn first_values<'h, const N: usize>(
 
 /// Whether the request asks to switch protocols (a WebSocket handshake): `Connection` lists
 /// `upgrade` and an `Upgrade` header is present.
-pub fn is_upgrade(headers: &HeaderMap) -> bool {
+pub(crate) fn is_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(UPGRADE)
         && headers
             .get_all(CONNECTION)
@@ -166,7 +166,7 @@ pub fn is_upgrade(headers: &HeaderMap) -> bool {
 
 /// The size of a request head as it came on the wire, near enough: the request line and each
 /// header line (`name: value\r\n`), for the `max_request_head` limit.
-pub fn head_size(method: &http::Method, uri: &http::Uri, headers: &http::HeaderMap) -> u64 {
+pub(crate) fn head_size(method: &http::Method, uri: &http::Uri, headers: &http::HeaderMap) -> u64 {
     let line = method.as_str().len() + uri.path_and_query().map_or(1, |p| p.as_str().len()) + 12;
     let fields: usize = headers.iter().map(|(n, v)| n.as_str().len() + v.len() + 4).sum();
     (line + fields) as u64

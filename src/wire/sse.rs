@@ -18,7 +18,7 @@ use memchr::{memchr2, memmem};
 
 /// How a response body is shaped, from its `content-type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shape {
+pub(crate) enum Shape {
     /// `text/event-stream`.
     EventStream,
     /// `application/json`.

@@ -36,7 +36,7 @@ static MODEL_KEY: std::sync::LazyLock<memmem::Finder<'static>> =
 use serde::{Deserialize, Serialize};
 
 /// The most bytes carried over a frame boundary for one usage value.
-pub const CARRY_MAX: usize = 8 * 1024;
+pub(crate) const CARRY_MAX: usize = 8 * 1024;
 
 const KEY: &[u8] = b"\"usage\"";
 
@@ -45,42 +45,25 @@ const OBJECT: u8 = 0x7b;
 
 /// The token counts of one attempt's response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Usage {
+pub(crate) struct Usage {
     /// Input tokens not read from or written to a prompt cache.
     pub input: u64,
     pub output: u64,
     /// Input tokens read from a prompt cache.
-    pub cache_read: u64,
+    pub(crate) cache_read: u64,
     /// Input tokens written to a prompt cache.
-    pub cache_write: u64,
+    pub(crate) cache_write: u64,
 }
 
 impl Usage {
     /// Each count, in the order of `rebound_tokens_total`'s kinds
     /// ([`crate::metrics::TOKEN_KINDS`]).
-    pub fn kinds(&self) -> [u64; 4] {
+    pub(crate) fn kinds(&self) -> [u64; 4] {
         [self.input, self.output, self.cache_read, self.cache_write]
     }
 
-    /// Whether no token was reported.
-    pub fn is_empty(&self) -> bool {
-        self.kinds().iter().all(|n| *n == 0)
-    }
-
-    /// All input tokens, cached or not (OpenTelemetry's `input` token type).
-    pub fn all_input(&self) -> u64 {
-        self.input
-            .saturating_add(self.cache_read)
-            .saturating_add(self.cache_write)
-    }
-
-    /// The sum of every kind.
-    pub fn total(&self) -> u64 {
-        self.all_input().saturating_add(self.output)
-    }
-
     /// Each count's largest value of the two (see the module documentation).
-    pub fn merge(&mut self, other: Usage) {
+    pub(crate) fn merge(&mut self, other: Usage) {
         self.input = self.input.max(other.input);
         self.output = self.output.max(other.output);
         self.cache_read = self.cache_read.max(other.cache_read);
@@ -141,8 +124,8 @@ pub struct AttemptUsage {
     pub attempt: u32,
     pub input: u64,
     pub output: u64,
-    pub cache_read: u64,
-    pub cache_write: u64,
+    pub(crate) cache_read: u64,
+    pub(crate) cache_write: u64,
     /// `delivered` or `wasted`.
     pub outcome: std::borrow::Cow<'static, str>,
 }
@@ -150,7 +133,7 @@ pub struct AttemptUsage {
 /// The usage of a request's attempts, each added when its tokens are counted (an attempt that
 /// reported none is not listed). Shared by the request's books, its dead letter and its job.
 #[derive(Debug, Clone, Default)]
-pub struct Ledger(Arc<Mutex<Vec<AttemptUsage>>>);
+pub(crate) struct Ledger(Arc<Mutex<Vec<AttemptUsage>>>);
 
 impl Ledger {
     pub fn add(&self, attempt: u32, usage: Usage, wasted: bool) {
@@ -175,7 +158,7 @@ impl Ledger {
     }
 
     /// The entries as compact JSON (`[]` when none), for the access log.
-    pub fn to_json(&self) -> String {
+    pub(crate) fn to_json(&self) -> String {
         serde_json::to_string(&*self.0.lock()).unwrap_or_default()
     }
 }
@@ -219,7 +202,7 @@ fn parse_at(bytes: &[u8]) -> Parsed {
 
 /// Reads usage from a body fed in order (see the module documentation).
 #[derive(Debug, Default, Clone)]
-pub struct UsageScan {
+pub(crate) struct UsageScan {
     usage: Usage,
     found: bool,
     /// Bytes carried from the previous frames: a usage value cut short (starting with the key),
@@ -317,7 +300,7 @@ impl UsageScan {
 /// The top-level `"model"` string of a JSON request body, found without parsing the body: the
 /// first `"model"` key whose value is a string (a request's `model` comes first in practice; a
 /// tool schema's `"model": {..}` property is an object and skipped).
-pub fn request_model(body: &[u8]) -> Option<&str> {
+pub(crate) fn request_model(body: &[u8]) -> Option<&str> {
     let mut at = 0;
     while let Some(k) = MODEL_KEY.find(&body[at..]) {
         let mut i = at + k + 7;

@@ -361,7 +361,13 @@ async fn streams_are_replayed_byte_for_byte_and_completed_after_a_disconnect() {
     let _first = body.frame().await.unwrap().unwrap();
     drop(body);
     assert!(eventually(Duration::from_secs(5), || provider.streams_completed("gone") == 1).await);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Stored: the event the retry depends on (the "sse" record, then this one).
+    until_metric(
+        &rebound,
+        r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#,
+        |n| n >= 2.0,
+    )
+    .await;
     let retry = stream("gone", rebound.url.clone()).await;
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     let all = retry.into_body().collect().await.unwrap().to_bytes();
@@ -446,7 +452,12 @@ async fn tenants_never_share_records_and_redis_holds_no_secret() {
         );
     }
     assert_eq!(provider.count("t"), 2);
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    until_metric(
+        &rebound,
+        r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#,
+        |n| n >= 2.0,
+    )
+    .await;
     let keys = redis_keys(&redis.url()).await;
     let records: Vec<&String> = keys.iter().map(|(k, _)| k).filter(|k| k.contains("idem:")).collect();
     assert_eq!(records.len(), 2, "{keys:?}");

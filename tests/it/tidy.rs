@@ -119,3 +119,195 @@ fn the_scan_finds_a_time_limit_and_leaves_lower_bounds_and_guards_alone() {
         .collect();
     assert_eq!(flagged, vec![2, 3]);
 }
+
+/// The text of every file under `dir` whose name ends with `.rs`.
+fn rust_texts(dir: &Path, out: &mut Vec<(PathBuf, String)>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.expect("entry").path();
+        if path.is_dir() {
+            rust_texts(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            let text = std::fs::read_to_string(&path).expect("read");
+            out.push((path, text));
+        }
+    }
+}
+
+/// The name a line declares `pub` (not `pub(crate)`): an item or a struct field.
+fn public_name(line: &str) -> Option<&str> {
+    let rest = line.trim_start().strip_prefix("pub ")?;
+    let mut words = rest.split_whitespace();
+    let mut word = words.next()?;
+    while ["async", "const", "unsafe"].contains(&word) {
+        // `pub const NAME` is an item of its own; `pub const fn` is a function.
+        let next = words.next()?;
+        if word == "const" && !["fn", "unsafe"].contains(&next) {
+            word = next;
+            return Some(word.trim_end_matches(':').split(['<', '(', ':']).next().unwrap_or(word));
+        }
+        word = next;
+    }
+    let name = if ["fn", "struct", "enum", "type", "trait", "static", "mod"].contains(&word) {
+        words.next()?
+    } else if word.ends_with(':') {
+        // A field: `pub name: Type`.
+        word
+    } else {
+        return None; // `pub use`, `pub impl`..
+    };
+    let end = name
+        .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .unwrap_or(name.len());
+    Some(&name[..end])
+}
+
+/// The text of a declaration starting at `lines[0]`: a function's signature (to its `{` or `;`),
+/// a struct's, enum's or trait's whole body (to the `}` at its indentation), else the line.
+fn declaration(lines: &[&str]) -> String {
+    let first = lines[0];
+    let indent = &first[..first.len() - first.trim_start().len()];
+    let is_body = ["struct ", "enum ", "trait "].iter().any(|k| first.contains(k)) && first.trim_end().ends_with('{');
+    let mut text = String::new();
+    for line in lines {
+        text.push_str(line);
+        text.push('\n');
+        let done = if is_body {
+            *line == format!("{indent}}}")
+        } else if first.contains("fn ") {
+            line.contains('{') || line.trim_end().ends_with(';')
+        } else {
+            line.trim_end().ends_with(';') || line.trim_end().ends_with(',')
+        };
+        if done {
+            break;
+        }
+    }
+    text
+}
+
+/// A trait impl at the top level: its self type and its associated types' lines.
+fn impl_types<'a>(lines: &[&'a str]) -> Option<(&'a str, String)> {
+    let header = lines[0].strip_prefix("impl")?;
+    let target = header.split(" for ").nth(1)?;
+    let self_type = identifiers(target).into_iter().next()?;
+    let mut types = String::new();
+    for line in &lines[1..] {
+        if *line == "}" {
+            break;
+        }
+        if line.trim_start().starts_with("type ") {
+            types.push_str(line);
+            types.push('\n');
+        }
+    }
+    Some((self_type, types))
+}
+
+fn identifiers(text: &str) -> Vec<&str> {
+    text.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// Issue 30: an item of the library is `pub` only when something outside it needs it (the
+/// binary, the tests, the benchmarks, the fuzz targets); everything else is `pub(crate)` or
+/// narrower, so that the compiler finds what nothing uses. Names are compared as words: a name
+/// that some outside file uses for anything keeps its item `pub` (the check errs that way).
+#[test]
+fn every_pub_item_is_used_outside_the_library() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut outside = Vec::new();
+    for dir in ["tests", "bench", "benches", "fuzz"] {
+        rust_texts(&root.join(dir), &mut outside);
+    }
+    outside.push((
+        root.join("src/main.rs"),
+        std::fs::read_to_string(root.join("src/main.rs")).expect("main"),
+    ));
+    let words: std::collections::HashSet<&str> = outside
+        .iter()
+        .flat_map(|(_, t)| t.split(|c: char| !(c.is_alphanumeric() || c == '_')))
+        .collect();
+    let mut library = Vec::new();
+    rust_texts(&root.join("src"), &mut library);
+    // The declarations: (file, line, name, the identifiers its signature or body names).
+    let mut declared = Vec::new();
+    for (path, text) in &library {
+        if path.ends_with("main.rs") {
+            continue;
+        }
+        let lines: Vec<&str> = text.lines().collect();
+        for (n, line) in lines.iter().enumerate() {
+            if line.starts_with("mod tests") {
+                break;
+            }
+            if let Some(name) = public_name(line) {
+                declared.push((path, n + 1, name, declaration(&lines[n..]), true));
+            } else if let Some((self_type, types)) = impl_types(&lines[n..]) {
+                // `impl FromStr for Jitter { type Err = UnknownJitter; .. }`: as public as Jitter.
+                declared.push((path, n + 1, self_type, types, false));
+            }
+        }
+    }
+    // What the outside names is needed; so is whatever a needed item's signature, fields or
+    // variants name (the compiler asks it to be as public as the item).
+    let mut needed = words;
+    loop {
+        let before = needed.len();
+        for (_, _, name, text, _) in &declared {
+            if needed.contains(name) {
+                needed.extend(identifiers(text));
+            }
+        }
+        if needed.len() == before {
+            break;
+        }
+    }
+    let mut unused = Vec::new();
+    for (path, line, name, _, checked) in &declared {
+        if *checked && !needed.contains(name) {
+            let file = path.strip_prefix(root).unwrap_or(path).display();
+            unused.push(format!("{file}:{line}: `{name}`"));
+        }
+    }
+    assert!(
+        unused.is_empty(),
+        "pub, but nothing outside the library names it (make it pub(crate)):\n{}",
+        unused.join("\n")
+    );
+}
+
+#[test]
+fn the_pub_scan_reads_items_and_fields_and_skips_narrower_ones() {
+    let names: Vec<Option<&str>> = [
+        "pub fn start(config: Config) -> Server {",
+        "    pub async fn send<B>(&self) {",
+        "pub const fn ms(n: u64) -> Duration {",
+        "pub const SLOTS: usize = 10;",
+        "pub struct Pool<B> {",
+        "    pub retry_after: Option<Duration>,",
+        "pub(crate) fn hidden() {}",
+        "pub use routes::Route;",
+        "let pub_thing = 1;",
+    ]
+    .iter()
+    .map(|l| public_name(l))
+    .collect();
+    assert_eq!(
+        names,
+        vec![
+            Some("start"),
+            Some("send"),
+            Some("ms"),
+            Some("SLOTS"),
+            Some("Pool"),
+            Some("retry_after"),
+            None,
+            None,
+            None
+        ]
+    );
+}

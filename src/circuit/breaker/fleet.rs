@@ -13,7 +13,7 @@ pub struct LeaseToken(pub u64);
 
 /// What became of a leased probe, for the fleet.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseResult {
+pub(crate) enum LeaseResult {
     Success,
     Failure {
         hint: Option<Duration>,
@@ -23,22 +23,22 @@ pub enum LeaseResult {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LeaseReport {
+pub(crate) struct LeaseReport {
     pub token: LeaseToken,
     pub result: LeaseResult,
 }
 
 /// Outcomes counted since the last sync, for the fleet counters.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Deltas {
+pub(crate) struct Deltas {
     pub successes: u64,
     pub failures: u64,
     /// First-attempt failures after the last success (the run that continues the fleet's).
-    pub tail_failures: u64,
+    pub(crate) tail_failures: u64,
     /// A success ended the fleet's run in this period.
-    pub had_success: bool,
+    pub(crate) had_success: bool,
     /// The longest Retry-After hint sent with a failure (for the fleet's open floor).
-    pub max_hint: Option<Duration>,
+    pub(crate) max_hint: Option<Duration>,
     /// When the oldest of these outcomes was recorded.
     pub since: Option<Instant>,
 }
@@ -49,7 +49,7 @@ impl Deltas {
     }
 
     /// Puts deltas that could not be sent (`older`) back in front of these.
-    pub fn merge_older(&mut self, older: Deltas) {
+    pub(crate) fn merge_older(&mut self, older: Deltas) {
         self.successes = self.successes.saturating_add(older.successes);
         self.failures = self.failures.saturating_add(older.failures);
         if !self.had_success {
@@ -67,7 +67,7 @@ impl Deltas {
 impl Breaker {
     /// The fleet opened the circuit until `until`: open (or stay open, until the later of the
     /// two), marked as a fleet phase.
-    pub fn apply_remote_open(&mut self, until: Instant, now: Instant) -> Option<Transition> {
+    pub(crate) fn apply_remote_open(&mut self, until: Instant, now: Instant) -> Option<Transition> {
         if until <= now {
             return None;
         }
@@ -89,7 +89,7 @@ impl Breaker {
 
     /// The fleet is half-open (its open time elapsed, no probe has closed it yet): a closed
     /// breaker joins it; an open or half-open one becomes a fleet phase (its probes need leases).
-    pub fn apply_remote_half_open(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn apply_remote_half_open(&mut self, now: Instant) -> Option<Transition> {
         match &mut self.phase {
             Phase::Open { fleet, .. } | Phase::HalfOpen { fleet, .. } => {
                 *fleet = true;
@@ -116,7 +116,7 @@ impl Breaker {
 
     /// The fleet closed the circuit (its probes succeeded): a fleet phase closes. A phase this
     /// breaker entered on its own (a local trip the fleet never adopted) is left alone.
-    pub fn apply_remote_close(&mut self, now: Instant) -> Option<Transition> {
+    pub(crate) fn apply_remote_close(&mut self, now: Instant) -> Option<Transition> {
         if self.phase.fleet() {
             Some(self.close(Cause::Fleet, now))
         } else {
@@ -126,7 +126,7 @@ impl Breaker {
 
     /// The fleet no longer holds this phase (its record expired or Redis lost it): carry on
     /// locally, probing without leases.
-    pub fn localize(&mut self) {
+    pub(crate) fn localize(&mut self) {
         match &mut self.phase {
             Phase::Open { fleet, .. } | Phase::HalfOpen { fleet, .. } => *fleet = false,
             Phase::Closed => {}
@@ -135,17 +135,17 @@ impl Breaker {
     }
 
     /// A sync with the fleet succeeded: fleet phases need leases until `until`.
-    pub fn attach_until(&mut self, until: Instant) {
+    pub(crate) fn attach_until(&mut self, until: Instant) {
         self.attached_until = Some(until);
     }
 
     /// Whether the last sync is recent enough for fleet phases to wait for leases.
-    pub fn is_attached(&self, now: Instant) -> bool {
+    pub(crate) fn is_attached(&self, now: Instant) -> bool {
         self.attached_until.is_some_and(|t| now < t)
     }
 
     /// Whether a call was rejected for want of a fleet lease since the last call (resets it).
-    pub fn take_lease_demand(&mut self, now: Instant) -> bool {
+    pub(crate) fn take_lease_demand(&mut self, now: Instant) -> bool {
         let wanted = std::mem::take(&mut self.wants_lease);
         wanted
             && self.phase.fleet()
@@ -156,7 +156,7 @@ impl Breaker {
 
     /// A fleet lease was granted. Returns false (and reports it released) when the breaker no
     /// longer needs it.
-    pub fn grant_lease(&mut self, token: LeaseToken, expires: Instant, use_by: Instant, now: Instant) -> bool {
+    pub(crate) fn grant_lease(&mut self, token: LeaseToken, expires: Instant, use_by: Instant, now: Instant) -> bool {
         let _ = self.advance(now);
         let wanted = matches!(self.phase, Phase::HalfOpen { fleet: true, .. }) && expires > now;
         if wanted {
@@ -172,13 +172,13 @@ impl Breaker {
     }
 
     /// The outcomes counted since the last call, for the fleet counters.
-    pub fn take_deltas(&mut self) -> Deltas {
+    pub(crate) fn take_deltas(&mut self) -> Deltas {
         std::mem::take(&mut self.deltas)
     }
 
     /// Puts back deltas that could not be sent, unless they have left the window meanwhile
     /// (stale counts would skew the fleet's window when Redis comes back).
-    pub fn restore_deltas(&mut self, older: Deltas, now: Instant) {
+    pub(crate) fn restore_deltas(&mut self, older: Deltas, now: Instant) {
         if older
             .since
             .is_some_and(|t| now.saturating_duration_since(t) < self.cfg.window)
@@ -188,7 +188,7 @@ impl Breaker {
     }
 
     /// The leased probes' results since the last call.
-    pub fn take_reports(&mut self) -> Vec<LeaseReport> {
+    pub(crate) fn take_reports(&mut self) -> Vec<LeaseReport> {
         std::mem::take(&mut self.reports)
     }
 }

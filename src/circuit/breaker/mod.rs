@@ -65,17 +65,19 @@ use crate::time::Instant;
 mod fleet;
 mod window;
 
-pub use fleet::{Deltas, LeaseReport, LeaseResult, LeaseToken};
+pub use fleet::LeaseToken;
+
+pub(crate) use fleet::{Deltas, LeaseReport, LeaseResult};
 use window::Window;
 
 /// Buckets in the sliding window.
-pub const BUCKETS: usize = 10;
+pub(crate) const BUCKETS: usize = 10;
 
 /// The retry-after given to calls rejected while half-open probes are in flight.
-pub const HALF_OPEN_RETRY_AFTER: Duration = Duration::from_secs(1);
+pub(crate) const HALF_OPEN_RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// Open durations get up to `1/OPEN_JITTER_DIVISOR` (10%) added at random.
-pub const OPEN_JITTER_DIVISOR: u64 = 10;
+pub(crate) const OPEN_JITTER_DIVISOR: u64 = 10;
 
 /// Lease reports kept for the shared layer at most (it drains them every sync).
 const MAX_REPORTS: usize = 64;
@@ -110,7 +112,7 @@ impl CircuitState {
 
 /// What an outcome means to the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+pub(crate) enum Verdict {
     Success,
     Failure,
     /// Neither: 429, or a failure `failure_on` does not name.
@@ -118,7 +120,7 @@ pub enum Verdict {
 }
 
 /// The breaker's reading of an attempt's outcome (see the module documentation).
-pub fn classify(outcome: Outcome, failure_on: &[FailureOn]) -> Verdict {
+pub(crate) fn classify(outcome: Outcome, failure_on: &[FailureOn]) -> Verdict {
     let listed = |f: FailureOn| failure_on.contains(&f);
     let failure_if = |yes: bool| if yes { Verdict::Failure } else { Verdict::Neutral };
     match outcome {
@@ -173,12 +175,12 @@ impl BreakerConfig {
     }
 
     /// The width of one window bucket (at least 1 ms).
-    pub fn bucket(&self) -> Duration {
+    pub(crate) fn bucket(&self) -> Duration {
         (self.window / BUCKETS as u32).max(Duration::from_millis(1))
     }
 
     /// A Retry-After floor, capped at `max_open_for`.
-    pub fn hint_floor(&self, hint: Option<Duration>) -> Duration {
+    pub(crate) fn hint_floor(&self, hint: Option<Duration>) -> Duration {
         hint.unwrap_or(Duration::ZERO).min(self.max_open_for)
     }
 }
@@ -187,7 +189,7 @@ impl BreakerConfig {
 /// million (0..=1_000_000) of the 10% jitter span added: `min(max, open_for * 2^n)`, plus jitter,
 /// clamped to `max_open_for`, floored at the (capped) hint. The fleet's Lua script computes the
 /// same formula from a `jitter_ppm` drawn here.
-pub fn open_duration_with(cfg: &BreakerConfig, n: u32, hint: Option<Duration>, jitter_ppm: u32) -> Duration {
+pub(crate) fn open_duration_with(cfg: &BreakerConfig, n: u32, hint: Option<Duration>, jitter_ppm: u32) -> Duration {
     let doubled = 1u32
         .checked_shl(n)
         .and_then(|factor| cfg.open_for.checked_mul(factor))
@@ -204,13 +206,13 @@ pub fn open_duration_with(cfg: &BreakerConfig, n: u32, hint: Option<Duration>, j
 }
 
 /// [`open_duration_with`] with the jitter drawn from `rng`.
-pub fn open_duration(cfg: &BreakerConfig, n: u32, hint: Option<Duration>, rng: &mut impl Rng) -> Duration {
+pub(crate) fn open_duration(cfg: &BreakerConfig, n: u32, hint: Option<Duration>, rng: &mut impl Rng) -> Duration {
     open_duration_with(cfg, n, hint, rng.random_range(0..=1_000_000))
 }
 
 /// Why the state changed (for logs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Cause {
+pub(crate) enum Cause {
     ConsecutiveFailures,
     FailureRate,
     OpenElapsed,
@@ -238,7 +240,7 @@ impl Cause {
 pub struct Transition {
     pub from: CircuitState,
     pub to: CircuitState,
-    pub cause: Cause,
+    pub(crate) cause: Cause,
     /// For transitions to open: for how long.
     pub open_for: Option<Duration>,
 }
@@ -284,8 +286,8 @@ pub enum Admission {
 /// What [`Breaker::record`] made of an outcome.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recorded {
-    pub verdict: Verdict,
-    pub transition: Option<Transition>,
+    pub(crate) verdict: Verdict,
+    pub(crate) transition: Option<Transition>,
     /// The ticket was from an earlier generation: ignored.
     pub stale: bool,
 }
@@ -392,29 +394,33 @@ impl Breaker {
         self.phase.state(now)
     }
 
+    #[cfg(test)]
     /// While open: until when.
-    pub fn open_until(&self) -> Option<Instant> {
+    pub(crate) fn open_until(&self) -> Option<Instant> {
         match self.phase {
             Phase::Open { until, .. } => Some(until),
             _ => None,
         }
     }
 
+    #[cfg(test)]
     /// Whether the current open or half-open phase came from (or was adopted by) the fleet.
-    pub fn is_fleet_phase(&self) -> bool {
+    pub(crate) fn is_fleet_phase(&self) -> bool {
         self.phase.fleet()
     }
 
+    #[cfg(test)]
     /// Probe slots taken now (half-open only).
-    pub fn probes_in_flight(&self) -> usize {
+    pub(crate) fn probes_in_flight(&self) -> usize {
         match &self.phase {
             Phase::HalfOpen { slots, .. } => slots.len(),
             _ => 0,
         }
     }
 
+    #[cfg(test)]
     /// (successes, failures) in the window at `now`.
-    pub fn window_totals(&self, now: Instant) -> (u64, u64) {
+    pub(crate) fn window_totals(&self, now: Instant) -> (u64, u64) {
         self.window.totals(now)
     }
 
@@ -652,7 +658,7 @@ impl Breaker {
     }
 
     /// Gives a ticket back without an outcome (the caller went away): a probe frees its slot.
-    pub fn abandon(&mut self, ticket: Ticket, _now: Instant) {
+    pub(crate) fn abandon(&mut self, ticket: Ticket, _now: Instant) {
         if let Some(token) = ticket.lease() {
             self.report(token, LeaseResult::Released);
         }

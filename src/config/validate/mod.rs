@@ -23,7 +23,7 @@ use super::units::{parse_duration, parse_size};
 use super::TelemetryConfig;
 use super::*;
 
-pub use policy::default_retry;
+pub(crate) use policy::default_retry;
 
 /// Parses and validates a whole file.
 pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
@@ -67,7 +67,7 @@ pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Re
 }
 
 /// An upstream's default `keepalive`: a dead peer is found within about twice this.
-pub const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
+pub(crate) const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
 
 struct Validator<'a> {
     file: String,

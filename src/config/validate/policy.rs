@@ -9,7 +9,7 @@ use super::super::*;
 use super::Validator;
 
 /// The defaults of a `[retry.*]` table (README, "Configuration").
-pub fn default_retry(name: &str) -> RetryPolicy {
+pub(crate) fn default_retry(name: &str) -> RetryPolicy {
     RetryPolicy {
         name: name.to_string(),
         max_attempts: 3,

@@ -48,6 +48,16 @@ pub enum ProxyError {
         upstream: String,
         retry_after: std::time::Duration,
     },
+    #[error(
+        "no target of this route can take the request now ({}); retry after the retry-after delay, if any",
+        describe_targets(targets)
+    )]
+    NoTargetAvailable {
+        /// The soonest a target recovers; `None` when every one is exhausted (no time to give).
+        retry_after: Option<std::time::Duration>,
+        /// Each target and why it could not take the request (`circuit_open`, `cooldown`, ..).
+        targets: Vec<(String, &'static str)>,
+    },
     #[error("the idempotency store (Redis) cannot be reached, and this route fails closed; nothing was sent upstream")]
     StoreUnavailable,
     #[error("the async job queue is full ({max_queue} unfinished jobs, [jobs] max_queue); nothing was queued: retry later, or send the request without Prefer: respond-async")]
@@ -88,6 +98,7 @@ pub enum ErrorKind {
     StoreUnavailable,
     CircuitOpen,
     Cooldown,
+    NoTargetAvailable,
     QueueFull,
     JobsUnavailable,
     JobNotFound,
@@ -175,6 +186,12 @@ impl ErrorKind {
             ),
             K::CircuitOpen => (S::SERVICE_UNAVAILABLE, "circuit_open", "Circuit open", false),
             K::Cooldown => (S::TOO_MANY_REQUESTS, "cooldown", "Rate-limit cooldown", false),
+            K::NoTargetAvailable => (
+                S::SERVICE_UNAVAILABLE,
+                "no_target_available",
+                "No target available",
+                false,
+            ),
             K::QueueFull => (S::SERVICE_UNAVAILABLE, "queue_full", "Job queue full", false),
             K::JobsUnavailable => (
                 S::SERVICE_UNAVAILABLE,
@@ -248,6 +265,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable => K::StoreUnavailable,
             ProxyError::CircuitOpen { .. } => K::CircuitOpen,
             ProxyError::Cooldown { .. } => K::Cooldown,
+            ProxyError::NoTargetAvailable { .. } => K::NoTargetAvailable,
             ProxyError::QueueFull { .. } => K::QueueFull,
             ProxyError::JobsUnavailable => K::JobsUnavailable,
             ProxyError::JobNotFound => K::JobNotFound,
@@ -279,14 +297,41 @@ impl ProxyError {
             ProxyError::CircuitOpen { retry_after, .. } | ProxyError::Cooldown { retry_after, .. } => {
                 Some(*retry_after)
             }
+            ProxyError::NoTargetAvailable { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
 
-    /// The JSON body (see [`problem_body`]).
+    /// The JSON body (see [`problem_body`]), with the per-target outcomes of a
+    /// `no_target_available`.
     pub fn body(&self) -> String {
-        problem_body(self.kind(), &self.to_string())
+        with_members(problem_body(self.kind(), &self.to_string()), self)
     }
+}
+
+fn describe_targets(targets: &[(String, &'static str)]) -> String {
+    targets
+        .iter()
+        .map(|(upstream, outcome)| format!("{upstream}: {outcome}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `body` with the members an error adds to the problem details (RFC 9457 section 3.2
+/// extensions): `targets: [{upstream, outcome}]` for `no_target_available`.
+fn with_members(body: String, err: &ProxyError) -> String {
+    let ProxyError::NoTargetAvailable { targets, .. } = err else {
+        return body;
+    };
+    let Ok(serde_json::Value::Object(mut doc)) = serde_json::from_str::<serde_json::Value>(&body) else {
+        return body;
+    };
+    let list = targets
+        .iter()
+        .map(|(upstream, outcome)| serde_json::json!({ "upstream": upstream, "outcome": outcome }))
+        .collect();
+    doc.insert("targets".into(), serde_json::Value::Array(list));
+    serde_json::Value::Object(doc).to_string()
 }
 
 /// The one builder of every error rebound answers for itself (the proxy, the job API, the admin
@@ -320,7 +365,7 @@ pub(crate) fn error_response(err: ProxyError, mut log: RequestLog) -> Response<P
     let status = err.status().as_u16();
     log.set_error(err.code());
     let mut resp = problem_response(err.kind(), &err.to_string(), err.retry_after(), |body| {
-        ProxyBody::full(body, log, status)
+        ProxyBody::full(with_members(body, &err), log, status)
     });
     resp.extensions_mut().insert(Delivered {
         attempts: 0,
@@ -368,6 +413,7 @@ mod tests {
             K::StoreUnavailable,
             K::CircuitOpen,
             K::Cooldown,
+            K::NoTargetAvailable,
             K::QueueFull,
             K::JobsUnavailable,
             K::JobNotFound,

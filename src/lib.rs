@@ -20,6 +20,7 @@ pub mod retry;
 pub mod routing;
 pub mod server;
 pub mod shutdown;
+pub(crate) mod targets;
 pub mod telemetry;
 pub mod time;
 pub mod traces;

@@ -86,6 +86,7 @@ pub struct Metrics {
     /// Keys in progress under the claim of a replica that died (no heartbeat for `[redis]
     /// liveness`), taken over by a new request with the key instead of waiting for the lease.
     pub(crate) idempotency_takeovers_total: IntCounterVec,
+    pub(crate) failovers_total: IntCounterVec,
     /// Trace spans by what became of them (`exported`; `dropped`: the export queue was full;
     /// `failed`: the collector did not take them).
     pub(crate) trace_spans_total: IntCounterVec,
@@ -244,6 +245,11 @@ impl Metrics {
                 "Keys in progress under the claim of a dead replica (no heartbeat for [redis] liveness), taken over by a new request with the key.",
                 &["route"],
             )?,
+            failovers_total: counter(
+                "failovers_total",
+                "Requests moved from one target of their route to another, by route, from, to and reason (circuit_open, cooldown, exhausted, overloaded, first_byte_timeout, retries_exhausted, context_length).",
+                &["route", "from", "to", "reason"],
+            )?,
             idempotency_completions_pending: reg(
                 r,
                 IntGauge::new(
@@ -352,7 +358,7 @@ impl Metrics {
             let route = r.name.as_str();
             // The success series: other codes appear with their first answer.
             self.requests_total.with_label_values(&[route, "200"]);
-            for upstream in std::iter::once(&r.upstream).chain(&r.fallback) {
+            for upstream in r.upstreams() {
                 for position in STREAM_ERROR_POSITIONS {
                     self.stream_errors_total.with_label_values(&[route, upstream, position]);
                 }
@@ -385,6 +391,14 @@ impl Metrics {
                     self.idempotency_completions_total.with_label_values(&[route, result]);
                 }
                 self.idempotency_takeovers_total.with_label_values(&[route]);
+            }
+            for from in r.upstreams() {
+                for to in r.upstreams().filter(|to| *to != from) {
+                    for reason in r.failover_on.iter() {
+                        self.failovers_total
+                            .with_label_values(&[route, from, to, reason.as_str()]);
+                    }
+                }
             }
             if r.dead_letters {
                 for reason in DEAD_LETTER_REASONS {

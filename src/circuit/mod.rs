@@ -309,27 +309,6 @@ impl Circuits {
         }
     }
 
-    /// The first of `upstreams` (the route's upstream, then its fallbacks, in order) whose
-    /// circuit admits the attempt, with its permit; or, when every circuit is open, the shortest
-    /// of their retry-afters.
-    pub(crate) fn admit_first<'a>(
-        &self,
-        upstreams: impl IntoIterator<Item = &'a str>,
-        attempt: Attempt,
-        now: Instant,
-    ) -> Result<(&'a str, Permit), Duration> {
-        let mut shortest: Option<Duration> = None;
-        for upstream in upstreams {
-            match self.admit(upstream, attempt, now) {
-                Admission::Allowed(permit) => return Ok((upstream, permit)),
-                Admission::Rejected { retry_after } => {
-                    shortest = Some(shortest.map_or(retry_after, |s| s.min(retry_after)));
-                }
-            }
-        }
-        Err(shortest.unwrap_or(breaker::HALF_OPEN_RETRY_AFTER))
-    }
-
     /// The state of `upstream`'s circuit (`None` without a breaker).
     pub fn state(&self, upstream: &str, now: Instant) -> Option<CircuitState> {
         let entry = self.entries.get(upstream)?;
@@ -733,26 +712,6 @@ fallback = ["b"]
         ));
         drop(probe);
         assert!(matches!(c.admit("a", Attempt::First, later), Admission::Allowed(p) if p.is_probe()));
-    }
-
-    #[test]
-    fn falls_back_in_order() {
-        let (c, _) = circuits();
-        let now = crate::time::now();
-        let (up, p) = c.admit_first(["a", "b"], Attempt::First, now).unwrap();
-        assert_eq!(up, "a");
-        drop(p);
-        fail(&c, "a", now);
-        fail(&c, "a", now);
-        let (up, _p) = c.admit_first(["a", "b"], Attempt::First, now).unwrap();
-        assert_eq!(up, "b");
-        fail(&c, "b", now);
-        fail(&c, "b", now);
-        let left = c.admit_first(["a", "b"], Attempt::First, now).unwrap_err();
-        assert!(
-            left >= Duration::from_secs(1) && left <= Duration::from_millis(1100),
-            "{left:?}"
-        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 pub(crate) mod interpolate;
 pub mod jitter;
 pub mod raw;
+mod targets;
 pub mod units;
 pub mod validate;
 
@@ -30,6 +31,8 @@ pub use error::ConfigErrors;
 pub use error::ConfigError;
 
 pub use jitter::Jitter;
+pub(crate) use targets::api_shape;
+pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 
 /// The whole validated configuration.
 #[derive(Debug, Clone)]
@@ -304,6 +307,13 @@ pub struct MetricsConfig {
     pub models: Vec<String>,
 }
 
+impl RouteConfig {
+    /// The upstreams of its targets, in order.
+    pub fn upstreams(&self) -> impl Iterator<Item = &str> {
+        self.targets.iter().map(|t| t.upstream.as_str())
+    }
+}
+
 impl MetricsConfig {}
 
 #[derive(Clone)]
@@ -363,11 +373,13 @@ impl std::fmt::Debug for UpstreamConfig {
 pub struct RouteConfig {
     pub name: String,
     pub path_prefix: String,
-    pub upstream: String,
+    /// Where its requests go (never empty): `targets`, or `upstream` then its `fallback`s.
+    pub targets: Vec<TargetConfig>,
+    pub balance: Balance,
+    pub failover_on: FailoverOn,
     pub strip_prefix: bool,
     pub retry: Option<String>,
     pub idempotency: Option<String>,
-    pub fallback: Vec<String>,
     pub dead_letters: bool,
     pub dead_letter_bodies: bool,
     pub async_jobs: bool,

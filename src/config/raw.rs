@@ -106,10 +106,23 @@ pub struct RawRoute {
     pub retry: Option<String>,
     pub idempotency: Option<String>,
     pub fallback: Option<Vec<String>>,
+    pub targets: Option<Vec<RawTarget>>,
+    pub balance: Option<String>,
+    pub failover_on: Option<Vec<String>>,
     pub dead_letters: Option<bool>,
     pub dead_letter_bodies: Option<bool>,
     #[serde(rename = "async")]
     pub async_jobs: Option<bool>,
+}
+
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawTarget {
+    pub upstream: Option<String>,
+    pub weight: Option<f64>,
+    pub models: Option<BTreeMap<String, String>>,
+    pub first_byte_timeout: Option<String>,
+    pub context_window: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]

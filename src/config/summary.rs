@@ -94,19 +94,26 @@ fn routes(out: &mut String, c: &Config) {
             .then(a.path_prefix.cmp(&b.path_prefix))
     });
     for r in routes {
-        let target = c.upstreams.get(&r.upstream).map(|u| u.url()).unwrap_or_default();
-        let _ = write!(
-            out,
-            "  {:<16} {:<14} -> {} ({})",
-            r.path_prefix, r.name, r.upstream, target
-        );
+        let first = r.upstreams().next().unwrap_or_default();
+        let target = c.upstreams.get(first).map(|u| u.url()).unwrap_or_default();
+        let _ = write!(out, "  {:<16} {:<14} -> {} ({})", r.path_prefix, r.name, first, target);
         if r.strip_prefix {
             let _ = write!(out, ", strip_prefix");
         }
         let _ = write!(out, ", retry {}", r.retry.as_deref().unwrap_or("none"));
         let _ = write!(out, ", idempotency {}", r.idempotency.as_deref().unwrap_or("none"));
-        if !r.fallback.is_empty() {
-            let _ = write!(out, ", fallback [{}]", r.fallback.join(", "));
+        if r.targets.len() > 1 {
+            let targets: Vec<String> = r.targets.iter().map(describe_target).collect();
+            let _ = write!(
+                out,
+                ", targets [{}], balance {}",
+                targets.join(", "),
+                r.balance.as_str()
+            );
+            if r.failover_on != crate::config::FailoverOn::all() {
+                let on: Vec<&str> = r.failover_on.iter().map(|f| f.as_str()).collect();
+                let _ = write!(out, ", failover_on [{}]", on.join(", "));
+            }
         }
         if r.dead_letters {
             let _ = write!(
@@ -247,4 +254,22 @@ fn jobs_and_idempotency(out: &mut String, c: &Config) {
             p.on_store_error
         );
     }
+}
+
+/// A target as `rebound check` shows it: its upstream, then what differs from a plain one.
+fn describe_target(t: &crate::config::TargetConfig) -> String {
+    let mut s = t.upstream.clone();
+    if t.weight != 1.0 {
+        let _ = write!(s, " weight {}", t.weight);
+    }
+    for (from, to) in &t.models {
+        let _ = write!(s, " model {from} -> {to}");
+    }
+    if let Some(timeout) = t.first_byte_timeout {
+        let _ = write!(s, " first_byte_timeout {}", d(timeout));
+    }
+    if let Some(n) = t.context_window {
+        let _ = write!(s, " context_window {n}");
+    }
+    s
 }

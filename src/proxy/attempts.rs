@@ -3,15 +3,17 @@
 
 use super::pacing::credential_hash_of;
 use super::stream::Primed;
+use super::targets::Cursor;
 use super::tokens::RequestTokens;
 use super::{commit, pacing, tokens, Proxy, Route, Target};
-use crate::circuit::{release_delay, Attempt, Permit, CREDENTIAL_NAMES};
-use crate::config::CooldownMode;
+use crate::circuit::Permit;
+use crate::config::FailoverReason;
 use crate::dead_letters::{self, AttemptRecord, DeadLetter};
 use crate::error::ProxyError;
 use crate::idempotency::Claim;
 use crate::jobs;
 use crate::retry;
+use crate::retry::failover;
 use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
 use crate::time;
 use crate::traces::RequestSpan;
@@ -20,7 +22,6 @@ use crate::wire::headers;
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
 use http_body_util::Full;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -46,32 +47,34 @@ impl Proxy {
         } else {
             route.budget.deposit(started);
         }
-        let mut d = Progress::new(
-            route.primary().name.clone(),
-            limits.deadline,
-            self.models.for_request(body),
-            started,
-        );
+        let mut d = Progress::new(limits.deadline, self.models.for_request(body), started);
+        let mut at = Cursor::new(route);
         let mut now = started;
         let mut waited: (Duration, Option<&'static str>) = (Duration::ZERO, None);
         loop {
-            let go = match self.admit(route, parts, path, body, &state, &mut d, now).await {
+            let go = match self
+                .admit(route, parts, path, body, &mut state, &mut d, &mut at, now)
+                .await
+            {
                 Admit::Go(go) => go,
                 Admit::Held => {
                     now = crate::time::now();
                     continue;
                 }
-                Admit::Stop(delivery) => return delivery,
+                Admit::Stop(delivery) => return delivery.with_failovers(at.failovers),
             };
             d.last = None;
-            state.attempts += 1;
-            d.upstream = go.target.name.clone();
+            state.attempt();
+            d.target = go.target.index;
             let remaining = state.deadline.saturating_duration_since(now);
             d.sent = now;
-            let span = trace.attempt(state.attempts, &go.target.name, waited.0, waited.1);
+            let span = trace.attempt(state.total, &go.target.name, waited.0, waited.1);
             let mut req = go.req;
             span.inject(req.headers_mut());
+            let in_flight = go.target.load.start();
             let (result, received) = commit::attempt(route, go.target, req, now, remaining).await;
+            drop(in_flight);
+            go.target.load.observe(received.saturating_duration_since(now));
             let (outcome, hint) = self.observe(go.target, go.permit, &go.credentials, &result, received);
             let status = result.as_ref().ok().map(|r| r.status().as_u16());
             span.end(outcome.label(), status, hint.map(|h| h.delay));
@@ -81,117 +84,87 @@ impl Proxy {
                 result.as_ref().ok().map(|r| r.status().as_u16()),
                 received - now,
             );
-            let decision = state.decide(
-                &route.retry,
-                &route.backoff,
+            match self.next_step(
+                route,
                 &parts.method,
+                &mut state,
+                &at,
+                target,
                 outcome,
                 hint,
-                &route.budget,
                 received,
-                &mut rand::rng(),
-            );
-            match decision {
-                Decision::Retry { wait, source, reason } => {
-                    self.count_retry(route, state.attempts, &reason.to_string(), wait, source.as_str());
+                now,
+            ) {
+                Next::Move(reason) => {
+                    d.keep(result, target, state.total, now);
+                    at.leave(target.index, reason, &mut state);
+                    now = crate::time::now();
+                    waited = (Duration::ZERO, None);
+                }
+                Next::Retry { wait, source, reason } => {
+                    self.count_retry(route, state.total, &reason.to_string(), wait, source.as_str());
                     d.waited(wait);
                     waited = (wait, Some(source.as_str()));
-                    d.last = result.ok().map(|mut r| {
-                        tokens::discard(&mut r, &target.tokens, &d.tokens, state.attempts, now);
-                        r
-                    });
+                    d.keep(result, target, state.total, now);
                     tokio::time::sleep(wait).await;
                     now = crate::time::now();
                 }
-                Decision::Deliver(stop) => {
+                Next::Deliver(stop) => {
                     self.count_stop(route, stop);
                     let result = result.map_err(|e| {
                         tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
                         attempt_error(&target.name, e)
                     });
-                    if outcome.is_failure() && (state.attempts > 1 || stop != Stop::NotRetryable) {
-                        tracing::info!(route = %route.name, attempts = state.attempts, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
+                    if outcome.is_failure() && (state.total > 1 || stop != Stop::NotRetryable) {
+                        tracing::info!(route = %route.name, attempts = state.total, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
                     }
-                    return d.deliver(result, stop);
+                    return d.deliver(result, stop).with_failovers(at.failovers);
                 }
             }
         }
     }
 
-    /// Admission of the next attempt: the deadline, the circuits (which upstream), the request
-    /// for it, and the credential's cooldown (which may hold the request, then look again).
+    /// After an attempt: move to another target (a failover class, when another target can take
+    /// the request), retry here after a wait, or deliver (the pure retry policy decides those).
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn admit<'r>(
+    fn next_step(
         &self,
-        route: &'r Route,
-        parts: &http::request::Parts,
-        path: &str,
-        body: &Bytes,
-        state: &RetryState,
-        d: &mut Progress,
+        route: &Route,
+        method: &Method,
+        state: &mut RetryState,
+        at: &Cursor,
+        target: &Target,
+        outcome: Outcome,
+        hint: Option<retry::RetryHint>,
+        received: Instant,
         now: Instant,
-    ) -> Admit<'r> {
-        if state.deadline <= now {
-            let (upstream, timeout_ms) = (route.primary().name.to_string(), d.deadline.as_millis());
-            return Admit::Stop(d.stop_before_attempt(Stop::Deadline, || ProxyError::Timeout { upstream, timeout_ms }));
-        }
-        let kind = if state.attempts == 0 {
-            Attempt::First
-        } else {
-            Attempt::Retry
+    ) -> Next {
+        let movable = |reason: &FailoverReason| self.can_move(route, at, target.index, *reason, now);
+        let seen = failover::Seen {
+            class: None,
+            first_byte_limit: target.config.first_byte_timeout.is_some(),
+            larger_context_elsewhere: false,
         };
-        let (target, permit) = match self
-            .circuits
-            .admit_first(route.targets.iter().map(|t| &*t.name), kind, now)
-        {
-            Ok((name, permit)) => (route.target(name), permit),
-            Err(retry_after) => {
-                let upstream = route.primary().name.to_string();
-                return Admit::Stop(
-                    d.stop_before_attempt(Stop::CircuitOpen, || ProxyError::CircuitOpen { upstream, retry_after }),
-                );
-            }
-        };
-        let req = match build_upstream_request(target, parts, path, body.clone()) {
-            Ok(r) => r,
-            Err(e) => {
-                d.last = None;
-                return Admit::Stop(
-                    d.stop_before_attempt(Stop::NotRetryable, || ProxyError::InvalidRequestTarget(e.to_string())),
-                );
-            }
-        };
-        // The credential is hashed only when some cooldown holds this upstream, or after a 429.
-        let credentials = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
-        if let Some(hold) = pacing::wait(&self.circuits, target, &credentials, now, state.deadline) {
-            drop(permit);
-            tokio::time::sleep(hold).await;
-            return Admit::Held;
+        if let Some(reason) = failover::at_once(outcome, seen).filter(movable) {
+            return Next::Move(reason);
         }
-        if self.circuits.cooldowns_active(&target.name) {
-            let credential = credential_hash_of(&credentials);
-            if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
-                if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
-                    drop(permit);
-                    let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
-                    tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
-                    tokio::time::sleep(hold).await;
-                    return Admit::Held;
-                }
-                self.circuits.count_cooldown_rejection(&target.name);
-                let upstream = target.name.to_string();
-                return Admit::Stop(d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown {
-                    upstream,
-                    retry_after: left,
-                }));
-            }
+        let decision = state.decide(
+            &route.retry,
+            &route.backoff,
+            method,
+            outcome,
+            hint,
+            &route.budget,
+            received,
+            &mut rand::rng(),
+        );
+        match decision {
+            Decision::Retry { wait, source, reason } => Next::Retry { wait, source, reason },
+            Decision::Deliver(stop) => match failover::after_decision(outcome, stop).filter(movable) {
+                Some(reason) => Next::Move(reason),
+                None => Next::Deliver(stop),
+            },
         }
-        Admit::Go(Go {
-            target,
-            permit,
-            req,
-            credentials,
-        })
     }
 
     /// What an attempt's result tells: its outcome (counted), the breaker fed through `permit`,
@@ -265,7 +238,7 @@ impl Proxy {
         let idem = route.idempotency.as_ref();
         let failure = dead_letters::Failure {
             route: &route.name,
-            upstream: &d.upstream,
+            upstream: &route.targets.get(d.target).unwrap_or(route.primary()).name,
             parts,
             body,
             keep_body: route.config.dead_letter_bodies,
@@ -296,8 +269,8 @@ pub(super) struct Progress {
     /// The last attempt's outcome (`None` while no attempt ran).
     pub(super) outcome: Option<Outcome>,
     pub(super) attempts: Vec<AttemptRecord>,
-    /// The upstream of the last attempt (a fallback, when the primary's circuit was open).
-    pub(super) upstream: Arc<str>,
+    /// The target of the last attempt (its index in the route's list).
+    pub(super) target: usize,
     /// The last failed response, kept while waiting: delivered if no further attempt can run.
     pub(super) last: Option<Response<Primed<UpstreamBody>>>,
     /// The request's whole deadline (for the error that reports it).
@@ -309,11 +282,11 @@ pub(super) struct Progress {
 }
 
 impl Progress {
-    pub(super) fn new(upstream: Arc<str>, deadline: Duration, tokens: RequestTokens, started: Instant) -> Progress {
+    pub(super) fn new(deadline: Duration, tokens: RequestTokens, started: Instant) -> Progress {
         Progress {
             outcome: None,
             attempts: Vec::new(),
-            upstream,
+            target: 0,
             last: None,
             deadline,
             tokens,
@@ -329,6 +302,21 @@ impl Progress {
             duration_ms: took.as_millis() as u64,
             wait_ms: 0,
             usage: None,
+        });
+    }
+
+    /// Keeps a failed attempt's response while the loop goes on (delivered if nothing else can
+    /// run); its usage is counted as wasted.
+    fn keep(
+        &mut self,
+        result: Result<Response<Primed<UpstreamBody>>, AttemptError>,
+        target: &Target,
+        attempt: u32,
+        now: Instant,
+    ) {
+        self.last = result.ok().map(|mut r| {
+            tokens::discard(&mut r, &target.tokens, &self.tokens, attempt, now);
+            r
         });
     }
 
@@ -349,7 +337,8 @@ impl Progress {
             outcome: self.outcome,
             attempts: std::mem::take(&mut self.attempts),
             stop,
-            upstream: self.upstream.clone(),
+            target: self.target,
+            failovers: 0,
             tokens: self.tokens.clone(),
             sent: self.sent,
         }
@@ -361,6 +350,19 @@ impl Progress {
         let result = self.last.take().map_or_else(|| Err(err()), Ok);
         self.deliver(result, stop)
     }
+}
+
+/// What follows an attempt.
+enum Next {
+    /// To another target, at once.
+    Move(FailoverReason),
+    /// Here again, after `wait`.
+    Retry {
+        wait: Duration,
+        source: retry::policy::WaitSource,
+        reason: crate::config::RetryOn,
+    },
+    Deliver(Stop),
 }
 
 /// What admission decided for the next attempt.
@@ -390,14 +392,21 @@ pub(super) struct Delivery {
     pub(super) outcome: Option<Outcome>,
     pub(super) attempts: Vec<AttemptRecord>,
     pub(super) stop: Stop,
-    /// The upstream of the last attempt.
-    pub(super) upstream: Arc<str>,
+    /// The target of the last attempt (its index in the route's list).
+    pub(super) target: usize,
+    /// Times the request moved to another target.
+    pub(super) failovers: u32,
     pub(super) tokens: RequestTokens,
     /// When the last attempt was sent.
     pub(super) sent: Instant,
 }
 
 impl Delivery {
+    pub(super) fn with_failovers(mut self, failovers: u32) -> Delivery {
+        self.failovers = failovers;
+        self
+    }
+
     /// Whether `claim`'s store keeps this outcome: a response with a stored status that is not
     /// an in-band error.
     pub(super) fn stored_by(&self, claim: &Claim) -> bool {

@@ -44,7 +44,10 @@ pub(super) async fn attempt(
     remaining: Duration,
 ) -> (Result<Response<Primed<UpstreamBody>>, AttemptError>, Instant) {
     let policy = &route.retry;
-    let sent = target.upstream.send(req, policy.per_try_timeout.min(remaining)).await;
+    // A target's own first_byte_timeout runs from sending the request: it bounds the head too.
+    let own = target.config.first_byte_timeout;
+    let head_limit = own.map_or(policy.per_try_timeout, |t| t.min(policy.per_try_timeout));
+    let sent = target.upstream.send(req, head_limit.min(remaining)).await;
     let head_at = crate::time::now();
     target.attempts.duration.observe((head_at - started).as_secs_f64());
     let (mut parts, body) = match sent {
@@ -55,9 +58,11 @@ pub(super) async fn attempt(
     let mut body = Primed::new(body, shape);
     let mut received = head_at;
     if parts.status.is_success() && !body.is_end_stream() {
-        let wait = policy
-            .first_byte_timeout
-            .min(remaining.saturating_sub(head_at - started));
+        let wait = match own {
+            Some(t) => t.saturating_sub(head_at - started),
+            None => policy.first_byte_timeout,
+        }
+        .min(remaining.saturating_sub(head_at - started));
         match read_ahead(&mut body, shape, head_at + wait).await {
             Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), crate::time::now()),
             Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), crate::time::now()),

@@ -21,6 +21,7 @@ mod idempotent;
 mod pacing;
 mod routes;
 pub mod stream;
+mod targets;
 mod tokens;
 mod websocket;
 
@@ -219,7 +220,8 @@ impl Proxy {
             trace.set_route(&route.name, &provider, model, traces::operation_name(&path));
         }
         let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
-        log.set_upstream(&delivery.upstream, delivery.attempts.len() as u32);
+        let upstream = &route.targets.get(delivery.target).unwrap_or(route.primary()).name;
+        log.set_upstream(upstream, delivery.attempts.len() as u32);
         log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
         log.set_usage(&delivery.tokens.ledger);
 
@@ -258,7 +260,8 @@ impl Proxy {
     ) -> Response<ProxyBody> {
         let attempts = delivery.attempts.len() as u32;
         let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
-        let target = route.target(&delivery.upstream);
+        let target = route.targets.get(delivery.target).unwrap_or(route.primary());
+        let failovers = delivery.failovers;
         let mut resp = match delivery.result {
             Ok(resp) => {
                 let meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
@@ -284,6 +287,10 @@ impl Proxy {
         };
         resp.headers_mut()
             .insert(headers::X_REBOUND_UPSTREAM, target.header.clone());
+        if route.targets.len() > 1 {
+            resp.headers_mut()
+                .insert(headers::X_REBOUND_FAILOVERS, HeaderValue::from(failovers));
+        }
         if bypassed {
             resp.headers_mut()
                 .insert(headers::X_REBOUND_IDEMPOTENCY, HeaderValue::from_static("bypassed"));

@@ -2,11 +2,12 @@
 //! targets, policies, idempotency and metrics), built by [`Proxy::new`].
 
 use super::{tokens, Proxy, Shared, BUDGET_WINDOW};
-use crate::config::{Config, RetryPolicy, RouteConfig};
+use crate::config::{Balance, Config, FailoverOn, RetryPolicy, RouteConfig, TargetConfig};
 use crate::idempotency::Idempotency;
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
 use crate::retry::{Backoff, RetryBudget};
 use crate::routing::RouteTable;
+use crate::targets::Load;
 use crate::upstream::Upstream;
 use http::HeaderValue;
 use std::sync::Arc;
@@ -23,30 +24,38 @@ pub(crate) struct Route {
     pub budget: RetryBudget,
     /// The route's idempotency policy and the store, when it names one.
     pub idempotency: Option<Idempotency>,
-    /// The route's upstream, then its `fallback` upstreams.
+    /// Where its requests go.
     pub targets: Targets,
     /// This route's metric children.
     pub metrics: Arc<RouteMetrics>,
 }
 
 /// An upstream a route may use.
-#[derive(Clone)]
 pub(crate) struct Target {
     pub name: Arc<str>,
+    /// Its place in the route's list.
+    pub index: usize,
     pub upstream: Arc<Upstream>,
+    /// Its weight, model rewrites, first-byte timeout and context window.
+    pub config: TargetConfig,
     /// `x-rebound-upstream` for responses it served.
     pub header: HeaderValue,
     /// The attempt metric children for (route, this upstream).
     pub attempts: Arc<AttemptMetrics>,
     /// The token metric children for (route, this upstream).
     pub tokens: Arc<TokenMetrics>,
+    /// This route's requests on it, on this replica.
+    pub load: Load,
 }
 
 impl Target {
-    fn new(route: &str, name: &str, upstream: &Arc<Upstream>, metrics: &Metrics) -> Target {
+    fn new(route: &str, index: usize, config: &TargetConfig, upstream: &Arc<Upstream>, metrics: &Metrics) -> Target {
+        let name = config.upstream.as_str();
         Target {
             name: Arc::from(name),
+            index,
             upstream: upstream.clone(),
+            config: config.clone(),
             header: HeaderValue::from_str(name).unwrap_or_else(|_| HeaderValue::from_static("-")),
             attempts: Arc::new(AttemptMetrics::new(metrics, route, name)),
             tokens: Arc::new(TokenMetrics::new(
@@ -55,32 +64,37 @@ impl Target {
                 name,
                 &tokens::provider_name(name, &upstream.config),
             )),
+            load: Load::default(),
         }
     }
 }
 
-/// The upstreams a route may use: its own, then its fallbacks in order (never empty).
+/// The upstreams a route may use, in its order (never empty), and how it spreads over them.
 pub(crate) struct Targets {
-    primary: Target,
-    fallbacks: Vec<Target>,
+    list: Vec<Target>,
+    pub balance: Balance,
+    pub failover_on: FailoverOn,
 }
 
 impl Targets {
-    /// All of them, the route's own first.
+    /// All of them, in the route's order.
     pub fn iter(&self) -> impl Iterator<Item = &Target> {
-        std::iter::once(&self.primary).chain(&self.fallbacks)
+        self.list.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
+    pub fn get(&self, index: usize) -> Option<&Target> {
+        self.list.get(index)
     }
 }
 
 impl Route {
-    /// The route's own upstream.
+    /// The route's first target.
     pub fn primary(&self) -> &Target {
-        &self.targets.primary
-    }
-
-    /// The target named `name` (one of `targets`; the primary if unknown).
-    pub(super) fn target(&self, name: &str) -> &Target {
-        self.targets.iter().find(|t| &*t.name == name).unwrap_or(self.primary())
+        &self.targets.list[0]
     }
 }
 
@@ -122,10 +136,18 @@ impl Proxy {
         let mut routes = Vec::new();
         for r in &config.routes {
             // Validation guarantees the references resolve; a miss would be a bug, so skip loudly.
-            let Some(upstream) = upstreams.get(&r.upstream) else {
-                tracing::error!(route = %r.name, upstream = %r.upstream, "route refers to an unknown upstream");
+            let mut list = Vec::new();
+            for (index, t) in r.targets.iter().enumerate() {
+                match upstreams.get(&t.upstream) {
+                    Some(upstream) => list.push(Target::new(&r.name, index, t, upstream, &metrics)),
+                    None => {
+                        tracing::error!(route = %r.name, upstream = %t.upstream, "route refers to an unknown upstream");
+                    }
+                }
+            }
+            if list.len() != r.targets.len() || list.is_empty() {
                 continue;
-            };
+            }
             let retry = r
                 .retry
                 .as_ref()
@@ -147,12 +169,9 @@ impl Proxy {
                 backoff,
                 budget,
                 targets: Targets {
-                    primary: Target::new(&r.name, &r.upstream, upstream, &metrics),
-                    fallbacks: r
-                        .fallback
-                        .iter()
-                        .filter_map(|name| upstreams.get(name).map(|u| Target::new(&r.name, name, u, &metrics)))
-                        .collect(),
+                    list,
+                    balance: r.balance,
+                    failover_on: r.failover_on,
                 },
                 metrics: Arc::new(RouteMetrics::new(&metrics, &r.name)),
                 idempotency: r

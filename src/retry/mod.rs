@@ -29,7 +29,9 @@
 
 pub mod backoff;
 pub mod budget;
+pub(crate) mod failover;
 pub mod policy;
+pub(crate) mod provider_error;
 pub mod quota;
 pub mod retry_after;
 

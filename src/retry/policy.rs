@@ -211,8 +211,10 @@ pub(crate) struct RetryState {
     pub max_attempts: u32,
     /// The whole request must be answered by then.
     pub deadline: Instant,
-    /// Attempts made so far.
+    /// Attempts made so far on the current target (`max_attempts` counts these).
     pub attempts: u32,
+    /// Attempts made so far on every target.
+    pub total: u32,
     /// `retry_once_on` entries already retried.
     once_used: Vec<RetryOn>,
     /// The previous backoff (decorrelated jitter); reset by a server-directed wait.
@@ -225,9 +227,24 @@ impl RetryState {
             max_attempts: max_attempts.max(1),
             deadline,
             attempts: 0,
+            total: 0,
             once_used: Vec::new(),
             prev_backoff: None,
         }
+    }
+
+    /// Counts an attempt about to be sent.
+    pub(crate) fn attempt(&mut self) {
+        self.attempts += 1;
+        self.total += 1;
+    }
+
+    /// The request moves to another target: its attempts, `retry_once_on` entries and backoff
+    /// start afresh there (`max_attempts` counts per target); the deadline and the budget do not.
+    pub(crate) fn switch_target(&mut self) {
+        self.attempts = 0;
+        self.once_used.clear();
+        self.prev_backoff = None;
     }
 
     /// Decides after attempt number `self.attempts` produced `outcome`. A `Retry` is committed:

@@ -6,6 +6,8 @@ use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, UPGRADE};
 // Header names used on every request, parsed once (a `&str` name is parsed on each use).
 pub(crate) const X_REBOUND_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-attempts");
 pub(crate) const X_REBOUND_UPSTREAM: HeaderName = HeaderName::from_static("x-rebound-upstream");
+/// How many times the request moved to another target of its route.
+pub(crate) const X_REBOUND_FAILOVERS: HeaderName = HeaderName::from_static("x-rebound-failovers");
 pub(crate) const X_REBOUND_ERROR: HeaderName = HeaderName::from_static("x-rebound-error");
 pub(crate) const X_REBOUND_IDEMPOTENCY: HeaderName = HeaderName::from_static("x-rebound-idempotency");
 pub(crate) const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");

@@ -167,7 +167,7 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "features",
-        &["circuit", "idempotency", "dead_letters", "jobs"],
+        &["circuit", "idempotency", "dead_letters", "jobs", "targets"],
         "what the pipeline composes, each with its shared state",
     ),
     ("pipeline", &["proxy"], "a request's path, top-down"),

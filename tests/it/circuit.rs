@@ -99,15 +99,26 @@ async fn an_open_circuit_falls_back_and_says_so() {
         .to_string();
     let rebound = Rebound::start(&toml).await;
     primary.script("k", vec![Step::status(503); 100]);
+    // Each 503 (no retries on this route: its one attempt is used up) moves to the backup.
     for _ in 0..3 {
         let a = call(&rebound.url, "k").await;
-        assert_eq!(a.status, 503);
-        assert_eq!(a.header("x-rebound-upstream"), Some("fake"));
+        assert_eq!(a.status, 200);
+        assert_eq!(a.header("x-rebound-upstream"), Some("backup"));
+        assert_eq!(a.header("x-rebound-failovers"), Some("1"));
     }
+    // The primary's circuit is open: it is skipped, not called.
     let a = call(&rebound.url, "k").await;
     assert_eq!(a.status, 200);
     assert_eq!(a.header("x-rebound-upstream"), Some("backup"));
-    assert_eq!((primary.count("k"), backup.count("k")), (3, 1));
+    assert_eq!((primary.count("k"), backup.count("k")), (3, 4));
+    let page = rebound.metrics().await;
+    let moved = |reason: &str| {
+        metric(
+            &page,
+            &format!(r#"rebound_failovers_total{{from="fake",reason="{reason}",route="fake",to="backup"}}"#),
+        )
+    };
+    assert_eq!((moved("retries_exhausted"), moved("circuit_open")), (3.0, 1.0), "{page}");
 }
 
 #[tokio::test]

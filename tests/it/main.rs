@@ -12,6 +12,7 @@ mod circuit_shared;
 mod config_files;
 mod dead_letters;
 mod edges;
+mod failover;
 mod follow;
 mod idempotency;
 mod idempotency_faults;

@@ -65,6 +65,24 @@ impl TestConfig {
         self
     }
 
+    /// Another `[upstreams.NAME]` at `url` (connect timeout 1 s).
+    pub fn upstream_named(mut self, name: &str, url: &str, edit: impl FnOnce(&mut RawUpstream)) -> TestConfig {
+        let mut upstream = RawUpstream {
+            url: some(url),
+            connect_timeout: some("1s"),
+            ..RawUpstream::default()
+        };
+        edit(&mut upstream);
+        self.0.upstreams.insert(name.to_string(), upstream);
+        self
+    }
+
+    /// `[idempotency.NAME]` with its defaults.
+    pub fn idempotency(mut self, name: &str) -> TestConfig {
+        self.0.idempotency.insert(name.to_string(), Default::default());
+        self
+    }
+
     /// `[retry.NAME]`.
     pub fn retry(mut self, name: &str, policy: RawRetry) -> TestConfig {
         self.0.retry.insert(name.to_string(), policy);

@@ -1,0 +1,252 @@
+//! Step 6a: which target the next attempt goes to. A request stays on its target while the
+//! retry policy retries there; it moves on when an outcome fails over ([`crate::retry::failover`])
+//! or when the target cannot take it (its circuit open, the credential cooling down or paced out).
+//! The choice among the targets it has not left is the route's `balance`
+//! ([`crate::targets::choose`]); availability is read from the local mirror of the fleet's state,
+//! never from Redis.
+
+use std::time::Duration;
+
+use super::attempts::{build_upstream_request, Admit, Go, Progress};
+use super::pacing::credential_hash_of;
+use super::{pacing, Proxy, Route, Target};
+use crate::circuit::{release_delay, Admission, Attempt, CREDENTIAL_NAMES};
+use crate::config::{CooldownMode, FailoverReason};
+use crate::error::ProxyError;
+use crate::retry::policy::{RetryState, Stop};
+use crate::targets::{choose, Candidate};
+use bytes::Bytes;
+use tokio::time::Instant;
+
+/// Where a request is among its route's targets.
+pub(super) struct Cursor {
+    /// The target it is on (retries stay there); `None` before the first attempt and after it
+    /// left one.
+    current: Option<usize>,
+    /// Targets it left or found unavailable, and why: never chosen again for this request.
+    left: Vec<Option<&'static str>>,
+    /// Why it is leaving a target it was on, counted when the next one is admitted.
+    leaving: Option<(usize, FailoverReason)>,
+    /// The soonest a target found unavailable recovers (`None`: none has a time, e.g. all
+    /// exhausted).
+    soonest: Option<Duration>,
+    /// Times it moved to another target.
+    pub(super) failovers: u32,
+}
+
+impl Cursor {
+    pub(super) fn new(route: &Route) -> Cursor {
+        Cursor {
+            current: None,
+            left: vec![None; route.targets.len()],
+            leaving: None,
+            soonest: None,
+            failovers: 0,
+        }
+    }
+
+    /// Whether a target the request has not left remains besides `index`.
+    pub(super) fn has_another(&self, index: usize) -> bool {
+        self.left.iter().enumerate().any(|(i, l)| i != index && l.is_none())
+    }
+
+    /// The request leaves the target it is on for `reason` (a failover).
+    pub(super) fn leave(&mut self, index: usize, reason: FailoverReason, state: &mut RetryState) {
+        self.left[index] = Some(reason.as_str());
+        self.current = None;
+        self.leaving.get_or_insert((index, reason));
+        state.switch_target();
+    }
+
+    /// The target for the next attempt: the current one, else one chosen by the route's balance
+    /// among those not left.
+    fn next(&mut self, route: &Route) -> Option<usize> {
+        if let Some(i) = self.current {
+            return Some(i);
+        }
+        let candidates: Vec<Candidate> = route
+            .targets
+            .iter()
+            .filter(|t| self.left[t.index].is_none())
+            .map(|t| Candidate {
+                index: t.index,
+                weight: t.config.weight,
+                in_flight: t.load.in_flight(),
+                ewma_us: t.load.ewma_us(),
+            })
+            .collect();
+        choose(route.targets.balance, &candidates, &mut rand::rng())
+    }
+
+    /// `index` cannot take the request now (`reason`, back after `after` if known): left.
+    fn unavailable(&mut self, index: usize, reason: FailoverReason, after: Option<Duration>) {
+        self.left[index] = Some(reason.as_str());
+        if self.current == Some(index) {
+            self.current = None;
+        }
+        self.leaving.get_or_insert((index, reason));
+        if let Some(after) = after {
+            self.soonest = Some(self.soonest.map_or(after, |s| s.min(after)));
+        }
+    }
+}
+
+impl Proxy {
+    /// Admission of the next attempt: the deadline, the target (its circuit, the credential's
+    /// exhaustion, pacing and cooldown: each may move the request to another target, or hold it
+    /// when none is left), and the request for it.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) async fn admit<'r>(
+        &self,
+        route: &'r Route,
+        parts: &http::request::Parts,
+        path: &str,
+        body: &Bytes,
+        state: &mut RetryState,
+        d: &mut Progress,
+        at: &mut Cursor,
+        now: Instant,
+    ) -> Admit<'r> {
+        if state.deadline <= now {
+            let upstream = route.targets.get(d.target).unwrap_or(route.primary()).name.to_string();
+            let timeout_ms = d.deadline.as_millis();
+            return Admit::Stop(d.stop_before_attempt(Stop::Deadline, || ProxyError::Timeout { upstream, timeout_ms }));
+        }
+        let single = route.targets.len() == 1;
+        loop {
+            let Some(index) = at.next(route) else {
+                return Admit::Stop(self.no_target(route, d, at));
+            };
+            let Some(target) = route.targets.get(index) else {
+                return Admit::Stop(self.no_target(route, d, at));
+            };
+            let permit = match self.circuits.admit(&target.name, attempt_kind(state), now) {
+                Admission::Allowed(permit) => permit,
+                Admission::Rejected { retry_after } if single => {
+                    let upstream = target.name.to_string();
+                    return Admit::Stop(
+                        d.stop_before_attempt(Stop::CircuitOpen, || ProxyError::CircuitOpen { upstream, retry_after }),
+                    );
+                }
+                Admission::Rejected { retry_after } => {
+                    at.unavailable(index, FailoverReason::CircuitOpen, Some(retry_after));
+                    continue;
+                }
+            };
+            let req = match build_upstream_request(target, parts, path, body.clone()) {
+                Ok(r) => r,
+                Err(e) => {
+                    d.last = None;
+                    return Admit::Stop(
+                        d.stop_before_attempt(Stop::NotRetryable, || ProxyError::InvalidRequestTarget(e.to_string())),
+                    );
+                }
+            };
+            // The credential is hashed only when some hold concerns this upstream, or after a 429.
+            let credentials = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
+            let others = at.has_another(index);
+            if let Some(hold) = pacing::wait(&self.circuits, target, &credentials, now, state.deadline) {
+                drop(permit);
+                if others {
+                    at.unavailable(index, FailoverReason::Cooldown, Some(hold));
+                    continue;
+                }
+                tokio::time::sleep(hold).await;
+                return Admit::Held;
+            }
+            if self.circuits.cooldowns_active(&target.name) {
+                let credential = credential_hash_of(&credentials);
+                if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
+                    drop(permit);
+                    if others {
+                        at.unavailable(index, FailoverReason::Cooldown, Some(left));
+                        continue;
+                    }
+                    if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
+                        let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
+                        tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
+                        tokio::time::sleep(hold).await;
+                        return Admit::Held;
+                    }
+                    self.circuits.count_cooldown_rejection(&target.name);
+                    if !single {
+                        at.unavailable(index, FailoverReason::Cooldown, Some(left));
+                        return Admit::Stop(self.no_target(route, d, at));
+                    }
+                    let upstream = target.name.to_string();
+                    return Admit::Stop(d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown {
+                        upstream,
+                        retry_after: left,
+                    }));
+                }
+            }
+            if let Some((from, reason)) = at.leaving.take() {
+                self.count_failover(route, from, target, reason);
+                at.failovers += 1;
+            }
+            at.current = Some(index);
+            return Admit::Go(Go {
+                target,
+                permit,
+                req,
+                credentials,
+            });
+        }
+    }
+
+    /// Whether the request can leave target `index` for `reason`: the route fails over on it,
+    /// and another target it has not left has a circuit that is not open (a 429 is waited out
+    /// here when no other target can take the request).
+    pub(super) fn can_move(
+        &self,
+        route: &Route,
+        at: &Cursor,
+        index: usize,
+        reason: FailoverReason,
+        now: Instant,
+    ) -> bool {
+        route.targets.failover_on.contains(reason)
+            && route.targets.iter().any(|t| {
+                t.index != index
+                    && at.left[t.index].is_none()
+                    && self.circuits.state(&t.name, now) != Some(crate::circuit::CircuitState::Open)
+            })
+    }
+
+    /// Counts a move from target `from` to `to`.
+    fn count_failover(&self, route: &Route, from: usize, to: &Target, reason: FailoverReason) {
+        let from = route.targets.get(from).map_or("", |t| &*t.name);
+        self.metrics
+            .failovers_total
+            .with_label_values(&[&*route.name, from, &*to.name, reason.as_str()])
+            .inc();
+        tracing::info!(route = %route.name, from, to = %to.name, reason = reason.as_str(), "failover");
+    }
+
+    /// No target can take the request: the last upstream answer when targets were called (as
+    /// today), else 503 `no_target_available` with each target's reason and the soonest
+    /// recovery.
+    fn no_target(&self, route: &Route, d: &mut Progress, at: &Cursor) -> super::attempts::Delivery {
+        let targets: Vec<(String, &'static str)> = route
+            .targets
+            .iter()
+            .map(|t| (t.name.to_string(), at.left[t.index].unwrap_or("available")))
+            .collect();
+        let stop = if targets.iter().all(|(_, r)| *r == FailoverReason::CircuitOpen.as_str()) {
+            Stop::CircuitOpen
+        } else {
+            Stop::Cooldown
+        };
+        let retry_after = at.soonest;
+        d.stop_before_attempt(stop, || ProxyError::NoTargetAvailable { retry_after, targets })
+    }
+}
+
+/// A first attempt on its target, or a retry there (the breaker treats them differently).
+fn attempt_kind(state: &RetryState) -> Attempt {
+    if state.attempts == 0 {
+        Attempt::First
+    } else {
+        Attempt::Retry
+    }
+}

@@ -1,0 +1,310 @@
+//! Issue 31: a route with several targets moves a request to where capacity is, by error class,
+//! and says what happened. Two (or three) fake providers over TCP play the targets; each counts
+//! the calls it got.
+
+use rebound::config::raw::{RawRetry, RawTarget};
+
+use crate::support::config_builder::{some, TestConfig};
+use crate::support::*;
+
+const PATH: &str = "/fake/v1/chat/completions";
+
+/// A target of `upstream` with `edit` applied.
+fn target(upstream: &str, edit: impl FnOnce(&mut RawTarget)) -> RawTarget {
+    let mut t = RawTarget {
+        upstream: some(upstream),
+        ..RawTarget::default()
+    };
+    edit(&mut t);
+    t
+}
+
+/// The `fake` route over targets `a` (first) and `b`, balance `balance`, retry policy `p`
+/// (3 attempts, 10 ms apart, Retry-After up to 5 s).
+fn two_targets(a: &FakeProvider, b: &FakeProvider, balance: &str, ta: RawTarget, tb: RawTarget) -> TestConfig {
+    TestConfig::new(&a.url())
+        .upstream_named("a", &a.url(), |_| {})
+        .upstream_named("b", &b.url(), |_| {})
+        .retry(
+            "p",
+            RawRetry {
+                max_attempts: Some(3),
+                base_delay: some("10ms"),
+                max_delay: some("10ms"),
+                max_retry_after: some("5s"),
+                ..RawRetry::default()
+            },
+        )
+        .route(|r| {
+            r.upstream = None;
+            r.targets = Some(vec![ta, tb]);
+            r.balance = some(balance);
+            r.retry = some("p");
+        })
+}
+
+async fn call(rebound: &Rebound, key: &str, extra: &[(&str, &str)]) -> Answer {
+    let mut headers = vec![("x-fake-key", key), ("content-type", "application/json")];
+    headers.extend_from_slice(extra);
+    send("POST", &format!("{}{PATH}", rebound.url), &headers, r#"{"model":"m"}"#).await
+}
+
+fn failovers(page: &str, from: &str, to: &str, reason: &str) -> f64 {
+    metric(
+        page,
+        &format!(r#"rebound_failovers_total{{from="{from}",reason="{reason}",route="fake",to="{to}"}}"#),
+    )
+}
+
+#[tokio::test]
+async fn a_429_moves_the_request_at_once_and_the_cooling_key_is_skipped_after() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+        .start()
+        .await;
+    // A 429 whose reset (2 s) would fit the deadline: another target answers now instead.
+    a.script("k", vec![Step::status_with(429, &[("retry-after", "2")])]);
+    let first = call(&rebound, "k", &[]).await;
+    assert_eq!(first.status, 200, "{}", first.text());
+    assert_eq!(first.header("x-rebound-upstream"), Some("b"));
+    assert_eq!(first.header("x-rebound-failovers"), Some("1"));
+    assert_eq!(first.header("x-rebound-attempts"), Some("2"));
+    assert_eq!((a.count("k"), b.count("k")), (1, 1), "no retry of a, no wait");
+    // While a's credential cools down, requests go to b without calling a.
+    let second = call(&rebound, "k", &[]).await;
+    assert_eq!(second.header("x-rebound-upstream"), Some("b"));
+    assert_eq!((a.count("k"), b.count("k")), (1, 2));
+    let page = rebound.metrics().await;
+    assert_eq!(failovers(&page, "a", "b", "cooldown"), 2.0, "{page}");
+    assert_eq!(failovers(&page, "b", "a", "cooldown"), 0.0);
+}
+
+#[tokio::test]
+async fn overloaded_and_used_up_retries_move_a_request_and_4xx_never_does() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+        .start()
+        .await;
+    // 529: at once.
+    a.script("over", vec![Step::status(529)]);
+    let r = call(&rebound, "over", &[]).await;
+    assert_eq!((r.status.as_u16(), r.header("x-rebound-upstream")), (200, Some("b")));
+    assert_eq!((a.count("over"), b.count("over")), (1, 1));
+    // 503: retried on a (3 attempts), then moved.
+    a.script("down", vec![Step::status(503); 3]);
+    let r = call(&rebound, "down", &[]).await;
+    assert_eq!((r.status.as_u16(), r.header("x-rebound-upstream")), (200, Some("b")));
+    assert_eq!(r.header("x-rebound-attempts"), Some("4"));
+    assert_eq!((a.count("down"), b.count("down")), (3, 1));
+    // Permanent failures are the app's: never sent elsewhere (a second bill, the same answer).
+    for status in [400, 401, 403, 404, 422] {
+        let key = format!("perm-{status}");
+        a.script(&key, vec![Step::status(status)]);
+        let r = call(&rebound, &key, &[]).await;
+        assert_eq!(r.status.as_u16(), status);
+        assert_eq!(r.header("x-rebound-upstream"), Some("a"));
+        assert_eq!(r.header("x-rebound-failovers"), Some("0"));
+        assert_eq!(b.count(&key), 0, "{status} never fails over");
+    }
+    let page = rebound.metrics().await;
+    assert_eq!(failovers(&page, "a", "b", "overloaded"), 1.0, "{page}");
+    assert_eq!(failovers(&page, "a", "b", "retries_exhausted"), 1.0, "{page}");
+}
+
+#[tokio::test]
+async fn a_target_without_its_first_byte_in_time_is_left_for_the_next() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let ta = target("a", |t| t.first_byte_timeout = some("1s"));
+    let rebound = two_targets(&a, &b, "ordered", ta, target("b", |_| {})).start().await;
+    a.script("slow", vec![Step::Delay { ms: 30_000 }]);
+    let started = std::time::Instant::now();
+    let r = call(&rebound, "slow", &[]).await;
+    assert_eq!((r.status.as_u16(), r.header("x-rebound-upstream")), (200, Some("b")));
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(1),
+        "a had its second"
+    );
+    assert_eq!((a.count("slow"), b.count("slow")), (1, 1));
+    let page = rebound.metrics().await;
+    assert_eq!(failovers(&page, "a", "b", "first_byte_timeout"), 1.0, "{page}");
+}
+
+#[tokio::test]
+async fn when_no_target_can_take_a_request_the_app_is_told_each_ones_state() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    // cooldown = "reject": a request that no target can take is not held for one.
+    let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+        .upstream_named("a", &a.url(), |u| u.cooldown = some("reject"))
+        .upstream_named("b", &b.url(), |u| u.cooldown = some("reject"))
+        .start()
+        .await;
+    let limited = |s| Step::status_with(429, &[("retry-after", s)]);
+    a.script("k", vec![limited("30")]);
+    b.script("k", vec![limited("20")]);
+    // Both called: the last upstream answer is handed back (b's 429, too long to wait for).
+    let r = call(&rebound, "k", &[]).await;
+    assert_eq!(r.status.as_u16(), 429);
+    assert_eq!(r.header("x-rebound-upstream"), Some("b"));
+    assert_eq!((a.count("k"), b.count("k")), (1, 1));
+    // Both cooling: nothing is sent; 503 no_target_available, back at the soonest recovery.
+    let r = call(&rebound, "k", &[]).await;
+    assert_eq!(r.status.as_u16(), 503, "{}", r.text());
+    assert_eq!(r.header("x-rebound-error"), Some("no_target_available"));
+    assert_eq!(r.header("x-should-retry"), Some("false"));
+    let after: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    assert!((15..=20).contains(&after), "the soonest: b's 20 s, {after}");
+    let body = r.json();
+    assert_eq!(
+        body["targets"],
+        serde_json::json!([
+            {"upstream": "a", "outcome": "cooldown"},
+            {"upstream": "b", "outcome": "cooldown"}
+        ])
+    );
+    assert_eq!((a.count("k"), b.count("k")), (1, 1), "nothing sent");
+}
+
+#[tokio::test]
+async fn an_idempotency_key_is_one_generation_whichever_target_served_it() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+        .idempotency("i")
+        .route(|r| r.idempotency = some("i"))
+        .start()
+        .await;
+    a.script("k", vec![Step::status(529)]);
+    let key = [("idempotency-key", "once-1")];
+    let first = call(&rebound, "k", &key).await;
+    assert_eq!(
+        (first.status.as_u16(), first.header("x-rebound-upstream")),
+        (200, Some("b"))
+    );
+    let again = call(&rebound, "k", &key).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    assert_eq!((a.count("k"), b.count("k")), (1, 1), "one generation, on b");
+}
+
+#[tokio::test]
+async fn weighted_spreads_by_weight_and_least_loaded_avoids_the_slow_target() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let weighted = two_targets(
+        &a,
+        &b,
+        "weighted",
+        target("a", |t| t.weight = Some(3.0)),
+        target("b", |t| t.weight = Some(1.0)),
+    )
+    .start()
+    .await;
+    for _ in 0..1000 {
+        let r = call(&weighted, "w", &[]).await;
+        assert_eq!(r.status, 200);
+    }
+    let (na, nb) = (a.count("w"), b.count("w"));
+    eprintln!("weighted 3:1 over 1,000 requests: a {na}, b {nb}");
+    // 750 expected, a standard deviation of 13.7: 670..=830 is 5.8 of them.
+    assert!((670..=830).contains(&na) && na + nb == 1000, "a {na}, b {nb}");
+
+    // least_loaded: a answers in 200 ms, b at once; 8 callers at a time, 200 requests.
+    let loaded = two_targets(&a, &b, "least_loaded", target("a", |_| {}), target("b", |_| {}))
+        .start()
+        .await;
+    a.script("l", vec![Step::Delay { ms: 200 }; 200]);
+    let url = loaded.url.clone();
+    let mut tasks = tokio::task::JoinSet::new();
+    for worker in 0..8 {
+        let url = url.clone();
+        tasks.spawn(async move {
+            for _ in 0..25 {
+                let r = send(
+                    "POST",
+                    &format!("{url}{PATH}"),
+                    &[("x-fake-key", "l"), ("content-type", "application/json")],
+                    r#"{"model":"m"}"#,
+                )
+                .await;
+                assert_eq!(r.status, 200, "worker {worker}");
+            }
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    let (na, nb) = (a.count("l"), b.count("l"));
+    eprintln!("least_loaded, a 200 ms slower: a {na}, b {nb} of 200");
+    assert_eq!(na + nb, 200);
+    assert!(na <= 20, "the slow target took {na} of 200");
+}
+
+#[tokio::test]
+async fn an_upstream_with_fallback_is_the_ordered_case() {
+    // The old form: `upstream` + `fallback` is `targets` in order, failing over by the same rules.
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = TestConfig::new(&a.url())
+        .upstream_named("backup", &b.url(), |_| {})
+        .route(|r| r.fallback = Some(vec!["backup".into()]))
+        .start()
+        .await;
+    a.script("k", vec![Step::status(529)]);
+    let r = call(&rebound, "k", &[]).await;
+    assert_eq!(
+        (r.status.as_u16(), r.header("x-rebound-upstream")),
+        (200, Some("backup"))
+    );
+    assert_eq!(r.header("x-rebound-failovers"), Some("1"));
+}
+
+#[test]
+fn bad_target_configs_are_refused_with_the_key_and_what_was_expected() {
+    let errors = |edit: &dyn Fn(&mut rebound::config::raw::RawRoute)| -> String {
+        let c = TestConfig::new("http://127.0.0.1:9")
+            .upstream_named("b", "http://127.0.0.1:9", |_| {})
+            .upstream_named("claude", "https://api.anthropic.com", |_| {})
+            .upstream_named("gpt", "https://api.openai.com/v1", |_| {})
+            .route(|r| edit(r));
+        match rebound::Config::parse(&c.toml(), std::path::Path::new("t.toml"), &|_| None) {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    };
+    let both = errors(&|r| r.targets = Some(vec![target("b", |_| {})]));
+    assert!(
+        both.contains("routes[0].targets: expected either `targets` or `upstream`"),
+        "{both}"
+    );
+    let unknown = errors(&|r| {
+        r.upstream = None;
+        r.targets = Some(vec![target("fake", |_| {}), target("nope", |_| {})]);
+    });
+    assert!(
+        unknown.contains("routes[0].targets[1].upstream: expected the name of an [upstreams.*] table"),
+        "{unknown}"
+    );
+    let weight = errors(&|r| {
+        r.upstream = None;
+        r.targets = Some(vec![target("fake", |t| t.weight = Some(0.0)), target("b", |_| {})]);
+    });
+    assert!(
+        weight.contains("routes[0].targets[0].weight: expected a positive number, found 0"),
+        "{weight}"
+    );
+    let mixed = errors(&|r| {
+        r.upstream = None;
+        r.targets = Some(vec![target("gpt", |_| {}), target("claude", |_| {})]);
+    });
+    assert!(
+        mixed.contains("routes[0].targets[1].upstream: expected targets that speak one API"),
+        "{mixed}"
+    );
+    let twice = errors(&|r| {
+        r.upstream = None;
+        r.targets = Some(vec![target("b", |_| {}), target("b", |_| {})]);
+    });
+    assert!(twice.contains("found \"b\" twice"), "{twice}");
+    let reason = errors(&|r| r.failover_on = Some(vec!["circuit-open".into()]));
+    assert!(
+        reason.contains("routes[0].failover_on[0]: expected one of \"circuit_open\""),
+        "{reason}"
+    );
+}

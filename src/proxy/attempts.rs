@@ -15,6 +15,8 @@ use crate::jobs;
 use crate::retry;
 use crate::retry::failover;
 use crate::retry::policy::{Decision, Outcome, RetryState, Stop};
+use crate::retry::provider_error::{ErrorClass, ErrorSignal};
+use crate::retry::retry_after::HintSource;
 use crate::time;
 use crate::traces::RequestSpan;
 use crate::upstream::{AttemptError, UpstreamBody};
@@ -75,7 +77,7 @@ impl Proxy {
             let (result, received) = commit::attempt(route, go.target, req, now, remaining).await;
             drop(in_flight);
             go.target.load.observe(received.saturating_duration_since(now));
-            let (outcome, hint) = self.observe(go.target, go.permit, &go.credentials, &result, received);
+            let (outcome, hint, class) = self.observe(go.target, go.permit, &go.credentials, &result, received);
             let status = result.as_ref().ok().map(|r| r.status().as_u16());
             span.end(outcome.label(), status, hint.map(|h| h.delay));
             let target = go.target;
@@ -84,20 +86,25 @@ impl Proxy {
                 result.as_ref().ok().map(|r| r.status().as_u16()),
                 received - now,
             );
+            let seen = failover::Seen {
+                class,
+                first_byte_limit: target.config.first_byte_timeout.is_some(),
+                larger_context_elsewhere: at.larger_context(route, target),
+            };
             match self.next_step(
                 route,
                 &parts.method,
                 &mut state,
                 &at,
                 target,
-                outcome,
+                (outcome, seen),
                 hint,
                 received,
                 now,
             ) {
                 Next::Move(reason) => {
                     d.keep(result, target, state.total, now);
-                    at.leave(target.index, reason, &mut state);
+                    at.leave(route, target.index, reason, &mut state);
                     now = crate::time::now();
                     waited = (Duration::ZERO, None);
                 }
@@ -134,17 +141,12 @@ impl Proxy {
         state: &mut RetryState,
         at: &Cursor,
         target: &Target,
-        outcome: Outcome,
+        (outcome, seen): (Outcome, failover::Seen),
         hint: Option<retry::RetryHint>,
         received: Instant,
         now: Instant,
     ) -> Next {
         let movable = |reason: &FailoverReason| self.can_move(route, at, target.index, *reason, now);
-        let seen = failover::Seen {
-            class: None,
-            first_byte_limit: target.config.first_byte_timeout.is_some(),
-            larger_context_elsewhere: false,
-        };
         if let Some(reason) = failover::at_once(outcome, seen).filter(movable) {
             return Next::Move(reason);
         }
@@ -176,7 +178,7 @@ impl Proxy {
         credentials: &[Option<HeaderValue>; 3],
         result: &Result<Response<Primed<UpstreamBody>>, AttemptError>,
         received: Instant,
-    ) -> (Outcome, Option<retry::RetryHint>) {
+    ) -> (Outcome, Option<retry::RetryHint>, Option<ErrorClass>) {
         let outcome = match result {
             Ok(resp) => commit::outcome_of(resp),
             Err(e) => e.outcome(),
@@ -185,8 +187,20 @@ impl Proxy {
         if let Ok(resp) = result {
             pacing::note(&self.circuits, target, credentials, resp.headers(), received);
         }
+        // An error body's class and delay (read at the commit point); a header's delay wins.
+        let signal = result
+            .as_ref()
+            .ok()
+            .and_then(|r| r.extensions().get::<ErrorSignal>().copied());
+        let class = signal.map(|s| s.class);
         let hint = match result {
-            Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()),
+            Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()).or_else(|| {
+                let delay = signal?.body_delay?;
+                Some(retry::RetryHint {
+                    delay,
+                    source: HintSource::ErrorBody,
+                })
+            }),
             _ => None,
         };
         permit.record(
@@ -194,7 +208,13 @@ impl Proxy {
             hint.filter(|h| h.source.is_explicit()).map(|h| h.delay),
             received,
         );
-        if let Some(h) = hint.filter(|_| outcome.is_rate_limited()) {
+        if class == Some(ErrorClass::Exhausted) {
+            // A quota used up: the credential is avoided fleet-wide until its reset (an hour when
+            // the provider gives none).
+            let until = received + hint.map_or(failover::EXHAUSTED_FOR, |h| h.delay);
+            self.circuits
+                .cooldown_note(&target.name, credential_hash_of(credentials), until, received);
+        } else if let Some(h) = hint.filter(|_| outcome.is_rate_limited() || class == Some(ErrorClass::RateLimited)) {
             self.circuits.cooldown_note(
                 &target.name,
                 credential_hash_of(credentials),
@@ -202,7 +222,7 @@ impl Proxy {
                 received,
             );
         }
-        (outcome, hint)
+        (outcome, hint, class)
     }
 
     pub(super) fn count_retry(&self, route: &Route, attempt: u32, reason: &str, wait: Duration, source: &str) {
@@ -449,6 +469,11 @@ pub(super) fn build_upstream_request(
     body: Bytes,
 ) -> Result<Request<Full<Bytes>>, http::uri::InvalidUri> {
     let uri = target.upstream.target_for(path, parts.uri.query())?;
+    // The target's name for the requested model, when it has one (the rest of the body as sent).
+    let body = match target.config.models.is_empty() {
+        true => body,
+        false => crate::wire::usage::rewrite_model(&body, &target.config.models).map_or(body, Bytes::from),
+    };
     let body_len = body.len();
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();

@@ -28,6 +28,7 @@ use tokio::time::Instant;
 use super::stream::Primed;
 use super::{Route, Target};
 use crate::retry::policy::Outcome;
+use crate::retry::provider_error;
 use crate::upstream::{error_chain, AttemptError, UpstreamBody};
 use crate::wire::sse::{self, EventEnd, InBandError, Shape};
 
@@ -76,8 +77,53 @@ pub(super) async fn attempt(
                 }
             }
         }
+    } else if parts.status.is_client_error() || parts.status.is_server_error() {
+        // An error response: a small body is read (it usually came with the head) to tell its
+        // class, e.g. a quota used up from a rate limit; then forwarded as it came.
+        let wait = ERROR_BODY_WAIT.min(remaining.saturating_sub(head_at - started));
+        let n = read_error_body(&mut body, &parts.headers, head_at + wait).await;
+        let signal = provider_error::classify(parts.status, &parts.headers, &body.held_prefix(n));
+        parts.extensions.insert(signal);
     }
     (Ok(Response::from_parts(parts, body)), received)
+}
+
+/// How long an error body is waited for, at most, after its head.
+const ERROR_BODY_WAIT: Duration = Duration::from_secs(1);
+
+/// Holds up to [`provider_error::MAX_ERROR_BODY`] bytes of an error body (none when it says it is
+/// longer) until its end or `deadline`; the bytes held (0 when it could not be read whole: a
+/// partial body is not classified by its contents).
+async fn read_error_body<B>(body: &mut Primed<B>, headers: &http::HeaderMap, deadline: Instant) -> usize
+where
+    B: Body<Data = Bytes> + Unpin,
+{
+    let declared = headers
+        .get(http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<usize>().ok());
+    if declared.is_some_and(|n| n > provider_error::MAX_ERROR_BODY) {
+        return 0;
+    }
+    let mut held = 0;
+    while !body.inner_mut().is_end_stream() {
+        let next = match tokio::time::timeout_at(deadline, body.inner_mut().frame()).await {
+            Ok(Some(Ok(frame))) => frame,
+            // The end, a failure (forwarded as it is) or too slow: what is held is all there is.
+            Ok(None) => return held,
+            Ok(Some(Err(_))) | Err(_) => return 0,
+        };
+        let Some(len) = next.data_ref().map(Bytes::len) else {
+            body.hold(next);
+            return held;
+        };
+        held += len;
+        body.hold(next);
+        if held > provider_error::MAX_ERROR_BODY {
+            return 0;
+        }
+    }
+    held
 }
 
 /// An attempt's outcome from its response: its status, or the status its in-band error stands for

@@ -50,8 +50,25 @@ impl Cursor {
         self.left.iter().enumerate().any(|(i, l)| i != index && l.is_none())
     }
 
-    /// The request leaves the target it is on for `reason` (a failover).
-    pub(super) fn leave(&mut self, index: usize, reason: FailoverReason, state: &mut RetryState) {
+    /// Whether a target it has not left takes a larger prompt than `target` (an unknown
+    /// `context_window` is not larger than any).
+    pub(super) fn larger_context(&self, route: &Route, target: &Target) -> bool {
+        route.targets.iter().any(|t| {
+            t.index != target.index
+                && self.left[t.index].is_none()
+                && t.config.context_window > target.config.context_window
+        })
+    }
+
+    /// The request leaves the target it is on for `reason` (a failover). A prompt too long for
+    /// it is too long for every target that takes no more: those are left too.
+    pub(super) fn leave(&mut self, route: &Route, index: usize, reason: FailoverReason, state: &mut RetryState) {
+        if reason == FailoverReason::ContextLength {
+            let limit = route.targets.get(index).and_then(|t| t.config.context_window);
+            for t in route.targets.iter().filter(|t| t.config.context_window <= limit) {
+                self.left[t.index] = Some(reason.as_str());
+            }
+        }
         self.left[index] = Some(reason.as_str());
         self.current = None;
         self.leaving.get_or_insert((index, reason));

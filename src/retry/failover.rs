@@ -10,11 +10,16 @@
 //! Never on a permanent 4xx or a content-policy refusal: another target would refuse it too, and
 //! a second generation elsewhere is a second bill.
 
+use std::time::Duration;
+
 use http::StatusCode;
 
 use super::policy::{Outcome, Stop};
 use super::provider_error::ErrorClass;
 use crate::config::FailoverReason;
+
+/// How long a credential whose quota is used up is avoided when the provider gives no reset.
+pub(crate) const EXHAUSTED_FOR: Duration = Duration::from_secs(3600);
 
 /// What else the attempt showed, beyond its outcome.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -23,12 +23,6 @@
 //! `insufficient_quota` is a quota used up, not a rate limit). Header delays (`retry-after`, the
 //! reset headers) are read by [`super::retry_after::parse_hint`], and win over [`ErrorSignal::body_delay`].
 
-// Wired into the attempt loop by the targets-and-failover work; until then only its tests use it.
-#![cfg_attr(
-    not(test),
-    expect(dead_code, reason = "not called by the attempt loop yet (targets and failover)")
-)]
-
 use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, StatusCode};

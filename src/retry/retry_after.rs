@@ -59,6 +59,9 @@ pub enum HintSource {
     AnthropicInputTokensReset,
     /// Anthropic `anthropic-ratelimit-output-tokens-reset`.
     AnthropicOutputTokensReset,
+    /// Not a header: the error body's delay (Gemini / Vertex `RetryInfo.retryDelay`), used when
+    /// no header gives one (see `provider_error`).
+    ErrorBody,
 }
 
 impl HintSource {
@@ -73,6 +76,7 @@ impl HintSource {
             HintSource::AnthropicTokensReset => "anthropic-ratelimit-tokens-reset",
             HintSource::AnthropicInputTokensReset => "anthropic-ratelimit-input-tokens-reset",
             HintSource::AnthropicOutputTokensReset => "anthropic-ratelimit-output-tokens-reset",
+            HintSource::ErrorBody => "retryDelay",
         }
     }
 
@@ -80,13 +84,16 @@ impl HintSource {
     /// False for reset headers, which only say when a quota refills and are sent on every
     /// response, successful ones included.
     pub(crate) const fn is_explicit(self) -> bool {
-        matches!(self, HintSource::RetryAfterMs | HintSource::RetryAfter)
+        matches!(
+            self,
+            HintSource::RetryAfterMs | HintSource::RetryAfter | HintSource::ErrorBody
+        )
     }
 
     /// The `-remaining` header that goes with a reset header (none for the explicit sources).
     const fn remaining_header(self) -> Option<&'static str> {
         match self {
-            HintSource::RetryAfterMs | HintSource::RetryAfter => None,
+            HintSource::RetryAfterMs | HintSource::RetryAfter | HintSource::ErrorBody => None,
             HintSource::OpenAiResetRequests => Some("x-ratelimit-remaining-requests"),
             HintSource::OpenAiResetTokens => Some("x-ratelimit-remaining-tokens"),
             HintSource::AnthropicRequestsReset => Some("anthropic-ratelimit-requests-remaining"),

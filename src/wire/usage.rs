@@ -301,6 +301,37 @@ impl UsageScan {
 /// first `"model"` key whose value is a string (a request's `model` comes first in practice; a
 /// tool schema's `"model": {..}` property is an object and skipped).
 pub(crate) fn request_model(body: &[u8]) -> Option<&str> {
+    let (start, end) = model_span(body)?;
+    std::str::from_utf8(&body[start..end]).ok()
+}
+
+/// The body with its `model` replaced by `models[model]` (a target's model rewrite), or `None`
+/// when nothing is to change: no top-level string `model`, or one the map does not name. Only the
+/// model's bytes change; the rest of the body is sent as it came.
+pub(crate) fn rewrite_model(body: &[u8], models: &std::collections::BTreeMap<String, String>) -> Option<Vec<u8>> {
+    #[derive(serde::Deserialize)]
+    struct Top<'a> {
+        #[serde(borrow, default)]
+        model: Option<&'a str>,
+    }
+    let (start, end) = model_span(body)?;
+    let found = std::str::from_utf8(&body[start..end]).ok()?;
+    // The first `"model"` key must be the top-level one (not a tool's or a message's).
+    let top = serde_json::from_slice::<Top>(body).ok()?.model?;
+    if top != found {
+        return None;
+    }
+    let to = serde_json::to_string(models.get(found)?).ok()?;
+    let mut out = Vec::with_capacity(body.len() + to.len());
+    out.extend_from_slice(&body[..start - 1]);
+    out.extend_from_slice(to.as_bytes());
+    out.extend_from_slice(&body[end + 1..]);
+    Some(out)
+}
+
+/// Where the first `"model": "..."` string value of a JSON body lies (without its quotes), if it
+/// has no escapes.
+fn model_span(body: &[u8]) -> Option<(usize, usize)> {
     let mut at = 0;
     while let Some(k) = MODEL_KEY.find(&body[at..]) {
         let mut i = at + k + 7;
@@ -323,7 +354,7 @@ pub(crate) fn request_model(body: &[u8]) -> Option<&str> {
         if body[start + len] == b'\\' {
             return None; // an escaped model name: not one of the configured names
         }
-        return std::str::from_utf8(&body[start..start + len]).ok();
+        return Some((start, start + len));
     }
     None
 }
@@ -331,6 +362,26 @@ pub(crate) fn request_model(body: &[u8]) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_model_rewrite_changes_the_top_level_model_only() {
+        let models: std::collections::BTreeMap<String, String> =
+            [("gpt-4o".to_string(), "gpt4o-eu-prod".to_string())].into();
+        let body = br#"{"model": "gpt-4o", "messages":[{"role":"user","content":"say \"model\": 1"}], "n":1.50}"#;
+        let out = rewrite_model(body, &models).unwrap();
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"model": "gpt4o-eu-prod", "messages":[{"role":"user","content":"say \"model\": 1"}], "n":1.50}"#
+        );
+        // Not named: unchanged; not JSON, no model, a nested model first: nothing to do.
+        assert_eq!(rewrite_model(br#"{"model":"o3"}"#, &models), None);
+        assert_eq!(rewrite_model(b"model=gpt-4o", &models), None);
+        assert_eq!(rewrite_model(br#"{"messages":[]}"#, &models), None);
+        assert_eq!(
+            rewrite_model(br#"{"tools":[{"model":"gpt-4o"}],"model":"x"}"#, &models),
+            None
+        );
+    }
     use proptest::prelude::*;
 
     const CHAT_JSON: &str = r#"{"id":"c","model":"gpt-4o","choices":[{"message":{"content":"the \"usage\": {\"prompt_tokens\": 999}"}}],"usage":{"prompt_tokens":120,"completion_tokens":30,"total_tokens":150,"prompt_tokens_details":{"cached_tokens":100,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":10}}}"#;

@@ -118,7 +118,11 @@ async fn an_open_circuit_falls_back_and_says_so() {
             &format!(r#"rebound_failovers_total{{from="fake",reason="{reason}",route="fake",to="backup"}}"#),
         )
     };
-    assert_eq!((moved("retries_exhausted"), moved("circuit_open")), (3.0, 1.0), "{page}");
+    assert_eq!(
+        (moved("retries_exhausted"), moved("circuit_open")),
+        (3.0, 1.0),
+        "{page}"
+    );
 }
 
 #[tokio::test]

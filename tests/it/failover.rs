@@ -308,3 +308,145 @@ fn bad_target_configs_are_refused_with_the_key_and_what_was_expected() {
         "{reason}"
     );
 }
+
+/// A scripted error with a body (JSON), as a provider sends it.
+fn error_body(status: u16, headers: &[(&str, &str)], body: &str) -> Step {
+    let mut h: Vec<(String, String)> = headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    h.push(("content-type".into(), "application/json".into()));
+    Step::Status {
+        status,
+        headers: h,
+        body: Some(body.to_string()),
+    }
+}
+
+#[tokio::test]
+async fn provider_error_bodies_decide_the_class() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+        .start()
+        .await;
+    // Bedrock's ServiceUnavailableException (a 503 by status): overloaded, moved at once.
+    a.script(
+        "br",
+        vec![error_body(
+            503,
+            &[(
+                "x-amzn-errortype",
+                "ServiceUnavailableException:http://internal.amazon.com/coral/com.amazon.bedrock/",
+            )],
+            r#"{"message":"Service unavailable"}"#,
+        )],
+    );
+    let r = call(&rebound, "br", &[]).await;
+    assert_eq!(r.header("x-rebound-upstream"), Some("b"));
+    assert_eq!((a.count("br"), b.count("br")), (1, 1), "not retried on a first");
+    // A content-policy refusal (a 400): the app's, never moved.
+    let refusal = r#"{"error":{"message":"Your request was rejected as a result of our safety system.","type":"invalid_request_error","code":"content_policy_violation"}}"#;
+    a.script("cp", vec![error_body(400, &[], refusal)]);
+    let r = call(&rebound, "cp", &[]).await;
+    assert_eq!((r.status.as_u16(), r.header("x-rebound-upstream")), (400, Some("a")));
+    assert_eq!(r.text(), refusal, "the body is forwarded as it came");
+    assert_eq!(b.count("cp"), 0);
+    // Last, since it marks the credential for an hour:
+    // OpenAI's quota used up (a 429 that no wait cures): exhausted, moved, the key avoided after.
+    let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","param":null,"code":"insufficient_quota"}}"#;
+    a.script("q", vec![error_body(429, &[], quota)]);
+    let r = call(&rebound, "q", &[]).await;
+    assert_eq!((r.status.as_u16(), r.header("x-rebound-upstream")), (200, Some("b")));
+    let r = call(&rebound, "q", &[]).await;
+    assert_eq!(
+        r.header("x-rebound-upstream"),
+        Some("b"),
+        "the exhausted key is not called"
+    );
+    assert_eq!((a.count("q"), b.count("q")), (1, 2));
+    let page = rebound.metrics().await;
+    assert_eq!(failovers(&page, "a", "b", "exhausted"), 1.0, "{page}");
+    assert_eq!(failovers(&page, "a", "b", "overloaded"), 1.0, "{page}");
+}
+
+#[tokio::test]
+async fn gemini_retry_delay_in_the_body_is_obeyed() {
+    // One target: the 429's only delay is in its body (RetryInfo.retryDelay, 1.5 s).
+    let a = FakeProvider::start().await;
+    let rebound = TestConfig::new(&a.url())
+        .retry(
+            "p",
+            RawRetry {
+                max_attempts: Some(2),
+                base_delay: some("10ms"),
+                max_delay: some("10ms"),
+                ..RawRetry::default()
+            },
+        )
+        .route(|r| r.retry = some("p"))
+        .start()
+        .await;
+    let gemini = r#"{"error":{"code":429,"message":"Resource has been exhausted (e.g. check quota).","status":"RESOURCE_EXHAUSTED","details":[{"@type":"type.googleapis.com/google.rpc.QuotaFailure","violations":[{"quotaMetric":"generativelanguage.googleapis.com/generate_content_free_tier_requests","quotaId":"GenerateRequestsPerMinutePerProjectPerModel-FreeTier"}]},{"@type":"type.googleapis.com/google.rpc.RetryInfo","retryDelay":"1.5s"}]}}"#;
+    a.script("g", vec![error_body(429, &[], gemini)]);
+    let r = call(&rebound, "g", &[]).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let at: Vec<_> = a.requests("g").iter().map(|r| r.at.unwrap()).collect();
+    assert_eq!(at.len(), 2);
+    assert!(
+        at[1] - at[0] >= std::time::Duration::from_millis(1500),
+        "{:?}",
+        at[1] - at[0]
+    );
+    let page = rebound.metrics().await;
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_retry_wait_seconds_count{route="fake",source="retry_after"}"#
+        ),
+        1.0,
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn a_target_gets_its_own_model_name_and_a_long_prompt_the_larger_context() {
+    let (a, b, c) = (
+        FakeProvider::start().await,
+        FakeProvider::start().await,
+        FakeProvider::start().await,
+    );
+    let rebound = two_targets(
+        &a,
+        &b,
+        "ordered",
+        target("a", |t| t.context_window = Some(128_000)),
+        target("b", |t| {
+            t.models = Some([("m".to_string(), "m-eu-prod".to_string())].into());
+            t.context_window = Some(100_000);
+        }),
+    )
+    .upstream_named("c", &c.url(), |_| {})
+    .route(|r| {
+        let targets = r.targets.as_mut().unwrap();
+        targets.push(target("c", |t| t.context_window = Some(1_000_000)));
+    })
+    .start()
+    .await;
+    // The model rewrite: b is asked for its own name, the rest of the body untouched.
+    a.script("rw", vec![Step::status(529)]);
+    let r = call(&rebound, "rw", &[]).await;
+    assert_eq!(r.header("x-rebound-upstream"), Some("b"));
+    assert_eq!(
+        String::from_utf8(b.requests("rw")[0].body.clone()).unwrap(),
+        r#"{"model":"m-eu-prod"}"#
+    );
+    assert_eq!(
+        String::from_utf8(a.requests("rw")[0].body.clone()).unwrap(),
+        r#"{"model":"m"}"#
+    );
+    // Too long for a (128k): b takes less, so the request goes to c (1M).
+    let long = r#"{"error":{"message":"This model's maximum context length is 128000 tokens. However, your messages resulted in 180000 tokens.","type":"invalid_request_error","param":"messages","code":"context_length_exceeded"}}"#;
+    a.script("ctx", vec![error_body(400, &[], long)]);
+    let r = call(&rebound, "ctx", &[]).await;
+    assert_eq!((r.status.as_u16(), r.header("x-rebound-upstream")), (200, Some("c")));
+    assert_eq!((a.count("ctx"), b.count("ctx"), c.count("ctx")), (1, 0, 1));
+    let page = rebound.metrics().await;
+    assert_eq!(failovers(&page, "a", "c", "context_length"), 1.0, "{page}");
+}

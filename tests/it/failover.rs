@@ -450,3 +450,83 @@ async fn a_target_gets_its_own_model_name_and_a_long_prompt_the_larger_context()
     let page = rebound.metrics().await;
     assert_eq!(failovers(&page, "a", "c", "context_length"), 1.0, "{page}");
 }
+
+#[tokio::test]
+async fn an_in_band_overloaded_error_before_the_first_byte_moves_the_stream() {
+    // Anthropic sends a 200 whose first event is `overloaded_error`: nothing has reached the app,
+    // so another target serves the stream.
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+        .start()
+        .await;
+    a.script("s", vec![Step::in_band("overloaded_error")]);
+    let headers = [("x-fake-key", "s"), ("content-type", "application/json")];
+    let body = r#"{"model":"m","stream":true}"#;
+    let r = send("POST", &format!("{}/fake/v1/messages", rebound.url), &headers, body).await;
+    let reference = send(
+        "POST",
+        &format!("{}/v1/messages", b.url()),
+        &[("x-fake-key", "ref"), ("content-type", "application/json")],
+        body,
+    )
+    .await;
+    assert_eq!((r.status.as_u16(), r.header("x-rebound-upstream")), (200, Some("b")));
+    assert_eq!(r.text(), reference.text(), "b's whole stream, no error event");
+    assert_eq!((a.count("s"), b.count("s")), (1, 1));
+    let page = rebound.metrics().await;
+    assert_eq!(failovers(&page, "a", "b", "overloaded"), 1.0, "{page}");
+}
+
+#[tokio::test]
+async fn a_key_exhausted_on_one_replica_is_avoided_by_the_fleet() {
+    let redis = crate::support::redis::RedisServer::start();
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let mut config = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}));
+    config.0.redis = Some(rebound::config::raw::RawRedis {
+        url: some(&redis.url()),
+        sync_interval: some("100ms"),
+        ..Default::default()
+    });
+    let config = config.config();
+    let fleet = [
+        Rebound::start_config(config.clone()).await,
+        Rebound::start_config(config.clone()).await,
+        Rebound::start_config(config).await,
+    ];
+    let syncs = |page: &str| {
+        metric(
+            page,
+            r#"rebound_redis_command_duration_seconds_count{op="circuit_sync"}"#,
+        )
+    };
+    for r in &fleet {
+        until_metric(r, r#"rebound_redis_up"#, |v| v == 1.0).await;
+    }
+    let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    a.script("q", vec![error_body(429, &[], quota); 10]);
+    let first = call(&fleet[0], "q", &[]).await;
+    assert_eq!(first.header("x-rebound-upstream"), Some("b"));
+    // Within one sync of their own after it: the other replicas hold the key too.
+    let before: Vec<f64> = futures_util::future::join_all(fleet[1..].iter().map(|r| r.metrics()))
+        .await
+        .iter()
+        .map(|p| syncs(p))
+        .collect();
+    for (r, from) in fleet[1..].iter().zip(before) {
+        until_metric(
+            r,
+            r#"rebound_redis_command_duration_seconds_count{op="circuit_sync"}"#,
+            |n| n >= from + 1.0,
+        )
+        .await;
+    }
+    for r in &fleet {
+        let answer = call(r, "q", &[]).await;
+        assert_eq!(answer.header("x-rebound-upstream"), Some("b"));
+    }
+    assert_eq!(
+        (a.count("q"), b.count("q")),
+        (1, 4),
+        "no replica calls the exhausted key"
+    );
+}

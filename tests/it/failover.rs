@@ -530,3 +530,48 @@ async fn a_key_exhausted_on_one_replica_is_avoided_by_the_fleet() {
         "no replica calls the exhausted key"
     );
 }
+
+#[tokio::test]
+async fn traffic_returns_to_the_first_target_once_it_recovers() {
+    // The breaker's defaults (3 in a row, 5 s doubling to 8 s) are shown by the breaker's unit
+    // test on a clock; here the same path through sockets, with the times scaled down.
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let mut config =
+        two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+            .upstream_named("a", &a.url(), |u| u.circuit = some("c"));
+    config.0.circuit.insert(
+        "c".into(),
+        rebound::config::raw::RawCircuit {
+            open_for: some("500ms"),
+            max_open_for: some("1s"),
+            ..Default::default()
+        },
+    );
+    let rebound = config.start().await;
+    a.script("k", vec![Step::status(503); 1000]);
+    // a is down: every request ends on b, and a's circuit opens after its default 3 failures.
+    for _ in 0..6 {
+        let r = call(&rebound, "k", &[]).await;
+        assert_eq!(r.header("x-rebound-upstream"), Some("b"));
+    }
+    let page = rebound.metrics().await;
+    assert_eq!(metric(&page, r#"rebound_circuit_state{upstream="a"}"#), 2.0, "{page}");
+    // a recovers (its script ends: it answers normally); within a guard of 10 s, requests are
+    // served by a again.
+    a.script("k", vec![]);
+    let healed = std::time::Instant::now();
+    let mut back = None;
+    while healed.elapsed() < std::time::Duration::from_secs(10) {
+        let r = call(&rebound, "k", &[]).await;
+        if r.header("x-rebound-upstream") == Some("a") {
+            back = Some(healed.elapsed());
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let back = back.expect("a carries traffic again");
+    eprintln!("a served again {back:?} after it recovered");
+    for _ in 0..3 {
+        assert_eq!(call(&rebound, "k", &[]).await.header("x-rebound-upstream"), Some("a"));
+    }
+}

@@ -844,6 +844,47 @@ mod tests {
         }
     }
 
+    /// The breaker of a `[circuit.c]` table with every default.
+    fn default_cfg() -> BreakerConfig {
+        let src = "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\ncircuit = \"c\"\n[circuit.c]\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n";
+        let config = crate::config::Config::parse(src, std::path::Path::new("t.toml"), &|_| None).expect("config");
+        BreakerConfig::new(&config.circuit["c"], Duration::from_secs(90))
+    }
+
+    /// Issue 31 (8): with the defaults, a target that flapped (down, up, down, up, down for a
+    /// minute) carries traffic again within 10 s of recovering for good. Requests every 100 ms
+    /// on an injected clock; the provider's health is a function of time.
+    #[test]
+    fn with_the_defaults_a_recovered_target_is_back_within_10s_even_after_flapping() {
+        let healthy = |t: Duration| {
+            let s = t.as_secs();
+            (20..25).contains(&s) || (40..42).contains(&s) || s >= 102
+        };
+        let mut t = T::new(default_cfg());
+        let start = t.now;
+        let mut first_success_after_recovery = None;
+        while t.now - start < Duration::from_secs(130) {
+            let at = t.now - start;
+            if let Admission::Allowed(ticket) = t.admit() {
+                let outcome = if healthy(at) { status(200) } else { status(503) };
+                t.record(ticket, outcome, None);
+                if healthy(at) && at >= Duration::from_secs(102) && first_success_after_recovery.is_none() {
+                    first_success_after_recovery = Some(at);
+                }
+            }
+            t.at(100 * MS);
+        }
+        let back = first_success_after_recovery.expect("traffic again") - Duration::from_secs(102);
+        assert!(back <= Duration::from_secs(10), "back {back:?} after recovering");
+        assert_eq!(t.state(), CircuitState::Closed);
+        // And it took 3 failures to open (the run before the first opening).
+        let cfg = default_cfg();
+        assert_eq!(
+            (cfg.consecutive_failures, cfg.open_for, cfg.max_open_for),
+            (3, 5 * SEC, 8 * SEC)
+        );
+    }
+
     #[test]
     fn classification() {
         let c = cfg();

@@ -80,7 +80,10 @@ impl Outcome {
     pub(crate) fn safety(self) -> Safety {
         match self {
             Outcome::ConnectFailure | Outcome::RefusedStream => Safety::NotProcessed,
-            Outcome::Status(s) | Outcome::InBand(s) if matches!(s.as_u16(), 429 | 503 | 529) => Safety::NotProcessed,
+            // 521, 522, 523: Cloudflare could not reach the origin, so the provider never saw it.
+            Outcome::Status(s) | Outcome::InBand(s) if matches!(s.as_u16(), 429 | 503 | 521..=523 | 529) => {
+                Safety::NotProcessed
+            }
             Outcome::Status(s) | Outcome::InBand(s) if s.is_server_error() => Safety::MaybeProcessed,
             Outcome::Reset | Outcome::Timeout => Safety::MaybeProcessed,
             Outcome::Status(_) | Outcome::InBand(_) => Safety::Final,
@@ -473,6 +476,12 @@ mod tests {
         assert_eq!(status(429).safety(), Safety::NotProcessed);
         assert_eq!(status(529).safety(), Safety::NotProcessed);
         assert_eq!(status(502).safety(), Safety::MaybeProcessed);
+        assert_eq!(status(522).safety(), Safety::NotProcessed);
+        assert_eq!(
+            status(524).safety(),
+            Safety::MaybeProcessed,
+            "the origin took the request"
+        );
         assert_eq!(Outcome::ConnectFailure.safety(), Safety::NotProcessed);
         assert_eq!(Outcome::Timeout.safety(), Safety::MaybeProcessed);
         assert_eq!(status(404).token(), None);

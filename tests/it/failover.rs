@@ -575,3 +575,34 @@ async fn traffic_returns_to_the_first_target_once_it_recovers() {
         assert_eq!(call(&rebound, "k", &[]).await.header("x-rebound-upstream"), Some("a"));
     }
 }
+
+#[tokio::test]
+async fn cloudflares_520_to_524_in_front_of_a_provider_are_retried() {
+    let a = FakeProvider::start().await;
+    let rebound = TestConfig::new(&a.url())
+        .retry(
+            "p",
+            RawRetry {
+                base_delay: some("10ms"),
+                max_delay: some("10ms"),
+                ..RawRetry::default()
+            },
+        )
+        .route(|r| r.retry = some("p"))
+        .start()
+        .await;
+    for status in [520, 521, 522, 523, 524] {
+        let key = format!("cf-{status}");
+        a.script(
+            &key,
+            vec![error_body(
+                status,
+                &[("server", "cloudflare")],
+                "<html>error code: 52x</html>",
+            )],
+        );
+        let r = call(&rebound, &key, &[]).await;
+        assert_eq!(r.status, 200, "{status} retried by the default retry_on");
+        assert_eq!(a.count(&key), 2, "{status}");
+    }
+}

@@ -29,6 +29,12 @@ pub(crate) fn default_retry(name: &str) -> RetryPolicy {
             RetryOn::Status(502),
             RetryOn::Status(503),
             RetryOn::Status(504),
+            // Cloudflare in front of a provider: its own view of the origin failing.
+            RetryOn::Status(520),
+            RetryOn::Status(521),
+            RetryOn::Status(522),
+            RetryOn::Status(523),
+            RetryOn::Status(524),
         ],
         retry_once_on: vec![RetryOn::Status(500)],
         non_idempotent: NonIdempotent::All,

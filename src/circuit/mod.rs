@@ -80,6 +80,9 @@ pub(crate) struct Entry {
     /// Pacing holds are shared through Redis (`[redis]` set, `pacing` not `off`).
     pub(crate) share_pacing: bool,
     pacing: Mutex<Cooldowns>,
+    /// Credentials whose quota is used up (shared whenever `[redis]` is set).
+    share_exhausted: bool,
+    exhausted: Mutex<Cooldowns>,
     /// The local breaker tripped: send the counts now rather than at the next tick.
     flush_now: AtomicBool,
     metrics: Arc<Metrics>,
@@ -124,6 +127,9 @@ impl Cooldowns {
 pub(crate) enum Hold {
     Cooldown,
     Pacing,
+    /// A quota used up (issue 31): the credential is avoided until its reset, whatever the
+    /// upstream's cooldown mode; never waited for.
+    Exhausted,
 }
 
 impl Hold {
@@ -133,15 +139,19 @@ impl Hold {
         match self {
             Hold::Cooldown => cred.to_string(),
             Hold::Pacing => format!("p:{cred}"),
+            Hold::Exhausted => format!("x:{cred}"),
         }
     }
 
     /// The hold and credential a field names.
     pub(crate) fn parse_field(field: &str) -> Option<(Hold, CredentialHash)> {
-        match field.strip_prefix("p:") {
-            Some(cred) => Some((Hold::Pacing, cred.parse().ok()?)),
-            None => Some((Hold::Cooldown, field.parse().ok()?)),
+        if let Some(cred) = field.strip_prefix("p:") {
+            return Some((Hold::Pacing, cred.parse().ok()?));
         }
+        if let Some(cred) = field.strip_prefix("x:") {
+            return Some((Hold::Exhausted, cred.parse().ok()?));
+        }
+        Some((Hold::Cooldown, field.parse().ok()?))
     }
 }
 
@@ -154,6 +164,7 @@ pub(crate) struct Outgoing {
     pub(crate) flush_now: bool,
     pub(crate) cooldowns: Vec<(CredentialHash, Instant)>,
     pub(crate) pacing: Vec<(CredentialHash, Instant)>,
+    pub(crate) exhausted: Vec<(CredentialHash, Instant)>,
 }
 
 /// The answer to "may this attempt go to that upstream now?".
@@ -261,6 +272,8 @@ impl Circuits {
                     pacing_mode: u.pacing,
                     share_pacing: redis && u.pacing != PacingMode::Off,
                     pacing: Cooldowns::new(),
+                    share_exhausted: redis,
+                    exhausted: Cooldowns::new(),
                     flush_now: AtomicBool::new(false),
                     metrics: metrics.clone(),
                     wake: wake.clone(),
@@ -401,6 +414,7 @@ impl Circuits {
             entry.update(|cell| cell.breaker.advance(now));
             entry.cooldowns.lock().table.prune(now);
             entry.pacing.lock().table.prune(now);
+            entry.exhausted.lock().table.prune(now);
         }
     }
 
@@ -422,11 +436,17 @@ impl Circuits {
 }
 
 impl Entry {
+    /// Whether exhausted credentials are shared with the fleet.
+    pub(crate) fn share_exhausted(&self) -> bool {
+        self.share_exhausted
+    }
+
     /// The table of `hold`, unless its mode is `off`.
     fn holds(&self, hold: Hold) -> Option<&Mutex<Cooldowns>> {
         match hold {
             Hold::Cooldown => (self.cooldown_mode != CooldownMode::Off).then_some(&self.cooldowns),
             Hold::Pacing => (self.pacing_mode != PacingMode::Off).then_some(&self.pacing),
+            Hold::Exhausted => Some(&self.exhausted),
         }
     }
 
@@ -435,6 +455,7 @@ impl Entry {
         match hold {
             Hold::Cooldown => self.share_cooldowns,
             Hold::Pacing => self.share_pacing,
+            Hold::Exhausted => self.share_exhausted,
         }
     }
 
@@ -560,6 +581,11 @@ impl Entry {
         if self.share_pacing {
             let mut c = self.pacing.lock();
             out.pacing = c.outbox.drain().filter(|(_, t)| *t > now).collect();
+            c.table.prune(now);
+        }
+        if self.share_exhausted {
+            let mut c = self.exhausted.lock();
+            out.exhausted = c.outbox.drain().filter(|(_, t)| *t > now).collect();
             c.table.prune(now);
         }
         out

@@ -244,7 +244,7 @@ pub fn spawn(circuits: Arc<Circuits>, redis: RedisHandle, tasks: &TaskTracker, s
     let interval = circuits.sync_interval().max(Duration::from_millis(10));
     let targets: Vec<Target> = circuits
         .entries()
-        .filter(|e| e.shared || e.share_cooldowns || e.share_pacing)
+        .filter(|e| e.shared || e.share_cooldowns || e.share_pacing || e.share_exhausted())
         .map(|e| Target {
             entry: e.clone(),
             keys: upstream_keys(&redis, &e.name),
@@ -328,8 +328,10 @@ impl Syncer {
         // Cooldowns and pacing first: the signals that should reach the fleet fastest.
         let cooldowns = std::mem::take(&mut out.cooldowns).into_iter();
         let pacing = std::mem::take(&mut out.pacing).into_iter();
-        let mut pending =
-            (cooldowns.map(|(c, t)| (Hold::Cooldown, c, t))).chain(pacing.map(|(c, t)| (Hold::Pacing, c, t)));
+        let exhausted = std::mem::take(&mut out.exhausted).into_iter();
+        let mut pending = (exhausted.map(|(c, t)| (Hold::Exhausted, c, t)))
+            .chain(cooldowns.map(|(c, t)| (Hold::Cooldown, c, t)))
+            .chain(pacing.map(|(c, t)| (Hold::Pacing, c, t)));
         while let Some((hold, cred, until)) = pending.next() {
             if let Err(e) = self
                 .note_cooldown(&target.keys[6], &entry.name, &hold.field(cred), until, now)

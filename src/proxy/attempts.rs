@@ -6,7 +6,7 @@ use super::stream::Primed;
 use super::targets::Cursor;
 use super::tokens::RequestTokens;
 use super::{commit, pacing, tokens, Proxy, Route, Target};
-use crate::circuit::Permit;
+use crate::circuit::{Hold, Permit};
 use crate::config::FailoverReason;
 use crate::dead_letters::{self, AttemptRecord, DeadLetter};
 use crate::error::ProxyError;
@@ -212,8 +212,9 @@ impl Proxy {
             // A quota used up: the credential is avoided fleet-wide until its reset (an hour when
             // the provider gives none).
             let until = received + hint.map_or(failover::EXHAUSTED_FOR, |h| h.delay);
+            let credential = credential_hash_of(credentials);
             self.circuits
-                .cooldown_note(&target.name, credential_hash_of(credentials), until, received);
+                .hold_note(Hold::Exhausted, &target.name, credential, until, received);
         } else if let Some(h) = hint.filter(|_| outcome.is_rate_limited() || class == Some(ErrorClass::RateLimited)) {
             self.circuits.cooldown_note(
                 &target.name,

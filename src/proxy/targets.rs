@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::attempts::{build_upstream_request, Admit, Go, Progress};
 use super::pacing::credential_hash_of;
 use super::{pacing, Proxy, Route, Target};
-use crate::circuit::{release_delay, Admission, Attempt, CREDENTIAL_NAMES};
+use crate::circuit::{release_delay, Admission, Attempt, Hold, CREDENTIAL_NAMES};
 use crate::config::{CooldownMode, FailoverReason};
 use crate::error::ProxyError;
 use crate::retry::policy::{RetryState, Stop};
@@ -161,40 +161,29 @@ impl Proxy {
             };
             // The credential is hashed only when some hold concerns this upstream, or after a 429.
             let credentials = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
-            let others = at.has_another(index);
-            if let Some(hold) = pacing::wait(&self.circuits, target, &credentials, now, state.deadline) {
-                drop(permit);
-                if others {
-                    at.unavailable(index, FailoverReason::Cooldown, Some(hold));
+            match self.gate(target, &credentials, at.has_another(index), state.deadline, now) {
+                Gate::Open => {}
+                Gate::Skip(reason, after) => {
+                    drop(permit);
+                    at.unavailable(index, reason, after);
                     continue;
                 }
-                tokio::time::sleep(hold).await;
-                return Admit::Held;
-            }
-            if self.circuits.cooldowns_active(&target.name) {
-                let credential = credential_hash_of(&credentials);
-                if let Some(left) = self.circuits.cooldown_check(&target.name, &credential, now) {
+                Gate::Hold(hold) => {
                     drop(permit);
-                    if others {
-                        at.unavailable(index, FailoverReason::Cooldown, Some(left));
-                        continue;
-                    }
-                    if target.upstream.config.cooldown == CooldownMode::Wait && now + left < state.deadline {
-                        let hold = release_delay(left, &mut rand::rng()).min(state.deadline - now);
-                        tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by a cooldown");
-                        tokio::time::sleep(hold).await;
-                        return Admit::Held;
-                    }
-                    self.circuits.count_cooldown_rejection(&target.name);
-                    if !single {
-                        at.unavailable(index, FailoverReason::Cooldown, Some(left));
-                        return Admit::Stop(self.no_target(route, d, at));
-                    }
+                    tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by pacing or a cooldown");
+                    tokio::time::sleep(hold).await;
+                    return Admit::Held;
+                }
+                Gate::Refuse(left) if single => {
                     let upstream = target.name.to_string();
                     return Admit::Stop(d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown {
                         upstream,
                         retry_after: left,
                     }));
+                }
+                Gate::Refuse(left) => {
+                    at.unavailable(index, FailoverReason::Cooldown, Some(left));
+                    return Admit::Stop(self.no_target(route, d, at));
                 }
             }
             if let Some((from, reason)) = at.leaving.take() {
@@ -230,6 +219,53 @@ impl Proxy {
             })
     }
 
+    /// What the credential's holds on `target` say of the next attempt: a quota used up is
+    /// skipped (never waited for); pacing and a cooldown move the request when `others` remain,
+    /// else hold it (pacing; a cooldown in `wait` mode that ends before the deadline) or refuse it.
+    fn gate(
+        &self,
+        target: &Target,
+        credentials: &[Option<http::HeaderValue>; 3],
+        others: bool,
+        deadline: Instant,
+        now: Instant,
+    ) -> Gate {
+        let held = |hold| {
+            self.circuits.hold_active(hold, &target.name)
+                && self
+                    .circuits
+                    .hold_check(hold, &target.name, &credential_hash_of(credentials), now)
+                    .is_some()
+        };
+        if held(Hold::Exhausted) {
+            return Gate::Skip(FailoverReason::Exhausted, None);
+        }
+        if let Some(hold) = pacing::wait(&self.circuits, target, credentials, now, deadline) {
+            return if others {
+                Gate::Skip(FailoverReason::Cooldown, Some(hold))
+            } else {
+                Gate::Hold(hold)
+            };
+        }
+        if !self.circuits.cooldowns_active(&target.name) {
+            return Gate::Open;
+        }
+        let Some(left) = self
+            .circuits
+            .cooldown_check(&target.name, &credential_hash_of(credentials), now)
+        else {
+            return Gate::Open;
+        };
+        if others {
+            return Gate::Skip(FailoverReason::Cooldown, Some(left));
+        }
+        if target.upstream.config.cooldown == CooldownMode::Wait && now + left < deadline {
+            return Gate::Hold(release_delay(left, &mut rand::rng()).min(deadline - now));
+        }
+        self.circuits.count_cooldown_rejection(&target.name);
+        Gate::Refuse(left)
+    }
+
     /// Counts a move from target `from` to `to`.
     fn count_failover(&self, route: &Route, from: usize, to: &Target, reason: FailoverReason) {
         let from = route.targets.get(from).map_or("", |t| &*t.name);
@@ -257,6 +293,18 @@ impl Proxy {
         let retry_after = at.soonest;
         d.stop_before_attempt(stop, || ProxyError::NoTargetAvailable { retry_after, targets })
     }
+}
+
+/// What a credential's holds say of an attempt on a target.
+enum Gate {
+    /// Nothing holds it.
+    Open,
+    /// Another target takes the request; this one is left (back after the time, if known).
+    Skip(FailoverReason, Option<Duration>),
+    /// No other target: wait this long, then admit again.
+    Hold(Duration),
+    /// No other target, and no wait: refused (cooling down for this long).
+    Refuse(Duration),
 }
 
 /// A first attempt on its target, or a retry there (the breaker treats them differently).

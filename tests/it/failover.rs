@@ -362,7 +362,8 @@ async fn provider_error_bodies_decide_the_class() {
     );
     assert_eq!((a.count("q"), b.count("q")), (1, 2));
     let page = rebound.metrics().await;
-    assert_eq!(failovers(&page, "a", "b", "exhausted"), 1.0, "{page}");
+    // The request that met the quota, and the next one that skipped the exhausted key.
+    assert_eq!(failovers(&page, "a", "b", "exhausted"), 2.0, "{page}");
     assert_eq!(failovers(&page, "a", "b", "overloaded"), 1.0, "{page}");
 }
 
@@ -605,4 +606,36 @@ async fn cloudflares_520_to_524_in_front_of_a_provider_are_retried() {
         assert_eq!(r.status, 200, "{status} retried by the default retry_on");
         assert_eq!(a.count(&key), 2, "{status}");
     }
+}
+
+#[tokio::test]
+async fn when_every_target_is_exhausted_no_retry_after_is_promised() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+        .start()
+        .await;
+    let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    a.script("q", vec![error_body(429, &[], quota)]);
+    b.script("q", vec![error_body(429, &[], quota)]);
+    let first = call(&rebound, "q", &[]).await;
+    assert_eq!(
+        (first.status.as_u16(), first.header("x-rebound-upstream")),
+        (429, Some("b"))
+    );
+    let r = call(&rebound, "q", &[]).await;
+    assert_eq!(r.status.as_u16(), 503, "{}", r.text());
+    assert_eq!(r.header("x-rebound-error"), Some("no_target_available"));
+    assert_eq!(
+        r.header("retry-after"),
+        None,
+        "a quota used up for the day has no time to give"
+    );
+    assert_eq!(
+        r.json()["targets"],
+        serde_json::json!([
+            {"upstream": "a", "outcome": "exhausted"},
+            {"upstream": "b", "outcome": "exhausted"}
+        ])
+    );
+    assert_eq!((a.count("q"), b.count("q")), (1, 1), "neither key called again");
 }

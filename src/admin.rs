@@ -103,6 +103,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
             text(StatusCode::OK, body)
         }
         "/metrics" => {
+            state.proxy.load().refresh_target_states(crate::time::now());
             let mut resp = Response::new(Full::new(Bytes::from(state.metrics.render())));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,

@@ -107,6 +107,7 @@ pub struct Metrics {
     pub(crate) config_reloads_total: IntCounterVec,
     /// Circuit state by upstream: 0 closed, 1 half-open, 2 open (upstreams with a breaker).
     pub(crate) circuit_state: IntGaugeVec,
+    pub(crate) target_state: IntGaugeVec,
     /// Circuit state changes by upstream and new state (`closed`, `half_open`, `open`).
     pub(crate) circuit_transitions_total: IntCounterVec,
     /// Attempts refused by an open (or probing) circuit, by upstream.
@@ -287,6 +288,16 @@ impl Metrics {
                 )?,
             )?,
             config_reloads_total: counter("config_reloads_total", "Configuration reloads by result.", &["result"])?,
+            target_state: reg(
+                r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "target_state",
+                        "1 for the current state of each target of each route (available, cooling, paced, exhausted, open), as of the scrape; cooling, paced and exhausted for the credential the sidecar sets with set_headers.",
+                    ),
+                    &["route", "upstream", "state"],
+                )?,
+            )?,
             circuit_state: reg(
                 r,
                 IntGaugeVec::new(
@@ -392,6 +403,11 @@ impl Metrics {
                 }
                 self.idempotency_takeovers_total.with_label_values(&[route]);
             }
+            for upstream in r.upstreams() {
+                for state in TARGET_STATES {
+                    self.target_state.with_label_values(&[route, upstream, state]);
+                }
+            }
             for from in r.upstreams() {
                 for to in r.upstreams().filter(|to| *to != from) {
                     for reason in r.failover_on.iter() {
@@ -422,6 +438,9 @@ impl Metrics {
         out
     }
 }
+
+/// The `state` label values of `rebound_target_state`.
+pub(crate) const TARGET_STATES: [&str; 5] = ["available", "cooling", "paced", "exhausted", "open"];
 
 /// The `result` label values of `rebound_idempotency_requests_total`.
 /// `rebound_idempotency_completions_total{result}`: completions written late, and lost.

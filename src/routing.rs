@@ -26,6 +26,11 @@ impl<T> RouteTable<T> {
             .map(|(p, t)| (p.as_str(), t))
     }
 
+    /// Every route, longest prefix first.
+    pub(crate) fn routes(&self) -> impl Iterator<Item = &T> {
+        self.entries.iter().map(|(_, t)| t)
+    }
+
     /// Every prefix, longest first (for the 404 message).
     pub fn prefixes(&self) -> impl Iterator<Item = &str> {
         self.entries.iter().map(|(p, _)| p.as_str())

@@ -315,3 +315,44 @@ fn attempt_kind(state: &RetryState) -> Attempt {
         Attempt::Retry
     }
 }
+
+impl Proxy {
+    /// Sets `rebound_target_state` for every target of every route, as of `now` (called at each
+    /// scrape): `open` from its circuit; `exhausted`, `cooling` and `paced` for the credential the
+    /// sidecar sets with `set_headers` (an app's own credentials are many, and not known here).
+    pub(crate) fn refresh_target_states(&self, now: Instant) {
+        for route in self.routes.routes() {
+            for t in route.targets.iter() {
+                let state = self.target_state(t, now);
+                for s in crate::metrics::TARGET_STATES {
+                    self.metrics
+                        .target_state
+                        .with_label_values(&[&*route.name, &*t.name, s])
+                        .set(i64::from(s == state));
+                }
+            }
+        }
+    }
+
+    fn target_state(&self, t: &Target, now: Instant) -> &'static str {
+        if self.circuits.state(&t.name, now) == Some(crate::circuit::CircuitState::Open) {
+            return "open";
+        }
+        let set = &t.upstream.config.set_headers;
+        let credentials = CREDENTIAL_NAMES.map(|h| set.iter().find(|(n, _)| *n == h).map(|(_, v)| v.clone()));
+        if credentials.iter().all(Option::is_none) {
+            return "available";
+        }
+        let credential = credential_hash_of(&credentials);
+        let held = |hold| self.circuits.hold_check(hold, &t.name, &credential, now).is_some();
+        if held(Hold::Exhausted) {
+            "exhausted"
+        } else if held(Hold::Cooldown) {
+            "cooling"
+        } else if held(Hold::Pacing) {
+            "paced"
+        } else {
+            "available"
+        }
+    }
+}

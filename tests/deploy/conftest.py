@@ -101,6 +101,13 @@ path_prefix = "/limited/"
 upstream = "limited"
 strip_prefix = true
 
+[[routes]]
+name = "spread"
+path_prefix = "/spread/"
+targets = [{{ upstream = "fake", weight = 3 }}, {{ upstream = "limited" }}]
+balance = "weighted"
+strip_prefix = true
+
 [retry.fast]
 max_attempts = 3
 base_delay = "1ms"

@@ -639,3 +639,40 @@ async fn when_every_target_is_exhausted_no_retry_after_is_promised() {
     );
     assert_eq!((a.count("q"), b.count("q")), (1, 1), "neither key called again");
 }
+
+#[tokio::test]
+async fn each_targets_state_is_a_gauge_for_the_key_the_sidecar_sets() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
+        .upstream_named("a", &a.url(), |u| {
+            u.set_headers.insert("authorization".into(), "Bearer sk-a".into());
+        })
+        .upstream_named("b", &b.url(), |u| {
+            u.set_headers.insert("authorization".into(), "Bearer sk-b".into());
+        })
+        .start()
+        .await;
+    let state = |page: &str, upstream: &str, state: &str| {
+        metric(
+            page,
+            &format!(r#"rebound_target_state{{route="fake",state="{state}",upstream="{upstream}"}}"#),
+        )
+    };
+    let page = rebound.metrics().await;
+    assert_eq!(
+        (state(&page, "a", "available"), state(&page, "b", "available")),
+        (1.0, 1.0),
+        "{page}"
+    );
+    let quota = r#"{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}"#;
+    a.script("q", vec![error_body(429, &[], quota)]);
+    b.script("q", vec![Step::status_with(429, &[("retry-after", "30")])]);
+    call(&rebound, "q", &[]).await;
+    let page = rebound.metrics().await;
+    assert_eq!(
+        (state(&page, "a", "exhausted"), state(&page, "a", "available")),
+        (1.0, 0.0),
+        "{page}"
+    );
+    assert_eq!(state(&page, "b", "cooling"), 1.0, "{page}");
+}

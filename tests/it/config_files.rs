@@ -346,3 +346,21 @@ mod properties {
         }
     }
 }
+
+/// Issue 31 changed the breaker's defaults (3 failures, open 5 s doubling to 8 s); a config written
+/// before it that sets only a longer `open_for` stays valid: `max_open_for` defaults to it.
+#[test]
+fn a_long_open_for_without_max_open_for_is_still_valid() {
+    use std::time::Duration;
+    let src = "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\ncircuit = \"c\"\n[circuit.c]\nopen_for = \"30s\"\n[circuit.d]\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n";
+    let c = rebound::Config::parse(src, std::path::Path::new("t.toml"), &|_| None).expect("valid");
+    let (long, default) = (&c.circuit["c"], &c.circuit["d"]);
+    assert_eq!(
+        (long.open_for, long.max_open_for),
+        (Duration::from_secs(30), Duration::from_secs(30))
+    );
+    assert_eq!(
+        (default.consecutive_failures, default.open_for, default.max_open_for),
+        (3, Duration::from_secs(5), Duration::from_secs(8))
+    );
+}

@@ -184,14 +184,21 @@ impl Validator<'_> {
         // request away sooner), and the open time doubles from 5 s to 8 s at most, so that a
         // target that recovers is probed, and carries traffic again, within about 9 s, even
         // after flapping; a probe of a target still down costs one request per 8 s, fleet-wide.
+        let open_for = self.positive_duration(&key("open_for"), &c.open_for, Duration::from_secs(5));
         let policy = CircuitPolicy {
             name: name.to_string(),
             consecutive_failures: self.int(&key("consecutive_failures"), c.consecutive_failures, 3, 1, 1_000_000),
             failure_rate: self.ratio(&key("failure_rate"), c.failure_rate, 0.5),
             minimum_requests: self.int(&key("minimum_requests"), c.minimum_requests, 20, 1, 1_000_000),
             window: self.positive_duration(&key("window"), &c.window, Duration::from_secs(30)),
-            open_for: self.positive_duration(&key("open_for"), &c.open_for, Duration::from_secs(5)),
-            max_open_for: self.positive_duration(&key("max_open_for"), &c.max_open_for, Duration::from_secs(8)),
+            open_for,
+            // Not given: 8 s, or open_for when that is longer (a config that sets only a long
+            // open_for stays valid).
+            max_open_for: self.positive_duration(
+                &key("max_open_for"),
+                &c.max_open_for,
+                open_for.max(Duration::from_secs(8)),
+            ),
             half_open_probes: self.int(&key("half_open_probes"), c.half_open_probes, 1, 1, 1000),
             failure_on,
             shared: c.shared.unwrap_or(true),

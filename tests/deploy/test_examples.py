@@ -40,8 +40,11 @@ def test_fallback_example_pairs_openai_and_azure(rebound_bin):
     path = ROOT / "config/examples/multi-provider-fallback.toml"
     env = {"PATH": "/usr/bin:/bin", **{k: "k" for k in KEYS}}
     out = subprocess.run([rebound_bin, "check", "--config", path], capture_output=True, text=True, env=env, check=True).stdout
-    assert re.search(r"/openai/\s+openai\s+-> openai .*fallback \[azure\]", out), out
-    assert re.search(r"/azure/\s+azure\s+-> azure \(https://my-resource\.openai\.azure\.com/openai\).*fallback \[openai\]", out), out
+    # `fallback` is the ordered case of targets (issue 31): `rebound check` shows the targets.
+    assert re.search(r"/openai/\s+openai\s+-> openai .*targets \[openai, azure\], balance ordered", out), out
+    assert re.search(
+        r"/azure/\s+azure\s+-> azure \(https://my-resource\.openai\.azure\.com/openai\).*targets \[azure, openai\]", out
+    ), out
     assert re.search(r"/anthropic/\s+anthropic\s+-> anthropic", out), out
     for upstream in ("openai", "azure"):
         assert re.search(rf"^  {upstream}\s+https://\S+ .*circuit provider", out, re.M), f"{upstream} needs a circuit for fallback"

@@ -7,7 +7,7 @@ use super::targets::Cursor;
 use super::tokens::RequestTokens;
 use super::{commit, pacing, tokens, Proxy, Route, Target};
 use crate::circuit::{Hold, Permit};
-use crate::config::FailoverReason;
+use crate::config::{Balance, FailoverReason};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter};
 use crate::error::ProxyError;
 use crate::idempotency::Claim;
@@ -50,7 +50,7 @@ impl Proxy {
             route.budget.deposit(started);
         }
         let mut d = Progress::new(limits.deadline, self.models.for_request(body), started);
-        let mut at = Cursor::new(route);
+        let mut at = Cursor::new();
         let mut now = started;
         let mut waited: (Duration, Option<&'static str>) = (Duration::ZERO, None);
         loop {
@@ -73,10 +73,14 @@ impl Proxy {
             let span = trace.attempt(state.total, &go.target.name, waited.0, waited.1);
             let mut req = go.req;
             span.inject(req.headers_mut());
-            let in_flight = go.target.load.start();
+            // Load is tracked only where it chooses (least_loaded over several targets).
+            let balanced = route.targets.balance == Balance::LeastLoaded && route.targets.len() > 1;
+            let in_flight = balanced.then(|| go.target.load.start());
             let (result, received) = commit::attempt(route, go.target, req, now, remaining).await;
             drop(in_flight);
-            go.target.load.observe(received.saturating_duration_since(now));
+            if balanced {
+                go.target.load.observe(received.saturating_duration_since(now));
+            }
             let (outcome, hint, class) = self.observe(go.target, go.permit, &go.credentials, &result, received);
             let status = result.as_ref().ok().map(|r| r.status().as_u16());
             span.end(outcome.label(), status, hint.map(|h| h.delay));

@@ -23,8 +23,11 @@ pub(super) struct Cursor {
     /// The target it is on (retries stay there); `None` before the first attempt and after it
     /// left one.
     current: Option<usize>,
-    /// Targets it left or found unavailable, and why: never chosen again for this request.
-    left: Vec<Option<&'static str>>,
+    /// Targets it left or found unavailable (bit `index`; a route has at most 64): never chosen
+    /// again for this request.
+    left: u64,
+    /// Why each of them was left (allocated only when one is).
+    reasons: Vec<(usize, &'static str)>,
     /// Why it is leaving a target it was on, counted when the next one is admitted.
     leaving: Option<(usize, FailoverReason)>,
     /// The soonest a target found unavailable recovers (`None`: none has a time, e.g. all
@@ -35,28 +38,43 @@ pub(super) struct Cursor {
 }
 
 impl Cursor {
-    pub(super) fn new(route: &Route) -> Cursor {
+    pub(super) fn new() -> Cursor {
         Cursor {
             current: None,
-            left: vec![None; route.targets.len()],
+            left: 0,
+            reasons: Vec::new(),
             leaving: None,
             soonest: None,
             failovers: 0,
         }
     }
 
+    fn is_left(&self, index: usize) -> bool {
+        self.left & (1 << index) != 0
+    }
+
+    fn mark(&mut self, index: usize, reason: FailoverReason) {
+        if !self.is_left(index) {
+            self.left |= 1 << index;
+            self.reasons.push((index, reason.as_str()));
+        }
+    }
+
+    /// Why `index` was left, if it was.
+    fn reason(&self, index: usize) -> Option<&'static str> {
+        self.reasons.iter().find(|(i, _)| *i == index).map(|(_, r)| *r)
+    }
+
     /// Whether a target the request has not left remains besides `index`.
-    pub(super) fn has_another(&self, index: usize) -> bool {
-        self.left.iter().enumerate().any(|(i, l)| i != index && l.is_none())
+    pub(super) fn has_another(&self, route: &Route, index: usize) -> bool {
+        (0..route.targets.len()).any(|i| i != index && !self.is_left(i))
     }
 
     /// Whether a target it has not left takes a larger prompt than `target` (an unknown
     /// `context_window` is not larger than any).
     pub(super) fn larger_context(&self, route: &Route, target: &Target) -> bool {
         route.targets.iter().any(|t| {
-            t.index != target.index
-                && self.left[t.index].is_none()
-                && t.config.context_window > target.config.context_window
+            t.index != target.index && !self.is_left(t.index) && t.config.context_window > target.config.context_window
         })
     }
 
@@ -66,10 +84,10 @@ impl Cursor {
         if reason == FailoverReason::ContextLength {
             let limit = route.targets.get(index).and_then(|t| t.config.context_window);
             for t in route.targets.iter().filter(|t| t.config.context_window <= limit) {
-                self.left[t.index] = Some(reason.as_str());
+                self.mark(t.index, reason);
             }
         }
-        self.left[index] = Some(reason.as_str());
+        self.mark(index, reason);
         self.current = None;
         self.leaving.get_or_insert((index, reason));
         state.switch_target();
@@ -81,10 +99,14 @@ impl Cursor {
         if let Some(i) = self.current {
             return Some(i);
         }
+        if route.targets.len() == 1 {
+            // The common route: nothing to choose, nothing allocated.
+            return (!self.is_left(0)).then_some(0);
+        }
         let candidates: Vec<Candidate> = route
             .targets
             .iter()
-            .filter(|t| self.left[t.index].is_none())
+            .filter(|t| !self.is_left(t.index))
             .map(|t| Candidate {
                 index: t.index,
                 weight: t.config.weight,
@@ -97,7 +119,7 @@ impl Cursor {
 
     /// `index` cannot take the request now (`reason`, back after `after` if known): left.
     fn unavailable(&mut self, index: usize, reason: FailoverReason, after: Option<Duration>) {
-        self.left[index] = Some(reason.as_str());
+        self.mark(index, reason);
         if self.current == Some(index) {
             self.current = None;
         }
@@ -161,7 +183,7 @@ impl Proxy {
             };
             // The credential is hashed only when some hold concerns this upstream, or after a 429.
             let credentials = CREDENTIAL_NAMES.map(|h| req.headers().get(h).cloned());
-            match self.gate(target, &credentials, at.has_another(index), state.deadline, now) {
+            match self.gate(target, &credentials, at.has_another(route, index), state.deadline, now) {
                 Gate::Open => {}
                 Gate::Skip(reason, after) => {
                     drop(permit);
@@ -214,7 +236,7 @@ impl Proxy {
         route.targets.failover_on.contains(reason)
             && route.targets.iter().any(|t| {
                 t.index != index
-                    && at.left[t.index].is_none()
+                    && !at.is_left(t.index)
                     && self.circuits.state(&t.name, now) != Some(crate::circuit::CircuitState::Open)
             })
     }
@@ -283,7 +305,7 @@ impl Proxy {
         let targets: Vec<(String, &'static str)> = route
             .targets
             .iter()
-            .map(|t| (t.name.to_string(), at.left[t.index].unwrap_or("available")))
+            .map(|t| (t.name.to_string(), at.reason(t.index).unwrap_or("available")))
             .collect();
         let stop = if targets.iter().all(|(_, r)| *r == FailoverReason::CircuitOpen.as_str()) {
             Stop::CircuitOpen

@@ -297,11 +297,14 @@ fn raise_fd_limit(max_connections: u32) {
         let _ = setrlimit(Resource::Nofile, limit);
     }
     let now = getrlimit(Resource::Nofile).current;
-    // Each proxied request holds a client and an upstream connection.
-    let needed = 2 * u64::from(max_connections) + 64;
+    // A proxied request holds a client connection and at most one upstream connection (HTTP/1.1;
+    // HTTP/2 shares one): two descriptors per connection is the need. The listeners, Redis and
+    // log files fit in the pooled upstream connections' slack.
+    let needed = 2 * u64::from(max_connections);
     if let Some(n) = now.filter(|n| *n < needed) {
         tracing::warn!(
             open_files = n,
+            needed,
             max_connections,
             "the open-file limit is below 2 x max_connections: connections past it fail to open (raise the hard limit, e.g. ulimit -Hn or the container's nofile)"
         );

@@ -294,4 +294,30 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_and_a_low_one_is_named(
         "{logs}"
     );
     assert!(logs.contains("\"open_files\":512"), "{logs}");
+    assert!(logs.contains("\"needed\":20000"), "{logs}");
+
+    // Issue 32: exactly 2 x max_connections is enough (the common 20,000 for 10,000).
+    let small = Edit::new(&config).set("server", "max_connections", 200).to_string();
+    let enough = ReboundProcess::start_with_fd_limits(&small, 128, Some(400)).await;
+    let logs = enough.logs();
+    assert!(!logs.contains("open-file limit"), "{logs}");
+
+    // One less is not; said in a text log written to a pipe, which has no colour codes.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rebound.toml");
+    std::fs::write(&path, Edit::new(&small).set("log", "format", "text").to_string()).unwrap();
+    let out = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -Sn 128 && ulimit -Hn 399 && exec timeout 3 \"$0\" --config \"$1\"")
+        .arg(env!("CARGO_BIN_EXE_rebound"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("the open-file limit is below 2 x max_connections"),
+        "{text}"
+    );
+    assert!(text.contains("needed=400"), "{text}");
+    assert!(!text.contains('\x1b'), "colour codes in a piped log: {text:?}");
 }

@@ -11,6 +11,7 @@
 pub(crate) mod interpolate;
 pub mod jitter;
 pub mod raw;
+mod spelling;
 mod targets;
 pub mod units;
 pub mod validate;
@@ -31,6 +32,7 @@ pub use error::ConfigErrors;
 pub use error::ConfigError;
 
 pub use jitter::Jitter;
+pub(crate) use spelling::Spelled;
 pub(crate) use targets::api_shape;
 pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 

@@ -135,13 +135,13 @@ fn upstreams(out: &mut String, c: &Config) {
     for u in c.upstreams.values() {
         let _ = write!(
             out,
-            "  {:<14} {} connect_timeout {}, keepalive {}, circuit {}, cooldown {:?}",
+            "  {:<14} {} connect_timeout {}, keepalive {}, circuit {}, cooldown {}",
             u.name,
             u.url(),
             d(u.connect_timeout),
             u.keepalive.map_or_else(|| "off".to_string(), d),
             u.circuit.as_deref().unwrap_or("none"),
-            u.cooldown
+            u.cooldown.as_str()
         );
         match u.pacing {
             PacingMode::Wait => {
@@ -172,7 +172,7 @@ fn policies(out: &mut String, c: &Config) {
         let _ = writeln!(
             out,
             "  {:<14} {} attempts, backoff {}..{} ({} jitter), per_try {}, first_byte {}, idle {}, deadline {}, \
-             retry_on [{}], once [{}], non_idempotent {:?}, retry_after {} (max {}), budget {}% + {}/s",
+             retry_on [{}], once [{}], non_idempotent {}, retry_after {} (max {}), budget {}% + {}/s",
             p.name,
             p.max_attempts,
             d(p.base_delay),
@@ -184,7 +184,7 @@ fn policies(out: &mut String, c: &Config) {
             d(p.deadline),
             list(&p.retry_on),
             list(&p.retry_once_on),
-            p.non_idempotent,
+            p.non_idempotent.as_str(),
             if p.respect_retry_after { "obeyed" } else { "ignored" },
             d(p.max_retry_after),
             p.budget_ratio * 100.0,
@@ -243,15 +243,15 @@ fn jobs_and_idempotency(out: &mut String, c: &Config) {
     for p in c.idempotency.values() {
         let _ = writeln!(
             out,
-            "  {:<14} header {}, {}, ttl {}, lease {}, on_concurrent {:?}, max_stored_body {}, on_store_error {:?}",
+            "  {:<14} header {}, {}, ttl {}, lease {}, on_concurrent {}, max_stored_body {}, on_store_error {}",
             p.name,
             p.header,
             if p.require_key { "required" } else { "optional" },
             d(p.ttl),
             d(p.lease),
-            p.on_concurrent,
+            p.on_concurrent.as_str(),
             format_size(p.max_stored_body),
-            p.on_store_error
+            p.on_store_error.as_str()
         );
     }
 }

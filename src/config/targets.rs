@@ -44,23 +44,6 @@ pub enum Balance {
     LeastLoaded,
 }
 
-impl Balance {
-    /// The config's spellings.
-    pub(crate) const CHOICES: [(&'static str, Balance); 3] = [
-        ("ordered", Balance::Ordered),
-        ("weighted", Balance::Weighted),
-        ("least_loaded", Balance::LeastLoaded),
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Balance::Ordered => "ordered",
-            Balance::Weighted => "weighted",
-            Balance::LeastLoaded => "least_loaded",
-        }
-    }
-}
-
 /// Why a request moved from one target to another: the `failover_on` entries, the `reason` label
 /// of `rebound_failovers_total`, and the outcome named in a `no_target_available` error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -57,7 +57,7 @@ def test_email_retry_policy_is_short_and_never_retries_a_maybe_sent_email(reboun
     (line,) = [l for l in out.splitlines() if l.strip().startswith("email ") and "attempts" in l]
     assert "3 attempts, backoff 1s..10s" in line, line
     assert "retry_on [connect-failure,refused-stream,503]" in line, line
-    assert "non_idempotent SafeOnly" in line, line
+    assert "non_idempotent safe-only" in line, line  # the config's own spelling (issue 32)
     assert re.search(r"/email/\s+email\s+-> email \(https://api\.emailprovider\.example\).*idempotency job", out), out
     assert re.search(r"^  job\s+header idempotency-key, required", out, re.M), out
 

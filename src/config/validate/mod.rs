@@ -306,12 +306,7 @@ impl Validator<'_> {
 
     fn log(&mut self, log: RawLog) -> LogConfig {
         LogConfig {
-            format: self.choice(
-                "log.format",
-                &log.format,
-                LogFormat::Json,
-                &[("json", LogFormat::Json), ("text", LogFormat::Text)],
-            ),
+            format: self.choice("log.format", &log.format, LogFormat::Json, LogFormat::CHOICES),
             level: self
                 .choice(
                     "log.level",

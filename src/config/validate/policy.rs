@@ -108,7 +108,7 @@ impl Validator<'_> {
                 &key("non_idempotent"),
                 &r.non_idempotent,
                 d.non_idempotent,
-                &[("all", NonIdempotent::All), ("safe-only", NonIdempotent::SafeOnly)],
+                NonIdempotent::CHOICES,
             ),
             respect_retry_after: r.respect_retry_after.unwrap_or(d.respect_retry_after),
             max_retry_after: self.duration(&key("max_retry_after"), &r.max_retry_after, d.max_retry_after),
@@ -274,11 +274,7 @@ impl Validator<'_> {
                 &key("on_concurrent"),
                 &r.on_concurrent,
                 OnConcurrent::Follow,
-                &[
-                    ("follow", OnConcurrent::Follow),
-                    ("wait", OnConcurrent::Wait),
-                    ("conflict", OnConcurrent::Conflict),
-                ],
+                OnConcurrent::CHOICES,
             ),
             wait_timeout: self.positive_duration(&key("wait_timeout"), &r.wait_timeout, Duration::from_secs(120)),
             store_statuses,
@@ -289,10 +285,7 @@ impl Validator<'_> {
                 &key("on_store_error"),
                 &r.on_store_error,
                 OnStoreError::FailClosed,
-                &[
-                    ("fail_closed", OnStoreError::FailClosed),
-                    ("fail_open", OnStoreError::FailOpen),
-                ],
+                OnStoreError::CHOICES,
             ),
         };
         if policy.lease >= policy.ttl {

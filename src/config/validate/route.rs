@@ -69,7 +69,7 @@ impl Validator<'_> {
             }
         }
         let targets = self.targets(i, r, upstreams);
-        let balance = self.choice(&key("balance"), &r.balance, Balance::Ordered, &Balance::CHOICES);
+        let balance = self.choice(&key("balance"), &r.balance, Balance::Ordered, Balance::CHOICES);
         let failover_on = match &r.failover_on {
             None => FailoverOn::all(),
             Some(list) => {

@@ -32,22 +32,8 @@ impl Validator<'_> {
                 );
             }
         }
-        let cooldown = self.choice(
-            &key("cooldown"),
-            &u.cooldown,
-            CooldownMode::Wait,
-            &[
-                ("wait", CooldownMode::Wait),
-                ("reject", CooldownMode::Reject),
-                ("off", CooldownMode::Off),
-            ],
-        );
-        let pacing = self.choice(
-            &key("pacing"),
-            &u.pacing,
-            PacingMode::Wait,
-            &[("wait", PacingMode::Wait), ("off", PacingMode::Off)],
-        );
+        let cooldown = self.choice(&key("cooldown"), &u.cooldown, CooldownMode::Wait, CooldownMode::CHOICES);
+        let pacing = self.choice(&key("pacing"), &u.pacing, PacingMode::Wait, PacingMode::CHOICES);
         let pacing_reserve = self.int(&key("pacing_reserve"), u.pacing_reserve, 0, 0, 1_000_000);
         let ca_file = self.ca_file(&key("ca_file"), u.ca_file.as_deref());
         let set_headers = self.set_headers(name, u);

@@ -364,3 +364,18 @@ fn a_long_open_for_without_max_open_for_is_still_valid() {
         (3, Duration::from_secs(5), Duration::from_secs(8))
     );
 }
+
+/// Issue 32: a TOML syntax error whose parser message runs over several lines is one located line
+/// (`file:line:col: ...`), not a located line and an unlocated one.
+#[test]
+fn a_toml_syntax_error_is_one_located_line() {
+    let src = "[server]\nlisten = \"127.0.0.1:0\"\n[upstreams.u]\nurl = \"http://x\"\nbad = = 1\n";
+    let err = match rebound::Config::parse(src, std::path::Path::new("t.toml"), &|_| None) {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    };
+    let lines: Vec<&str> = err.lines().collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].starts_with("t.toml:5:7: "), "{err}");
+    assert!(lines[0].contains("expected"), "the parser's detail is kept: {err}");
+}

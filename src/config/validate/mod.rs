@@ -44,7 +44,15 @@ pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Re
                 line,
                 column,
                 key,
-                message: e.message().trim().to_string(),
+                // One line: the parser's message may run over several, and each line of an
+                // error names its place (`file:line:col: ...`).
+                message: e
+                    .message()
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.is_empty())
+                    .collect::<Vec<_>>()
+                    .join("; "),
             }]));
         }
     };

@@ -199,10 +199,24 @@ async fn replay_matching(
             None => break,
         }
     }
+    // Sent (whatever the answer) or skipped (could not be sent, and why).
     let ok = outcomes.iter().filter(|o| (200..300).contains(&o.status)).count();
+    let mut skipped: std::collections::BTreeMap<&str, usize> = std::collections::BTreeMap::new();
+    for o in &outcomes {
+        if let Some(why) = &o.error {
+            *skipped.entry(why.as_str()).or_default() += 1;
+        }
+    }
+    let skipped_count: usize = skipped.values().sum();
     Ok(json(
         StatusCode::OK,
-        &serde_json::json!({ "replayed": outcomes.len(), "succeeded": ok, "results": outcomes }),
+        &serde_json::json!({
+            "replayed": outcomes.len() - skipped_count,
+            "succeeded": ok,
+            "skipped": skipped_count,
+            "skipped_reasons": skipped,
+            "results": outcomes,
+        }),
     ))
 }
 

@@ -77,7 +77,11 @@ pub async fn run(cmd: &Command) -> Result<String, String> {
         Action::Summary => serde_json::from_value::<Summary>(value)
             .map(|s| summary_table(&s))
             .map_err(|e| e.to_string())?,
-        Action::Replay { .. } => replay_text(&value),
+        // Nothing could be replayed: said on stderr, with a failing exit status.
+        Action::Replay { .. } => match replay_text(&value) {
+            (text, true) => text,
+            (text, false) => return Err(text.trim_end().to_string()),
+        },
         Action::Purge => format!("purged {} dead letter(s)\n", value["purged"]),
     })
 }
@@ -205,7 +209,8 @@ fn summary_table(s: &Summary) -> String {
     out
 }
 
-fn replay_text(v: &serde_json::Value) -> String {
+/// What a replay did, and whether anything was replayed (sent upstream, whatever its answer).
+fn replay_text(v: &serde_json::Value) -> (String, bool) {
     let one = |r: &serde_json::Value| {
         let id = r["id"].as_str().unwrap_or("?");
         match r["error"].as_str() {
@@ -222,10 +227,20 @@ fn replay_text(v: &serde_json::Value) -> String {
     match v["results"].as_array() {
         Some(results) => {
             let mut out: String = results.iter().map(one).collect();
-            let _ = writeln!(out, "replayed {}, succeeded {}", v["replayed"], v["succeeded"]);
-            out
+            let _ = write!(
+                out,
+                "replayed {}, succeeded {}, skipped {}",
+                v["replayed"], v["succeeded"], v["skipped"]
+            );
+            if let Some(reasons) = v["skipped_reasons"].as_object().filter(|r| !r.is_empty()) {
+                let why: Vec<String> = reasons.iter().map(|(r, n)| format!("{n}: {r}")).collect();
+                let _ = write!(out, " ({})", why.join("; "));
+            }
+            out.push('\n');
+            let replayed = v["replayed"].as_u64().unwrap_or(0);
+            (out, replayed > 0 || results.is_empty())
         }
-        None => one(v),
+        None => (one(v), v["error"].is_null()),
     }
 }
 

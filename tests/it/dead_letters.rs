@@ -363,3 +363,49 @@ async fn ring_and_stream_stay_within_their_caps() {
         assert!(depth <= 120.0, "{depth}");
     }
 }
+
+/// Issue 32 (4): `rebound dead-letters replay` says what it did: replayed N, skipped M and why;
+/// with nothing replayed it fails (stderr, non-zero exit) instead of printing "replayed 1" and
+/// exiting 0.
+#[tokio::test]
+async fn the_cli_replay_reports_what_it_did_and_fails_when_nothing_was_replayed() {
+    let provider = FakeProvider::start().await;
+    let replay = async |rebound: &Rebound| {
+        Command::new(env!("CARGO_BIN_EXE_rebound"))
+            .args([
+                "dead-letters",
+                "replay",
+                "--route",
+                "fake",
+                "--admin",
+                &rebound.admin,
+                "--token",
+                TOKEN,
+            ])
+            .output()
+            .await
+            .unwrap()
+    };
+    // Without bodies: nothing can be replayed.
+    let bare = Rebound::start(&config(&provider.url(), None, false, "")).await;
+    provider.script("k", vec![Step::status(503); 6]);
+    failing_call(&bare, "k", "cli-r1", "{}").await;
+    failing_call(&bare, "k", "cli-r2", "{}").await;
+    wait_for_entries(&bare, 2).await;
+    let out = replay(&bare).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("replayed 0, succeeded 0, skipped 2 (2: the request body was not kept"),
+        "{stderr}"
+    );
+    // With bodies, after the provider recovered: replayed and succeeded, exit 0.
+    let kept = Rebound::start(&config(&provider.url(), None, true, "")).await;
+    provider.script("j", vec![Step::status(503); 3]);
+    failing_call(&kept, "j", "cli-r3", "{}").await;
+    wait_for_entries(&kept, 1).await;
+    let out = replay(&kept).await;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("replayed 1, succeeded 1, skipped 0"), "{stdout}");
+}

@@ -226,6 +226,11 @@ impl ErrorKind {
 /// The JSON body of every error rebound answers for itself: RFC 9457 fields plus the
 /// `{"error": {...}}` object the OpenAI and Anthropic SDKs read.
 pub(crate) fn problem_body(kind: ErrorKind, message: &str) -> String {
+    problem_document(kind, message).to_string()
+}
+
+/// [`problem_body`] as a JSON value, for an error that adds members of its own.
+fn problem_document(kind: ErrorKind, message: &str) -> serde_json::Value {
     let row = kind.row();
     serde_json::json!({
         "type": format!("https://rebound.dev/errors/{}", row.code),
@@ -240,7 +245,6 @@ pub(crate) fn problem_body(kind: ErrorKind, message: &str) -> String {
             "details": { "error_code": row.code },
         }
     })
-    .to_string()
 }
 
 impl ProxyError {
@@ -302,10 +306,19 @@ impl ProxyError {
         }
     }
 
-    /// The JSON body (see [`problem_body`]), with the per-target outcomes of a
+    /// The JSON body (see [`problem_body`]), with the members an error adds to the problem
+    /// details (RFC 9457 section 3.2 extensions): `targets: [{upstream, outcome}]` for
     /// `no_target_available`.
     pub fn body(&self) -> String {
-        with_members(problem_body(self.kind(), &self.to_string()), self)
+        let mut doc = problem_document(self.kind(), &self.to_string());
+        if let (ProxyError::NoTargetAvailable { targets, .. }, Some(members)) = (self, doc.as_object_mut()) {
+            let list = targets
+                .iter()
+                .map(|(upstream, outcome)| serde_json::json!({ "upstream": upstream, "outcome": outcome }))
+                .collect();
+            members.insert("targets".into(), serde_json::Value::Array(list));
+        }
+        doc.to_string()
     }
 }
 
@@ -317,23 +330,6 @@ fn describe_targets(targets: &[(String, &'static str)]) -> String {
         .join(", ")
 }
 
-/// `body` with the members an error adds to the problem details (RFC 9457 section 3.2
-/// extensions): `targets: [{upstream, outcome}]` for `no_target_available`.
-fn with_members(body: String, err: &ProxyError) -> String {
-    let ProxyError::NoTargetAvailable { targets, .. } = err else {
-        return body;
-    };
-    let Ok(serde_json::Value::Object(mut doc)) = serde_json::from_str::<serde_json::Value>(&body) else {
-        return body;
-    };
-    let list = targets
-        .iter()
-        .map(|(upstream, outcome)| serde_json::json!({ "upstream": upstream, "outcome": outcome }))
-        .collect();
-    doc.insert("targets".into(), serde_json::Value::Array(list));
-    serde_json::Value::Object(doc).to_string()
-}
-
 /// The one builder of every error rebound answers for itself (the proxy, the job API, the admin
 /// API): its status, the JSON body of [`problem_body`] (made into `B` by `body`),
 /// `content-type`, `x-rebound-error`, `x-should-retry`, and `retry-after` when it is known.
@@ -343,8 +339,13 @@ pub(crate) fn problem_response<B>(
     retry_after: Option<std::time::Duration>,
     body: impl FnOnce(String) -> B,
 ) -> Response<B> {
+    with_problem_headers(kind, body(problem_body(kind, message)), retry_after)
+}
+
+/// `body` (a problem document) as the response of `kind`, with rebound's headers.
+fn with_problem_headers<B>(kind: ErrorKind, body: B, retry_after: Option<std::time::Duration>) -> Response<B> {
     let row = kind.row();
-    let mut resp = Response::new(body(problem_body(kind, message)));
+    let mut resp = Response::new(body);
     *resp.status_mut() = row.status;
     let h = resp.headers_mut();
     h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
@@ -364,9 +365,8 @@ pub(crate) fn problem_response<B>(
 pub(crate) fn error_response(err: ProxyError, mut log: RequestLog) -> Response<ProxyBody> {
     let status = err.status().as_u16();
     log.set_error(err.code());
-    let mut resp = problem_response(err.kind(), &err.to_string(), err.retry_after(), |body| {
-        ProxyBody::full(with_members(body, &err), log, status)
-    });
+    let body = ProxyBody::full(err.body(), log, status);
+    let mut resp = with_problem_headers(err.kind(), body, err.retry_after());
     resp.extensions_mut().insert(Delivered {
         attempts: 0,
         error: Some(err.code()),

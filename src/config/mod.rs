@@ -33,7 +33,7 @@ pub use error::ConfigError;
 
 pub use jitter::Jitter;
 pub(crate) use spelling::Spelled;
-pub(crate) use targets::api_shape;
+pub(crate) use targets::{api_shape, known_provider};
 pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 
 /// The whole validated configuration.

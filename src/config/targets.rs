@@ -126,16 +126,27 @@ impl Default for FailoverOn {
     }
 }
 
+/// The provider a host is known to be (its OpenTelemetry `gen_ai.provider.name`): `openai`,
+/// `azure.ai.openai` or `anthropic`; `None` for any other host.
+pub(crate) fn known_provider(host: &str) -> Option<&'static str> {
+    let host = host.to_ascii_lowercase();
+    if host.ends_with(".openai.azure.com") {
+        Some("azure.ai.openai")
+    } else if host == "api.openai.com" {
+        Some("openai")
+    } else if host == "api.anthropic.com" {
+        Some("anthropic")
+    } else {
+        None
+    }
+}
+
 /// The API a target's host speaks, where its name says so (for the mixed-shapes check): a route's
 /// targets must all speak one (translating between them is out of scope).
 pub(crate) fn api_shape(host: &str) -> Option<&'static str> {
-    let host = host.to_ascii_lowercase();
-    if host == "api.anthropic.com" {
-        Some("Anthropic Messages")
-    } else if host == "api.openai.com" || host.ends_with(".openai.azure.com") {
-        Some("OpenAI")
-    } else {
-        None
+    match known_provider(host)? {
+        "anthropic" => Some("Anthropic Messages"),
+        _ => Some("OpenAI"),
     }
 }
 

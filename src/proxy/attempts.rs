@@ -29,10 +29,12 @@ use tokio::time::Instant;
 
 impl Proxy {
     /// The retry loop, until an outcome is delivered, as four phases per attempt: **admit** (the
-    /// deadline, the circuits choosing the upstream: the route's, else its fallbacks in order, all
-    /// open: 503 `circuit_open`; the credential's cooldown: held or 429 `cooldown`), **send**,
-    /// **observe** (the outcome feeds the breaker, a 429's reset hint the cooldown, the metrics)
-    /// and **decide** (the pure retry policy: deliver, or wait and go round again).
+    /// deadline, then the target: the one the request is on, else one chosen by the route's
+    /// balance among those whose circuit and the credential's holds let it through; see
+    /// `targets.rs`), **send**, **observe** (the outcome feeds the breaker, a 429's reset hint or
+    /// a used-up quota the credential's holds, the metrics) and **next step** (move to another
+    /// target on a failover class, else the pure retry policy: deliver, or wait and go round
+    /// again).
     pub(super) async fn attempts(
         &self,
         route: &Route,
@@ -85,15 +87,12 @@ impl Proxy {
             let status = result.as_ref().ok().map(|r| r.status().as_u16());
             span.end(outcome.label(), status, hint.map(|h| h.delay));
             let target = go.target;
-            d.record(
-                outcome,
-                result.as_ref().ok().map(|r| r.status().as_u16()),
-                received - now,
-            );
+            d.record(outcome, status, received - now);
             let seen = failover::Seen {
                 class,
                 first_byte_limit: target.config.first_byte_timeout.is_some(),
-                larger_context_elsewhere: at.larger_context(route, target),
+                // Read only where it matters: a prompt too long for this target.
+                larger_context_elsewhere: class == Some(ErrorClass::ContextLength) && at.larger_context(route, target),
             };
             match self.next_step(
                 route,

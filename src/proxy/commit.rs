@@ -81,7 +81,11 @@ pub(super) async fn attempt(
         // An error response: a small body is read (it usually came with the head) to tell its
         // class, e.g. a quota used up from a rate limit; then forwarded as it came.
         let wait = ERROR_BODY_WAIT.min(remaining.saturating_sub(head_at - started));
-        let n = read_error_body(&mut body, &parts.headers, head_at + wait).await;
+        let n = match read_error_body(&mut body, &parts.headers, head_at + wait).await {
+            Ok(n) => n,
+            // As a successful body failing before its commit point: nothing was forwarded.
+            Err(detail) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
+        };
         let signal = provider_error::classify(parts.status, &parts.headers, &body.held_prefix(n));
         parts.extensions.insert(signal);
     }
@@ -93,37 +97,40 @@ const ERROR_BODY_WAIT: Duration = Duration::from_secs(1);
 
 /// Holds up to [`provider_error::MAX_ERROR_BODY`] bytes of an error body (none when it says it is
 /// longer) until its end or `deadline`; the bytes held (0 when it could not be read whole: a
-/// partial body is not classified by its contents).
-async fn read_error_body<B>(body: &mut Primed<B>, headers: &http::HeaderMap, deadline: Instant) -> usize
+/// partial body is not classified by its contents), or why the body failed.
+async fn read_error_body<B>(body: &mut Primed<B>, headers: &http::HeaderMap, deadline: Instant) -> Result<usize, String>
 where
     B: Body<Data = Bytes> + Unpin,
+    B::Error: std::error::Error + 'static,
 {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<usize>().ok());
     if declared.is_some_and(|n| n > provider_error::MAX_ERROR_BODY) {
-        return 0;
+        return Ok(0);
     }
     let mut held = 0;
     while !body.inner_mut().is_end_stream() {
         let next = match tokio::time::timeout_at(deadline, body.inner_mut().frame()).await {
             Ok(Some(Ok(frame))) => frame,
-            // The end, a failure (forwarded as it is) or too slow: what is held is all there is.
-            Ok(None) => return held,
-            Ok(Some(Err(_))) | Err(_) => return 0,
+            Ok(Some(Err(e))) => return Err(error_chain(&e)),
+            // The end: what is held is the body.
+            Ok(None) => return Ok(held),
+            // Too slow: forwarded as it comes, classified by its status and headers.
+            Err(_) => return Ok(0),
         };
         let Some(len) = next.data_ref().map(Bytes::len) else {
             body.hold(next);
-            return held;
+            return Ok(held);
         };
         held += len;
         body.hold(next);
         if held > provider_error::MAX_ERROR_BODY {
-            return 0;
+            return Ok(0);
         }
     }
-    held
+    Ok(held)
 }
 
 /// An attempt's outcome from its response: its status, or the status its in-band error stands for

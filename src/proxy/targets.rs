@@ -23,11 +23,9 @@ pub(super) struct Cursor {
     /// The target it is on (retries stay there); `None` before the first attempt and after it
     /// left one.
     current: Option<usize>,
-    /// Targets it left or found unavailable (bit `index`; a route has at most 64): never chosen
+    /// Targets it left or found unavailable, and why (allocated only when one is): never chosen
     /// again for this request.
-    left: u64,
-    /// Why each of them was left (allocated only when one is).
-    reasons: Vec<(usize, &'static str)>,
+    left: Vec<(usize, &'static str)>,
     /// Why it is leaving a target it was on, counted when the next one is admitted.
     leaving: Option<(usize, FailoverReason)>,
     /// The soonest a target found unavailable recovers (`None`: none has a time, e.g. all
@@ -41,28 +39,26 @@ impl Cursor {
     pub(super) fn new() -> Cursor {
         Cursor {
             current: None,
-            left: 0,
-            reasons: Vec::new(),
+            left: Vec::new(),
             leaving: None,
             soonest: None,
             failovers: 0,
         }
     }
 
+    /// Why `index` was left, if it was.
+    fn reason(&self, index: usize) -> Option<&'static str> {
+        self.left.iter().find(|(i, _)| *i == index).map(|(_, r)| *r)
+    }
+
     fn is_left(&self, index: usize) -> bool {
-        self.left & (1 << index) != 0
+        self.reason(index).is_some()
     }
 
     fn mark(&mut self, index: usize, reason: FailoverReason) {
         if !self.is_left(index) {
-            self.left |= 1 << index;
-            self.reasons.push((index, reason.as_str()));
+            self.left.push((index, reason.as_str()));
         }
-    }
-
-    /// Why `index` was left, if it was.
-    fn reason(&self, index: usize) -> Option<&'static str> {
-        self.reasons.iter().find(|(i, _)| *i == index).map(|(_, r)| *r)
     }
 
     /// Whether a target the request has not left remains besides `index`.
@@ -87,9 +83,7 @@ impl Cursor {
                 self.mark(t.index, reason);
             }
         }
-        self.mark(index, reason);
-        self.current = None;
-        self.leaving.get_or_insert((index, reason));
+        self.unavailable(index, reason, None);
         state.switch_target();
     }
 
@@ -151,7 +145,6 @@ impl Proxy {
             let timeout_ms = d.deadline.as_millis();
             return Admit::Stop(d.stop_before_attempt(Stop::Deadline, || ProxyError::Timeout { upstream, timeout_ms }));
         }
-        let single = route.targets.len() == 1;
         loop {
             let Some(index) = at.next(route) else {
                 return Admit::Stop(self.no_target(route, d, at));
@@ -161,12 +154,6 @@ impl Proxy {
             };
             let permit = match self.circuits.admit(&target.name, attempt_kind(state), now) {
                 Admission::Allowed(permit) => permit,
-                Admission::Rejected { retry_after } if single => {
-                    let upstream = target.name.to_string();
-                    return Admit::Stop(
-                        d.stop_before_attempt(Stop::CircuitOpen, || ProxyError::CircuitOpen { upstream, retry_after }),
-                    );
-                }
                 Admission::Rejected { retry_after } => {
                     at.unavailable(index, FailoverReason::CircuitOpen, Some(retry_after));
                     continue;
@@ -195,17 +182,6 @@ impl Proxy {
                     tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by pacing or a cooldown");
                     tokio::time::sleep(hold).await;
                     return Admit::Held;
-                }
-                Gate::Refuse(left) if single => {
-                    let upstream = target.name.to_string();
-                    return Admit::Stop(d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown {
-                        upstream,
-                        retry_after: left,
-                    }));
-                }
-                Gate::Refuse(left) => {
-                    at.unavailable(index, FailoverReason::Cooldown, Some(left));
-                    return Admit::Stop(self.no_target(route, d, at));
                 }
             }
             if let Some((from, reason)) = at.leaving.take() {
@@ -243,7 +219,8 @@ impl Proxy {
 
     /// What the credential's holds on `target` say of the next attempt: a quota used up is
     /// skipped (never waited for); pacing and a cooldown move the request when `others` remain,
-    /// else hold it (pacing; a cooldown in `wait` mode that ends before the deadline) or refuse it.
+    /// else hold it (pacing; a cooldown in `wait` mode that ends before the deadline) or skip it
+    /// too (a cooldown rejection, counted).
     fn gate(
         &self,
         target: &Target,
@@ -285,7 +262,7 @@ impl Proxy {
             return Gate::Hold(release_delay(left, &mut rand::rng()).min(deadline - now));
         }
         self.circuits.count_cooldown_rejection(&target.name);
-        Gate::Refuse(left)
+        Gate::Skip(FailoverReason::Cooldown, Some(left))
     }
 
     /// Counts a move from target `from` to `to`.
@@ -299,9 +276,19 @@ impl Proxy {
     }
 
     /// No target can take the request: the last upstream answer when targets were called (as
-    /// today), else 503 `no_target_available` with each target's reason and the soonest
-    /// recovery.
+    /// today), else rebound's error: for a one-target route the specific one (503 `circuit_open`,
+    /// 429 `cooldown`), for several 503 `no_target_available` with each target's reason; both
+    /// with the soonest recovery.
     fn no_target(&self, route: &Route, d: &mut Progress, at: &Cursor) -> super::attempts::Delivery {
+        if let (1, Some(reason), Some(retry_after)) = (route.targets.len(), at.reason(0), at.soonest) {
+            let upstream = route.primary().name.to_string();
+            if reason == FailoverReason::CircuitOpen.as_str() {
+                return d.stop_before_attempt(Stop::CircuitOpen, || ProxyError::CircuitOpen { upstream, retry_after });
+            }
+            if reason == FailoverReason::Cooldown.as_str() {
+                return d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown { upstream, retry_after });
+            }
+        }
         let targets: Vec<(String, &'static str)> = route
             .targets
             .iter()
@@ -321,12 +308,11 @@ impl Proxy {
 enum Gate {
     /// Nothing holds it.
     Open,
-    /// Another target takes the request; this one is left (back after the time, if known).
+    /// This target cannot take the request now (back after the time, if known): another one
+    /// does, or, when none is left, rebound answers for it.
     Skip(FailoverReason, Option<Duration>),
     /// No other target: wait this long, then admit again.
     Hold(Duration),
-    /// No other target, and no wait: refused (cooling down for this long).
-    Refuse(Duration),
 }
 
 /// A first attempt on its target, or a retry there (the breaker treats them differently).

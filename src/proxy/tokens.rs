@@ -72,17 +72,9 @@ impl Models {
 /// `gen_ai_provider_name` for an upstream: the OpenTelemetry name of a provider known by its host
 /// (`openai`, `anthropic`, `azure.ai.openai`), else the upstream's name.
 pub(crate) fn provider_name(name: &str, config: &UpstreamConfig) -> String {
-    let host = config.authority.host().to_ascii_lowercase();
-    let known = if host.ends_with(".openai.azure.com") {
-        "azure.ai.openai"
-    } else if host == "api.openai.com" {
-        "openai"
-    } else if host == "api.anthropic.com" {
-        "anthropic"
-    } else {
-        name
-    };
-    known.to_string()
+    crate::config::known_provider(config.authority.host())
+        .unwrap_or(name)
+        .to_string()
 }
 
 /// One attempt's usage, read as its body passes, counted once.

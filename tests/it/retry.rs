@@ -42,11 +42,6 @@ async fn call(rebound: &Rebound, key: &str, headers: &[(&str, &str)]) -> Answer 
     .await
 }
 
-fn gaps(provider: &FakeProvider, key: &str) -> Vec<Duration> {
-    let at: Vec<Instant> = provider.requests(key).iter().map(|r| r.at.unwrap()).collect();
-    at.windows(2).map(|w| w[1] - w[0]).collect()
-}
-
 #[tokio::test]
 async fn transient_failures_are_retried_until_success() {
     let (provider, rebound) = with_policy(|_| {}).await;
@@ -139,7 +134,7 @@ async fn retry_after_seconds_is_obeyed() {
     let a = call(&rebound, "k", &[]).await;
     assert_eq!(a.status, 200);
     assert_eq!(a.header("x-rebound-attempts"), Some("2"));
-    let gap = gaps(&provider, "k")[0];
+    let gap = provider.gaps("k")[0];
     assert!(gap >= Duration::from_secs(2), "second attempt after {gap:?}");
     let page = rebound.metrics().await;
     assert_eq!(
@@ -161,9 +156,9 @@ async fn retry_after_http_date_and_ms_are_obeyed() {
     let (a, b) = tokio::join!(call(&rebound, "date", &[]), call(&rebound, "ms", &[]));
     assert_eq!((a.status, b.status), (200.try_into().unwrap(), 200.try_into().unwrap()));
     // The date is measured against the provider's Date header (whole seconds): 2 to 3 s.
-    let gap = gaps(&provider, "date")[0];
+    let gap = provider.gaps("date")[0];
     assert!(gap >= Duration::from_millis(1900), "{gap:?}");
-    let gap = gaps(&provider, "ms")[0];
+    let gap = provider.gaps("ms")[0];
     assert!(gap >= Duration::from_millis(1200), "{gap:?}");
     // Each wait was the header's, not a backoff (how long exactly is the policy's unit tests'
     // business, on an injected clock).
@@ -484,7 +479,7 @@ async fn concurrent_retries_are_spread_not_in_lockstep() {
     }
     let mut waits: Vec<f64> = keys
         .iter()
-        .map(|k| gaps(&provider, k)[0].as_secs_f64() * 1000.0)
+        .map(|k| provider.gaps(k)[0].as_secs_f64() * 1000.0)
         .collect();
     waits.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let (min, max) = (waits[0], waits[waits.len() - 1]);

@@ -162,12 +162,6 @@ impl Validator<'_> {
         if raw.is_empty() {
             self.err(&key("targets"), "expected at least one target, found an empty list");
         }
-        if raw.len() > 64 {
-            self.err(
-                &key("targets"),
-                format!("expected at most 64 targets, found {}", raw.len()),
-            );
-        }
         let mut targets: Vec<TargetConfig> = Vec::new();
         let mut shapes: Vec<(String, &'static str)> = Vec::new();
         for (j, t) in raw.iter().enumerate() {

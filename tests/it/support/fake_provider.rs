@@ -235,6 +235,12 @@ impl FakeProvider {
         lock(&self.state.recorded).get(key).cloned().unwrap_or_default()
     }
 
+    /// The time between consecutive requests with `key`, as they arrived.
+    pub fn gaps(&self, key: &str) -> Vec<std::time::Duration> {
+        let at: Vec<std::time::Instant> = self.requests(key).iter().filter_map(|r| r.at).collect();
+        at.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+
     /// SSE streams for `key` whose last event has been sent.
     pub fn streams_completed(&self, key: &str) -> usize {
         lock(&self.state.streams_completed).get(key).copied().unwrap_or(0)

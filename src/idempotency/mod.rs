@@ -1,5 +1,5 @@
 //! Idempotency keys: a request that repeats a completed `Idempotency-Key` gets the stored response,
-//! never a second upstream call. The semantics, in order of checks (README, "Idempotency keys"):
+//! never a second upstream call. The semantics, in order of checks (docs/idempotency.md):
 //!
 //! 1. Only POST and PATCH are covered. No key: forwarded unprotected (400 where `require_key`).
 //!    A malformed key: 400, nothing stored.

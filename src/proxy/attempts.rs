@@ -55,6 +55,9 @@ impl Proxy {
         let mut at = Cursor::new();
         let mut now = started;
         let mut waited: (Duration, Option<&'static str>) = (Duration::ZERO, None);
+        // A retry is counted when it is sent: one the circuit or the deadline stops after its
+        // wait is not a retry (rebound_retries_total matches the provider's extra calls).
+        let mut retrying: Option<String> = None;
         loop {
             let go = match self
                 .admit(route, parts, path, body, &mut state, &mut d, &mut at, now)
@@ -67,6 +70,7 @@ impl Proxy {
                 }
                 Admit::Stop(delivery) => return delivery.with_failovers(at.failovers),
             };
+            self.count_retry(route, retrying.take());
             d.last = None;
             state.attempt();
             d.target = go.target.index;
@@ -112,7 +116,8 @@ impl Proxy {
                     waited = (Duration::ZERO, None);
                 }
                 Next::Retry { wait, source, reason } => {
-                    self.count_retry(route, state.total, &reason.to_string(), wait, source.as_str());
+                    self.count_retry_wait(route, state.total, &reason.to_string(), wait, source.as_str());
+                    retrying = Some(reason.to_string());
                     d.waited(wait);
                     waited = (wait, Some(source.as_str()));
                     d.keep(result, target, state.total, now);
@@ -229,11 +234,17 @@ impl Proxy {
         (outcome, hint, class)
     }
 
-    pub(super) fn count_retry(&self, route: &Route, attempt: u32, reason: &str, wait: Duration, source: &str) {
-        self.metrics
-            .retries_total
-            .with_label_values(&[&*route.name, reason])
-            .inc();
+    /// Counts the retry being sent, if this attempt is one.
+    fn count_retry(&self, route: &Route, retrying: Option<String>) {
+        if let Some(reason) = retrying {
+            self.metrics
+                .retries_total
+                .with_label_values(&[&*route.name, &reason])
+                .inc();
+        }
+    }
+
+    fn count_retry_wait(&self, route: &Route, attempt: u32, reason: &str, wait: Duration, source: &str) {
         self.metrics
             .retry_wait_seconds
             .with_label_values(&[&*route.name, source])

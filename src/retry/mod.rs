@@ -19,7 +19,7 @@
 //! the cooldown that a 429's hint triggers, metrics, or reading the clock; those belong to the
 //! proxy pipeline, the upstream client and the circuit/cooldown modules, which call in here.
 //!
-//! How the pieces combine for one retry (README, "Retries"):
+//! How the pieces combine for one retry (docs/retries.md):
 //! 1. the attempt failed in a retryable way; [`RetryBudget::withdraw`] must say yes;
 //! 2. `backoff = Backoff::delay(n, prev, rng)`;
 //! 3. when `respect_retry_after` and [`parse_hint`] finds a hint: a hint over `max_retry_after`

@@ -383,9 +383,10 @@ def rule_expressions(rules_doc: dict) -> list[tuple[str, str]]:
 
 
 def documented_metrics() -> tuple[set[str], set[str] | None]:
-    """(the README's metrics table, DESIGN.md section 4's list or None when DESIGN.md is absent)."""
-    readme = (ROOT / "README.md").read_text()
-    table = set(re.findall(r"^\|\s*`(rebound_[a-z0-9_]+)`", readme, re.M))
+    """(the metrics table of docs/operations.md, DESIGN.md section 4's list or None when DESIGN.md
+    is absent)."""
+    operations = (ROOT / "docs" / "operations.md").read_text()
+    table = set(re.findall(r"^\|\s*`(rebound_[a-z0-9_]+)`", operations, re.M))
     design = None
     if DESIGN_MD.exists():
         text = DESIGN_MD.read_text()

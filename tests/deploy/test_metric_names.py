@@ -2,7 +2,7 @@
 
 The reference is a scrape of a running rebound after an exercise that touches every feature (a
 labelled family appears on /metrics only once it has a sample), and the documented lists (the
-README's metrics table, DESIGN.md section 4).
+metrics table of docs/operations.md, DESIGN.md section 4).
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ def test_every_queried_metric_is_documented():
     documented = readme | (design or set())
     families = {family_of(n, {}) for n in referenced()}
     undocumented = sorted(families - documented)
-    assert not undocumented, f"queried but neither in the README's metrics table nor DESIGN.md section 4: {undocumented}"
+    assert not undocumented, f"queried but neither in the metrics table of docs/operations.md nor DESIGN.md section 4: {undocumented}"
 
 
 def test_not_yet_exported_list_is_current(exercised):
@@ -91,7 +91,7 @@ def test_not_yet_exported_list_is_current(exercised):
 
 
 def test_exported_metrics_are_documented(exercised):
-    """The other direction, for the report: every family rebound exports is in the README or
+    """The other direction, for the report: every family rebound exports is in docs/operations.md or
     DESIGN.md (so the dashboard author could know about it)."""
     readme, design = documented_metrics()
     families = set(exported_families(exercised.scrape))

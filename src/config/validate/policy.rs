@@ -8,7 +8,7 @@ use super::super::raw::*;
 use super::super::*;
 use super::Validator;
 
-/// The defaults of a `[retry.*]` table (README, "Configuration").
+/// The defaults of a `[retry.*]` table (docs/configuration.md).
 pub(crate) fn default_retry(name: &str) -> RetryPolicy {
     RetryPolicy {
         name: name.to_string(),

@@ -166,7 +166,7 @@ async fn admin_api(state: &AdminState, rest: &str, req: Request<Incoming>) -> Re
             .map(|n| json(StatusCode::OK, &serde_json::json!({ "purged": n }))),
         _ => Ok(problem(
             ErrorKind::AdminNotFound,
-            "unknown admin path; see the README's dead letters section",
+            "unknown admin path; see docs/dead-letters.md",
         )),
     };
     result.unwrap_or_else(|e| problem(ErrorKind::DeadLetterStoreUnavailable, &e.to_string()))
@@ -229,7 +229,12 @@ async fn replay(state: &AdminState, entry: DeadLetter) -> ReplayOutcome {
             id,
             status: 0,
             from_store: false,
-            error: Some("the request body was not kept (set dead_letter_bodies = true on the route)".into()),
+            error: Some(
+                entry
+                    .body_missing
+                    .clone()
+                    .unwrap_or_else(|| "the request body was not kept".into()),
+            ),
         };
     }
     let uri = match &entry.query {

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::DeadLettersConfig;
 use crate::idempotency::ReplayIdentity;
+use crate::jobs::seal::Sealer;
 use crate::metrics::Metrics;
 use crate::redis::RedisHandle;
 use crate::wire::headers::SENSITIVE;
@@ -77,10 +78,19 @@ pub struct DeadLetter {
     pub attempts: Vec<AttemptRecord>,
     /// Non-sensitive request headers (for replay).
     pub headers: Vec<(String, String)>,
-    /// The request body, base64, only where the route sets `dead_letter_bodies = true`.
+    /// The request body, base64, only where the route sets `dead_letter_bodies = true` and the
+    /// body is at most `[dead_letters] max_body`.
     pub body_base64: Option<String>,
     /// Whether the body was kept (a body-less request is replayable too).
     pub body_kept: bool,
+    /// Why the body is not here, when it is not: not kept by the route, over `max_body`, or
+    /// sealed under another `[jobs] secret`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_missing: Option<String>,
+    /// On Redis with a `[jobs] secret`: the body sealed at rest (never in the API's answers,
+    /// which carry it opened as `body_base64`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) body_sealed: Option<String>,
     /// The original's idempotency identity (hashes only), so that a replay finds its record.
     pub idempotency: Option<crate::idempotency::ReplayIdentity>,
     #[serde(default)]
@@ -217,6 +227,10 @@ pub struct DeadLetters {
     backend: Backend,
     metrics: Arc<Metrics>,
     cap: usize,
+    /// The in-memory ring's bound on the bodies it holds (base64 bytes).
+    max_bytes: usize,
+    /// Seals bodies at rest in Redis (`[jobs] secret`; `None`: stored as they are).
+    sealer: Option<Arc<Sealer>>,
 }
 
 #[derive(Clone)]
@@ -232,6 +246,12 @@ enum Backend {
 struct Ring {
     entries: VecDeque<DeadLetter>,
     last_id: (u64, u64),
+    /// The bodies the entries hold (base64 bytes).
+    bytes: usize,
+}
+
+fn body_bytes(e: &DeadLetter) -> usize {
+    e.body_base64.as_ref().map_or(0, String::len)
 }
 
 impl Ring {
@@ -277,7 +297,19 @@ impl DeadLetter {
     /// body only where the route keeps bodies.
     pub fn of(f: Failure<'_>, config: &DeadLettersConfig) -> DeadLetter {
         let Failure { parts, body, .. } = f;
-        let keep_body = f.keep_body || body.is_empty();
+        let fits = body.len() as u64 <= config.max_body;
+        let keep_body = (f.keep_body && fits) || body.is_empty();
+        let body_missing = (!keep_body).then(|| {
+            if f.keep_body {
+                format!(
+                    "the request body ({} bytes) was over [dead_letters] max_body ({} bytes)",
+                    body.len(),
+                    config.max_body
+                )
+            } else {
+                "the request body was not kept (set dead_letter_bodies = true on the route)".to_string()
+            }
+        });
         DeadLetter {
             id: String::new(),
             time_ms: crate::time::now_unix_ms(),
@@ -298,6 +330,8 @@ impl DeadLetter {
             headers: keepable_headers(&parts.headers, config),
             body_base64: (keep_body && !body.is_empty()).then(|| encode_body(body)),
             body_kept: keep_body,
+            body_missing,
+            body_sealed: None,
             idempotency: f.identity,
             replays: Vec::new(),
             job_id: f.job_id,
@@ -306,7 +340,14 @@ impl DeadLetter {
 }
 
 impl DeadLetters {
-    pub fn new(config: &DeadLettersConfig, redis: Option<RedisHandle>, metrics: Arc<Metrics>) -> DeadLetters {
+    /// The store: in memory, or the fleet's stream on `redis`, where bodies are sealed with
+    /// `secret` (`[jobs] secret`) when there is one.
+    pub fn new(
+        config: &DeadLettersConfig,
+        secret: Option<&str>,
+        redis: Option<RedisHandle>,
+        metrics: Arc<Metrics>,
+    ) -> DeadLetters {
         let backend = match redis {
             Some(r) => Backend::Redis(r),
             None => Backend::Memory(Arc::default()),
@@ -315,7 +356,52 @@ impl DeadLetters {
             backend,
             metrics,
             cap: config.max_entries as usize,
+            max_bytes: usize::try_from(config.max_bytes).unwrap_or(usize::MAX),
+            sealer: secret.and_then(Sealer::new).map(Arc::new),
         }
+    }
+
+    /// What binds a sealed body to its entry (the id is Redis's, assigned after sealing).
+    fn seal_context(e: &DeadLetter) -> String {
+        format!("dead-letter:{}:{}:{}:{}", e.time_ms, e.route, e.method, e.path)
+    }
+
+    /// Before an entry goes to Redis: its body sealed, when there is a secret.
+    fn seal(&self, mut e: DeadLetter) -> DeadLetter {
+        let Some(sealer) = &self.sealer else {
+            return e;
+        };
+        if let Some(body) = e.body_base64.take() {
+            e.body_sealed = sealer.seal(&Self::seal_context(&e), body.as_bytes());
+            if e.body_sealed.is_none() {
+                e.body_kept = false;
+                e.body_missing = Some("the request body could not be sealed".into());
+            }
+        }
+        e
+    }
+
+    /// After an entry is read from Redis: its body opened (or marked as unreadable here).
+    fn open(&self, mut e: DeadLetter) -> DeadLetter {
+        let Some(sealed) = e.body_sealed.take() else {
+            return e;
+        };
+        let opened = self
+            .sealer
+            .as_ref()
+            .and_then(|s| s.open(&Self::seal_context(&e), &sealed))
+            .and_then(|plain| String::from_utf8(plain).ok());
+        match opened {
+            Some(b64) => e.body_base64 = Some(b64),
+            None => {
+                e.body_kept = false;
+                e.body_missing = Some(
+                    "the request body is sealed under another [jobs] secret (it must be the same on every replica)"
+                        .into(),
+                );
+            }
+        }
+        e
     }
 
     fn stream_key(r: &RedisHandle) -> String {
@@ -357,9 +443,12 @@ impl DeadLetters {
         ring.last_id = id;
         entry.id = format!("{}-{}", id.0, id.1);
         let id = entry.id.clone();
+        ring.bytes += body_bytes(&entry);
         ring.entries.push_back(entry);
-        while ring.entries.len() > self.cap {
-            ring.entries.pop_front();
+        while ring.entries.len() > self.cap || (ring.bytes > self.max_bytes && ring.entries.len() > 1) {
+            if let Some(old) = ring.entries.pop_front() {
+                ring.bytes -= body_bytes(&old);
+            }
         }
         self.metrics.dead_letters_depth.set(ring.entries.len() as i64);
         id
@@ -372,7 +461,7 @@ impl DeadLetters {
             Backend::Redis(r) => {
                 self.count(&entry);
                 let key = Self::stream_key(r);
-                let data = serde_json::to_string(&entry).unwrap_or_default();
+                let data = serde_json::to_string(&self.seal(entry)).unwrap_or_default();
                 let cap = self.cap;
                 let (id, depth): (String, i64) = r
                     .run("dead_letter_add", |mut c| async move {
@@ -506,6 +595,7 @@ impl DeadLetters {
                 let mut ring = ring.lock();
                 let before = ring.entries.len();
                 ring.entries.retain(|e| !filter.matches(e));
+                ring.bytes = ring.entries.iter().map(body_bytes).sum();
                 self.metrics.dead_letters_depth.set(ring.entries.len() as i64);
                 Ok((before - ring.entries.len()) as u64)
             }
@@ -602,7 +692,7 @@ impl DeadLetters {
                 let data = fields.into_iter().find(|(k, _)| k == "e")?.1;
                 let mut e: DeadLetter = serde_json::from_str(&data).ok()?;
                 e.id = id;
-                Some(e)
+                Some(self.open(e))
             })
             .collect()
     }
@@ -655,6 +745,8 @@ mod tests {
             headers: vec![],
             body_base64: None,
             body_kept: false,
+            body_missing: None,
+            body_sealed: None,
             idempotency: None,
             replays: vec![],
             job_id: None,
@@ -664,9 +756,11 @@ mod tests {
     fn store(cap: u32) -> DeadLetters {
         let config = DeadLettersConfig {
             max_entries: cap,
+            max_body: 1 << 20,
+            max_bytes: 64 << 20,
             sensitive_headers: vec![],
         };
-        DeadLetters::new(&config, None, Arc::new(Metrics::new().unwrap()))
+        DeadLetters::new(&config, None, None, Arc::new(Metrics::new().unwrap()))
     }
 
     #[test]

@@ -121,7 +121,12 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         tasks: tasks.clone(),
         hard_stop: hard_stop.clone(),
         store: Shared::store_for(redis.clone(), &background, background_stop.clone()),
-        dead_letters: DeadLetters::new(&config.dead_letters, redis.clone(), metrics.clone()),
+        dead_letters: DeadLetters::new(
+            &config.dead_letters,
+            config.jobs.secret.as_deref(),
+            redis.clone(),
+            metrics.clone(),
+        ),
         circuits: Arc::new(Circuits::new(&config, metrics.clone())),
         jobs: Jobs::new(&config, redis.clone(), metrics.clone()),
         traces: Traces::start(&config.telemetry, &metrics)?,

@@ -122,6 +122,10 @@ pub struct LogConfig {
 pub struct DeadLettersConfig {
     /// The cap of the in-memory ring or the (approximately trimmed) Redis stream.
     pub max_entries: u32,
+    /// A body larger than this is not kept (the entry says so, and is not replayable).
+    pub(crate) max_body: u64,
+    /// The in-memory ring's bound on the bodies it holds: the oldest entries go first.
+    pub(crate) max_bytes: u64,
     /// Headers never kept in an entry, on top of the credentials (authorization, x-api-key,
     /// api-key, cookie, proxy-authorization), which are never kept.
     pub(crate) sensitive_headers: Vec<HeaderName>,

@@ -179,6 +179,8 @@ pub struct RawIdempotency {
 #[serde(deny_unknown_fields)]
 pub struct RawDeadLetters {
     pub max_entries: Option<i64>,
+    pub max_body: Option<String>,
+    pub max_bytes: Option<String>,
     pub sensitive_headers: Option<Vec<String>>,
 }
 

@@ -194,6 +194,11 @@ const SAME_LAYER: &[(&str, &str, &str)] = &[
         "a dead letter keeps its request's idempotency identity",
     ),
     ("jobs", "idempotency", "a job keeps its request's idempotency identity"),
+    (
+        "dead_letters",
+        "jobs",
+        "a dead letter's body is sealed at rest as a job's credentials are",
+    ),
     ("server", "admin", "the server starts the admin listener"),
     ("server", "reload", "the server starts the reload watcher"),
     ("server", "shutdown", "client connections watch the drain signal"),

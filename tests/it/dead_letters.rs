@@ -409,3 +409,109 @@ async fn the_cli_replay_reports_what_it_did_and_fails_when_nothing_was_replayed(
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     assert!(stdout.contains("replayed 1, succeeded 1, skipped 0"), "{stdout}");
 }
+
+/// Issue 32 (4): bodies are bounded. A body over `[dead_letters] max_body` is not kept (the entry
+/// says why, and a replay is refused with that reason); in memory the ring holds at most
+/// `max_bytes` of bodies, the oldest entries going first.
+#[tokio::test]
+async fn bodies_over_max_body_are_not_kept_and_the_ring_holds_at_most_max_bytes() {
+    let provider = FakeProvider::start().await;
+    let extra = "max_body = \"1KiB\"\nmax_bytes = \"8KiB\"\n";
+    let rebound = Rebound::start(&config(&provider.url(), None, true, extra)).await;
+    provider.script("k", vec![Step::status(503); 1000]);
+    let big = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(2000));
+    failing_call(&rebound, "k", "big", &big).await;
+    let page = wait_for_entries(&rebound, 1).await;
+    let entry = &page["items"][0];
+    assert_eq!(entry["body_kept"], false, "{entry}");
+    let why = entry["body_missing"].as_str().unwrap();
+    assert!(why.contains("max_body") && why.contains("2013 bytes"), "{why}");
+    let id = entry["id"].as_str().unwrap();
+    let r = admin(&rebound, "POST", &format!("/admin/dead-letters/{id}/replay"))
+        .await
+        .json();
+    assert!(r["error"].as_str().unwrap().contains("max_body"), "{r}");
+
+    // 20 bodies of 1,000 bytes (1,336 in base64): 8 KiB holds 6 of them, the newest.
+    for i in 0..20 {
+        let body = format!(r#"{{"i":{i:02},"p":"{}"}}"#, "y".repeat(1000 - 15));
+        assert_eq!(body.len(), 1000);
+        failing_call(&rebound, "k", &format!("small-{i}"), &body).await;
+    }
+    let page = admin(&rebound, "GET", "/admin/dead-letters?limit=1000").await.json();
+    let keys: Vec<&str> = page["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["idempotency_key"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        keys,
+        ["small-19", "small-18", "small-17", "small-16", "small-15", "small-14"],
+        "the newest entries whose bodies fit in max_bytes"
+    );
+    assert_eq!(metric(&rebound.metrics().await, "rebound_dead_letters_depth"), 6.0);
+}
+
+/// Issue 32 (4): on Redis, bodies are sealed at rest with `[jobs] secret`: the stream holds no
+/// byte of the prompt, the admin API shows it opened, a replay re-sends it; a replica with
+/// another secret cannot open it and says so instead of replaying an empty body.
+#[tokio::test]
+async fn bodies_on_redis_are_sealed_with_the_jobs_secret() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let with_secret = |secret: &str| {
+        config(
+            &provider.url(),
+            Some(&redis.url()),
+            true,
+            &format!("\n[jobs]\nsecret = \"{secret}\"\n"),
+        )
+    };
+    let a = Rebound::start(&with_secret("fleet-secret-one-0123456789")).await;
+    provider.script("s", vec![Step::status(503); 3]);
+    let body = r#"{"prompt":"CANARY-prompt-text"}"#;
+    failing_call(&a, "s", "sealed-1", body).await;
+    let page = wait_for_entries(&a, 1).await;
+    let id = page["items"][0]["id"].as_str().unwrap().to_string();
+
+    let raw: Vec<(String, Vec<(String, String)>)> = crate::support::redis::query(
+        redis.port,
+        ::redis::cmd("XRANGE").arg("rebound:dead_letters").arg("-").arg("+"),
+    )
+    .unwrap();
+    assert_eq!(raw.len(), 1);
+    let stored = &raw[0].1[0].1;
+    let b64 = base64_of(body.as_bytes());
+    assert!(
+        !stored.contains("CANARY") && !stored.contains(&b64) && stored.contains("body_sealed"),
+        "{stored}"
+    );
+    assert_eq!(page["items"][0]["body_base64"], b64.as_str(), "the API shows it opened");
+
+    let r = admin(&a, "POST", &format!("/admin/dead-letters/{id}/replay"))
+        .await
+        .json();
+    assert_eq!(r["status"], 200, "{r}");
+    assert_eq!(provider.requests("s").pop().unwrap().body, body.as_bytes());
+
+    // Another secret: the body cannot be opened; the entry says why and is not replayed.
+    let b = Rebound::start(&with_secret("another-secret-0123456789")).await;
+    let e = admin(&b, "GET", &format!("/admin/dead-letters/{id}")).await.json();
+    assert_eq!(e["body_kept"], false, "{e}");
+    assert!(e["body_missing"].as_str().unwrap().contains("[jobs] secret"), "{e}");
+    let r = admin(&b, "POST", &format!("/admin/dead-letters/{id}/replay"))
+        .await
+        .json();
+    assert!(r["error"].as_str().unwrap().contains("[jobs] secret"), "{r}");
+    assert_eq!(
+        provider.count("s"),
+        4,
+        "nothing re-sent by the replica that cannot open it"
+    );
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}

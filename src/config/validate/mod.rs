@@ -363,6 +363,8 @@ impl Validator<'_> {
     fn dead_letters(&mut self, dl: RawDeadLetters) -> DeadLettersConfig {
         DeadLettersConfig {
             max_entries: self.int("dead_letters.max_entries", dl.max_entries, 10_000, 1, 10_000_000),
+            max_body: self.bounded_size("dead_letters.max_body", &dl.max_body, 1 << 20, (0, 1 << 30)),
+            max_bytes: self.bounded_size("dead_letters.max_bytes", &dl.max_bytes, 64 << 20, (0, 1 << 40)),
             sensitive_headers: dl
                 .sensitive_headers
                 .unwrap_or_default()

@@ -8,6 +8,7 @@ use prometheus::core::Collector;
 
 use crate::config::{Config, CooldownMode, PacingMode};
 use parking_lot::Mutex;
+use std::cell::RefCell;
 use std::sync::Arc;
 
 use prometheus::{
@@ -39,15 +40,24 @@ const OPERATION_BUCKETS: &[f64] = &[
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 ];
 
-/// Registers `metric` and hands it back: a family cannot be defined without being exported.
-fn reg<M: Collector + Clone + 'static>(registry: &Registry, metric: M) -> Result<M, prometheus::Error> {
+/// Registers `metric` and hands it back: a family cannot be defined without being exported. Its
+/// name is noted in `names` (a registry lists only the families that have samples).
+fn reg<M: Collector + Clone + 'static>(
+    (registry, names, prefix): (&Registry, &RefCell<Vec<String>>, &str),
+    metric: M,
+) -> Result<M, prometheus::Error> {
     registry.register(Box::new(metric.clone()))?;
+    names
+        .borrow_mut()
+        .extend(metric.desc().iter().map(|d| format!("{prefix}{}", d.fq_name)));
     Ok(metric)
 }
 
 /// The metric families, with handles for the components that record them.
 pub struct Metrics {
     registry: Registry,
+    /// The name of every family, as exported.
+    names: Vec<String>,
     /// The OpenTelemetry GenAI families, whose names carry no `rebound_` prefix.
     gen_ai: Registry,
     /// Requests answered, by route and status code (`route="none"` when no route matched).
@@ -139,7 +149,10 @@ impl Metrics {
     /// Creates every family on a fresh registry.
     pub fn new() -> Result<Metrics, prometheus::Error> {
         let registry = Registry::new_custom(Some("rebound".into()), None)?;
-        let r = &registry;
+        let gen_ai = Registry::new();
+        let names = RefCell::new(Vec::new());
+        let r = (&registry, &names, "rebound_");
+        let g = (&gen_ai, &names, "");
         let counter =
             |name: &str, help: &str, labels: &[&str]| reg(r, IntCounterVec::new(Opts::new(name, help), labels)?);
         let histogram = |name: &str, help: &str, labels: &[&str], buckets: &[f64]| {
@@ -148,7 +161,6 @@ impl Metrics {
                 HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets.to_vec()), labels)?,
             )
         };
-        let gen_ai = Registry::new();
         let m = Metrics {
             tokens_total: counter(
                 "tokens_total",
@@ -161,7 +173,7 @@ impl Metrics {
                 &["upstream"],
             )?,
             gen_ai_client_token_usage: reg(
-                &gen_ai,
+                g,
                 HistogramVec::new(
                     HistogramOpts::new("gen_ai_client_token_usage", "Tokens used per upstream attempt (OpenTelemetry GenAI).")
                         .buckets(TOKEN_BUCKETS.to_vec()),
@@ -169,7 +181,7 @@ impl Metrics {
                 )?,
             )?,
             gen_ai_client_operation_duration_seconds: reg(
-                &gen_ai,
+                g,
                 HistogramVec::new(
                     HistogramOpts::new(
                         "gen_ai_client_operation_duration_seconds",
@@ -331,6 +343,7 @@ impl Metrics {
             )?,
             registry,
             gen_ai,
+            names: names.into_inner(),
         };
         m.build_info.with_label_values(&[env!("CARGO_PKG_VERSION")]).set(1);
         // Present from the start, so that the first failed reload is a visible increase.
@@ -426,6 +439,11 @@ impl Metrics {
             self.redis_errors_total.with_label_values(&["ping"]);
             self.redis_errors_total.with_label_values(&["connect"]);
         }
+    }
+
+    /// The name of every family rebound exports, whether or not it has samples yet.
+    pub fn family_names(&self) -> &[String] {
+        &self.names
     }
 
     /// The Prometheus text exposition of every family.

@@ -11,6 +11,7 @@ mod circuit;
 mod circuit_shared;
 mod config_files;
 mod dead_letters;
+mod docs;
 mod edges;
 mod failover;
 mod follow;

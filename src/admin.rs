@@ -103,7 +103,9 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
             text(StatusCode::OK, body)
         }
         "/metrics" => {
-            state.proxy.load().refresh_target_states(crate::time::now());
+            let proxy = state.proxy.load();
+            proxy.refresh_target_states(crate::time::now());
+            proxy.refresh_cache_usage();
             let mut resp = Response::new(Full::new(Bytes::from(state.metrics.render())));
             resp.headers_mut().insert(
                 header::CONTENT_TYPE,

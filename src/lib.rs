@@ -5,6 +5,7 @@
 //! are checked against this tree by `tests/it/architecture.rs`).
 
 pub mod admin;
+pub mod cache;
 pub mod circuit;
 pub mod cli;
 pub mod config;

@@ -106,6 +106,14 @@ pub struct Metrics {
     pub(crate) dead_letters_total: IntCounterVec,
     /// Dead letters held (this process's ring, or the fleet's stream).
     pub(crate) dead_letters_depth: IntGauge,
+    /// Response-cache lookups by route and result (`hit`, `miss`, `refresh`, `bypass`,
+    /// `store_error`).
+    pub(crate) cache_requests_total: IntCounterVec,
+    /// The usage of the stored responses served by hits, by route, model and kind.
+    pub(crate) cache_tokens_saved_total: IntCounterVec,
+    /// Response-cache entries held in memory (0 with Redis), and their body bytes.
+    pub(crate) cache_entries: IntGauge,
+    pub(crate) cache_bytes: IntGauge,
     /// Async jobs by route and status: `queued`, `deduplicated` (the same Idempotency-Key
     /// again), `rejected` (queue full or store down), `succeeded`, `failed`.
     pub(crate) jobs_total: IntCounterVec,
@@ -287,6 +295,24 @@ impl Metrics {
                 &["route", "reason"],
             )?,
             dead_letters_depth: reg(r, IntGauge::new("dead_letters_depth", "Dead letters held.")?)?,
+            cache_requests_total: counter(
+                "cache_requests_total",
+                "Response-cache lookups by route and result (hit, miss, refresh, bypass, store_error).",
+                &["route", "result"],
+            )?,
+            cache_tokens_saved_total: counter(
+                "cache_tokens_saved_total",
+                "Tokens of the stored responses served from the cache, by route, model and kind.",
+                &["route", "model", "kind"],
+            )?,
+            cache_entries: reg(
+                r,
+                IntGauge::new("cache_entries", "Response-cache entries held in memory (0 with Redis).")?,
+            )?,
+            cache_bytes: reg(
+                r,
+                IntGauge::new("cache_bytes", "Body bytes of the response-cache entries held in memory.")?,
+            )?,
             jobs_total: counter("jobs_total", "Async jobs by route and status.", &["route", "status"])?,
             jobs_queue_depth: reg(
                 r,
@@ -407,6 +433,16 @@ impl Metrics {
                 self.retries_exhausted_total.with_label_values(&[route]);
                 self.retry_budget_exhausted_total.with_label_values(&[route]);
             }
+            if r.cache.is_some() {
+                for result in CACHE_RESULTS {
+                    self.cache_requests_total.with_label_values(&[route, result]);
+                }
+                for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
+                    for kind in ["input", "output"] {
+                        self.cache_tokens_saved_total.with_label_values(&[route, model, kind]);
+                    }
+                }
+            }
             if r.idempotency.is_some() {
                 for result in IDEMPOTENCY_RESULTS {
                     self.idempotency_requests_total.with_label_values(&[route, result]);
@@ -459,6 +495,10 @@ impl Metrics {
 
 /// The `state` label values of `rebound_target_state`.
 pub(crate) const TARGET_STATES: [&str; 5] = ["available", "cooling", "paced", "exhausted", "open"];
+
+/// The `result` label values of `rebound_cache_requests_total`: the `x-rebound-cache` values,
+/// and `store_error` (the store could not be read or written: forwarded, answered `miss`).
+pub(crate) const CACHE_RESULTS: [&str; 5] = ["hit", "miss", "refresh", "bypass", "store_error"];
 
 /// The `result` label values of `rebound_idempotency_requests_total`.
 /// `rebound_idempotency_completions_total{result}`: completions written late, and lost.

@@ -57,6 +57,7 @@ pub struct Config {
     pub retry: BTreeMap<String, Arc<RetryPolicy>>,
     pub circuit: BTreeMap<String, Arc<CircuitPolicy>>,
     pub idempotency: BTreeMap<String, Arc<IdempotencyPolicy>>,
+    pub cache: BTreeMap<String, Arc<CachePolicy>>,
 }
 
 /// OpenTelemetry traces (`[telemetry]`): off unless an OTLP endpoint is set.
@@ -386,6 +387,8 @@ pub struct RouteConfig {
     pub strip_prefix: bool,
     pub retry: Option<String>,
     pub idempotency: Option<String>,
+    /// A `[cache.*]` policy: identical requests answered from the store.
+    pub cache: Option<String>,
     pub dead_letters: bool,
     pub dead_letter_bodies: bool,
     pub async_jobs: bool,
@@ -504,6 +507,17 @@ impl StatusPattern {
             StatusPattern::Exact(s) => status == s,
         }
     }
+}
+
+/// A `[cache.NAME]` table: identical requests (the idempotency fingerprint, within the scope of
+/// `scope_headers`) answered from the store for `ttl`.
+#[derive(Debug, Clone)]
+pub struct CachePolicy {
+    pub name: String,
+    pub ttl: Duration,
+    pub(crate) statuses: Vec<StatusPattern>,
+    pub max_entry_size: u64,
+    pub scope_headers: Vec<HeaderName>,
 }
 
 #[derive(Debug, Clone)]

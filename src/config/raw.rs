@@ -28,6 +28,8 @@ pub struct RawConfig {
     pub circuit: BTreeMap<String, RawCircuit>,
     #[serde(default)]
     pub idempotency: BTreeMap<String, RawIdempotency>,
+    #[serde(default)]
+    pub cache: BTreeMap<String, RawCache>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -105,6 +107,7 @@ pub struct RawRoute {
     pub strip_prefix: Option<bool>,
     pub retry: Option<String>,
     pub idempotency: Option<String>,
+    pub cache: Option<String>,
     pub fallback: Option<Vec<String>>,
     pub targets: Option<Vec<RawTarget>>,
     pub balance: Option<String>,
@@ -173,6 +176,15 @@ pub struct RawIdempotency {
     pub max_stored_body: Option<String>,
     pub complete_on_disconnect: Option<bool>,
     pub on_store_error: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawCache {
+    pub ttl: Option<String>,
+    pub statuses: Option<Vec<String>>,
+    pub max_entry_size: Option<String>,
+    pub scope_headers: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]

@@ -24,6 +24,8 @@ use tokio_util::task::TaskTracker;
 /// away before the response), it releases the key so that a retry can run.
 pub struct Claim {
     pub(super) inner: Option<ClaimInner>,
+    /// A response-cache claim made over a stored entry (`no-cache`, or older than `max-age`).
+    pub(crate) refreshed: bool,
 }
 
 pub(super) struct ClaimInner {
@@ -35,6 +37,8 @@ pub(super) struct ClaimInner {
     pub(super) tasks: TaskTracker,
     /// The response as it is produced: the recorder's buffer, and what followers read.
     pub(super) live: Arc<Live>,
+    /// A response-cache claim: a response that is not kept frees the entry (no "not kept" record).
+    pub(super) cache: bool,
     /// Followers on this replica find `live` while the claim lasts (`"follow"` only).
     pub(super) _registered: Option<live::Registered>,
     /// Stops the lease renewal when the claim ends (after its write landed or was given up).
@@ -117,11 +121,11 @@ impl Writer {
 
 impl ClaimInner {
     pub(super) fn count(&self, result: &str) {
-        self.counters.results.inc(result);
+        self.counters.result(result);
     }
 
     pub(super) fn count_write(&self, result: &str) {
-        self.counters.completions.inc(result);
+        self.counters.completion(result);
     }
 
     /// The response is not stored: its followers are told, the outcome counted.
@@ -144,6 +148,9 @@ impl ClaimInner {
     /// Records a delivered response: at once in memory (no task, no future to box), else as a
     /// task ([`ClaimInner::complete`]).
     pub(super) fn complete_or_spawn(self, completion: Completion, first_try: Option<tokio::sync::oneshot::Sender<()>>) {
+        if self.cache && matches!(completion, Completion::NotKept) {
+            return self.release_or_spawn();
+        }
         if let AnyStore::Memory(m) = &self.writer.store {
             let kept = matches!(completion, Completion::Kept(_));
             let (live, ttl) = (&self.live, self.policy.ttl);

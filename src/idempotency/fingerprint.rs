@@ -74,9 +74,20 @@ pub fn scope_hash(headers: &HeaderMap, scope_headers: &[HeaderName]) -> String {
 /// the hash the first 128 bits of the key's. One hash tag per record: every script touches
 /// one Redis Cluster slot.
 pub fn record_key(route: &str, scope: &str, key: &str) -> String {
+    keyed("idem:", route, scope, key)
+}
+
+/// The store key of a response-cache entry: `cache:{route:scope:hash}`, the hash the first 128
+/// bits of the request fingerprint's (apart from every idempotency record).
+pub(crate) fn cache_record_key(route: &str, scope: &str, fingerprint: &str) -> String {
+    keyed("cache:", route, scope, fingerprint)
+}
+
+fn keyed(prefix: &str, route: &str, scope: &str, key: &str) -> String {
     let hash = Parts::of(&[key.as_bytes()]);
-    let mut r = String::with_capacity(route.len() + scope.len() + 41);
-    r.push_str("idem:{");
+    let mut r = String::with_capacity(prefix.len() + route.len() + scope.len() + 36);
+    r.push_str(prefix);
+    r.push('{');
     r.push_str(route);
     r.push(':');
     r.push_str(scope);

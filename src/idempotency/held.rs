@@ -107,6 +107,7 @@ mod tests {
                 status: 200,
                 headers: Vec::new().into(),
                 body: Bytes::from(vec![b'x'; body]),
+                age: std::time::Duration::ZERO,
             }),
         })
     }

@@ -260,10 +260,15 @@ impl Live {
 
     /// Waits until the head is decided or the response ends without one.
     pub async fn head(&self) -> HeadOrEnd {
-        let id = self.state.lock().waiter_id();
+        // A follower that joined while the response was live gets it even if it ends as one not
+        // shared with new duplicates (it may wake only after that end: a short body passes fast).
+        let (id, joined_live) = {
+            let mut s = self.state.lock();
+            (s.waiter_id(), s.end.is_none())
+        };
         let out = poll_fn(|cx| {
             let mut s = self.state.lock();
-            if s.unshared {
+            if s.unshared && !(joined_live && s.head.is_some()) {
                 return Poll::Ready(HeadOrEnd::End(End::Released));
             }
             if s.dropped > 0 {

@@ -16,6 +16,7 @@
 //! fresh key on Redis, none in memory); [`Claim`] carries a fresh request's ownership to its end,
 //! where [`Recorder`] tees the response into the store as it streams to the client.
 
+mod cached;
 mod claim;
 pub mod fingerprint;
 pub mod held;
@@ -41,6 +42,7 @@ use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::error::ProxyError;
 use crate::metrics::{Metrics, RouteCounters, IDEMPOTENCY_COMPLETION_RESULTS, IDEMPOTENCY_RESULTS};
 use crate::redis::RedisHandle;
+pub use cached::Freshness;
 pub use claim::Claim;
 use claim::{ClaimInner, Writer};
 pub use held::Held;
@@ -206,14 +208,31 @@ pub struct Idempotency {
     hard_stop: CancellationToken,
     route: Arc<str>,
     counters: Arc<Counters>,
+    /// The response cache's records (keyed by the request's fingerprint), not a client's keys.
+    cache: bool,
 }
 
-/// The route's idempotency counters, resolved once.
+/// The route's idempotency counters, resolved once (none for the response cache, which counts
+/// its own results).
 struct Counters {
     /// `rebound_idempotency_requests_total{route,result}`.
-    results: RouteCounters,
+    results: Option<RouteCounters>,
     /// `rebound_idempotency_completions_total{route,result}`.
-    completions: RouteCounters,
+    completions: Option<RouteCounters>,
+}
+
+impl Counters {
+    fn result(&self, result: &str) {
+        if let Some(c) = &self.results {
+            c.inc(result);
+        }
+    }
+
+    fn completion(&self, result: &str) {
+        if let Some(c) = &self.completions {
+            c.inc(result);
+        }
+    }
 }
 
 /// The original request's idempotency identity, carried by an admin replay (as a request
@@ -256,6 +275,10 @@ pub struct Pending {
     owner: String,
     /// The store's answer so far, when it said "in progress" (lease left, holder).
     first: Option<(Duration, String)>,
+    /// What a cache lookup accepts of a stored entry (`Any` for idempotency).
+    freshness: Freshness,
+    /// Claim over a stored entry (a cache refresh) instead of replaying it.
+    refresh: bool,
 }
 
 /// What the store's answer to a claim decided.
@@ -296,12 +319,16 @@ impl Idempotency {
     ) -> Idempotency {
         // Its series are exported from startup (`Metrics::init_series`).
         let counters = Arc::new(Counters {
-            results: RouteCounters::new(&metrics.idempotency_requests_total, &route, &IDEMPOTENCY_RESULTS),
-            completions: RouteCounters::new(
+            results: Some(RouteCounters::new(
+                &metrics.idempotency_requests_total,
+                &route,
+                &IDEMPOTENCY_RESULTS,
+            )),
+            completions: Some(RouteCounters::new(
                 &metrics.idempotency_completions_total,
                 &route,
                 &IDEMPOTENCY_COMPLETION_RESULTS,
-            ),
+            )),
         });
         Idempotency {
             policy,
@@ -311,11 +338,12 @@ impl Idempotency {
             hard_stop,
             route,
             counters,
+            cache: false,
         }
     }
 
     fn count(&self, result: &str) {
-        self.counters.results.inc(result);
+        self.counters.result(result);
     }
 
     /// The identity a dead letter keeps so that its replay finds the original's record.
@@ -384,6 +412,8 @@ impl Idempotency {
             fingerprint,
             owner: self.records.owner_token(),
             first: None,
+            freshness: Freshness::Any,
+            refresh: false,
         };
         // In memory, the first look is taken here; a duplicate of an original still in flight
         // waits (or follows it) in `wait`.
@@ -428,7 +458,10 @@ impl Idempotency {
             }
             Ok(Begin::Claimed) => {
                 let follow = p.on_concurrent == OnConcurrent::Follow;
-                Start::Claimed(self.claim(pending.record, pending.owner, pending.fingerprint, follow))
+                let refresh = pending.refresh;
+                let mut claim = self.claim(pending.record, pending.owner, pending.fingerprint, follow);
+                claim.refreshed = refresh;
+                Start::Claimed(claim)
             }
             Ok(Begin::Completed(r)) => {
                 self.count("replayed");
@@ -474,11 +507,17 @@ impl Idempotency {
                             return start;
                         }
                     }
-                    let begun = self
-                        .records
-                        .store
-                        .begin(&pending.record, &pending.fingerprint, &pending.owner, p.lease)
-                        .await;
+                    let store = &self.records.store;
+                    let (record, fp, owner) = (&pending.record, &pending.fingerprint, &pending.owner);
+                    let begun = match pending.refresh {
+                        true => store.reclaim(record, fp, owner, p.lease).await,
+                        false => store.begin(record, fp, owner, p.lease).await,
+                    };
+                    // A cache entry too old for the request (or not kept): claimed over.
+                    if self.cache && !pending.refresh && self.stale(&begun, pending.freshness) {
+                        pending.refresh = true;
+                        continue;
+                    }
                     match self.decide(begun, pending) {
                         Decision::Decided(start) => return start,
                         Decision::InProgress {
@@ -584,6 +623,9 @@ impl Idempotency {
                     body: live.follower(),
                 }))
             }
+            // A cache entry that outgrew max_entry_size cannot be followed from byte 0: the
+            // request goes upstream itself, uncached.
+            HeadOrEnd::TooLarge if self.cache => Some(Start::Forward { bypassed: false }),
             HeadOrEnd::TooLarge => {
                 self.count("conflict");
                 Some(Start::Refuse(ProxyError::IdempotencyResponseNotKept))
@@ -644,6 +686,7 @@ impl Idempotency {
             .renewals
             .renew(live.clone(), self.policy.lease, self.route.clone());
         Claim {
+            refreshed: false,
             inner: Some(ClaimInner {
                 writer: self.writer(),
                 held: self.records.held.clone(),
@@ -652,6 +695,7 @@ impl Idempotency {
                 counters: self.counters.clone(),
                 tasks: self.tasks.clone(),
                 live,
+                cache: self.cache,
                 _registered: registered,
                 _renewal: renewal,
             }),

@@ -64,6 +64,18 @@ impl Recorder {
         }
     }
 
+    /// A body passed through with nothing recorded (the same type as a recording one).
+    pub fn passthrough<B>(body: B) -> Recorder
+    where
+        B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
+    {
+        let head = Head {
+            status: 0,
+            headers: Arc::from([]),
+        };
+        Recorder::new(None, head, body, None)
+    }
+
     /// Whether the end waits for the completion's first write.
     fn waits(&self) -> bool {
         self.claim.as_ref().is_some_and(|c| c.writer.store.waits_for_replicas())
@@ -81,6 +93,7 @@ impl Recorder {
                 status: self.head.status,
                 headers: self.head.headers.clone(),
                 body,
+                age: std::time::Duration::ZERO,
             }),
             None => Completion::NotKept,
         }

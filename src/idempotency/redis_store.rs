@@ -26,6 +26,7 @@ struct Scripts {
     complete: Script,
     release: Script,
     take_over: Script,
+    reclaim: Script,
 }
 
 /// A stored response's status and headers, as kept in its record (JSON).
@@ -33,6 +34,9 @@ struct Scripts {
 struct Meta {
     status: u16,
     headers: Vec<(String, String)>,
+    /// When it was stored (unix ms, the writer's clock; 0 in records of earlier versions).
+    #[serde(default)]
+    at: u64,
 }
 
 /// [`Meta`] written from a response, its headers borrowed.
@@ -40,6 +44,7 @@ struct Meta {
 struct MetaOf<'a> {
     status: u16,
     headers: &'a [(String, String)],
+    at: u64,
 }
 
 impl RedisStore {
@@ -50,6 +55,7 @@ impl RedisStore {
             complete: Script::new(include_str!("../redis/scripts/idem_complete_v2.lua")),
             release: Script::new(include_str!("../redis/scripts/idem_release_v2.lua")),
             take_over: Script::new(include_str!("../redis/scripts/idem_takeover_v1.lua")),
+            reclaim: Script::new(include_str!("../redis/scripts/cache_reclaim_v1.lua")),
         };
         RedisStore {
             redis,
@@ -117,10 +123,15 @@ fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
                 Some(Value::BulkString(b)) => Bytes::from(b.clone()),
                 _ => Bytes::new(),
             };
+            let age = match meta.at {
+                0 => 0,
+                at => crate::time::now_unix_ms().saturating_sub(at),
+            };
             Ok(Begin::Completed(StoredResponse {
                 status: meta.status,
                 headers: meta.headers.into(),
                 body,
+                age: Duration::from_millis(age),
             }))
         }
         _ => Err(bad()),
@@ -235,14 +246,34 @@ impl RedisStore {
     }
 }
 
-impl Store for RedisStore {
-    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
+impl RedisStore {
+    /// Claims a response-cache record for a refresh (`cache_reclaim_v1`): a completed record is
+    /// replaced by the claim.
+    pub(crate) async fn reclaim(
+        &self,
+        key: &str,
+        fingerprint: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Begin, StoreError> {
+        self.claim_with(&self.scripts.reclaim, "cache_reclaim", key, fingerprint, owner, lease)
+            .await
+    }
+
+    async fn claim_with(
+        &self,
+        script: &Script,
+        op: &'static str,
+        key: &str,
+        fingerprint: &str,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Begin, StoreError> {
         let key = self.full_key(key);
-        let script = &self.scripts.begin;
         let give_up_at = self.redis.give_up_at_ms();
         let reply: Vec<Value> = self
             .redis
-            .run("idem_begin", |mut c| async move {
+            .run(op, |mut c| async move {
                 script
                     .key(&key)
                     .arg(fingerprint)
@@ -255,6 +286,13 @@ impl Store for RedisStore {
             .await
             .map_err(err)?;
         parse_begin(reply)
+    }
+}
+
+impl Store for RedisStore {
+    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
+        self.claim_with(&self.scripts.begin, "idem_begin", key, fingerprint, owner, lease)
+            .await
     }
 
     async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
@@ -295,6 +333,7 @@ impl Store for RedisStore {
                 let meta = MetaOf {
                     status: r.status,
                     headers: &r.headers,
+                    at: crate::time::now_unix_ms(),
                 };
                 ("C", serde_json::to_string(&meta).unwrap_or_default(), r.body.clone())
             }

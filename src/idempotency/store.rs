@@ -20,14 +20,25 @@ use crate::time::{self, Instant};
 /// every copy of it (the live response, the store, each replay) instead of copied.
 pub(crate) type KeptHeaders = Arc<[(String, String)]>;
 
-/// A response kept for replay.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A response kept for replay. Two are equal when they are the same response, whenever each
+/// was read (`age` aside).
+#[derive(Debug, Clone)]
 pub struct StoredResponse {
     pub status: u16,
     /// Allowlisted headers only.
     pub headers: KeptHeaders,
     pub body: Bytes,
+    /// How long ago it was stored, as read (zero when it is written, or not known).
+    pub age: Duration,
 }
+
+impl PartialEq for StoredResponse {
+    fn eq(&self, other: &Self) -> bool {
+        (self.status, &self.headers, &self.body) == (other.status, &other.headers, &other.body)
+    }
+}
+
+impl Eq for StoredResponse {}
 
 impl StoredResponse {
     /// An estimate of the memory it holds (body, headers, bookkeeping).
@@ -157,11 +168,15 @@ struct Memory {
     leases: BTreeMap<Slot, Arc<str>>,
     /// The sum of the records' sizes (an estimate of the memory they hold).
     bytes: usize,
+    /// Response-cache entries (completed `cache:` records) and their body bytes.
+    cache: (usize, usize),
     /// The next insertion sequence number.
     seq: u64,
 }
 
 struct Entry {
+    /// When it was inserted or completed (a completed record's age).
+    stored: Instant,
     fingerprint: String,
     /// The claim's owner; kept after completion so that a repeated completion is recognised.
     owner: String,
@@ -196,6 +211,14 @@ impl Entry {
     fn slot(&self) -> Slot {
         (self.expires, self.seq)
     }
+
+    /// The body bytes of a response-cache entry (a completed `cache:` record), else `None`.
+    fn cached_body(&self, key: &str) -> Option<usize> {
+        match &self.state {
+            MemState::Completed(r) if key.starts_with("cache:") => Some(r.body.len()),
+            _ => None,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -206,6 +229,7 @@ impl MemoryStore {
                 completed: BTreeMap::new(),
                 leases: BTreeMap::new(),
                 bytes: 0,
+                cache: (0, 0),
                 seq: 0,
             })),
             limits,
@@ -227,6 +251,13 @@ impl MemoryStore {
         let mut m = self.inner.lock();
         m.purge(time::now(), usize::MAX);
         m.map.len()
+    }
+
+    /// The response-cache entries held and their body bytes.
+    pub(crate) fn cache_usage(&self) -> (usize, usize) {
+        let mut m = self.inner.lock();
+        m.purge(time::now(), usize::MAX);
+        m.cache
     }
 
     /// Whether no live record is held.
@@ -257,6 +288,9 @@ impl Memory {
         let (name, e) = self.map.remove_entry(key)?;
         self.index(e.is_lease()).remove(&e.slot());
         self.bytes = self.bytes.saturating_sub(e.size());
+        if let Some(body) = e.cached_body(key) {
+            self.cache = (self.cache.0.saturating_sub(1), self.cache.1.saturating_sub(body));
+        }
         Some(name)
     }
 
@@ -275,6 +309,7 @@ impl Memory {
         let name = self.remove(key).unwrap_or_else(|| Arc::from(key));
         self.seq += 1;
         let entry = Entry {
+            stored: now,
             fingerprint,
             owner,
             state,
@@ -282,6 +317,9 @@ impl Memory {
             seq: self.seq,
         };
         self.bytes += entry.size();
+        if let Some(body) = entry.cached_body(key) {
+            self.cache = (self.cache.0 + 1, self.cache.1 + body);
+        }
         self.index(entry.is_lease()).insert(entry.slot(), name.clone());
         self.map.insert(name, entry);
         self.evict(limits, now);
@@ -297,9 +335,13 @@ impl Memory {
         self.seq += 1;
         self.bytes = self.bytes.saturating_sub(e.size());
         e.state = state;
+        e.stored = now;
         e.expires = expires;
         e.seq = self.seq;
         self.bytes += e.size();
+        if let Some(body) = e.cached_body(key) {
+            self.cache = (self.cache.0 + 1, self.cache.1 + body);
+        }
         let slot = (e.expires, e.seq);
         let name = name.unwrap_or_else(|| Arc::from(key));
         self.completed.insert(slot, name);
@@ -372,7 +414,10 @@ impl MemoryStore {
                         lease_left: e.expires - now,
                         owner: e.owner.to_string(),
                     },
-                    MemState::Completed(r) => Begin::Completed(r.clone()),
+                    MemState::Completed(r) => Begin::Completed(StoredResponse {
+                        age: now.saturating_duration_since(e.stored),
+                        ..r.clone()
+                    }),
                     MemState::NotKept => Begin::NotKept,
                 }),
             };
@@ -389,6 +434,27 @@ impl MemoryStore {
                 }
                 Some(other) => other,
             }
+        })
+    }
+
+    /// Claims `key` for a refresh: as [`MemoryStore::begin_now`], except that a completed record
+    /// is replaced by the claim (a cache entry too old for the request, or `no-cache`).
+    pub(crate) fn reclaim_now(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
+        let limits = self.limits;
+        self.with(|m, now| {
+            match m.live(key, now) {
+                Some(e) if e.fingerprint != fingerprint => return Begin::Mismatch,
+                Some(e) if e.is_lease() && e.owner != owner => {
+                    return Begin::InProgress {
+                        lease_left: e.expires - now,
+                        owner: e.owner.to_string(),
+                    }
+                }
+                _ => {}
+            }
+            let (fp, who) = (fingerprint.to_string(), owner.to_string());
+            m.insert(key, fp, who, MemState::InProgress, now + lease, limits, now);
+            Begin::Claimed
         })
     }
 
@@ -480,6 +546,7 @@ mod tests {
             status: 200,
             headers: vec![("content-type".into(), "application/json".into())].into(),
             body: Bytes::from(body.to_string()),
+            age: Duration::ZERO,
         }
     }
 

@@ -8,6 +8,8 @@
 //! 4. take the request body, capped at `max_request_body` (413 beyond it, nothing forwarded); on
 //!    an async route, `Prefer: respond-async` queues it as a job instead (202);
 //! 5. idempotency: replay a completed original, hold or refuse a duplicate, or claim the key;
+//!    then the response cache: answer from a stored entry or an identical request in flight, or
+//!    claim the entry;
 //! 6. the attempts ([`Proxy::attempts`]): admit (deadline, circuit, cooldown), send, observe,
 //!    decide, until an outcome is delivered;
 //! 7. a failure for good is recorded as a dead letter;
@@ -16,6 +18,7 @@
 //!    rebound's own error ([`crate::error`]).
 
 mod attempts;
+mod cached;
 mod commit;
 mod idempotent;
 mod pacing;
@@ -29,12 +32,14 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Either, Full};
+use std::sync::atomic::AtomicBool;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use std::time::Duration;
 
+use crate::cache::Looked;
 use crate::circuit::Circuits;
 use crate::dead_letters::DeadLetters;
 use crate::error::{error_response, ProxyError};
@@ -45,7 +50,7 @@ use crate::redis::RedisHandle;
 use crate::retry::policy::Outcome;
 use crate::routing::{forwarded_path, RouteTable};
 use crate::traces::{self, Traces};
-use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
+use crate::wire::body::{self, BodyError, BoxError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
 use crate::wire::sse::Shape;
 use attempts::Delivery;
@@ -121,9 +126,27 @@ pub struct Proxy {
     traces: Traces,
     /// The `model` label values of the token metrics (`[metrics] models`, then `other`).
     models: tokens::Models,
+    /// The in-memory store (without Redis): its cache entries are reported at each scrape.
+    memory: Option<MemoryStore>,
 }
 
 impl Proxy {
+    /// Sets `rebound_cache_entries` and `rebound_cache_bytes` (called at each scrape; 0 with
+    /// Redis, whose own INFO tells).
+    pub(crate) fn refresh_cache_usage(&self) {
+        let (entries, bytes) = self.memory.as_ref().map_or((0, 0), MemoryStore::cache_usage);
+        self.metrics
+            .cache_entries
+            .set(i64::try_from(entries).unwrap_or(i64::MAX));
+        self.metrics.cache_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Counts a cached answer's usage as tokens saved on `route` (the request's model label).
+    fn saved(&self, route: &Arc<Route>, body: &[u8]) -> cached::Saved {
+        let (route, model) = (route.clone(), self.models.for_request(body).model);
+        Box::new(move |scan| route.cache.iter().for_each(|c| c.count_scanned(&model, scan)))
+    }
+
     /// Answers one request. Never fails: every error becomes a response. Generic over the body
     /// so that admin replays run through the same pipeline as client requests.
     pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ProxyBody>
@@ -212,6 +235,17 @@ impl Proxy {
             Err(Answered::Refuse(err)) => return error_response(err, log),
         };
 
+        // 5b. The response cache: a stored entry or an identical request in flight answers (and
+        // becomes the idempotency key's response); otherwise the entry is claimed.
+        let cache = match &route.cache {
+            Some(c) => match Box::pin(c.lookup(&parts, &body, &mut log)).await {
+                Looked::Hit(stored) => return cached::hit_response(stored, claim, log, self.saved(&route, &body)),
+                Looked::Follow(f) => return cached::follow_response(f, claim, log, self.saved(&route, &body)),
+                looked => Some(looked),
+            },
+            None => None,
+        };
+
         // 6. Attempts: send, classify, decide, wait; until delivered.
         if trace.is_recording() {
             let target = route.primary();
@@ -233,17 +267,10 @@ impl Proxy {
         }
 
         // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
-        // frees the key first, so that the app's retry runs instead of waiting for the lease. An
-        // in-band error (a 200 whose first event is an error) is a failure: never stored.
-        let claim = match claim {
-            Some(c) if delivery.stored_by(&c) => Some(c),
-            Some(c) => {
-                Box::pin(c.release()).await;
-                None
-            }
-            None => None,
-        };
-        self.respond(&route, delivery, claim, bypassed, job_run, log)
+        // frees the key first. An in-band error (a 200 whose first event is an error) is a
+        // failure: never stored. A cache entry records the response, kept or not.
+        let claims = Box::pin(Claims::settle(claim, cache, &delivery)).await;
+        self.respond(&route, delivery, claims, bypassed, job_run, log)
     }
 
     /// Step 8: the upstream's response (through the idempotency recorder when `claim` is given:
@@ -253,7 +280,7 @@ impl Proxy {
         &self,
         route: &Route,
         delivery: Delivery,
-        claim: Option<Claim>,
+        claims: Claims,
         bypassed: bool,
         job_run: bool,
         log: RequestLog,
@@ -266,7 +293,12 @@ impl Proxy {
             Ok(resp) => {
                 let meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
                 let shape = resp.body().shape();
-                let mut resp = upstream_response(resp, shape, route, target, (attempts, outcome), claim, log, meter);
+                let cache_claim = claims.cache.as_ref().map(|c| c.0);
+                let mut resp = upstream_response(resp, shape, route, target, (attempts, outcome), claims, log, meter);
+                if let Some(value) = cache_claim {
+                    resp.headers_mut()
+                        .insert(headers::X_REBOUND_CACHE, HeaderValue::from_static(value));
+                }
                 if job_run {
                     resp.extensions_mut().insert(Delivered { attempts, error: None });
                     // Filled as the body ends: the job record keeps each attempt's usage.
@@ -277,6 +309,10 @@ impl Proxy {
             Err(err) => {
                 let error = Some(err.code());
                 let mut resp = error_response(err, log);
+                if let Some((value, _)) = claims.cache {
+                    resp.headers_mut()
+                        .insert(headers::X_REBOUND_CACHE, HeaderValue::from_static(value));
+                }
                 if attempts > 0 {
                     resp.headers_mut()
                         .insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(attempts));
@@ -316,7 +352,7 @@ fn upstream_response<B>(
     route: &Route,
     target: &Target,
     (attempts, outcome): (u32, Outcome),
-    claim: Option<Claim>,
+    claims: Claims,
     log: RequestLog,
     meter: Option<Meter>,
 ) -> Response<ProxyBody>
@@ -337,11 +373,64 @@ where
     let first_event_error = matches!(outcome, Outcome::InBand(_));
     let (body, stream_error) = ErrorWatch::for_response(body, shape, first_event_error, &target.attempts, meter);
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
-    let body = match claim {
+    // The cache entry's recorder first: an answer it does not keep is still shared with its
+    // followers, then the entry freed at its end.
+    let body = match claims.cache.and_then(|(_, c)| c) {
+        Some((claim, kept)) => {
+            let failed = match kept {
+                true => stream_error.clone(),
+                false => Some(Arc::new(AtomicBool::new(true))),
+            };
+            Either::Left(claim.record(status, &parts.headers, body, failed))
+        }
+        None => Either::Right(body),
+    };
+    let body = match claims.idempotency {
         // A stream with an error event in it is passed through, but not stored: the key is
         // released at its end, so that the app's retry runs.
-        Some(claim) => ProxyBody::new(claim.record(status, &parts.headers, body, stream_error), log, status),
+        Some(claim) => ProxyBody::new(
+            claim.record(status, &parts.headers, body.map_err(BoxError::from), stream_error),
+            log,
+            status,
+        ),
         None => ProxyBody::new(body, log, status),
     };
     Response::from_parts(parts, body)
+}
+
+/// The claims a response is recorded for: the idempotency key's, and the cache entry's with the
+/// `x-rebound-cache` value (the claim, and whether its store keeps this answer).
+#[derive(Default)]
+struct Claims {
+    idempotency: Option<Claim>,
+    cache: Option<(&'static str, Option<(Claim, bool)>)>,
+}
+
+impl Claims {
+    /// What each claim does with the delivery. An outcome the idempotency store does not keep
+    /// frees the key first, so that the app's retry runs instead of waiting for the lease. A cache
+    /// entry claimed records the response, kept or not: followers get it as it is produced either
+    /// way; rebound's own error has nothing to share, and the entry is freed.
+    async fn settle(idempotency: Option<Claim>, cache: Option<Looked>, delivery: &Delivery) -> Claims {
+        let idempotency = match idempotency {
+            Some(c) if delivery.stored_by(&c) => Some(c),
+            Some(c) => {
+                c.release().await;
+                None
+            }
+            None => None,
+        };
+        let cache = cache.map(|looked| {
+            let header = looked.header_value();
+            let claim = match looked {
+                Looked::Claimed(c) if delivery.result.is_ok() => {
+                    let kept = delivery.stored_by(&c);
+                    Some((c, kept))
+                }
+                _ => None,
+            };
+            (header, claim)
+        });
+        Claims { idempotency, cache }
+    }
 }

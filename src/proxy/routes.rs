@@ -2,8 +2,9 @@
 //! targets, policies, idempotency and metrics), built by [`Proxy::new`].
 
 use super::{tokens, Proxy, Shared, BUDGET_WINDOW};
+use crate::cache::Cache;
 use crate::config::{Balance, Config, FailoverOn, RetryPolicy, RouteConfig, TargetConfig};
-use crate::idempotency::Idempotency;
+use crate::idempotency::{AnyStore, Idempotency};
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
 use crate::retry::{Backoff, RetryBudget};
 use crate::routing::RouteTable;
@@ -24,6 +25,8 @@ pub(crate) struct Route {
     pub budget: RetryBudget,
     /// The route's idempotency policy and the store, when it names one.
     pub idempotency: Option<Idempotency>,
+    /// The route's response cache, when it names one.
+    pub(crate) cache: Option<Cache>,
     /// Where its requests go.
     pub targets: Targets,
     /// This route's metric children.
@@ -157,6 +160,7 @@ impl Proxy {
                 name: retry.name.clone(),
                 detail,
             };
+            let (idempotency, cache) = records_of(config, r, shared);
             let backoff = Backoff::try_new(retry.base_delay, retry.max_delay, retry.jitter)
                 .map_err(|e| invalid(e.to_string()))?;
             let budget = RetryBudget::try_new(retry.budget_ratio, retry.budget_min_per_second, BUDGET_WINDOW)
@@ -174,20 +178,8 @@ impl Proxy {
                     failover_on: r.failover_on,
                 },
                 metrics: Arc::new(RouteMetrics::new(&metrics, &r.name)),
-                idempotency: r
-                    .idempotency
-                    .as_ref()
-                    .and_then(|p| config.idempotency.get(p))
-                    .map(|policy| {
-                        Idempotency::new(
-                            policy.clone(),
-                            &store,
-                            metrics.clone(),
-                            tasks.clone(),
-                            hard_stop.clone(),
-                            Arc::from(r.name.as_str()),
-                        )
-                    }),
+                idempotency,
+                cache,
             };
             routes.push((r.path_prefix.clone(), Arc::new(route)));
         }
@@ -207,6 +199,40 @@ impl Proxy {
             jobs: jobs.for_config(config),
             traces,
             models: tokens::Models::new(&config.metrics),
+            memory: match &store.store {
+                AnyStore::Memory(m) => Some(m.clone()),
+                AnyStore::Redis(_) => None,
+            },
         })
     }
+}
+
+/// A route's idempotency and response cache, on the process's records (when it names them).
+fn records_of(config: &Config, r: &RouteConfig, shared: &Shared) -> (Option<Idempotency>, Option<Cache>) {
+    let route: Arc<str> = Arc::from(r.name.as_str());
+    let idempotency = r
+        .idempotency
+        .as_ref()
+        .and_then(|p| config.idempotency.get(p))
+        .map(|policy| {
+            Idempotency::new(
+                policy.clone(),
+                &shared.store,
+                shared.metrics.clone(),
+                shared.tasks.clone(),
+                shared.hard_stop.clone(),
+                route.clone(),
+            )
+        });
+    let cache = r.cache.as_ref().and_then(|c| config.cache.get(c)).map(|policy| {
+        Cache::new(
+            policy,
+            &shared.store,
+            shared.metrics.clone(),
+            shared.tasks.clone(),
+            shared.hard_stop.clone(),
+            route.clone(),
+        )
+    });
+    (idempotency, cache)
 }

@@ -57,7 +57,16 @@ pub(super) async fn pass_through<B>(
         let outcome = crate::retry::policy::Outcome::Status(resp.status());
         let shape = crate::wire::sse::Shape::of(resp.headers());
         let resp = resp.map(|b| b.map_err(Into::into));
-        return upstream_response(resp, shape, route, route.primary(), (1, outcome), None, log, None);
+        return upstream_response(
+            resp,
+            shape,
+            route,
+            route.primary(),
+            (1, outcome),
+            Default::default(),
+            log,
+            None,
+        );
     }
     let upstream_side = hyper::upgrade::on(&mut resp);
     let hard_stop = proxy.hard_stop.clone();

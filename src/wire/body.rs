@@ -101,6 +101,8 @@ pub struct RequestLog {
     wait_ms: u64,
     /// What idempotency did with the request (`claimed`, `replayed`, `followed`, `bypassed`).
     idempotency: Option<&'static str>,
+    /// What the response cache did (`hit`, `miss`, `refresh`, `bypass`).
+    cache: Option<&'static str>,
     /// rebound's own error code, when it answered for itself.
     error: Option<&'static str>,
     /// The W3C trace id the app sent (`traceparent`), to join the log with its traces.
@@ -138,6 +140,7 @@ impl RequestLog {
             attempts: 0,
             wait_ms: 0,
             idempotency: None,
+            cache: None,
             error: None,
             trace_id: None,
             span: None,
@@ -161,6 +164,11 @@ impl RequestLog {
         if trace_id.is_some() {
             self.trace_id = trace_id;
         }
+    }
+
+    /// Records what the response cache did with the request.
+    pub(crate) fn set_cache(&mut self, result: &'static str) {
+        self.cache = Some(result);
     }
 
     /// Records what idempotency did with the request.
@@ -243,6 +251,7 @@ impl RequestLog {
             upstream = self.upstream.as_deref().unwrap_or("-"),
             wait_ms = self.wait_ms,
             idempotency = self.idempotency.unwrap_or("-"),
+            cache = self.cache.unwrap_or("-"),
             error = self.error.unwrap_or("-"),
             trace_id = self.trace_id.as_deref().unwrap_or("-"),
             duration_ms = elapsed.as_secs_f64() * 1000.0,

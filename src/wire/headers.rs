@@ -10,6 +10,8 @@ pub(crate) const X_REBOUND_UPSTREAM: HeaderName = HeaderName::from_static("x-reb
 pub(crate) const X_REBOUND_FAILOVERS: HeaderName = HeaderName::from_static("x-rebound-failovers");
 pub(crate) const X_REBOUND_ERROR: HeaderName = HeaderName::from_static("x-rebound-error");
 pub(crate) const X_REBOUND_IDEMPOTENCY: HeaderName = HeaderName::from_static("x-rebound-idempotency");
+/// What the response cache did: `hit`, `miss`, `refresh` or `bypass`.
+pub(crate) const X_REBOUND_CACHE: HeaderName = HeaderName::from_static("x-rebound-cache");
 pub(crate) const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 pub(crate) const X_REBOUND_DEADLINE_MS: HeaderName = HeaderName::from_static("x-rebound-deadline-ms");

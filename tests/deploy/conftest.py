@@ -4,6 +4,7 @@ once they have one)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
@@ -108,6 +109,13 @@ targets = [{{ upstream = "fake", weight = 3 }}, {{ upstream = "limited" }}]
 balance = "weighted"
 strip_prefix = true
 
+[[routes]]
+name = "cached"
+path_prefix = "/cached/"
+upstream = "fake"
+strip_prefix = true
+cache = "demo"
+
 [retry.fast]
 max_attempts = 3
 base_delay = "1ms"
@@ -132,6 +140,9 @@ failure_on = ["connect-failure", "5xx"]
 
 [idempotency.idem]
 on_store_error = "fail_closed"
+
+[cache.demo]
+ttl = "1h"
 """
 
 
@@ -148,7 +159,8 @@ class Exercised:
 def exercised(rebound_bin, workdir, fake):
     """Starts Redis and rebound, sends requests that touch every feature (retries with backoff and
     with Retry-After, attempts used up, a spent budget, an opening circuit, a cooldown, idempotent
-    store and replay, a config reload), then stops Redis (Redis errors, store errors) and scrapes.
+    store and replay, a response cache miss and hit, a config reload), then stops Redis (Redis
+    errors, store errors) and scrapes.
     rebound keeps running for the Prometheus test."""
     redis = Redis(workdir / "exercise-redis")
     try:
@@ -161,7 +173,8 @@ def exercised(rebound_bin, workdir, fake):
 
     def call(method, path, headers=None, body=None):
         status, h, _ = rebound.request(method, path, body, headers)
-        log.append(f"{method} {path} -> {status} (attempts {h.get('x-rebound-attempts')}, error {h.get('x-rebound-error')})")
+        cache = f", cache {h['x-rebound-cache']}" if "x-rebound-cache" in h else ""
+        log.append(f"{method} {path} -> {status} (attempts {h.get('x-rebound-attempts')}, error {h.get('x-rebound-error')}{cache})")
         return status, h
 
     try:
@@ -179,6 +192,12 @@ def exercised(rebound_bin, workdir, fake):
         call("GET", "/limited/ratelimit", cred)  # 429 with retry-after: a cooldown for this credential
         call("GET", "/limited/ok", cred)  # refused by the cooldown
         call("GET", "/nowhere")  # no route
+        # The same chat completion twice on the cached route: a miss (stored), then a hit (no
+        # upstream call; the stored usage counts as tokens saved).
+        chat = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": run}]}).encode()
+        json_body = {"content-type": "application/json"}
+        call("POST", "/cached/v1/chat/completions", json_body, chat)
+        call("POST", "/cached/v1/chat/completions", json_body, chat)
         # A reload (the file watcher sees a changed file; a build without it just carries on).
         rebound.config_path.write_text(rebound.config_path.read_text() + "\n# reloaded\n")
         deadline = time.monotonic() + 4
@@ -187,6 +206,8 @@ def exercised(rebound_bin, workdir, fake):
         # Redis goes away: the idempotent request fails closed, the health check fails.
         redis.stop()
         call("POST", "/llm/ok", {**key, "Idempotency-Key": f"exercise-down-{run}"}, b"{}")
+        # The cache fails open: forwarded, a miss counted as store_error.
+        call("POST", "/cached/v1/chat/completions", json_body, chat)
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and "rebound_redis_up 0" not in rebound.metrics():
             time.sleep(0.2)

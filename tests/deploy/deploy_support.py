@@ -195,6 +195,7 @@ class FakeUpstream:
     """A plain-HTTP upstream whose answer depends on the request path:
 
     - `.../ok...`: 200 JSON
+    - `.../chat/completions`: 200 JSON with an OpenAI `usage` (10 prompt, 5 completion tokens)
     - `.../flaky/<id>`: 503 the first time for that path, then 200
     - `.../flaky-hint/<id>`: 503 with `retry-after-ms: 20` the first time, then 200
     - `.../fail...`: 503 always
@@ -228,7 +229,10 @@ class FakeUpstream:
                     key = self.headers.get("idempotency-key")
                     seen_key = sum(1 for r in fake.requests if key and r["headers"].get("idempotency-key") == key)
                 status, headers = fake.decide(self.path, self.headers.get("x-fake-status"), seen, seen_key)
-                payload = json.dumps({"status": status, "path": self.path, "n": seen}).encode()
+                answer = {"status": status, "path": self.path, "n": seen}
+                if "/chat/completions" in self.path:
+                    answer["usage"] = {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}
+                payload = json.dumps(answer).encode()
                 self.send_response(status)
                 for k, v in headers.items():
                     self.send_header(k, v)

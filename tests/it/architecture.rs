@@ -167,7 +167,7 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "features",
-        &["circuit", "idempotency", "dead_letters", "jobs", "targets"],
+        &["circuit", "idempotency", "cache", "dead_letters", "jobs", "targets"],
         "what the pipeline composes, each with its shared state",
     ),
     ("pipeline", &["proxy"], "a request's path, top-down"),
@@ -194,6 +194,11 @@ const SAME_LAYER: &[(&str, &str, &str)] = &[
         "a dead letter keeps its request's idempotency identity",
     ),
     ("jobs", "idempotency", "a job keeps its request's idempotency identity"),
+    (
+        "cache",
+        "idempotency",
+        "the cache stores and follows responses with the idempotency records",
+    ),
     (
         "dead_letters",
         "jobs",

@@ -13,6 +13,7 @@ fn response(body: &str) -> StoredResponse {
         status: 200,
         headers: vec![("content-type".into(), "application/json".into())].into(),
         body: Bytes::from(body.to_string()),
+        age: Duration::ZERO,
     }
 }
 
@@ -128,6 +129,7 @@ async fn contract<S: Store>(s: &S, ns: &str) {
         status: 201,
         headers: Vec::new().into(),
         body: Bytes::from(vec![0u8, 159, 146, 150, 255]),
+        age: Duration::ZERO,
     };
     assert_eq!(s.begin(&k("f"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
     assert!(s

@@ -7,6 +7,7 @@ mod support;
 
 mod admin;
 mod architecture;
+mod cache;
 mod circuit;
 mod circuit_shared;
 mod config_files;

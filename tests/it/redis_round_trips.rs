@@ -174,3 +174,75 @@ async fn the_hot_path_costs_two_one_or_no_redis_round_trips_and_idle_sync_stays_
     assert!(idle <= 30, "at most 10 commands/s when idle, saw {idle} in 3 s");
     assert_eq!(provider.count("rt"), 1 + 1 + 20);
 }
+
+/// Commands that name a response-cache entry.
+fn cache_commands(lines: &[String]) -> Vec<&String> {
+    lines.iter().filter(|l| l.contains("cache:{")).collect()
+}
+
+/// Issue 33 (9): the response cache's cost in Redis: a miss is one round trip before the request
+/// (the lookup that claims the entry) and one write after its response; a hit one; a request with
+/// `cache-control: no-store` none.
+#[tokio::test]
+async fn the_cache_costs_a_miss_two_round_trips_a_hit_one_and_a_bypass_none() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let rebound = crate::support::config_builder::TestConfig::new(&provider.url())
+        .cache("c", Default::default())
+        .redis(&redis.url())
+        .start()
+        .await;
+    let url = format!("{}/fake/v1/chat/completions", rebound.url);
+    let call = |body: &'static str, extra: Option<(&'static str, &'static str)>| {
+        let url = url.clone();
+        async move {
+            let mut h = vec![("x-fake-key", "crt"), ("content-type", "application/json")];
+            h.extend(extra);
+            send("POST", &url, &h, body).await
+        }
+    };
+    // Warm up: the scripts are loaded once, and the completion lands before counting starts.
+    assert_eq!(call(r#"{"n":0}"#, None).await.header("x-rebound-cache"), Some("miss"));
+    let completed = || {
+        let keys: Vec<String> =
+            crate::support::redis::query(redis.port, ::redis::cmd("KEYS").arg("rebound:cache:*")).unwrap_or_default();
+        keys.iter().any(|k| {
+            let st: Option<String> =
+                crate::support::redis::query(redis.port, ::redis::cmd("HGET").arg(k).arg("st")).unwrap_or(None);
+            st.as_deref() == Some("C")
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), completed).await);
+
+    let monitor = Monitor::start(redis.port);
+    let start = monitor.sync(redis.port, "mark-cache-miss").await;
+    assert_eq!(call(r#"{"n":1}"#, None).await.header("x-rebound-cache"), Some("miss"));
+    assert!(
+        eventually(Duration::from_secs(5), || cache_commands(&monitor.since(start)).len()
+            >= 2)
+        .await
+    );
+    let end = monitor.sync(redis.port, "mark-cache-hit").await;
+    let miss = monitor.between(start, end);
+    assert_eq!(
+        cache_commands(&miss).len(),
+        2,
+        "a miss: lookup and completion\n{miss:#?}"
+    );
+    assert_eq!(request_commands(&miss).len(), 2, "and nothing else\n{miss:#?}");
+
+    assert_eq!(call(r#"{"n":1}"#, None).await.header("x-rebound-cache"), Some("hit"));
+    let after = monitor.sync(redis.port, "mark-cache-bypass").await;
+    let hit = monitor.between(end, after);
+    assert_eq!(request_commands(&hit).len(), 1, "a hit: one round trip\n{hit:#?}");
+
+    let no_store = Some(("cache-control", "no-store"));
+    assert_eq!(
+        call(r#"{"n":1}"#, no_store).await.header("x-rebound-cache"),
+        Some("bypass")
+    );
+    let last = monitor.sync(redis.port, "mark-cache-end").await;
+    let bypass = monitor.between(after, last);
+    assert!(request_commands(&bypass).is_empty(), "a bypass: none\n{bypass:#?}");
+    assert_eq!(provider.count("crt"), 3, "two misses and the bypass");
+}

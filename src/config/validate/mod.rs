@@ -255,7 +255,13 @@ impl Validator<'_> {
             .iter()
             .filter_map(|(name, u)| self.upstream(name, u, &circuit).map(|u| (name.clone(), Arc::new(u))))
             .collect();
+        let cache: BTreeMap<_, _> = raw
+            .cache
+            .iter()
+            .map(|(name, c)| (name.clone(), Arc::new(self.cache(name, c))))
+            .collect();
         let routes = self.routes(&raw.routes, &raw.upstreams, &retry, &idempotency);
+        self.route_caches(&raw.routes, &cache);
         self.async_routes(&routes, redis.is_some(), &jobs);
         Config {
             source: path.to_path_buf(),
@@ -272,6 +278,7 @@ impl Validator<'_> {
             retry,
             circuit,
             idempotency,
+            cache,
         }
     }
 
@@ -498,6 +505,18 @@ impl Validator<'_> {
             max_result_body: self.size("jobs.max_result_body", &j.max_result_body, d.max_result_body),
             callback_allowed_prefixes: prefixes,
             secret,
+        }
+    }
+
+    /// Every route's `cache` names a `[cache.*]` table.
+    fn route_caches(&mut self, raw_routes: &[RawRoute], cache: &BTreeMap<String, Arc<CachePolicy>>) {
+        for (i, r) in raw_routes.iter().enumerate() {
+            if let Some(c) = r.cache.as_ref().filter(|c| !cache.contains_key(*c)) {
+                self.err(
+                    &format!("routes[{i}].cache"),
+                    format!("expected the name of a [cache.*] table ({}), found {c:?}", names(cache)),
+                );
+            }
         }
     }
 

@@ -217,53 +217,8 @@ impl Validator<'_> {
             HeaderName::from_static("idempotency-key"),
             |s| HeaderName::from_bytes(s.as_bytes()).map_err(|_| "a valid HTTP header name".to_string()),
         );
-        let store_statuses = match &r.store_statuses {
-            None => vec![StatusPattern::Class(2)],
-            Some(list) => {
-                let mut out = Vec::new();
-                for (j, s) in list.iter().enumerate() {
-                    let p = if s.len() == 3 && s.ends_with("xx") {
-                        s[..1]
-                            .parse::<u16>()
-                            .ok()
-                            .filter(|c| (1..=5).contains(c))
-                            .map(StatusPattern::Class)
-                    } else {
-                        s.parse::<u16>()
-                            .ok()
-                            .filter(|c| (100..=599).contains(c))
-                            .map(StatusPattern::Exact)
-                    };
-                    match p {
-                        Some(p) => out.push(p),
-                        None => self.err(
-                            &format!("{}[{j}]", key("store_statuses")),
-                            format!("expected a status such as \"201\" or a class such as \"2xx\", found {s:?}"),
-                        ),
-                    }
-                }
-                out
-            }
-        };
-        let scope_headers = match &r.scope_headers {
-            None => ["authorization", "x-api-key", "api-key"]
-                .iter()
-                .map(|h| HeaderName::from_static(h))
-                .collect(),
-            Some(list) => {
-                let mut out = Vec::new();
-                for (j, h) in list.iter().enumerate() {
-                    match HeaderName::from_bytes(h.as_bytes()) {
-                        Ok(h) => out.push(h),
-                        Err(_) => self.err(
-                            &format!("{}[{j}]", key("scope_headers")),
-                            format!("expected a valid HTTP header name, found {h:?}"),
-                        ),
-                    }
-                }
-                out
-            }
-        };
+        let store_statuses = self.statuses(&key("store_statuses"), &r.store_statuses);
+        let scope_headers = self.scope_headers(&key("scope_headers"), &r.scope_headers);
         let policy = IdempotencyPolicy {
             name: name.to_string(),
             header,
@@ -295,5 +250,72 @@ impl Validator<'_> {
             );
         }
         policy
+    }
+
+    /// A `[cache.NAME]` table.
+    pub(super) fn cache(&mut self, name: &str, r: &RawCache) -> CachePolicy {
+        let key = |k: &str| format!("cache.{name}.{k}");
+        let ttl = self.positive_duration(&key("ttl"), &r.ttl, Duration::from_secs(3600));
+        if ttl > Duration::from_secs(30 * 86_400) {
+            self.err(&key("ttl"), "expected at most 30d");
+        }
+        CachePolicy {
+            name: name.to_string(),
+            ttl,
+            statuses: self.statuses(&key("statuses"), &r.statuses),
+            max_entry_size: self.bounded_size(&key("max_entry_size"), &r.max_entry_size, 4 << 20, (1, 64 << 20)),
+            scope_headers: self.scope_headers(&key("scope_headers"), &r.scope_headers),
+        }
+    }
+
+    /// Status patterns (`"2xx"`, `"201"`); `["2xx"]` when absent.
+    fn statuses(&mut self, key: &str, raw: &Option<Vec<String>>) -> Vec<StatusPattern> {
+        let Some(list) = raw else {
+            return vec![StatusPattern::Class(2)];
+        };
+        let mut out = Vec::new();
+        for (j, s) in list.iter().enumerate() {
+            let p = if s.len() == 3 && s.ends_with("xx") {
+                s[..1]
+                    .parse::<u16>()
+                    .ok()
+                    .filter(|c| (1..=5).contains(c))
+                    .map(StatusPattern::Class)
+            } else {
+                s.parse::<u16>()
+                    .ok()
+                    .filter(|c| (100..=599).contains(c))
+                    .map(StatusPattern::Exact)
+            };
+            match p {
+                Some(p) => out.push(p),
+                None => self.err(
+                    &format!("{key}[{j}]"),
+                    format!("expected a status such as \"201\" or a class such as \"2xx\", found {s:?}"),
+                ),
+            }
+        }
+        out
+    }
+
+    /// Header names whose values scope a record (the tenant); the credential headers when absent.
+    fn scope_headers(&mut self, key: &str, raw: &Option<Vec<String>>) -> Vec<HeaderName> {
+        let Some(list) = raw else {
+            return ["authorization", "x-api-key", "api-key"]
+                .iter()
+                .map(|h| HeaderName::from_static(h))
+                .collect();
+        };
+        let mut out = Vec::new();
+        for (j, h) in list.iter().enumerate() {
+            match HeaderName::from_bytes(h.as_bytes()) {
+                Ok(h) => out.push(h),
+                Err(_) => self.err(
+                    &format!("{key}[{j}]"),
+                    format!("expected a valid HTTP header name, found {h:?}"),
+                ),
+            }
+        }
+        out
     }
 }

@@ -9,6 +9,16 @@ use super::super::*;
 use super::{names, Validator};
 
 impl Validator<'_> {
+    /// A route's reference to a policy table (`what`: "a [retry.*]") names one.
+    fn policy_name<V>(&mut self, key: &str, name: &Option<String>, what: &str, tables: &BTreeMap<String, V>) {
+        if let Some(p) = name.as_ref().filter(|p| !tables.contains_key(*p)) {
+            self.err(
+                key,
+                format!("expected the name of {what} table ({}), found {p:?}", names(tables)),
+            );
+        }
+    }
+
     pub(super) fn route(
         &mut self,
         i: usize,
@@ -49,25 +59,8 @@ impl Validator<'_> {
                 format!("expected a name of letters, digits, '-' and '_' (it is a metric label), found {name:?}"),
             );
         }
-        if let Some(p) = &r.retry {
-            if !retry.contains_key(p) {
-                self.err(
-                    &key("retry"),
-                    format!("expected the name of a [retry.*] table ({}), found {p:?}", names(retry)),
-                );
-            }
-        }
-        if let Some(p) = &r.idempotency {
-            if !idempotency.contains_key(p) {
-                self.err(
-                    &key("idempotency"),
-                    format!(
-                        "expected the name of an [idempotency.*] table ({}), found {p:?}",
-                        names(idempotency)
-                    ),
-                );
-            }
-        }
+        self.policy_name(&key("retry"), &r.retry, "a [retry.*]", retry);
+        self.policy_name(&key("idempotency"), &r.idempotency, "an [idempotency.*]", idempotency);
         let targets = self.targets(i, r, upstreams);
         let balance = self.choice(&key("balance"), &r.balance, Balance::Ordered, Balance::CHOICES);
         let failover_on = match &r.failover_on {
@@ -104,6 +97,7 @@ impl Validator<'_> {
             strip_prefix: r.strip_prefix.unwrap_or(false),
             retry: r.retry.clone(),
             idempotency: r.idempotency.clone(),
+            cache: r.cache.clone(),
             dead_letters: r.dead_letters.unwrap_or(false),
             dead_letter_bodies: r.dead_letter_bodies.unwrap_or(false),
             async_jobs: r.async_jobs.unwrap_or(false),

@@ -2,7 +2,9 @@
 //! (`rebound::config::raw`), so a misspelt key does not compile; serialised to TOML and loaded by
 //! the real parser and validator, as a file would be.
 
-use rebound::config::raw::{RawAdmin, RawConfig, RawLog, RawRetry, RawRoute, RawServer, RawUpstream};
+use rebound::config::raw::{
+    RawAdmin, RawCache, RawConfig, RawLog, RawRedis, RawRetry, RawRoute, RawServer, RawUpstream,
+};
 
 use super::sidecar::{parse, Rebound};
 
@@ -80,6 +82,21 @@ impl TestConfig {
     /// `[idempotency.NAME]` with its defaults.
     pub fn idempotency(mut self, name: &str) -> TestConfig {
         self.0.idempotency.insert(name.to_string(), Default::default());
+        self
+    }
+
+    /// `[cache.NAME]`, named by the `fake` route.
+    pub fn cache(mut self, name: &str, policy: RawCache) -> TestConfig {
+        self.0.cache.insert(name.to_string(), policy);
+        self.route(|r| r.cache = some(name))
+    }
+
+    /// `[redis] url`.
+    pub fn redis(mut self, url: &str) -> TestConfig {
+        self.0.redis = Some(RawRedis {
+            url: some(url),
+            ..RawRedis::default()
+        });
         self
     }
 

@@ -619,6 +619,37 @@ mod tests {
         assert!(model.iter().filter(|(e, _)| *e >= 200).count() >= 90);
     }
 
+    /// Response-cache entries share the store's bounds and eviction; their count and bytes (the
+    /// `rebound_cache_*` gauges) follow every insert, completion, refresh, eviction and expiry.
+    #[tokio::test(start_paused = true)]
+    async fn cache_entries_are_bounded_and_counted_through_eviction_and_expiry() {
+        let s = store(50, 1 << 30);
+        for i in 0..200u64 {
+            put(&s, &format!("cache:{{r:s:{i}}}"), Duration::from_secs(60 + i)).await;
+            let (entries, bytes) = s.cache_usage();
+            assert!(entries <= 50, "{entries}");
+            let held: usize = s.inner.lock().map.iter().filter_map(|(k, e)| e.cached_body(k)).sum();
+            assert_eq!(bytes, held);
+        }
+        assert_eq!(s.cache_usage().0, 50);
+        // A refresh: the entry is claimed over (no longer counted), then completed again.
+        let key = "cache:{r:s:199}";
+        assert_eq!(s.reclaim_now(key, "fp", "o2", LEASE), Begin::Claimed);
+        assert_eq!(s.cache_usage().0, 49);
+        assert!(s.complete_now(key, "fp", "o2", Completion::Kept(response(key)), Duration::from_secs(1)));
+        assert_eq!(s.cache_usage().0, 50);
+        // Idempotency records are not cache entries.
+        put(&s, "idem:{r:s:k}", Duration::from_secs(3600)).await;
+        assert_eq!(
+            s.cache_usage().0,
+            49,
+            "one cache entry evicted for it, none counted for it"
+        );
+        tokio::time::advance(Duration::from_secs(400)).await;
+        assert_eq!(s.cache_usage(), (0, 0), "every cache entry expired");
+        check_consistent(&s);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn eviction_keeps_the_byte_bound() {
         let body = "x".repeat(1000);

@@ -370,3 +370,33 @@ async fn an_async_job_is_answered_from_the_cache() {
     assert_eq!((result.status.as_u16(), result.body.clone()), (200, sync.body));
     assert_eq!(provider.count("job"), 1);
 }
+
+/// With capacity routing: a miss is routed (here it fails over from a target that answers 429 to
+/// the next), the answer is stored; a hit calls no target at all.
+#[tokio::test]
+async fn a_hit_calls_no_target_of_a_route_with_several() {
+    use rebound::config::raw::RawTarget;
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let target = |upstream: &str| RawTarget {
+        upstream: some(upstream),
+        ..RawTarget::default()
+    };
+    let rebound = cached(&a, RawCache::default())
+        .upstream_named("a", &a.url(), |_| {})
+        .upstream_named("b", &b.url(), |_| {})
+        .route(|r| {
+            r.upstream = None;
+            r.targets = Some(vec![target("a"), target("b")]);
+        })
+        .start()
+        .await;
+    a.script("t", vec![Step::status_with(429, &[("retry-after", "30")])]);
+    let miss = ask(&rebound, "t", &[], CHAT).await;
+    assert_eq!((miss.status.as_u16(), cache_result(&miss)), (200, "miss"));
+    assert_eq!(miss.header("x-rebound-upstream"), Some("b"));
+    assert_eq!(miss.header("x-rebound-failovers"), Some("1"));
+    let hit = ask(&rebound, "t", &[], CHAT).await;
+    assert_eq!((hit.status.as_u16(), cache_result(&hit)), (200, "hit"));
+    assert_eq!(hit.header("x-rebound-failovers"), None, "no target was tried");
+    assert_eq!((a.count("t"), b.count("t")), (1, 1));
+}

@@ -245,4 +245,12 @@ async fn the_cache_costs_a_miss_two_round_trips_a_hit_one_and_a_bypass_none() {
     let bypass = monitor.between(after, last);
     assert!(request_commands(&bypass).is_empty(), "a bypass: none\n{bypass:#?}");
     assert_eq!(provider.count("crt"), 3, "two misses and the bypass");
+    // The entries expire with their ttl (1 h by default) in Redis.
+    let keys: Vec<String> =
+        crate::support::redis::query(redis.port, ::redis::cmd("KEYS").arg("rebound:cache:*")).unwrap();
+    assert_eq!(keys.len(), 2);
+    for k in &keys {
+        let pttl: i64 = crate::support::redis::query(redis.port, ::redis::cmd("PTTL").arg(k)).unwrap();
+        assert!((3_500_000..=3_600_000).contains(&pttl), "{k}: {pttl} ms");
+    }
 }

@@ -500,6 +500,16 @@ pub(crate) enum StatusPattern {
     Exact(u16),
 }
 
+/// As the config writes it: `2xx`, `201`.
+impl std::fmt::Display for StatusPattern {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StatusPattern::Class(c) => write!(f, "{c}xx"),
+            StatusPattern::Exact(s) => write!(f, "{s}"),
+        }
+    }
+}
+
 impl StatusPattern {
     pub fn matches(&self, status: u16) -> bool {
         match *self {

@@ -12,6 +12,7 @@ pub(super) fn render(c: &Config) -> String {
     upstreams(&mut out, c);
     policies(&mut out, c);
     jobs_and_idempotency(&mut out, c);
+    caches(&mut out, c);
     let models = if c.metrics.models.is_empty() {
         "none (every model counts as other)".to_string()
     } else {
@@ -102,6 +103,9 @@ fn routes(out: &mut String, c: &Config) {
         }
         let _ = write!(out, ", retry {}", r.retry.as_deref().unwrap_or("none"));
         let _ = write!(out, ", idempotency {}", r.idempotency.as_deref().unwrap_or("none"));
+        if let Some(cache) = &r.cache {
+            let _ = write!(out, ", cache {cache}");
+        }
         if r.targets.len() > 1 {
             let targets: Vec<String> = r.targets.iter().map(describe_target).collect();
             let _ = write!(
@@ -252,6 +256,26 @@ fn jobs_and_idempotency(out: &mut String, c: &Config) {
             p.on_concurrent.as_str(),
             format_size(p.max_stored_body),
             p.on_store_error.as_str()
+        );
+    }
+}
+
+/// The response-cache policies.
+fn caches(out: &mut String, c: &Config) {
+    if !c.cache.is_empty() {
+        let _ = writeln!(out, "\ncache policies:");
+    }
+    for p in c.cache.values() {
+        let statuses: Vec<String> = p.statuses.iter().map(ToString::to_string).collect();
+        let scope: Vec<&str> = p.scope_headers.iter().map(http::HeaderName::as_str).collect();
+        let _ = writeln!(
+            out,
+            "  {:<14} ttl {}, statuses [{}], max_entry_size {}, scope [{}]",
+            p.name,
+            d(p.ttl),
+            statuses.join(","),
+            format_size(p.max_entry_size),
+            scope.join(",")
         );
     }
 }

@@ -379,3 +379,42 @@ fn a_toml_syntax_error_is_one_located_line() {
     assert!(lines[0].starts_with("t.toml:5:7: "), "{err}");
     assert!(lines[0].contains("expected"), "the parser's detail is kept: {err}");
 }
+
+/// `[cache.NAME]` and a route's `cache`: every bad value named, with its location and what was
+/// expected; `rebound check` shows the policy in the config's own words.
+#[test]
+fn cache_policies_are_validated_and_shown() {
+    let src = format!(
+        "{BASE}cache = \"nope\"\n[cache.c]\nttl = \"721h\"\nmax_entry_size = \"65MiB\"\nstatuses = [\"2xx\", \"abc\"]\nscope_headers = [\"bad header\"]\n"
+    );
+    let e = errors(&src);
+    assert_eq!(e.len(), 5, "{e:?}");
+    assert!(
+        e[0].contains("t.toml:7:9: routes[0].cache: expected the name of a [cache.*] table (c), found \"nope\""),
+        "{e:?}"
+    );
+    assert!(e[1].contains("cache.c.ttl: expected at most 720h (30 days)"), "{e:?}");
+    assert!(
+        e[2].contains("cache.c.max_entry_size: expected a size from 1B to 64MiB, found 65MiB"),
+        "{e:?}"
+    );
+    assert!(
+        e[3].contains("cache.c.statuses[1]: expected a status such as \"201\""),
+        "{e:?}"
+    );
+    assert!(
+        e[4].contains("cache.c.scope_headers[0]: expected a valid HTTP header name"),
+        "{e:?}"
+    );
+
+    let ok = format!("{BASE}cache = \"c\"\n[cache.c]\nttl = \"10m\"\nstatuses = [\"2xx\", \"404\"]\n");
+    let config = Config::parse(&ok, Path::new("t.toml"), &|_| None).unwrap();
+    let summary = config.summary();
+    assert!(summary.contains("idempotency none, cache c"), "{summary}");
+    assert!(
+        summary.contains(
+            "c              ttl 10m, statuses [2xx,404], max_entry_size 4MiB, scope [authorization,x-api-key,api-key]"
+        ),
+        "{summary}"
+    );
+}

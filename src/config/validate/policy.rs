@@ -257,7 +257,7 @@ impl Validator<'_> {
         let key = |k: &str| format!("cache.{name}.{k}");
         let ttl = self.positive_duration(&key("ttl"), &r.ttl, Duration::from_secs(3600));
         if ttl > Duration::from_secs(30 * 86_400) {
-            self.err(&key("ttl"), "expected at most 30d");
+            self.err(&key("ttl"), "expected at most 720h (30 days)");
         }
         CachePolicy {
             name: name.to_string(),

@@ -17,6 +17,12 @@ impl Parts {
         self.0.update(p);
     }
 
+    /// A part of `len` bytes whose bytes follow through [`Parts::write`] (the same hash as
+    /// [`Parts::part`] over them, without holding them in one buffer).
+    fn part_of_len(&mut self, len: usize) {
+        self.0.update((len as u64).to_be_bytes());
+    }
+
     fn of(parts: &[&[u8]]) -> [u8; 32] {
         let mut h = Parts::new();
         for p in parts {
@@ -27,6 +33,16 @@ impl Parts {
 
     fn finish(self) -> [u8; 32] {
         self.0.finalize().into()
+    }
+}
+
+impl std::io::Write for Parts {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.update(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -196,11 +212,18 @@ pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, headers: &H
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let body = canonical_body(content_type, body);
-    digest(&[method.as_str().as_bytes(), path.as_bytes(), query.as_bytes(), &body])
+    let mut h = Parts::new();
+    h.part(method.as_str().as_bytes());
+    h.part(path.as_bytes());
+    h.part(query.as_bytes());
+    body_part(&mut h, content_type, body);
+    hex(&h.finish())
 }
 
-fn canonical_body(content_type: &str, body: &[u8]) -> Vec<u8> {
+/// The body's part of the fingerprint, hashed as it is produced (a large body is never copied):
+/// `json` and its canonical form (`serde_json`'s written form of the document: keys sorted),
+/// `multipart` and each part's digest, else `raw` and the bytes.
+fn body_part(h: &mut Parts, content_type: &str, body: &[u8]) {
     let mime = content_type.split(';').next().unwrap_or("").trim();
     if mime.eq_ignore_ascii_case("multipart/form-data") {
         if let Some(parts) = boundary(content_type).and_then(|b| multipart_parts(body, &b)) {
@@ -208,24 +231,22 @@ fn canonical_body(content_type: &str, body: &[u8]) -> Vec<u8> {
             for p in parts {
                 out.extend_from_slice(digest(&[p.headers.as_bytes(), p.body]).as_bytes());
             }
-            return out;
+            return h.part(&out);
         }
     }
     let json_suffix = mime.len() >= 5 && mime.as_bytes()[mime.len() - 5..].eq_ignore_ascii_case(b"+json");
     if mime.is_empty() || mime.eq_ignore_ascii_case("application/json") || json_suffix {
-        if let Ok(value) = serde_json::from_slice::<serde_json::Value>(body) {
-            // serde_json's map is ordered by key: this is a canonical form.
-            let mut out = Vec::with_capacity(body.len() + 4);
-            out.extend_from_slice(b"json");
-            if serde_json::to_writer(&mut out, &value).is_ok() {
-                return out;
-            }
+        if let Some(doc) = super::canonical::parse(body) {
+            h.part_of_len(4 + super::canonical::len(&doc));
+            h.0.update(b"json");
+            // Hashing cannot fail.
+            let _ = super::canonical::emit(&doc, h);
+            return;
         }
     }
-    let mut out = Vec::with_capacity(body.len() + 3);
-    out.extend_from_slice(b"raw");
-    out.extend_from_slice(body);
-    out
+    h.part_of_len(3 + body.len());
+    h.0.update(b"raw");
+    h.0.update(body);
 }
 
 fn boundary(content_type: &str) -> Option<String> {
@@ -306,6 +327,42 @@ mod tests {
         assert!(request_key(&headers(&[]), &name).is_none());
         let two = headers(&[("idempotency-key", "a"), ("idempotency-key", "b")]);
         assert_eq!(request_key(&two, &name).unwrap(), Err(KeyError::Several));
+    }
+
+    /// The fingerprint as it was computed before it was streamed (records in stores keep
+    /// fingerprints: they must not change across an upgrade).
+    fn as_before(method: &Method, path: &str, query: &str, content_type: &str, body: &[u8]) -> String {
+        let mime = content_type.split(';').next().unwrap_or("").trim();
+        let body = match serde_json::from_slice::<serde_json::Value>(body) {
+            Ok(v) if mime.is_empty() || mime.ends_with("json") => {
+                [b"json".to_vec(), serde_json::to_vec(&v).unwrap()].concat()
+            }
+            _ => [b"raw".to_vec(), body.to_vec()].concat(),
+        };
+        digest(&[method.as_str().as_bytes(), path.as_bytes(), query.as_bytes(), &body])
+    }
+
+    #[test]
+    fn fingerprints_are_what_they_were_before_they_were_streamed() {
+        let big = format!(r#"{{"model":"m","input":"{}","z":"a\nb"}}"#, "x".repeat(300_000));
+        for (ct, body) in [
+            ("application/json", big.as_str()),
+            ("application/json", r#"{"b":[1,2.5,{"y":null,"x":"\u00e9"}],"a":"é"}"#),
+            ("", r#"[1,"two"]"#),
+            ("application/vnd.api+json", r#"{"k":true}"#),
+            ("application/json", "not json {"),
+            ("text/plain", "plain text"),
+            ("", ""),
+        ] {
+            let h = headers(&[("content-type", ct)]);
+            let h = if ct.is_empty() { HeaderMap::new() } else { h };
+            assert_eq!(
+                fingerprint(&Method::POST, "/v1/x", Some("b=2&a=1"), &h, body.as_bytes()),
+                as_before(&Method::POST, "/v1/x", "a=1&b=2", ct, body.as_bytes()),
+                "{ct}: {}",
+                &body[..body.len().min(60)]
+            );
+        }
     }
 
     #[test]

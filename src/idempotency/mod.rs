@@ -17,6 +17,7 @@
 //! where [`Recorder`] tees the response into the store as it streams to the client.
 
 mod cached;
+mod canonical;
 mod claim;
 pub mod fingerprint;
 pub mod held;

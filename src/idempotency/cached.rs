@@ -12,7 +12,7 @@ use tokio_util::task::TaskTracker;
 
 use super::fingerprint;
 use super::store::{Begin, StoreError};
-use super::{AnyStore, Check, Counters, Idempotency, Pending, Records, Start};
+use super::{AnyStore, Check, Counters, Idempotency, Pending, Records, Shared, Start};
 use crate::config::{CachePolicy, IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::metrics::Metrics;
 
@@ -82,19 +82,18 @@ impl Idempotency {
             complete_on_disconnect: true,
             on_store_error: OnStoreError::FailOpen,
         };
-        Idempotency {
-            policy: Arc::new(policy),
+        let shared = Shared {
             records: records.clone(),
             metrics,
             tasks,
             hard_stop,
             route,
-            counters: Arc::new(Counters {
-                results: None,
-                completions: None,
-            }),
-            cache: true,
-        }
+        };
+        let counters = Arc::new(Counters {
+            results: None,
+            completions: None,
+        });
+        Idempotency::assemble(Arc::new(policy), shared, counters, true)
     }
 
     /// Looks a request up in the cache: a stored entry it accepts is replayed, an identical
@@ -140,7 +139,7 @@ impl Idempotency {
             true => m.reclaim_now(&pending.record, &pending.fingerprint, &pending.owner, lease),
             false => m.begin_now(&pending.record, &pending.fingerprint, &pending.owner, lease),
         };
-        if !pending.refresh && self.stale(&Ok(begun.clone()), freshness) {
+        if !pending.refresh && self.stale(&begun, freshness) {
             pending.refresh = true;
             begun = m.reclaim_now(&pending.record, &pending.fingerprint, &pending.owner, lease);
         }
@@ -159,10 +158,10 @@ impl Idempotency {
 
     /// Whether the store's answer is an entry the request does not accept (too old, or a
     /// response that was not kept): it is claimed over instead.
-    pub(super) fn stale(&self, begun: &Result<Begin, StoreError>, freshness: Freshness) -> bool {
+    pub(super) fn stale(&self, begun: &Begin, freshness: Freshness) -> bool {
         match begun {
-            Ok(Begin::Completed(r)) => !freshness.accepts(r.age),
-            Ok(Begin::NotKept | Begin::Mismatch) => true,
+            Begin::Completed(r) => !freshness.accepts(r.age),
+            Begin::NotKept | Begin::Mismatch => true,
             _ => false,
         }
     }

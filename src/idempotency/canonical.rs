@@ -75,16 +75,14 @@ pub(super) fn emit(doc: &Canon<'_>, w: &mut impl Write) -> std::io::Result<()> {
 /// escapes (written escaped as `serde_json` escapes it).
 #[allow(clippy::ptr_arg)] // the variant is the point: borrowed means it had no escape
 fn string(s: &Cow<'_, str>, w: &mut impl Write) -> std::io::Result<()> {
-    write_str(s, matches!(s, Cow::Borrowed(_)), w)
-}
-
-fn write_str(s: &str, as_it_came: bool, w: &mut impl Write) -> std::io::Result<()> {
-    if as_it_came {
-        w.write_all(b"\"")?;
-        w.write_all(s.as_bytes())?;
-        return w.write_all(b"\"");
+    match s {
+        Cow::Borrowed(raw) => {
+            w.write_all(b"\"")?;
+            w.write_all(raw.as_bytes())?;
+            w.write_all(b"\"")
+        }
+        Cow::Owned(decoded) => serde_json::to_writer(w, decoded).map_err(std::io::Error::other),
     }
-    serde_json::to_writer(w, s).map_err(std::io::Error::other)
 }
 
 /// A writer that only counts.

@@ -213,6 +213,15 @@ pub struct Idempotency {
     cache: bool,
 }
 
+/// What a route's idempotency and response cache share of the process.
+struct Shared {
+    records: Records,
+    metrics: Arc<Metrics>,
+    tasks: TaskTracker,
+    hard_stop: CancellationToken,
+    route: Arc<str>,
+}
+
 /// The route's idempotency counters, resolved once (none for the response cache, which counts
 /// its own results).
 struct Counters {
@@ -331,15 +340,27 @@ impl Idempotency {
                 &IDEMPOTENCY_COMPLETION_RESULTS,
             )),
         });
-        Idempotency {
-            policy,
+        let shared = Shared {
             records: records.clone(),
             metrics,
             tasks,
             hard_stop,
             route,
+        };
+        Idempotency::assemble(policy, shared, counters, false)
+    }
+
+    /// A route's idempotency (or, with `cache`, its response cache) from its parts.
+    fn assemble(policy: Arc<IdempotencyPolicy>, s: Shared, counters: Arc<Counters>, cache: bool) -> Idempotency {
+        Idempotency {
+            policy,
+            records: s.records,
+            metrics: s.metrics,
+            tasks: s.tasks,
+            hard_stop: s.hard_stop,
+            route: s.route,
             counters,
-            cache: false,
+            cache,
         }
     }
 
@@ -515,7 +536,8 @@ impl Idempotency {
                         false => store.begin(record, fp, owner, p.lease).await,
                     };
                     // A cache entry too old for the request (or not kept): claimed over.
-                    if self.cache && !pending.refresh && self.stale(&begun, pending.freshness) {
+                    let stale = matches!(&begun, Ok(b) if self.stale(b, pending.freshness));
+                    if self.cache && !pending.refresh && stale {
                         pending.refresh = true;
                         continue;
                     }

@@ -4,13 +4,14 @@
 use std::convert::Infallible;
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 
+use super::idempotent::kept_headers;
 use crate::idempotency::{Claim, Followed, StoredResponse};
 use crate::wire::body::{BoxError, ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -77,24 +78,14 @@ where
         drop(claim);
         return crate::idempotency::Recorder::passthrough(body);
     }
-    claim.record(status.as_u16(), &headers_of(kept), body, None)
-}
-
-fn headers_of(kept: &[(String, String)]) -> http::HeaderMap {
-    let mut h = http::HeaderMap::new();
-    for (name, value) in kept {
-        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
-            h.append(name, value);
-        }
-    }
-    h
+    claim.record(status.as_u16(), &kept_headers(kept), body, None)
 }
 
 /// A cached answer with its kept headers, `x-rebound-cache: hit` and no attempt.
 fn answered(status: StatusCode, kept: &[(String, String)], body: ProxyBody) -> Response<ProxyBody> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
-    *resp.headers_mut() = headers_of(kept);
+    *resp.headers_mut() = kept_headers(kept);
     let h = resp.headers_mut();
     h.insert(headers::X_REBOUND_CACHE, HeaderValue::from_static("hit"));
     h.insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(0));

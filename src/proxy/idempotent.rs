@@ -77,13 +77,20 @@ pub(super) fn follow_response(followed: Followed, log: RequestLog) -> Response<P
 fn shared_response(status: StatusCode, kept: &[(String, String)], body: ProxyBody) -> Response<ProxyBody> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
+    *resp.headers_mut() = kept_headers(kept);
     let h = resp.headers_mut();
+    h.insert(headers::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
+    h.insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(0));
+    resp
+}
+
+/// A stored or followed response's kept headers, as a header map.
+pub(super) fn kept_headers(kept: &[(String, String)]) -> http::HeaderMap {
+    let mut h = http::HeaderMap::new();
     for (name, value) in kept {
         if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
             h.append(name, value);
         }
     }
-    h.insert(headers::IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));
-    h.insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(0));
-    resp
+    h
 }

@@ -511,12 +511,7 @@ impl Validator<'_> {
     /// Every route's `cache` names a `[cache.*]` table.
     fn route_caches(&mut self, raw_routes: &[RawRoute], cache: &BTreeMap<String, Arc<CachePolicy>>) {
         for (i, r) in raw_routes.iter().enumerate() {
-            if let Some(c) = r.cache.as_ref().filter(|c| !cache.contains_key(*c)) {
-                self.err(
-                    &format!("routes[{i}].cache"),
-                    format!("expected the name of a [cache.*] table ({}), found {c:?}", names(cache)),
-                );
-            }
+            self.policy_name(&format!("routes[{i}].cache"), &r.cache, "a [cache.*]", cache);
         }
     }
 

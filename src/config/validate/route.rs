@@ -10,7 +10,13 @@ use super::{names, Validator};
 
 impl Validator<'_> {
     /// A route's reference to a policy table (`what`: "a [retry.*]") names one.
-    fn policy_name<V>(&mut self, key: &str, name: &Option<String>, what: &str, tables: &BTreeMap<String, V>) {
+    pub(super) fn policy_name<V>(
+        &mut self,
+        key: &str,
+        name: &Option<String>,
+        what: &str,
+        tables: &BTreeMap<String, V>,
+    ) {
         if let Some(p) = name.as_ref().filter(|p| !tables.contains_key(*p)) {
             self.err(
                 key,

@@ -536,8 +536,8 @@ impl Idempotency {
                         false => store.begin(record, fp, owner, p.lease).await,
                     };
                     // A cache entry too old for the request (or not kept): claimed over.
-                    let stale = matches!(&begun, Ok(b) if self.stale(b, pending.freshness));
-                    if self.cache && !pending.refresh && stale {
+                    let stale = |b: &Result<Begin, StoreError>| matches!(b, Ok(b) if self.stale(b, pending.freshness));
+                    if self.cache && !pending.refresh && stale(&begun) {
                         pending.refresh = true;
                         continue;
                     }

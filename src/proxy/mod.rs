@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
-use http_body_util::{BodyExt, Either, Full};
+use http_body_util::{Either, Full};
 use std::sync::atomic::AtomicBool;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -50,7 +50,7 @@ use crate::redis::RedisHandle;
 use crate::retry::policy::Outcome;
 use crate::routing::{forwarded_path, RouteTable};
 use crate::traces::{self, Traces};
-use crate::wire::body::{self, BodyError, BoxError, Delivered, ProxyBody, RequestLog};
+use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
 use crate::wire::sse::Shape;
 use attempts::Delivery;
@@ -388,11 +388,7 @@ where
     let body = match claims.idempotency {
         // A stream with an error event in it is passed through, but not stored: the key is
         // released at its end, so that the app's retry runs.
-        Some(claim) => ProxyBody::new(
-            claim.record(status, &parts.headers, body.map_err(BoxError::from), stream_error),
-            log,
-            status,
-        ),
+        Some(claim) => ProxyBody::new(claim.record(status, &parts.headers, body, stream_error), log, status),
         None => ProxyBody::new(body, log, status),
     };
     Response::from_parts(parts, body)

@@ -361,6 +361,8 @@ where
 {
     let (mut parts, body) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers, false);
+    // Room for rebound's own headers at once (the map is sized for the upstream's).
+    parts.headers.reserve(4);
     parts
         .headers
         .insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(attempts));

@@ -8,6 +8,8 @@ use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderName, DATE};
 
+use crate::wire::headers::first_values;
+
 use super::retry_after::{parse_go_duration, parse_rfc3339, parse_unsigned, single_value, until};
 
 /// Requests left in the current window, and when it resets.
@@ -26,6 +28,10 @@ const ANTHROPIC_RESET: HeaderName = HeaderName::from_static("anthropic-ratelimit
 /// The request quota a response reports, if it reports one whole (both the remaining count and
 /// the reset, valid). With both providers' headers, the one with fewer requests left.
 pub(crate) fn requests_quota(headers: &HeaderMap, now: SystemTime) -> Option<Quota> {
+    // Most responses carry neither: one pass over the names says so without hashing either.
+    if first_values(headers, &[OPENAI_REMAINING, ANTHROPIC_REMAINING]) == [None, None] {
+        return None;
+    }
     let remaining = |name: &HeaderName| single_value(headers, name).and_then(parse_unsigned);
     let openai = remaining(&OPENAI_REMAINING).and_then(|remaining| {
         let reset = single_value(headers, &OPENAI_RESET).and_then(parse_go_duration)?;

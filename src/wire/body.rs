@@ -151,8 +151,9 @@ impl RequestLog {
 
     /// Takes the trace id of the app's `traceparent` (W3C: `00-<32 hex>-<16 hex>-<2 hex>`), if valid.
     pub(crate) fn set_trace(&mut self, headers: &http::HeaderMap) {
-        self.trace_id = headers
-            .get(super::headers::TRACEPARENT)
+        // One pass over the names: a lookup by a name that is not a standard one hashes it.
+        let [traceparent] = super::headers::first_values(headers, &[super::headers::TRACEPARENT]);
+        self.trace_id = traceparent
             .and_then(|v| v.to_str().ok())
             .and_then(trace_id_of)
             .map(str::to_string);

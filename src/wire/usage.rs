@@ -29,6 +29,8 @@ use std::sync::Arc;
 
 use memchr::memmem;
 
+mod object;
+
 /// The searchers, built once (building one per frame costs more than the search).
 static USAGE_KEY: std::sync::LazyLock<memmem::Finder<'static>> = std::sync::LazyLock::new(|| memmem::Finder::new(KEY));
 static MODEL_KEY: std::sync::LazyLock<memmem::Finder<'static>> =
@@ -72,6 +74,7 @@ impl Usage {
 }
 
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(test, derive(PartialEq))]
 struct Details {
     #[serde(default)]
     cached_tokens: Option<u64>,
@@ -79,6 +82,7 @@ struct Details {
 
 /// A usage object, in any provider's field names (unknown fields ignored).
 #[derive(Debug, Default, Deserialize)]
+#[cfg_attr(test, derive(PartialEq))]
 struct Raw {
     #[serde(default)]
     prompt_tokens: Option<u64>,
@@ -191,6 +195,10 @@ fn parse_at(bytes: &[u8]) -> Parsed {
         None => return Parsed::Incomplete,
         Some(&OBJECT) => {}
         Some(_) => return Parsed::Done(None, i), // null, or not an object
+    }
+    // The common shapes without serde; serde for the rest (see `object`).
+    if let Some((raw, len)) = object::read(&bytes[i..]) {
+        return Parsed::Done(Some(raw.usage()), i + len);
     }
     let mut values = serde_json::Deserializer::from_slice(&bytes[i..]).into_iter::<Raw>();
     match values.next() {

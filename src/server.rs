@@ -245,8 +245,8 @@ async fn serve(
     admin: &AdminState,
 ) -> Exit {
     let signal = ShutdownSignal::new();
-    let builder = http_builder(&limits);
-    accept_until_shutdown(&listener, &proxy, &shutdown, &drain.tasks, &limits, &builder, &signal).await;
+    let builders = Arc::new(builders(&limits));
+    accept_until_shutdown(&listener, &proxy, &shutdown, &drain.tasks, &limits, &builders, &signal).await;
     drop(listener);
     admin.draining.store(true, Ordering::SeqCst);
     drain_connections(drain, signal).await
@@ -254,19 +254,42 @@ async fn serve(
 
 /// HTTP/1.1 (keep-alive, head read timeout and size) and HTTP/2 (header list size), as the
 /// limits say.
-fn http_builder(limits: &ClientLimits) -> hyper_util::server::conn::auto::Builder<TokioExecutor> {
-    let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
+/// The connection builders: hyper's HTTP/1.1 for a connection that cannot be HTTP/2, and
+/// hyper-util's auto builder (HTTP/1.1 or HTTP/2 by the preface) for one that opens with a prefix
+/// of HTTP/2's preface. hyper-util's builder reads the first bytes apart to decide; hyper's
+/// HTTP/1.1 connection then reads the rest into a buffer grown to 16 KiB instead of 8, kept for
+/// the connection's life, and every read of the connection passes through its rewind wrapper.
+struct Builders {
+    http1: hyper::server::conn::http1::Builder,
+    auto: hyper_util::server::conn::auto::Builder<TokioExecutor>,
+}
+
+/// What an HTTP/2 connection opens with (RFC 9113 §3.4).
+const H2_PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the bytes a connection opened with may begin HTTP/2's preface: then the auto builder
+/// reads on and decides. No HTTP/1.1 request line does (its method would be `PRI`).
+fn may_be_http2(first: &[u8]) -> bool {
+    H2_PREFACE.starts_with(first)
+}
+
+fn builders(limits: &ClientLimits) -> Builders {
+    let mut http1 = hyper::server::conn::http1::Builder::new();
+    http1
         .timer(TokioTimer::new())
         .keep_alive(true)
         .header_read_timeout(limits.header_read_timeout)
         .max_buf_size(limits.read_buffer());
-    builder
-        .http2()
+    let mut auto = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    auto.http1()
+        .timer(TokioTimer::new())
+        .keep_alive(true)
+        .header_read_timeout(limits.header_read_timeout)
+        .max_buf_size(limits.read_buffer());
+    auto.http2()
         .timer(TokioTimer::new())
         .max_header_list_size(u32::try_from(limits.max_request_head).unwrap_or(u32::MAX));
-    builder
+    Builders { http1, auto }
 }
 
 /// Accepts connections until `shutdown`, each on a slot of `max_connections` (past it, new
@@ -277,7 +300,7 @@ async fn accept_until_shutdown(
     shutdown: &CancellationToken,
     tasks: &TaskTracker,
     limits: &ClientLimits,
-    builder: &hyper_util::server::conn::auto::Builder<TokioExecutor>,
+    builders: &Arc<Builders>,
     signal: &ShutdownSignal,
 ) {
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections as usize));
@@ -304,21 +327,20 @@ async fn accept_until_shutdown(
         };
         let _ = tcp.set_nodelay(true);
         let proxy = proxy.clone();
-        let (builder, signal, shutdown) = (builder.clone(), signal.clone(), shutdown.clone());
+        let (builders, signal, shutdown) = (builders.clone(), signal.clone(), shutdown.clone());
         let first_byte = limits.header_read_timeout;
         tasks.spawn(async move {
             let _slot = slot;
             // A client that connects and sends nothing is closed after header_read_timeout
             // (hyper times HTTP/1 heads and idle kept-alive connections from there on).
-            let mut probe = [0u8; 1];
-            tokio::select! {
-                peeked = tokio::time::timeout(first_byte, tcp.peek(&mut probe)) => {
-                    if !matches!(peeked, Ok(Ok(n)) if n > 0) {
-                        return;
-                    }
-                }
+            let mut first = [0u8; H2_PREFACE.len()];
+            let opened = tokio::select! {
+                peeked = tokio::time::timeout(first_byte, tcp.peek(&mut first)) => match peeked {
+                    Ok(Ok(n)) if n > 0 => n,
+                    _ => return,
+                },
                 _ = shutdown.cancelled() => return,
-            }
+            };
             let svc = hyper::service::service_fn(move |req| {
                 // Each request runs to its end on the configuration it started with.
                 let proxy = proxy.load_full();
@@ -331,13 +353,31 @@ async fn accept_until_shutdown(
             // The connection goes straight to `watch`, which boxes it, and the watch is awaited
             // where it is built: a future bound to a name across an await is kept twice in this
             // task's state (the binding and the awaited copy), for the connection's whole life.
-            let conn = builder
-                .serve_connection_with_upgrades(TokioIo::new(tcp), svc)
-                .into_owned();
-            if let Some(Err(e)) = signal.watch(conn).await {
+            let io = TokioIo::new(tcp);
+            let ended = match may_be_http2(&first[..opened]) {
+                false => failure(
+                    signal
+                        .watch(builders.http1.serve_connection(io, svc).with_upgrades())
+                        .await,
+                ),
+                true => failure(
+                    signal
+                        .watch(builders.auto.serve_connection_with_upgrades(io, svc).into_owned())
+                        .await,
+                ),
+            };
+            if let Some(e) = ended {
                 tracing::debug!(error = %e, "client connection ended with an error");
             }
         });
+    }
+}
+
+/// The error a watched connection ended with, if it did.
+fn failure<E: std::fmt::Display>(ended: Option<Result<(), E>>) -> Option<String> {
+    match ended {
+        Some(Err(e)) => Some(e.to_string()),
+        _ => None,
     }
 }
 
@@ -362,4 +402,27 @@ async fn drain_connections(drain: Drain, signal: ShutdownSignal) -> Exit {
     signal.stop();
     let _ = tokio::time::timeout(Duration::from_secs(1), drain.tasks.wait()).await;
     Exit::GraceExpired { closed }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_prefix_of_the_http2_preface_goes_to_the_auto_builder() {
+        for first in [&b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..], b"PRI * HT", b"PR", b"P"] {
+            assert!(may_be_http2(first), "{first:?}");
+        }
+        for first in [
+            &b"POST /openai/v1/chat/completions HTTP/1.1\r\n"[..],
+            b"PO",
+            b"PUT",
+            b"PATCH",
+            b"GET / HTTP/1.1\r\n",
+            b"PRIVATE / HTTP/1.1\r\n",
+            b"\x16\x03\x01",
+        ] {
+            assert!(!may_be_http2(first), "{first:?}");
+        }
+    }
 }

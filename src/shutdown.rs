@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
-use hyper_util::server::graceful::GracefulConnection;
+use std::pin::Pin;
 
 const DRAIN: u8 = 1;
 const STOP: u8 = 2;
@@ -67,7 +67,7 @@ impl ShutdownSignal {
     /// kept-alive connection. The future returned holds a pointer.
     pub fn watch<C>(&self, conn: C) -> impl Future<Output = Option<C::Output>> + Send + 'static
     where
-        C: GracefulConnection + Send + 'static,
+        C: Graceful + Send + 'static,
     {
         let inner = self.inner.clone();
         let mut conn = Box::pin(conn);
@@ -93,6 +93,43 @@ impl ShutdownSignal {
             })
             .await
         }
+    }
+}
+
+/// A client connection that can be asked to finish the requests in flight and take no new one.
+/// (hyper-util's `GracefulConnection` is sealed and leaves out hyper's own HTTP/1 connection with
+/// upgrades, which serves every connection that does not open with HTTP/2's preface.)
+pub(crate) trait Graceful: Future {
+    fn graceful_shutdown(self: Pin<&mut Self>);
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+impl<I, S, B> Graceful for hyper::server::conn::http1::UpgradeableConnection<I, S>
+where
+    S: hyper::service::HttpService<hyper::body::Incoming, ResBody = B>,
+    S::Error: Into<BoxError>,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<BoxError>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        hyper::server::conn::http1::UpgradeableConnection::graceful_shutdown(self);
+    }
+}
+
+impl<I, S, B, E> Graceful for hyper_util::server::conn::auto::UpgradeableConnection<'static, I, S, E>
+where
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: 'static,
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+    B: hyper::body::Body + 'static,
+    B::Error: Into<BoxError>,
+    E: hyper::rt::bounds::Http2ServerConnExec<S::Future, B>,
+{
+    fn graceful_shutdown(self: Pin<&mut Self>) {
+        hyper_util::server::conn::auto::UpgradeableConnection::graceful_shutdown(self);
     }
 }
 

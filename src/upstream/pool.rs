@@ -16,6 +16,7 @@
 //!   is sent again on another connection (hyper hands it back unsent, so this is safe for every
 //!   method). It is invisible to the retry engine, like hyper-util's own "canceled" replay.
 
+use futures_util::FutureExt;
 use parking_lot::Mutex;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -218,7 +219,7 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(|e| connect_failed(error_chain(&e)))?;
-            tokio::spawn(drive(conn));
+            tokio::spawn(conn.map(ended));
             *self.h2.lock() = Some(sender.clone());
             Ok(Sender::H2(sender))
         } else {
@@ -226,15 +227,18 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(|e| connect_failed(error_chain(&e)))?;
-            tokio::spawn(drive(conn));
+            tokio::spawn(conn.map(ended));
             Ok(Sender::H1(sender))
         }
     }
 }
 
-/// Runs an upstream connection (its reads and writes) until it closes.
-async fn drive(conn: impl std::future::Future<Output = hyper::Result<()>>) {
-    if let Err(e) = conn.await {
+/// How an upstream connection's task (its reads and writes, until it closes) ends. The task is
+/// the connection mapped by this, not an `async fn` awaiting it: that would hold the connection
+/// twice (as its argument and as the future it awaits), 3.7 KiB instead of 1.9 for every upstream
+/// connection, idle or streaming.
+fn ended(result: hyper::Result<()>) {
+    if let Err(e) = result {
         tracing::debug!(error = %e, "upstream connection ended with an error");
     }
 }

@@ -252,8 +252,6 @@ async fn serve(
     drain_connections(drain, signal).await
 }
 
-/// HTTP/1.1 (keep-alive, head read timeout and size) and HTTP/2 (header list size), as the
-/// limits say.
 /// The connection builders: hyper's HTTP/1.1 for a connection that cannot be HTTP/2, and
 /// hyper-util's auto builder (HTTP/1.1 or HTTP/2 by the preface) for one that opens with a prefix
 /// of HTTP/2's preface. hyper-util's builder reads the first bytes apart to decide; hyper's
@@ -273,6 +271,9 @@ fn may_be_http2(first: &[u8]) -> bool {
     H2_PREFACE.starts_with(first)
 }
 
+/// HTTP/1.1 (keep-alive, head read timeout and size) and HTTP/2 (header list size), as the
+/// limits say. The auto builder's HTTP/1.1 has the same settings as `http1`: a connection that
+/// opened with a bare `P` goes to it and may be a `POST`.
 fn builders(limits: &ClientLimits) -> Builders {
     let mut http1 = hyper::server::conn::http1::Builder::new();
     http1

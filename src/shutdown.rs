@@ -9,11 +9,12 @@
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::future::{poll_fn, Future};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Poll, Waker};
 
-use std::pin::Pin;
+use crate::wire::body::BoxError;
 
 const DRAIN: u8 = 1;
 const STOP: u8 = 2;
@@ -102,8 +103,6 @@ impl ShutdownSignal {
 pub(crate) trait Graceful: Future {
     fn graceful_shutdown(self: Pin<&mut Self>);
 }
-
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl<I, S, B> Graceful for hyper::server::conn::http1::UpgradeableConnection<I, S>
 where

@@ -536,8 +536,7 @@ impl Idempotency {
                         false => store.begin(record, fp, owner, p.lease).await,
                     };
                     // A cache entry too old for the request (or not kept): claimed over.
-                    let stale = |b: &Result<Begin, StoreError>| matches!(b, Ok(b) if self.stale(b, pending.freshness));
-                    if self.cache && !pending.refresh && stale(&begun) {
+                    if self.cache && !pending.refresh && matches!(&begun, Ok(b) if self.stale(b, pending.freshness)) {
                         pending.refresh = true;
                         continue;
                     }

@@ -8,7 +8,7 @@ use divan::{black_box, Bencher};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use rebound::circuit::breaker::{Admission, Attempt, Breaker, BreakerConfig};
 use rebound::config::FailureOn;
-use rebound::idempotency::fingerprint::fingerprint;
+use rebound::idempotency::fingerprint::{fingerprint, fingerprint_v1};
 use rebound::retry::policy::Outcome;
 use rebound::retry::retry_after::parse_hint;
 use rebound::routing::RouteTable;
@@ -71,6 +71,32 @@ fn fingerprint_json_body(b: Bencher) {
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     let body = br#"{"model":"gpt-4o","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Summarise the attached ticket in one line, please."}],"temperature":0.2,"stream":true}"#;
     b.bench(|| fingerprint(&Method::POST, "/v1/chat/completions", None, &headers, black_box(body)));
+}
+
+/// A 1 MiB chat body as agents send it: many messages, escapes in every one.
+fn chat_body_1mib() -> Vec<u8> {
+    let mut body = String::from(r#"{"model":"gpt-4o","messages":["#);
+    let mut i = 0;
+    while body.len() < 1024 * 1024 {
+        if i > 0 {
+            body.push(',');
+        }
+        body.push_str(&format!(
+            r#"{{"role":"user","content":"Line {i} of the ticket: the customer said \"it broke\".\nSummarise the log in one line.\n"}}"#
+        ));
+        i += 1;
+    }
+    body.push_str(r#"],"temperature":0.2}"#);
+    body.into_bytes()
+}
+
+#[divan::bench(args = ["v2", "v1"])]
+fn fingerprint_1mib_chat_body(b: Bencher, version: &str) {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    let body = chat_body_1mib();
+    let f = if version == "v2" { fingerprint } else { fingerprint_v1 };
+    b.bench(|| f(&Method::POST, "/v1/chat/completions", None, &headers, black_box(&body)));
 }
 
 #[divan::bench]

@@ -120,6 +120,8 @@ impl Idempotency {
             first: None,
             freshness,
             refresh: freshness == Freshness::Refresh,
+            // A cache entry's key is its fingerprint's: one of another version is never found.
+            v1_possible: false,
         };
         if let Some(held) = self.records.held.get(&pending.record).filter(|_| !pending.refresh) {
             if let super::Completion::Kept(r) = &held.completion {

@@ -1,26 +1,41 @@
 //! What makes two requests "the same request": the record key (who and which key) and the
-//! fingerprint (what was asked). Pure; SHA-256 throughout, so no raw key or credential is stored.
+//! fingerprint (what was asked). Pure. The record key and the scope are SHA-256 hashes, so no raw
+//! key or credential is stored; the fingerprint (version 2) is BLAKE3, the fastest to hash a large
+//! body with, and [`fingerprint_v1`] is the SHA-256 one of records written before it.
 
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
-/// SHA-256 over parts, each length-prefixed (so `("ab","c")` and `("a","bc")` differ).
-struct Parts(Sha256);
+/// A hash fed in pieces.
+trait Feed {
+    fn feed(&mut self, bytes: &[u8]);
+    fn finish(self) -> [u8; 32];
+}
+
+impl Feed for Sha256 {
+    fn feed(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+    fn finish(self) -> [u8; 32] {
+        self.finalize().into()
+    }
+}
+
+impl Feed for blake3::Hasher {
+    fn feed(&mut self, bytes: &[u8]) {
+        self.update(bytes);
+    }
+    fn finish(self) -> [u8; 32] {
+        *self.finalize().as_bytes()
+    }
+}
+
+/// A hash over parts, each length-prefixed (so `("ab","c")` and `("a","bc")` differ).
+struct Parts<H: Feed = Sha256>(H);
 
 impl Parts {
     fn new() -> Parts {
         Parts(Sha256::new())
-    }
-
-    fn part(&mut self, p: &[u8]) {
-        self.0.update((p.len() as u64).to_be_bytes());
-        self.0.update(p);
-    }
-
-    /// A part of `len` bytes whose bytes follow through [`Parts::write`] (the same hash as
-    /// [`Parts::part`] over them, without holding them in one buffer).
-    fn part_of_len(&mut self, len: usize) {
-        self.0.update((len as u64).to_be_bytes());
     }
 
     fn of(parts: &[&[u8]]) -> [u8; 32] {
@@ -30,15 +45,28 @@ impl Parts {
         }
         h.finish()
     }
+}
+
+impl<H: Feed> Parts<H> {
+    fn part(&mut self, p: &[u8]) {
+        self.0.feed(&(p.len() as u64).to_be_bytes());
+        self.0.feed(p);
+    }
+
+    /// A part of `len` bytes whose bytes follow through [`Parts::write`] (the same hash as
+    /// [`Parts::part`] over them, without holding them in one buffer).
+    fn part_of_len(&mut self, len: usize) {
+        self.0.feed(&(len as u64).to_be_bytes());
+    }
 
     fn finish(self) -> [u8; 32] {
-        self.0.finalize().into()
+        self.0.finish()
     }
 }
 
-impl std::io::Write for Parts {
+impl<H: Feed> std::io::Write for Parts<H> {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.update(buf);
+        self.0.feed(buf);
         Ok(buf.len())
     }
     fn flush(&mut self) -> std::io::Result<()> {
@@ -199,54 +227,140 @@ fn trim(mut b: &[u8]) -> &[u8] {
     b
 }
 
+/// What a fingerprint of version 2 starts with. One without it is of version 1
+/// ([`fingerprint_v1`]), written by builds before it (up to commit 06cc037).
+pub const V2: &str = "2:";
+
 /// The fingerprint of a request: method, path, query (parameters sorted) and body. JSON bodies
-/// are canonicalised (key order and whitespace do not matter), multipart bodies are taken part by
-/// part (the boundary does not matter), anything else byte for byte.
+/// are taken as documents (key order, whitespace and escapes do not matter: `json_digest`),
+/// multipart bodies part by part (the boundary does not matter), anything else byte for byte.
+/// BLAKE3, marked [`V2`].
 pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> String {
+    let mut h = Parts(blake3::Hasher::new());
+    h.part(b"rebound-fingerprint-v2");
+    let content_type = request_line(&mut h, method, path, query, headers);
+    let mime = mime_of(content_type);
+    if let Some(parts) = multipart(mime, content_type, body) {
+        h.part_of_len(9 + parts.len() * 32);
+        h.0.feed(b"multipart");
+        for p in parts {
+            let mut d = Parts(blake3::Hasher::new());
+            d.part(p.headers.as_bytes());
+            d.part(p.body);
+            h.0.feed(&d.finish());
+        }
+    } else if let Some(doc) = is_json(mime).then(|| super::json_digest::digest(body)).flatten() {
+        h.part_of_len(4 + 32);
+        h.0.feed(b"json");
+        h.0.feed(&doc);
+    } else {
+        h.part_of_len(3 + body.len());
+        h.0.feed(b"raw");
+        h.0.feed(body);
+    }
+    let mut out = String::with_capacity(V2.len() + 64);
+    out.push_str(V2);
+    push_hex(&mut out, &h.finish());
+    out
+}
+
+/// Which fingerprint: this version's, or that of records written before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Version {
+    V1,
+    V2,
+}
+
+/// The fingerprint of `version` ([`fingerprint`] or [`fingerprint_v1`]).
+pub(crate) fn fingerprint_as(
+    version: Version,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> String {
+    match version {
+        Version::V1 => fingerprint_v1(method, path, query, headers, body),
+        Version::V2 => fingerprint(method, path, query, headers, body),
+    }
+}
+
+/// The fingerprint of version 1: SHA-256 over the same request line and the body's canonical
+/// JSON text (`canonical`). Records written before [`V2`] hold it; a request whose version-2
+/// fingerprint does not match a record is checked again with this one.
+pub fn fingerprint_v1(method: &Method, path: &str, query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> String {
+    let mut h = Parts::new();
+    let content_type = request_line(&mut h, method, path, query, headers);
+    body_part_v1(&mut h, content_type, body);
+    hex(&h.finish())
+}
+
+/// Method, path and query (parameters sorted) into `h`; the request's content type.
+fn request_line<'h, H: Feed>(
+    h: &mut Parts<H>,
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &'h HeaderMap,
+) -> &'h str {
     let mut params: Vec<&str> = query
         .map(|q| q.split('&').filter(|p| !p.is_empty()).collect())
         .unwrap_or_default();
     params.sort_unstable();
-    let query = params.join("&");
-    let content_type = headers
-        .get(http::header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("");
-    let mut h = Parts::new();
     h.part(method.as_str().as_bytes());
     h.part(path.as_bytes());
-    h.part(query.as_bytes());
-    body_part(&mut h, content_type, body);
-    hex(&h.finish())
+    h.part(params.join("&").as_bytes());
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
 }
 
-/// The body's part of the fingerprint, hashed as it is produced (a large body is never copied):
-/// `json` and its canonical form (`serde_json`'s written form of the document: keys sorted),
-/// `multipart` and each part's digest, else `raw` and the bytes.
-fn body_part(h: &mut Parts, content_type: &str, body: &[u8]) {
-    let mime = content_type.split(';').next().unwrap_or("").trim();
-    if mime.eq_ignore_ascii_case("multipart/form-data") {
-        if let Some(parts) = boundary(content_type).and_then(|b| multipart_parts(body, &b)) {
-            let mut out = b"multipart".to_vec();
-            for p in parts {
-                out.extend_from_slice(digest(&[p.headers.as_bytes(), p.body]).as_bytes());
-            }
-            return h.part(&out);
-        }
-    }
+fn mime_of(content_type: &str) -> &str {
+    content_type.split(';').next().unwrap_or("").trim()
+}
+
+/// No content type, `application/json` or `*/*+json`.
+fn is_json(mime: &str) -> bool {
     let json_suffix = mime.len() >= 5 && mime.as_bytes()[mime.len() - 5..].eq_ignore_ascii_case(b"+json");
-    if mime.is_empty() || mime.eq_ignore_ascii_case("application/json") || json_suffix {
+    mime.is_empty() || mime.eq_ignore_ascii_case("application/json") || json_suffix
+}
+
+/// A well-formed `multipart/form-data` body's parts.
+fn multipart<'a>(mime: &str, content_type: &str, body: &'a [u8]) -> Option<Vec<Part<'a>>> {
+    if !mime.eq_ignore_ascii_case("multipart/form-data") {
+        return None;
+    }
+    boundary(content_type).and_then(|b| multipart_parts(body, &b))
+}
+
+/// The body's part of the version-1 fingerprint, hashed as it is produced (a large body is never
+/// copied): `json` and its canonical form (`serde_json`'s written form of the document: keys
+/// sorted), `multipart` and each part's digest, else `raw` and the bytes.
+fn body_part_v1(h: &mut Parts, content_type: &str, body: &[u8]) {
+    let mime = mime_of(content_type);
+    if let Some(parts) = multipart(mime, content_type, body) {
+        let mut out = b"multipart".to_vec();
+        for p in parts {
+            out.extend_from_slice(digest(&[p.headers.as_bytes(), p.body]).as_bytes());
+        }
+        return h.part(&out);
+    }
+    if is_json(mime) {
         if let Some(doc) = super::canonical::parse(body) {
             h.part_of_len(4 + super::canonical::len(&doc));
-            h.0.update(b"json");
-            // Hashing cannot fail.
-            let _ = super::canonical::emit(&doc, h);
+            h.0.feed(b"json");
+            // Hashing cannot fail. Buffered: the form is written in many small pieces.
+            let mut w = std::io::BufWriter::with_capacity(8192, &mut *h);
+            let _ = super::canonical::emit(&doc, &mut w);
+            let _ = std::io::Write::flush(&mut w);
             return;
         }
     }
     h.part_of_len(3 + body.len());
-    h.0.update(b"raw");
-    h.0.update(body);
+    h.0.feed(b"raw");
+    h.0.feed(body);
 }
 
 fn boundary(content_type: &str) -> Option<String> {
@@ -357,7 +471,7 @@ mod tests {
             let h = headers(&[("content-type", ct)]);
             let h = if ct.is_empty() { HeaderMap::new() } else { h };
             assert_eq!(
-                fingerprint(&Method::POST, "/v1/x", Some("b=2&a=1"), &h, body.as_bytes()),
+                fingerprint_v1(&Method::POST, "/v1/x", Some("b=2&a=1"), &h, body.as_bytes()),
                 as_before(&Method::POST, "/v1/x", "a=1&b=2", ct, body.as_bytes()),
                 "{ct}: {}",
                 &body[..body.len().min(60)]
@@ -436,6 +550,12 @@ mod tests {
         };
         assert_eq!(fp("XYZ", "RIFFdata"), fp("----other-boundary-123", "RIFFdata"));
         assert_ne!(fp("XYZ", "RIFFdata"), fp("XYZ", "RIFFdatb"));
+        let v1 = |b: &str, content: &str| {
+            let h = headers(&[("content-type", &format!("multipart/form-data; boundary={b}"))]);
+            fingerprint_v1(&Method::POST, "/v1/audio", None, &h, body(b, content).as_bytes())
+        };
+        assert_eq!(v1("XYZ", "RIFFdata"), v1("----other-boundary-123", "RIFFdata"));
+        assert_ne!(v1("XYZ", "RIFFdata"), fp("XYZ", "RIFFdata"));
     }
 
     #[test]
@@ -470,13 +590,23 @@ mod tests {
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         let json = headers(&[("content-type", "Application/JSON; charset=utf-8")]);
         assert_eq!(
-            fingerprint(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body),
+            fingerprint_v1(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body),
             "83295de5c405c63e76911946e5259272a83a3d56fb61fb830d8e21064acb8700"
         );
         let text = headers(&[("content-type", "text/plain")]);
         assert_eq!(
-            fingerprint(&Method::PATCH, "/x", None, &text, b"not json"),
+            fingerprint_v1(&Method::PATCH, "/x", None, &text, b"not json"),
             "32d3adf35198ff56ab1fb7fb01beceb042e33034c28bc32970f5501f66a9ddbe"
+        );
+        // Version 2, computed independently (Python's `blake3` package over the form
+        // `json_digest` documents): a change to it changes every stored fingerprint.
+        assert_eq!(
+            fingerprint(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body),
+            "2:1d6085378b7775b3e363d72d980506f4415d4fdb807aef2cc0ae437fb5153dcf"
+        );
+        assert_eq!(
+            fingerprint(&Method::PATCH, "/x", None, &text, b"not json"),
+            "2:f8c9d203190c9bf68163f9b64ceb678ccbcd6e245aedaa46c623e045c489716d"
         );
         assert_eq!(
             record_key("llm", &scope, "key-1"),

@@ -21,6 +21,7 @@ mod canonical;
 mod claim;
 pub mod fingerprint;
 pub mod held;
+mod json_digest;
 pub mod live;
 pub mod liveness;
 mod recorder;
@@ -268,6 +269,9 @@ pub enum Start {
     Follow(Followed),
     /// Rebound answers (400, 409, 422, 503).
     Refuse(ProxyError),
+    /// The record's fingerprint is not this request's, but it may be of version 1 (written
+    /// before an upgrade): check again with that identity ([`Idempotency::identity_of`]).
+    CheckV1,
 }
 
 /// What [`Idempotency::check`] found.
@@ -289,6 +293,9 @@ pub struct Pending {
     freshness: Freshness,
     /// Claim over a stored entry (a cache refresh) instead of replaying it.
     refresh: bool,
+    /// A mismatch may be a record of version 1 ([`Start::CheckV1`]): the fingerprint is this
+    /// version's and the store (Redis) outlives an upgrade.
+    v1_possible: bool,
 }
 
 /// What the store's answer to a claim decided.
@@ -368,9 +375,12 @@ impl Idempotency {
         self.counters.result(result);
     }
 
-    /// The identity a dead letter keeps so that its replay finds the original's record.
+    /// The identity a dead letter keeps so that its replay finds the original's record (with
+    /// `Version::V1`: the one a request checks again with when its record may have been written
+    /// before the fingerprint's version 2).
     pub(crate) fn identity_of(
         &self,
+        version: fingerprint::Version,
         method: &Method,
         path: &str,
         query: Option<&str>,
@@ -379,7 +389,7 @@ impl Idempotency {
     ) -> ReplayIdentity {
         ReplayIdentity {
             scope: self.scope_of(headers),
-            fingerprint: fingerprint::fingerprint(method, path, query, headers, body),
+            fingerprint: fingerprint::fingerprint_as(version, method, path, query, headers, body),
         }
     }
 
@@ -423,7 +433,7 @@ impl Idempotency {
         };
         let ReplayIdentity { scope, fingerprint } = replay
             .cloned()
-            .unwrap_or_else(|| self.identity_of(method, path, query, headers, body));
+            .unwrap_or_else(|| self.identity_of(fingerprint::Version::V2, method, path, query, headers, body));
         let record = fingerprint::record_key(&self.route, &scope, &key);
         // A delivered response whose write has not landed yet is answered from here.
         if let Some(held) = self.records.held.get(&record) {
@@ -436,6 +446,7 @@ impl Idempotency {
             first: None,
             freshness: Freshness::Any,
             refresh: false,
+            v1_possible: replay.is_none() && matches!(self.records.store, AnyStore::Redis(_)),
         };
         // In memory, the first look is taken here; a duplicate of an original still in flight
         // waits (or follows it) in `wait`.
@@ -489,6 +500,7 @@ impl Idempotency {
                 self.count("replayed");
                 Start::Replay(r)
             }
+            Ok(Begin::Mismatch) if pending.v1_possible => Start::CheckV1,
             Ok(Begin::Mismatch) => {
                 self.count("mismatch");
                 Start::Refuse(ProxyError::IdempotencyKeyReused)

@@ -8,7 +8,7 @@ use rand::Rng as _;
 use super::record::{JobState, NewJob, StoredRequest, Submitted};
 use super::{access_of, callback, hygiene, json_response, Backend, Jobs, JobsError};
 use crate::error::{error_response, ProxyError};
-use crate::idempotency::fingerprint::{self, digest};
+use crate::idempotency::fingerprint::{self, digest, Version};
 use crate::idempotency::{Idempotency, ReplayIdentity};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -36,13 +36,22 @@ impl Jobs {
             Ok(c) => c,
             Err(e) => return error_response(e, log),
         };
-        let identity = match identity_of(route, idempotency, parts, &body) {
+        let identity = match identity_of(route, idempotency, parts, &body, Version::V2) {
             Ok(i) => i,
             Err(e) => return error_response(e, log),
         };
         let id = identity.id.clone();
-        let job = self.new_job(route, idempotency, parts, body, identity, callback);
-        let submitted = self.enqueue(job).await;
+        let keyed = identity.replay.is_some();
+        let job = self.new_job(route, idempotency, parts, body.clone(), identity, callback.clone());
+        let mut submitted = self.enqueue(job).await;
+        if keyed && matches!(submitted, Ok(Submitted::Mismatch)) && matches!(self.inner.backend, Backend::Redis(_)) {
+            // A job submitted before an upgrade holds the request's fingerprint of version 1.
+            if let Ok(identity) = identity_of(route, idempotency, parts, &body, Version::V1) {
+                submitted = self
+                    .enqueue(self.new_job(route, idempotency, parts, body, identity, callback))
+                    .await;
+            }
+        }
         self.answer_submission(route, &id, submitted, log)
     }
 
@@ -185,6 +194,7 @@ fn identity_of(
     idempotency: Option<&Idempotency>,
     parts: &http::request::Parts,
     body: &Bytes,
+    version: Version,
 ) -> Result<Identity, ProxyError> {
     let random = || Identity {
         id: format!("{:032x}", rand::rng().random::<u128>()),
@@ -203,7 +213,8 @@ fn identity_of(
         Some(Err(e)) => return Err(ProxyError::InvalidIdempotencyKey { detail: e.to_string() }),
         Some(Ok(key)) => key,
     };
-    let replay = idem.identity_of(&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers, body);
+    let (method, path, query) = (&parts.method, parts.uri.path(), parts.uri.query());
+    let replay = idem.identity_of(version, method, path, query, &parts.headers, body);
     let id = digest(&[
         b"rebound-job-v1",
         route.as_bytes(),

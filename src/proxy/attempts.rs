@@ -10,6 +10,7 @@ use crate::circuit::{Hold, Permit};
 use crate::config::{Balance, FailoverReason};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter};
 use crate::error::ProxyError;
+use crate::idempotency::fingerprint::Version;
 use crate::idempotency::Claim;
 use crate::jobs;
 use crate::retry;
@@ -278,8 +279,16 @@ impl Proxy {
             body,
             keep_body: route.config.dead_letter_bodies,
             idempotency_header: idem.map(|i| &i.policy.header),
-            identity: idem
-                .map(|i| i.identity_of(&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers, body)),
+            identity: idem.map(|i| {
+                i.identity_of(
+                    Version::V2,
+                    &parts.method,
+                    parts.uri.path(),
+                    parts.uri.query(),
+                    &parts.headers,
+                    body,
+                )
+            }),
             reason,
             error_class: d.error_class(),
             final_status: d.status(),

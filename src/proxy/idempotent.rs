@@ -7,6 +7,7 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use super::Route;
 use crate::error::ProxyError;
+use crate::idempotency::fingerprint::Version;
 use crate::idempotency::{Check, Claim, Followed, ReplayIdentity, Start, StoredResponse};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -28,15 +29,26 @@ pub(super) async fn idempotency_step(
     let Some(idem) = &route.idempotency else {
         return Ok((None, false));
     };
+    let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
     let replay = parts.extensions.get::<ReplayIdentity>();
-    let (method, uri) = (&parts.method, &parts.uri);
-    let start = match idem.check(method, uri.path(), uri.query(), &parts.headers, body, replay) {
+    let mut started = match idem.check(method, uri.path(), uri.query(), headers, body, replay) {
         Check::Decided(start) => start,
         // A store round trip (Redis) or a wait for an original in flight: boxed, so that its
         // state does not enlarge every request's future.
         Check::Wait(pending) => Box::pin(idem.wait(pending)).await,
     };
-    match start {
+    if let Start::CheckV1 = started {
+        // The record may have been written before an upgrade, under the fingerprint of version 1.
+        let check = {
+            let v1 = idem.identity_of(Version::V1, method, uri.path(), uri.query(), headers, body);
+            idem.check(method, uri.path(), uri.query(), headers, body, Some(&v1))
+        };
+        started = match check {
+            Check::Decided(start) => start,
+            Check::Wait(pending) => Box::pin(idem.wait(pending)).await,
+        };
+    }
+    match started {
         Start::Forward { bypassed } => {
             if bypassed {
                 log.set_idempotency("bypassed");
@@ -56,6 +68,8 @@ pub(super) async fn idempotency_step(
             Err(Answered::Follow(followed))
         }
         Start::Refuse(err) => Err(Answered::Refuse(err)),
+        // Not after a check with a replay identity.
+        Start::CheckV1 => Err(Answered::Refuse(ProxyError::IdempotencyKeyReused)),
     }
 }
 

@@ -219,6 +219,37 @@ async fn key_reuse_with_another_body_is_422_and_json_order_does_not_matter() {
     assert_eq!(provider.count("k"), 1);
 }
 
+/// A record written before the fingerprint's version 2 (an older replica on the same Redis, or
+/// before an upgrade) still answers its duplicates: the request is checked again with the
+/// fingerprint of version 1. Another body under the same key is still 422, counted once.
+#[tokio::test]
+async fn a_record_with_a_version_1_fingerprint_still_replays_its_duplicates() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"say \"hi\"\n"}]}"#;
+    assert_eq!(call(&rebound.url, "k", Some("old"), body, &[]).await.status, 200);
+    let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
+    until_metric(&rebound, stored, |n| n >= 1.0).await;
+
+    // Written by this version: marked as version 2. Rewritten as an older build wrote it.
+    assert_eq!(redis.rewrite_fingerprints_as_v1(body).await, 1);
+
+    let reordered = r#"{"messages":[{"content":"say \"hi\"\u000a","role":"user"}],"model":"m"}"#;
+    let again = call(&rebound.url, "k", Some("old"), reordered, &[]).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(provider.count("k"), 1, "no second provider call");
+
+    let other = call(&rebound.url, "k", Some("old"), r#"{"model":"other"}"#, &[]).await;
+    assert_eq!(other.status, 422);
+    assert_eq!(other.header("x-rebound-error"), Some("idempotency_key_reused"));
+    let page = rebound.metrics().await;
+    let mismatch = r#"rebound_idempotency_requests_total{result="mismatch",route="fake"}"#;
+    assert_eq!(metric(&page, mismatch), 1.0, "{page}");
+    assert_eq!(provider.count("k"), 1);
+}
+
 #[tokio::test]
 async fn a_failed_outcome_releases_the_key_and_the_retry_runs() {
     let provider = FakeProvider::start().await;

@@ -264,6 +264,39 @@ async fn one_job_per_idempotency_key_in_redis() {
     one_job_per_idempotency_key(Some(&redis)).await;
 }
 
+/// A job (and its request's record) written before the fingerprint's version 2 still answers a
+/// resubmission of its key with the same job; another body is still 422.
+#[tokio::test]
+async fn a_job_with_a_version_1_fingerprint_still_answers_its_key() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let body = r#"{"model":"m","input":"line one\nline two"}"#;
+    let id = job_id(&submit(&rebound.url, "k", Some("old-job"), body, &[]).await);
+    assert_eq!(
+        finished(&rebound.url, &id, Duration::from_secs(10)).await["status"],
+        "succeeded"
+    );
+
+    // Every record that holds the request's fingerprint, rewritten as an older build wrote it:
+    // the job and its request's idempotency record.
+    assert_eq!(redis.rewrite_fingerprints_as_v1(body).await, 2);
+
+    let again = submit(
+        &rebound.url,
+        "k",
+        Some("old-job"),
+        r#"{"input":"line one\u000aline two","model":"m"}"#,
+        &[],
+    )
+    .await;
+    assert_eq!(job_id(&again), id, "the same job");
+    assert_eq!(again.json()["status"], "succeeded");
+    let reused = submit(&rebound.url, "k", Some("old-job"), r#"{"model":"other"}"#, &[]).await;
+    assert_eq!(reused.status, 422);
+    assert_eq!(provider.count("k"), 1);
+}
+
 #[tokio::test]
 async fn a_job_whose_request_already_completed_is_answered_from_the_idempotency_store() {
     let redis = RedisServer::start();

@@ -27,6 +27,40 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// Rewrites every record that holds a fingerprint of version 2 (`fp`) as a build before it
+    /// wrote it: the version-1 fingerprint of a JSON `POST /fake/v1/chat/completions` of `body`.
+    /// How many were rewritten.
+    pub async fn rewrite_fingerprints_as_v1(&self, body: &str) -> usize {
+        use rebound::idempotency::fingerprint::{fingerprint_v1, V2};
+        let mut headers = http::HeaderMap::new();
+        headers.insert("content-type", http::HeaderValue::from_static("application/json"));
+        let path = "/fake/v1/chat/completions";
+        let v1 = fingerprint_v1(&http::Method::POST, path, None, &headers, body.as_bytes());
+        let client = ::redis::Client::open(self.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
+        let mut rewritten = 0;
+        for k in keys {
+            let fp: Option<String> = ::redis::cmd("HGET")
+                .arg(&k)
+                .arg("fp")
+                .query_async(&mut c)
+                .await
+                .unwrap_or(None);
+            if fp.is_some_and(|fp| fp.starts_with(V2)) {
+                let () = ::redis::cmd("HSET")
+                    .arg(&k)
+                    .arg("fp")
+                    .arg(&v1)
+                    .query_async(&mut c)
+                    .await
+                    .unwrap();
+                rewritten += 1;
+            }
+        }
+        rewritten
+    }
+
     /// A port with nothing listening (for "Redis down from the start").
     pub fn unused_url() -> String {
         format!("redis://127.0.0.1:{}/0", free_port())

@@ -8,7 +8,7 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 use super::Route;
 use crate::error::ProxyError;
 use crate::idempotency::fingerprint::Version;
-use crate::idempotency::{Check, Claim, Followed, ReplayIdentity, Start, StoredResponse};
+use crate::idempotency::{Check, Claim, Followed, Idempotency, Pending, ReplayIdentity, Start, StoredResponse};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
 
@@ -29,25 +29,14 @@ pub(super) async fn idempotency_step(
     let Some(idem) = &route.idempotency else {
         return Ok((None, false));
     };
-    let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
+    let (method, uri) = (&parts.method, &parts.uri);
     let replay = parts.extensions.get::<ReplayIdentity>();
-    let mut started = match idem.check(method, uri.path(), uri.query(), headers, body, replay) {
+    let started = match idem.check(method, uri.path(), uri.query(), &parts.headers, body, replay) {
         Check::Decided(start) => start,
         // A store round trip (Redis) or a wait for an original in flight: boxed, so that its
         // state does not enlarge every request's future.
-        Check::Wait(pending) => Box::pin(idem.wait(pending)).await,
+        Check::Wait(pending) => Box::pin(wait(idem, pending, parts, body)).await,
     };
-    if let Start::CheckV1 = started {
-        // The record may have been written before an upgrade, under the fingerprint of version 1.
-        let check = {
-            let v1 = idem.identity_of(Version::V1, method, uri.path(), uri.query(), headers, body);
-            idem.check(method, uri.path(), uri.query(), headers, body, Some(&v1))
-        };
-        started = match check {
-            Check::Decided(start) => start,
-            Check::Wait(pending) => Box::pin(idem.wait(pending)).await,
-        };
-    }
     match started {
         Start::Forward { bypassed } => {
             if bypassed {
@@ -68,8 +57,24 @@ pub(super) async fn idempotency_step(
             Err(Answered::Follow(followed))
         }
         Start::Refuse(err) => Err(Answered::Refuse(err)),
-        // Not after a check with a replay identity.
+        // Only from the store (`wait`), which checks again.
         Start::CheckV1 => Err(Answered::Refuse(ProxyError::IdempotencyKeyReused)),
+    }
+}
+
+/// [`Idempotency::wait`]; when the record's fingerprint may be of version 1 (written before an
+/// upgrade), once more with the request's fingerprint of version 1.
+async fn wait(idem: &Idempotency, pending: Pending, parts: &http::request::Parts, body: &Bytes) -> Start {
+    match idem.wait(pending).await {
+        Start::CheckV1 => {
+            let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
+            let v1 = idem.identity_of(Version::V1, method, uri.path(), uri.query(), headers, body);
+            match idem.check(method, uri.path(), uri.query(), headers, body, Some(&v1)) {
+                Check::Decided(start) => start,
+                Check::Wait(pending) => idem.wait(pending).await,
+            }
+        }
+        start => start,
     }
 }
 

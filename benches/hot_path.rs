@@ -65,12 +65,13 @@ fn header_hygiene(b: Bencher) {
         .bench_local_refs(|h| strip_hop_by_hop(black_box(h), false));
 }
 
-#[divan::bench]
-fn fingerprint_json_body(b: Bencher) {
+#[divan::bench(args = ["v2", "v1"])]
+fn fingerprint_json_body(b: Bencher, version: &str) {
     let mut headers = HeaderMap::new();
     headers.insert("content-type", HeaderValue::from_static("application/json"));
     let body = br#"{"model":"gpt-4o","messages":[{"role":"system","content":"You are terse."},{"role":"user","content":"Summarise the attached ticket in one line, please."}],"temperature":0.2,"stream":true}"#;
-    b.bench(|| fingerprint(&Method::POST, "/v1/chat/completions", None, &headers, black_box(body)));
+    let f = if version == "v2" { fingerprint } else { fingerprint_v1 };
+    b.bench(|| f(&Method::POST, "/v1/chat/completions", None, &headers, black_box(body)));
 }
 
 /// A 1 MiB chat body as agents send it: many messages, escapes in every one.

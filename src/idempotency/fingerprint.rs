@@ -249,10 +249,10 @@ pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, headers: &H
             d.part(p.body);
             h.0.feed(&d.finish());
         }
-    } else if let Some(doc) = is_json(mime).then(|| super::json_digest::digest(body)).flatten() {
-        h.part_of_len(4 + 32);
+    } else if let Some(form) = is_json(mime).then(|| super::json_digest::form(body)).flatten() {
+        h.part_of_len(4 + form.len());
         h.0.feed(b"json");
-        h.0.feed(&doc);
+        h.0.feed(&form);
     } else {
         h.part_of_len(3 + body.len());
         h.0.feed(b"raw");
@@ -602,7 +602,7 @@ mod tests {
         // `json_digest` documents): a change to it changes every stored fingerprint.
         assert_eq!(
             fingerprint(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body),
-            "2:1d6085378b7775b3e363d72d980506f4415d4fdb807aef2cc0ae437fb5153dcf"
+            "2:4f3861f05b0d86a3309daf0dc7079f3d2c96101113076db2a378669bf240da26"
         );
         assert_eq!(
             fingerprint(&Method::PATCH, "/x", None, &text, b"not json"),

@@ -1,4 +1,4 @@
-//! The digest of a JSON document for the request fingerprint (version 2): equal for two bodies
+//! The form of a JSON document for the request fingerprint (version 2): equal for two bodies
 //! that are the same document (key order, whitespace, escapes and duplicate keys do not matter,
 //! as with `serde_json::Value`), in one pass over the body, with nothing allocated per value.
 //!
@@ -23,13 +23,19 @@ const INLINE: usize = 1024;
 /// How much of a long array's form is hashed at a time.
 const BATCH: usize = 64 * 1024;
 
-/// The digest of `body` as a JSON document, or `None` when it is not one.
-pub(super) fn digest(body: &[u8]) -> Option<[u8; 32]> {
-    let mut w = Writer::default();
+/// The form of `body` as a JSON document (inline, or `h` and its hash when longer than
+/// [`INLINE`], like any value's), or `None` when it is not one.
+pub(super) fn form(body: &[u8]) -> Option<Vec<u8>> {
+    // The form is about as long as the body, or a few KiB once long values are hashed.
+    let mut w = Writer {
+        out: Vec::with_capacity(body.len().min(4 * INLINE) + 64),
+        members: Vec::with_capacity(8),
+        scratch: Vec::new(),
+    };
     let mut de = serde_json::Deserializer::from_slice(body);
     Value(&mut w).deserialize(&mut de).ok()?;
     de.end().ok()?;
-    Some(*blake3::hash(&w.out).as_bytes())
+    Some(w.out)
 }
 
 /// A member of an object still open: where its key's form and its value's form lie in the buffer.
@@ -255,6 +261,10 @@ impl<'de> Visitor<'de> for Key<'_> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    fn digest(body: &[u8]) -> Option<[u8; 32]> {
+        form(body).map(|f| *blake3::hash(&f).as_bytes())
+    }
 
     fn same(a: &str, b: &str) -> bool {
         digest(a.as_bytes()).unwrap() == digest(b.as_bytes()).unwrap()

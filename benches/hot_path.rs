@@ -100,6 +100,16 @@ fn fingerprint_1mib_chat_body(b: Bencher, version: &str) {
     b.bench(|| f(&Method::POST, "/v1/chat/completions", None, &headers, black_box(&body)));
 }
 
+/// The body mode's 1 MiB body: one long string.
+#[divan::bench(args = ["v2", "v1"])]
+fn fingerprint_1mib_string_body(b: Bencher, version: &str) {
+    let mut headers = HeaderMap::new();
+    headers.insert("content-type", HeaderValue::from_static("application/json"));
+    let body = format!(r#"{{"model":"m","input":"{}"}}"#, "x".repeat((1 << 20) - 26)).into_bytes();
+    let f = if version == "v2" { fingerprint } else { fingerprint_v1 };
+    b.bench(|| f(&Method::POST, "/v1/chat/completions", None, &headers, black_box(&body)));
+}
+
 #[divan::bench]
 fn retry_after_parse(b: Bencher) {
     let mut headers = HeaderMap::new();

@@ -132,7 +132,7 @@ impl Cache {
                 };
                 match start {
                     Start::Forward { bypassed: true } => Looked::StoreError,
-                    Start::Forward { bypassed: false } | Start::Refuse(_) | Start::CheckV1 => Looked::Bypass,
+                    Start::Forward { bypassed: false } | Start::Refuse(_) | Start::CheckOtherVersion => Looked::Bypass,
                     Start::Claimed(claim) => Looked::Claimed(claim),
                     Start::Replay(stored) => Looked::Hit(stored),
                     Start::Follow(followed) => Looked::Follow(followed),

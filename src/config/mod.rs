@@ -243,6 +243,9 @@ pub struct RedisConfig {
     /// How long a replica counts as alive after its last heartbeat (sent every quarter of it):
     /// past it, its followers elsewhere are aborted and its keys in progress taken over.
     pub liveness: Duration,
+    /// The version of the request fingerprint written into records (2; 1 while a fleet that
+    /// shares this Redis still runs builds from before version 2).
+    pub fingerprint: u32,
 }
 
 impl RedisConfig {
@@ -258,6 +261,7 @@ impl RedisConfig {
             command_timeout: Duration::from_millis(100),
             sync_interval: Duration::from_millis(250),
             liveness: Duration::from_millis(1500),
+            fingerprint: 2,
         }
     }
 }

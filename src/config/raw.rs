@@ -81,6 +81,7 @@ pub struct RawRedis {
     pub command_timeout: Option<String>,
     pub sync_interval: Option<String>,
     pub liveness: Option<String>,
+    pub fingerprint: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]

@@ -64,6 +64,12 @@ fn listeners(out: &mut String, c: &Config) {
                 n => format!("completions wait for {n} replica acknowledgement(s) (WAIT)"),
             };
             let _ = writeln!(out, "  {user}; {tls}; {wait}");
+            if r.fingerprint == 1 {
+                let _ = writeln!(
+                    out,
+                    "  request fingerprints written as version 1 (for replicas of earlier builds; remove once the fleet is rolled)"
+                );
+            }
         }
         None => {
             let _ = writeln!(out, "redis: none (state in memory, one replica)");

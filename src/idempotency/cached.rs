@@ -112,7 +112,7 @@ impl Idempotency {
             return Check::Decided(Start::Forward { bypassed: false });
         }
         let scope = self.scope_of(headers);
-        let fingerprint = fingerprint::fingerprint(method, path, query, headers, body);
+        let fingerprint = fingerprint::fingerprint_as(self.records.fingerprint, method, path, query, headers, body);
         let mut pending = Pending {
             record: fingerprint::cache_record_key(&self.route, &scope, &fingerprint),
             fingerprint,
@@ -121,7 +121,7 @@ impl Idempotency {
             freshness,
             refresh: freshness == Freshness::Refresh,
             // A cache entry's key is its fingerprint's: one of another version is never found.
-            v1_possible: false,
+            other_version_possible: false,
         };
         if let Some(held) = self.records.held.get(&pending.record).filter(|_| !pending.refresh) {
             if let super::Completion::Kept(r) = &held.completion {

@@ -271,6 +271,17 @@ pub enum Version {
     V2,
 }
 
+impl Version {
+    /// The version a record may hold when it does not match this one's fingerprint: written
+    /// before an upgrade (1), or by a replica already past `[redis] fingerprint = 1` (2).
+    pub(crate) fn other(self) -> Version {
+        match self {
+            Version::V1 => Version::V2,
+            Version::V2 => Version::V1,
+        }
+    }
+}
+
 /// The fingerprint of `version` ([`fingerprint`] or [`fingerprint_v1`]).
 pub(crate) fn fingerprint_as(
     version: Version,

@@ -106,6 +106,9 @@ pub struct Records {
     replica: Arc<str>,
     /// This replica's heartbeat, and which other replicas are dead (Redis).
     liveness: Option<Arc<Liveness>>,
+    /// The fingerprint written into records: version 2, or 1 (`[redis] fingerprint = 1`) while
+    /// replicas of earlier builds share the store.
+    pub(crate) fingerprint: fingerprint::Version,
 }
 
 impl Records {
@@ -119,6 +122,7 @@ impl Records {
             relay: None,
             replica: liveness::new_replica_id().into(),
             liveness: None,
+            fingerprint: fingerprint::Version::V2,
         }
     }
 
@@ -131,6 +135,9 @@ impl Records {
         stop: CancellationToken,
     ) -> Records {
         let mut records = Records::new(store);
+        if redis.fingerprint_version() == 1 {
+            records.fingerprint = fingerprint::Version::V1;
+        }
         let liveness = Liveness::new(redis.clone(), records.replica.to_string());
         liveness.start(tasks, stop.clone());
         let relay = Relay::new(redis, records.lives.clone(), liveness.clone(), tasks.clone(), stop);
@@ -269,9 +276,10 @@ pub enum Start {
     Follow(Followed),
     /// Rebound answers (400, 409, 422, 503).
     Refuse(ProxyError),
-    /// The record's fingerprint is not this request's, but it may be of version 1 (written
-    /// before an upgrade): check again with that identity ([`Idempotency::identity_of`]).
-    CheckV1,
+    /// The record's fingerprint is not this request's, but it may be of the other version
+    /// (written before an upgrade, or while `[redis] fingerprint = 1` is being rolled in or out):
+    /// check again with that identity ([`Idempotency::identity_of`], `Version::other`).
+    CheckOtherVersion,
 }
 
 /// What [`Idempotency::check`] found.
@@ -293,9 +301,10 @@ pub struct Pending {
     freshness: Freshness,
     /// Claim over a stored entry (a cache refresh) instead of replaying it.
     refresh: bool,
-    /// A mismatch may be a record of version 1 ([`Start::CheckV1`]): the fingerprint is this
-    /// version's and the store (Redis) outlives an upgrade.
-    v1_possible: bool,
+    /// A mismatch may be a record of the other fingerprint version
+    /// ([`Start::CheckOtherVersion`]): the store (Redis) outlives an upgrade and is shared by
+    /// replicas of both.
+    other_version_possible: bool,
 }
 
 /// What the store's answer to a claim decided.
@@ -376,7 +385,7 @@ impl Idempotency {
     }
 
     /// The identity a dead letter keeps so that its replay finds the original's record (with
-    /// `Version::V1`: the one a request checks again with when its record may have been written
+    /// the other version: the one a request checks again with when its record may have been written
     /// before the fingerprint's version 2).
     pub(crate) fn identity_of(
         &self,
@@ -391,6 +400,11 @@ impl Idempotency {
             scope: self.scope_of(headers),
             fingerprint: fingerprint::fingerprint_as(version, method, path, query, headers, body),
         }
+    }
+
+    /// The version of the fingerprint this replica writes (`[redis] fingerprint`).
+    pub(crate) fn fingerprint_version(&self) -> fingerprint::Version {
+        self.records.fingerprint
     }
 
     /// The tenant scope of a request (a hash of its `scope_headers` values).
@@ -433,7 +447,7 @@ impl Idempotency {
         };
         let ReplayIdentity { scope, fingerprint } = replay
             .cloned()
-            .unwrap_or_else(|| self.identity_of(fingerprint::Version::V2, method, path, query, headers, body));
+            .unwrap_or_else(|| self.identity_of(self.records.fingerprint, method, path, query, headers, body));
         let record = fingerprint::record_key(&self.route, &scope, &key);
         // A delivered response whose write has not landed yet is answered from here.
         if let Some(held) = self.records.held.get(&record) {
@@ -446,7 +460,7 @@ impl Idempotency {
             first: None,
             freshness: Freshness::Any,
             refresh: false,
-            v1_possible: replay.is_none() && matches!(self.records.store, AnyStore::Redis(_)),
+            other_version_possible: replay.is_none() && matches!(self.records.store, AnyStore::Redis(_)),
         };
         // In memory, the first look is taken here; a duplicate of an original still in flight
         // waits (or follows it) in `wait`.
@@ -500,7 +514,7 @@ impl Idempotency {
                 self.count("replayed");
                 Start::Replay(r)
             }
-            Ok(Begin::Mismatch) if pending.v1_possible => Start::CheckV1,
+            Ok(Begin::Mismatch) if pending.other_version_possible => Start::CheckOtherVersion,
             Ok(Begin::Mismatch) => {
                 self.count("mismatch");
                 Start::Refuse(ProxyError::IdempotencyKeyReused)

@@ -36,7 +36,8 @@ impl Jobs {
             Ok(c) => c,
             Err(e) => return error_response(e, log),
         };
-        let identity = match identity_of(route, idempotency, parts, &body, Version::V2) {
+        let version = idempotency.map_or(Version::V2, Idempotency::fingerprint_version);
+        let identity = match identity_of(route, idempotency, parts, &body, version) {
             Ok(i) => i,
             Err(e) => return error_response(e, log),
         };
@@ -45,8 +46,9 @@ impl Jobs {
         let job = self.new_job(route, idempotency, parts, body.clone(), identity, callback.clone());
         let mut submitted = self.enqueue(job).await;
         if keyed && matches!(submitted, Ok(Submitted::Mismatch)) && matches!(self.inner.backend, Backend::Redis(_)) {
-            // A job submitted before an upgrade holds the request's fingerprint of version 1.
-            if let Ok(identity) = identity_of(route, idempotency, parts, &body, Version::V1) {
+            // A job submitted before an upgrade, or by a replica on the other side of `[redis]
+            // fingerprint`, holds the request's fingerprint of the other version.
+            if let Ok(identity) = identity_of(route, idempotency, parts, &body, version.other()) {
                 submitted = self
                     .enqueue(self.new_job(route, idempotency, parts, body, identity, callback))
                     .await;

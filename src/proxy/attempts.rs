@@ -10,7 +10,6 @@ use crate::circuit::{Hold, Permit};
 use crate::config::{Balance, FailoverReason};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter};
 use crate::error::ProxyError;
-use crate::idempotency::fingerprint::Version;
 use crate::idempotency::Claim;
 use crate::jobs;
 use crate::retry;
@@ -281,7 +280,7 @@ impl Proxy {
             idempotency_header: idem.map(|i| &i.policy.header),
             identity: idem.map(|i| {
                 i.identity_of(
-                    Version::V2,
+                    i.fingerprint_version(),
                     &parts.method,
                     parts.uri.path(),
                     parts.uri.query(),

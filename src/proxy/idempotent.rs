@@ -7,7 +7,6 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use super::Route;
 use crate::error::ProxyError;
-use crate::idempotency::fingerprint::Version;
 use crate::idempotency::{Check, Claim, Followed, Idempotency, Pending, ReplayIdentity, Start, StoredResponse};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -58,18 +57,20 @@ pub(super) async fn idempotency_step(
         }
         Start::Refuse(err) => Err(Answered::Refuse(err)),
         // Only from the store (`wait`), which checks again.
-        Start::CheckV1 => Err(Answered::Refuse(ProxyError::IdempotencyKeyReused)),
+        Start::CheckOtherVersion => Err(Answered::Refuse(ProxyError::IdempotencyKeyReused)),
     }
 }
 
-/// [`Idempotency::wait`]; when the record's fingerprint may be of version 1 (written before an
-/// upgrade), once more with the request's fingerprint of version 1.
+/// [`Idempotency::wait`]; when the record's fingerprint may be of the other version (written
+/// before an upgrade, or by a replica on the other side of `[redis] fingerprint`), once more with
+/// the request's fingerprint of that version.
 async fn wait(idem: &Idempotency, pending: Pending, parts: &http::request::Parts, body: &Bytes) -> Start {
     match idem.wait(pending).await {
-        Start::CheckV1 => {
+        Start::CheckOtherVersion => {
             let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
-            let v1 = idem.identity_of(Version::V1, method, uri.path(), uri.query(), headers, body);
-            match idem.check(method, uri.path(), uri.query(), headers, body, Some(&v1)) {
+            let version = idem.fingerprint_version().other();
+            let other = idem.identity_of(version, method, uri.path(), uri.query(), headers, body);
+            match idem.check(method, uri.path(), uri.query(), headers, body, Some(&other)) {
                 Check::Decided(start) => start,
                 Check::Wait(pending) => idem.wait(pending).await,
             }

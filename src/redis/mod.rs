@@ -203,6 +203,11 @@ impl RedisHandle {
         self.inner.config.command_timeout
     }
 
+    /// `fingerprint`: the version of the request fingerprint written into records.
+    pub(crate) fn fingerprint_version(&self) -> u32 {
+        self.inner.config.fingerprint
+    }
+
     /// `wait_replicas`: how many replicas must acknowledge a completion (0: none).
     pub fn wait_replicas(&self) -> u32 {
         self.inner.config.wait_replicas

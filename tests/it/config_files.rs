@@ -249,6 +249,30 @@ fn redis_liveness_defaults_validates_and_is_shown() {
     );
 }
 
+#[test]
+fn redis_fingerprint_is_2_or_1_and_1_is_shown() {
+    let redis = |extra: &str| format!("{BASE}[redis]\nurl = \"redis://127.0.0.1:1\"\n{extra}");
+    let parse = |src: &str| Config::parse(src, Path::new("t.toml"), &|_| None).unwrap();
+    let c = parse(&redis(""));
+    assert_eq!(c.redis.as_ref().unwrap().fingerprint, 2);
+    assert!(
+        !c.summary().contains("fingerprints written as version 1"),
+        "{}",
+        c.summary()
+    );
+    let c = parse(&redis("fingerprint = 1\n"));
+    assert_eq!(c.redis.as_ref().unwrap().fingerprint, 1);
+    assert!(
+        c.summary().contains("request fingerprints written as version 1"),
+        "{}",
+        c.summary()
+    );
+    assert_eq!(
+        errors(&redis("fingerprint = 3\n")),
+        ["t.toml:9:15: redis.fingerprint: expected an integer from 1 to 2, found 3"]
+    );
+}
+
 mod properties {
     use std::path::Path;
 

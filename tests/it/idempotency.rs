@@ -250,6 +250,43 @@ async fn a_record_with_a_version_1_fingerprint_still_replays_its_duplicates() {
     assert_eq!(provider.count("k"), 1);
 }
 
+/// A fleet rolled with `[redis] fingerprint = 1` (the new build writing what the old one does),
+/// then without it: while replicas on both sides share Redis, each replays the other's records
+/// and refuses another body with 422.
+#[tokio::test]
+async fn replicas_on_both_sides_of_the_fingerprint_setting_answer_each_others_keys() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let toml = config(&provider.url(), Some(&redis.url()), "");
+    let old = Rebound::start(&toml.replace("[redis]\n", "[redis]\nfingerprint = 1\n")).await;
+    let new = Rebound::start(&toml).await;
+    let stored = |n: f64| move |v: f64| v >= n;
+    let stored_on = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
+    let body = r#"{"model":"m","input":"a\nb"}"#;
+    let reordered = r#"{"input":"a\u000ab","model":"m"}"#;
+
+    // Each side's record, replayed by the other (the new build's marked `2:`).
+    for (writer, reader, key, marked) in [(&old, &new, "from-old", 0), (&new, &old, "from-new", 1)] {
+        assert_eq!(call(&writer.url, "k", Some(key), body, &[]).await.status, 200);
+        until_metric(writer, stored_on, stored(1.0)).await;
+        let fps = redis.fingerprints().await;
+        assert_eq!(
+            fps.iter().filter(|(_, f)| f.starts_with("2:")).count(),
+            marked,
+            "{fps:?}"
+        );
+        let again = call(&reader.url, "k", Some(key), reordered, &[]).await;
+        assert_eq!(again.header("idempotent-replayed"), Some("true"), "{}", again.text());
+    }
+    assert_eq!(provider.count("k"), 2, "one provider call per key");
+
+    for (replica, key) in [(&old, "from-new"), (&new, "from-old")] {
+        let other = call(&replica.url, "k", Some(key), r#"{"model":"other"}"#, &[]).await;
+        assert_eq!(other.status, 422, "{key}");
+    }
+    assert_eq!(provider.count("k"), 2);
+}
+
 #[tokio::test]
 async fn a_failed_outcome_releases_the_key_and_the_retry_runs() {
     let provider = FakeProvider::start().await;

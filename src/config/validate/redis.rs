@@ -66,6 +66,7 @@ impl Validator<'_> {
             command_timeout,
             sync_interval: self.positive_duration("redis.sync_interval", &r.sync_interval, Duration::from_millis(250)),
             liveness,
+            fingerprint: self.int("redis.fingerprint", r.fingerprint, 2, 1, 2),
         }
     }
 

@@ -27,6 +27,24 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/0", self.port)
     }
 
+    /// Every record that holds a request fingerprint (`fp`): its key and the fingerprint.
+    pub async fn fingerprints(&self) -> Vec<(String, String)> {
+        let client = ::redis::Client::open(self.url()).unwrap();
+        let mut c = client.get_multiplexed_async_connection().await.unwrap();
+        let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
+        let mut out = Vec::new();
+        for k in keys {
+            let fp: Option<String> = ::redis::cmd("HGET")
+                .arg(&k)
+                .arg("fp")
+                .query_async(&mut c)
+                .await
+                .unwrap_or(None);
+            out.extend(fp.map(|fp| (k, fp)));
+        }
+        out
+    }
+
     /// Rewrites every record that holds a fingerprint of version 2 (`fp`) as a build before it
     /// wrote it: the version-1 fingerprint of a JSON `POST /fake/v1/chat/completions` of `body`.
     /// How many were rewritten.
@@ -38,25 +56,21 @@ impl RedisServer {
         let v1 = fingerprint_v1(&http::Method::POST, path, None, &headers, body.as_bytes());
         let client = ::redis::Client::open(self.url()).unwrap();
         let mut c = client.get_multiplexed_async_connection().await.unwrap();
-        let keys: Vec<String> = ::redis::cmd("KEYS").arg("*").query_async(&mut c).await.unwrap();
         let mut rewritten = 0;
-        for k in keys {
-            let fp: Option<String> = ::redis::cmd("HGET")
+        for (k, _) in self
+            .fingerprints()
+            .await
+            .into_iter()
+            .filter(|(_, fp)| fp.starts_with(V2))
+        {
+            let () = ::redis::cmd("HSET")
                 .arg(&k)
                 .arg("fp")
+                .arg(&v1)
                 .query_async(&mut c)
                 .await
-                .unwrap_or(None);
-            if fp.is_some_and(|fp| fp.starts_with(V2)) {
-                let () = ::redis::cmd("HSET")
-                    .arg(&k)
-                    .arg("fp")
-                    .arg(&v1)
-                    .query_async(&mut c)
-                    .await
-                    .unwrap();
-                rewritten += 1;
-            }
+                .unwrap();
+            rewritten += 1;
         }
         rewritten
     }

@@ -59,7 +59,13 @@ impl Proxy {
         // wait is not a retry (rebound_retries_total matches the provider's extra calls).
         let mut retrying: Option<String> = None;
         loop {
-            let go = match self
+            // Taken apart here and moved on unborrowed: nothing of it waits in this future.
+            let Go {
+                target,
+                permit,
+                req,
+                credentials,
+            } = match self
                 .admit(route, parts, path, body, &mut state, &mut d, &mut at, now)
                 .await
             {
@@ -71,26 +77,21 @@ impl Proxy {
                 Admit::Stop(delivery) => return delivery.with_failovers(at.failovers),
             };
             self.count_retry(route, retrying.take());
-            d.last = None;
             state.attempt();
-            d.target = go.target.index;
+            d.sending(target.index, now);
             let remaining = state.deadline.saturating_duration_since(now);
-            d.sent = now;
-            let span = trace.attempt(state.total, &go.target.name, waited.0, waited.1);
-            let mut req = go.req;
-            span.inject(req.headers_mut());
+            let span = trace.attempt(state.total, &target.name, waited.0, waited.1);
             // Load is tracked only where it chooses (least_loaded over several targets).
             let balanced = route.targets.balance == Balance::LeastLoaded && route.targets.len() > 1;
-            let in_flight = balanced.then(|| go.target.load.start());
-            let (result, received) = commit::attempt(route, go.target, req, now, remaining).await;
+            let in_flight = balanced.then(|| target.load.start());
+            let (result, received) = commit::attempt(route, target, traced(&span, req), now, remaining).await;
             drop(in_flight);
             if balanced {
-                go.target.load.observe(received.saturating_duration_since(now));
+                target.load.observe(received.saturating_duration_since(now));
             }
-            let (outcome, hint, class) = self.observe(go.target, go.permit, &go.credentials, &result, received);
+            let (outcome, hint, class) = self.observe(target, permit, &credentials, &result, received);
             let status = result.as_ref().ok().map(|r| r.status().as_u16());
             span.end(outcome.label(), status, hint.map(|h| h.delay));
-            let target = go.target;
             d.record(outcome, status, received - now);
             let seen = failover::Seen {
                 class,
@@ -337,6 +338,14 @@ impl Progress {
         }
     }
 
+    /// An attempt goes to `target` at `now`: the failed response kept from the last one is
+    /// dropped.
+    fn sending(&mut self, target: usize, now: Instant) {
+        self.last = None;
+        self.target = target;
+        self.sent = now;
+    }
+
     pub(super) fn record(&mut self, outcome: Outcome, status: Option<u16>, took: Duration) {
         self.outcome = Some(outcome);
         self.attempts.push(AttemptRecord {
@@ -420,6 +429,12 @@ pub(super) enum Admit<'r> {
 
 /// An admitted attempt: where it goes, the circuit's permit, the request, and its credential
 /// header values (hashed only when a cooldown needs them).
+/// `req` with the attempt's `traceparent`.
+fn traced(span: &crate::traces::AttemptSpan, mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
+    span.inject(req.headers_mut());
+    req
+}
+
 pub(super) struct Go<'r> {
     pub(super) target: &'r Target,
     pub(super) permit: Permit,

@@ -149,128 +149,139 @@ impl Proxy {
 
     /// Answers one request. Never fails: every error becomes a response. Generic over the body
     /// so that admin replays run through the same pipeline as client requests.
-    pub async fn handle<B>(self: Arc<Self>, req: Request<B>) -> Response<ProxyBody>
+    ///
+    /// An `async` block, not an `async fn`: an `async fn` keeps its arguments twice in its future
+    /// (as they were passed, and moved into its body), 264 bytes of request more per request in
+    /// flight; the block uses what it captured in place.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    pub fn handle<B>(self: Arc<Self>, req: Request<B>) -> impl std::future::Future<Output = Response<ProxyBody>> + Send
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
     {
-        let mut log = RequestLog::start(&self.metrics, req.method(), req.uri());
-        log.set_trace(req.headers());
-        let trace = self.traces.request(req.method(), req.uri().path(), req.headers());
-        if trace.is_recording() {
-            log.set_span(Box::new(trace.clone()), None);
-        }
+        async move {
+            let mut log = RequestLog::start(&self.metrics, req.method(), req.uri());
+            log.set_trace(req.headers());
+            let trace = self.traces.request(req.method(), req.uri().path(), req.headers());
+            if trace.is_recording() {
+                log.set_span(Box::new(trace.clone()), None);
+            }
 
-        // 1. Not an open proxy.
-        if req.method() == Method::CONNECT {
-            return error_response(ProxyError::Connect, log);
-        }
-        if is_absolute_form(&req) {
-            return error_response(ProxyError::AbsoluteForm, log);
-        }
-        let head = headers::head_size(req.method(), req.uri(), req.headers());
-        if head > self.max_request_head {
-            let limit = self.max_request_head;
-            return error_response(ProxyError::RequestHeadTooLarge { size: head, limit }, log);
-        }
-        // The job API (`/jobs/{id}`, `/jobs/{id}/result`), when a route is async.
-        if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(req.uri().path())) {
-            // Boxed, like every rare branch: inline, its state would make every request's future
-            // larger, and each request moves that future around several times.
-            return Box::pin(jobs.api(req.method(), req.uri().path(), req.headers(), log)).await;
-        }
+            // 1. Not an open proxy.
+            if req.method() == Method::CONNECT {
+                return error_response(ProxyError::Connect, log);
+            }
+            if is_absolute_form(&req) {
+                return error_response(ProxyError::AbsoluteForm, log);
+            }
+            let head = headers::head_size(req.method(), req.uri(), req.headers());
+            if head > self.max_request_head {
+                let limit = self.max_request_head;
+                return error_response(ProxyError::RequestHeadTooLarge { size: head, limit }, log);
+            }
+            // The job API (`/jobs/{id}`, `/jobs/{id}/result`), when a route is async.
+            if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(req.uri().path())) {
+                // Boxed, like every rare branch: inline, its state would make every request's future
+                // larger, and each request moves that future around several times.
+                return Box::pin(jobs.api(req.method(), req.uri().path(), req.headers(), log)).await;
+            }
 
-        // 2. Route.
-        let Some((prefix, route)) = self.routes.find(req.uri().path()) else {
-            let err = ProxyError::NoRoute {
-                path: req.uri().path().to_string(),
-                prefixes: self.prefixes.clone(),
+            // 2. Route.
+            let Some((prefix, route)) = self.routes.find(req.uri().path()) else {
+                let err = ProxyError::NoRoute {
+                    path: req.uri().path().to_string(),
+                    prefixes: self.prefixes.clone(),
+                };
+                return error_response(err, log);
             };
-            return error_response(err, log);
-        };
-        let route = route.clone();
-        log.set_route(&route.metrics);
+            let route = route.clone();
+            log.set_route(&route.metrics);
 
-        // 3. WebSocket upgrades pass through.
-        if headers::is_upgrade(req.headers()) {
-            let path = forwarded_path(req.uri().path(), prefix, route.config.strip_prefix).into_owned();
-            return Box::pin(websocket::pass_through(&self, &route, &path, req, log)).await;
-        }
-
-        // 4. The request body, capped.
-        let (parts, body) = req.into_parts();
-        // Borrowed from the request's own path unless a prefix strip has to add a `/`.
-        let path = forwarded_path(parts.uri.path(), prefix, route.config.strip_prefix);
-        let job_run = parts.extensions.get::<jobs::JobRun>().is_some();
-        let body = match body::read_capped(body, &parts.headers, self.max_request_body).await {
-            Ok(b) => b,
-            Err(BodyError::TooLarge) => {
-                return error_response(
-                    ProxyError::BodyTooLarge {
-                        limit: self.max_request_body,
-                    },
-                    log,
-                )
+            // 3. WebSocket upgrades pass through.
+            if headers::is_upgrade(req.headers()) {
+                let path = forwarded_path(req.uri().path(), prefix, route.config.strip_prefix).into_owned();
+                return Box::pin(websocket::pass_through(&self, &route, &path, req, log)).await;
             }
-            Err(BodyError::Read(e)) => return error_response(ProxyError::BadRequestBody(e), log),
-        };
 
-        // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
-        if route.config.async_jobs {
-            if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::wants_async(&parts)) {
-                return Box::pin(jobs.submit(&route.name, route.idempotency.as_ref(), &parts, body, log)).await;
+            // 4. The request body, capped.
+            let (parts, body) = req.into_parts();
+            // Borrowed from the request's own path unless a prefix strip has to add a `/`.
+            let path = forwarded_path(parts.uri.path(), prefix, route.config.strip_prefix);
+            let job_run = parts.extensions.get::<jobs::JobRun>().is_some();
+            let body = match body::read_capped(body, &parts.headers, self.max_request_body).await {
+                Ok(b) => b,
+                Err(BodyError::TooLarge) => {
+                    return error_response(
+                        ProxyError::BodyTooLarge {
+                            limit: self.max_request_body,
+                        },
+                        log,
+                    )
+                }
+                Err(BodyError::Read(e)) => return error_response(ProxyError::BadRequestBody(e), log),
+            };
+
+            // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
+            if route.config.async_jobs {
+                if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::wants_async(&parts)) {
+                    return Box::pin(jobs.submit(&route.name, route.idempotency.as_ref(), &parts, body, log)).await;
+                }
             }
-        }
 
-        // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
-        let step = if route.idempotency.is_some() {
-            idempotency_step(&route, &parts, &body, &mut log).await
-        } else {
-            Ok((None, false))
-        };
-        let (claim, bypassed) = match step {
-            Ok(go_on) => go_on,
-            Err(Answered::Replay(stored)) => return replay_response(stored, log),
-            Err(Answered::Follow(followed)) => return follow_response(followed, log),
-            Err(Answered::Refuse(err)) => return error_response(err, log),
-        };
+            // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
+            // In a block of its own: the step's result would otherwise keep its place in the
+            // request's future through every later await.
+            let (claim, bypassed) = {
+                let step = if route.idempotency.is_some() {
+                    idempotency_step(&route, &parts, &body, &mut log).await
+                } else {
+                    Ok((None, false))
+                };
+                match step {
+                    Ok(go_on) => go_on,
+                    Err(Answered::Replay(stored)) => return replay_response(stored, log),
+                    Err(Answered::Follow(followed)) => return follow_response(followed, log),
+                    Err(Answered::Refuse(err)) => return error_response(err, log),
+                }
+            };
 
-        // 5b. The response cache: a stored entry or an identical request in flight answers (and
-        // becomes the idempotency key's response); otherwise the entry is claimed.
-        let cache = match &route.cache {
-            Some(c) => match Box::pin(c.lookup(&parts, &body, &mut log)).await {
-                Looked::Hit(stored) => return cached::hit_response(stored, claim, log, self.saved(&route, &body)),
-                Looked::Follow(f) => return cached::follow_response(f, claim, log, self.saved(&route, &body)),
-                looked => Some(looked),
-            },
-            None => None,
-        };
+            // 5b. The response cache: a stored entry or an identical request in flight answers (and
+            // becomes the idempotency key's response); otherwise the entry is claimed.
+            let cache = match &route.cache {
+                Some(c) => match Box::pin(c.lookup(&parts, &body, &mut log)).await {
+                    Looked::Hit(stored) => return cached::hit_response(stored, claim, log, self.saved(&route, &body)),
+                    Looked::Follow(f) => return cached::follow_response(f, claim, log, self.saved(&route, &body)),
+                    looked => Some(looked),
+                },
+                None => None,
+            };
 
-        // 6. Attempts: send, classify, decide, wait; until delivered.
-        if trace.is_recording() {
-            let target = route.primary();
-            let provider = tokens::provider_name(&target.name, &target.upstream.config);
-            let model = crate::wire::usage::request_model(&body);
-            trace.set_route(&route.name, &provider, model, traces::operation_name(&path));
-        }
-        let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
-        let upstream = &route.targets.get(delivery.target).unwrap_or(route.primary()).name;
-        log.set_upstream(upstream, delivery.attempts.len() as u32);
-        log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
-        log.set_usage(&delivery.tokens.ledger);
-
-        // 7. A failure for good is recorded as a dead letter.
-        if let Some(reason) = delivery.dead_letter_reason() {
-            if route.config.dead_letters {
-                self.record_dead_letter(&route, &parts, &body, &delivery, reason);
+            // 6. Attempts: send, classify, decide, wait; until delivered.
+            if trace.is_recording() {
+                let target = route.primary();
+                let provider = tokens::provider_name(&target.name, &target.upstream.config);
+                let model = crate::wire::usage::request_model(&body);
+                trace.set_route(&route.name, &provider, model, traces::operation_name(&path));
             }
-        }
+            let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
+            let upstream = &route.targets.get(delivery.target).unwrap_or(route.primary()).name;
+            log.set_upstream(upstream, delivery.attempts.len() as u32);
+            log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
+            log.set_usage(&delivery.tokens.ledger);
 
-        // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
-        // frees the key first. An in-band error (a 200 whose first event is an error) is a
-        // failure: never stored. A cache entry records the response, kept or not.
-        let claims = Box::pin(Claims::settle(claim, cache, &delivery)).await;
-        self.respond(&route, delivery, claims, bypassed, job_run, log)
+            // 7. A failure for good is recorded as a dead letter.
+            if let Some(reason) = delivery.dead_letter_reason() {
+                if route.config.dead_letters {
+                    self.record_dead_letter(&route, &parts, &body, &delivery, reason);
+                }
+            }
+
+            // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
+            // frees the key first. An in-band error (a 200 whose first event is an error) is a
+            // failure: never stored. A cache entry records the response, kept or not.
+            let claims = Box::pin(Claims::settle(claim, cache, &delivery)).await;
+            self.respond(&route, delivery, claims, bypassed, job_run, log)
+        }
     }
 
     /// Step 8: the upstream's response (through the idempotency recorder when `claim` is given:

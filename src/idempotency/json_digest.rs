@@ -73,11 +73,15 @@ impl Writer {
     }
 
     fn number(&mut self, n: &serde_json::Number) {
-        // The longest number `serde_json` writes is 24 bytes (an f64 in full).
+        // The longest number `serde_json` writes is 24 bytes (an f64 in full): on the stack.
         let mut text = std::io::Cursor::new([0u8; 32]);
-        if serde_json::to_writer(&mut text, n).is_ok() {
-            let len = usize::try_from(text.position()).unwrap_or(0);
-            self.len_prefixed(b'd', &text.get_ref()[..len]);
+        match serde_json::to_writer(&mut text, n) {
+            Ok(()) => {
+                let len = usize::try_from(text.position()).unwrap_or(0);
+                self.len_prefixed(b'd', &text.get_ref()[..len]);
+            }
+            // Not expected; never a number left out of the form.
+            Err(_) => self.len_prefixed(b'd', n.to_string().as_bytes()),
         }
     }
 

@@ -141,3 +141,32 @@ impl Reloader {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reload that changes any `[redis]` key warns that it takes a restart: the store, its
+    /// liveness and the fingerprint it writes are set up once per process.
+    #[test]
+    fn a_change_to_any_redis_key_is_one_a_reload_cannot_make() {
+        let config = |redis: &str| {
+            let src = format!(
+                "[upstreams.u]\nurl = \"https://x\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n[redis]\nurl = \"redis://127.0.0.1:1\"\n{redis}"
+            );
+            Fixed::of(&Config::parse(&src, std::path::Path::new("t.toml"), &|_| None).expect("config"))
+        };
+        let base = config("");
+        assert!(config("") == base);
+        for changed in [
+            "fingerprint = 1\n",
+            "liveness = \"3s\"\n",
+            "key_prefix = \"other:\"\n",
+            "sync_interval = \"1s\"\n",
+            "wait_replicas = 1\n",
+            "password = \"p\"\n",
+        ] {
+            assert!(config(changed) != base, "{changed}");
+        }
+    }
+}

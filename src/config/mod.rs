@@ -284,6 +284,8 @@ impl std::fmt::Debug for RedisConfig {
             .field("key_prefix", &self.key_prefix)
             .field("command_timeout", &self.command_timeout)
             .field("sync_interval", &self.sync_interval)
+            .field("liveness", &self.liveness)
+            .field("fingerprint", &self.fingerprint)
             .finish()
     }
 }

@@ -57,10 +57,8 @@ struct Writer {
 impl Writer {
     /// A string or number: `tag`, its length, its bytes; hashed when that is too long.
     fn len_prefixed(&mut self, tag: u8, bytes: &[u8]) {
-        let mut head = [0u8; 11];
-        head[0] = tag;
-        let n = leb128(bytes.len(), &mut head[1..]);
-        let head = &head[..=n];
+        let (head, n) = head(tag, bytes.len());
+        let head = &head[..n];
         if head.len() + bytes.len() > INLINE {
             let mut h = blake3::Hasher::new();
             h.update(head);
@@ -126,17 +124,19 @@ impl Writer {
     }
 }
 
-/// `n` in LEB128 into `buf`; the number of bytes written.
-fn leb128(mut n: usize, buf: &mut [u8]) -> usize {
-    let mut i = 0;
+/// `tag` and `len` in LEB128: the head of a string or number, and how many of its bytes are used.
+fn head(tag: u8, mut len: usize) -> ([u8; 11], usize) {
+    let mut head = [0u8; 11];
+    head[0] = tag;
+    let mut i = 1;
     loop {
-        let byte = (n & 0x7f) as u8;
-        n >>= 7;
-        if n == 0 {
-            buf[i] = byte;
-            return i + 1;
+        let byte = (len & 0x7f) as u8;
+        len >>= 7;
+        if len == 0 {
+            head[i] = byte;
+            return (head, i + 1);
         }
-        buf[i] = byte | 0x80;
+        head[i] = byte | 0x80;
         i += 1;
     }
 }
@@ -200,16 +200,13 @@ impl<'de> Visitor<'de> for Value<'_> {
                 w.out.truncate(start);
             }
         }
+        w.out.push(b']');
         match hashing {
             Some(mut h) => {
-                w.out.push(b']');
                 h.update(&w.out[start..]);
                 w.hashed(start, &h);
             }
-            None => {
-                w.out.push(b']');
-                w.seal(start);
-            }
+            None => w.seal(start),
         }
         Ok(())
     }
@@ -252,10 +249,8 @@ impl<'de> Visitor<'de> for Key<'_> {
         f.write_str("a string key")
     }
     fn visit_str<E>(self, v: &str) -> Result<(), E> {
-        let mut head = [0u8; 11];
-        head[0] = b's';
-        let n = leb128(v.len(), &mut head[1..]);
-        self.0.out.extend_from_slice(&head[..=n]);
+        let (head, n) = head(b's', v.len());
+        self.0.out.extend_from_slice(&head[..n]);
         self.0.out.extend_from_slice(v.as_bytes());
         Ok(())
     }

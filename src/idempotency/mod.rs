@@ -384,9 +384,9 @@ impl Idempotency {
         self.counters.result(result);
     }
 
-    /// The identity a dead letter keeps so that its replay finds the original's record (with
-    /// the other version: the one a request checks again with when its record may have been written
-    /// before the fingerprint's version 2).
+    /// The request's identity under fingerprint `version`: the one a dead letter keeps so that
+    /// its replay finds the original's record, or (the other version) the one a request checks
+    /// again with when its record may have been written with that version.
     pub(crate) fn identity_of(
         &self,
         version: fingerprint::Version,

@@ -427,14 +427,14 @@ pub(super) enum Admit<'r> {
     Stop(Delivery),
 }
 
-/// An admitted attempt: where it goes, the circuit's permit, the request, and its credential
-/// header values (hashed only when a cooldown needs them).
 /// `req` with the attempt's `traceparent`.
 fn traced(span: &crate::traces::AttemptSpan, mut req: Request<Full<Bytes>>) -> Request<Full<Bytes>> {
     span.inject(req.headers_mut());
     req
 }
 
+/// An admitted attempt: where it goes, the circuit's permit, the request, and its credential
+/// header values (hashed only when a cooldown needs them).
 pub(super) struct Go<'r> {
     pub(super) target: &'r Target,
     pub(super) permit: Permit,

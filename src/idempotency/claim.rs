@@ -279,11 +279,12 @@ impl Claim {
     where
         B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
     {
-        let kept: KeptHeaders = headers
-            .iter()
-            .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
-            .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
-            .collect();
+        let kept = KeptHeaders::of(|| {
+            headers
+                .iter()
+                .filter(|(k, _)| KEPT_HEADERS.contains(&k.as_str()))
+                .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str(), v)))
+        });
         Recorder::new(self.inner.take(), Head { status, headers: kept }, body, failed)
     }
 }

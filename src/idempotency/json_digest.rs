@@ -29,7 +29,7 @@ pub(super) fn form(body: &[u8]) -> Option<Vec<u8>> {
     // The form is about as long as the body, or a few KiB once long values are hashed.
     let mut w = Writer {
         out: Vec::with_capacity(body.len().min(4 * INLINE) + 64),
-        members: Vec::with_capacity(8),
+        members: Vec::new(),
         scratch: Vec::new(),
     };
     let mut de = serde_json::Deserializer::from_slice(body);

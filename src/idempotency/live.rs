@@ -415,12 +415,12 @@ impl Lives {
         self.map.lock().get(record).cloned()
     }
 
-    /// Registers a fresh claim's response; the returned guard ends and unregisters it when dropped.
-    pub(crate) fn register(self: &Arc<Self>, record: &str, live: Arc<Live>) -> Registered {
-        self.map.lock().insert(record.to_string(), live.clone());
+    /// Registers a fresh claim's response under its record key; the returned guard ends and
+    /// unregisters it when dropped.
+    pub(crate) fn register(self: &Arc<Self>, live: Arc<Live>) -> Registered {
+        self.map.lock().insert(live.record.clone(), live.clone());
         Registered {
             lives: self.clone(),
-            record: record.to_string(),
             live,
         }
     }
@@ -441,7 +441,6 @@ impl Lives {
 /// up), and ended as released if nothing else ended it.
 pub(crate) struct Registered {
     lives: Arc<Lives>,
-    record: String,
     pub live: Arc<Live>,
 }
 
@@ -450,8 +449,8 @@ impl Drop for Registered {
         self.live.finish(End::Released);
         let mut map = self.lives.map.lock();
         // A later claim of the same key may have registered its own since.
-        if map.get(&self.record).is_some_and(|l| Arc::ptr_eq(l, &self.live)) {
-            map.remove(&self.record);
+        if map.get(&self.live.record).is_some_and(|l| Arc::ptr_eq(l, &self.live)) {
+            map.remove(&self.live.record);
         }
     }
 }
@@ -532,10 +531,10 @@ mod tests {
     #[test]
     fn a_registration_ends_and_unregisters_only_its_own_response() {
         let lives = Arc::new(Lives::default());
-        let first = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 8));
-        let reg = lives.register("k", first.clone());
-        let second = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 8));
-        let reg2 = lives.register("k", second.clone());
+        let first = Arc::new(Live::new("k".into(), "fp".into(), "me".into(), 8));
+        let reg = lives.register(first.clone());
+        let second = Arc::new(Live::new("k".into(), "fp".into(), "me".into(), 8));
+        let reg2 = lives.register(second.clone());
         drop(reg);
         assert!(Arc::ptr_eq(&lives.get("k").unwrap(), &second));
         assert!(matches!(first.state.lock().end, Some(End::Released)));

@@ -22,6 +22,7 @@ mod claim;
 pub mod fingerprint;
 pub mod held;
 mod json_digest;
+pub mod kept;
 pub mod live;
 pub mod liveness;
 mod recorder;
@@ -153,7 +154,7 @@ impl Records {
         let mut token = String::with_capacity(self.replica.len() + 17);
         token.push_str(&self.replica);
         token.push('.');
-        token.push_str(&fingerprint::hex(&n.to_be_bytes()));
+        fingerprint::push_hex(&mut token, &n.to_be_bytes());
         token
     }
 }
@@ -728,7 +729,7 @@ impl Idempotency {
     fn claim(&self, record: String, owner: String, fingerprint: String, follow: bool) -> Claim {
         let cap = usize::try_from(self.policy.max_stored_body).unwrap_or(usize::MAX);
         let live = Arc::new(Live::new(record, fingerprint, owner, cap));
-        let registered = follow.then(|| self.records.lives.register(&live.record, live.clone()));
+        let registered = follow.then(|| self.records.lives.register(live.clone()));
         let renewal = self
             .records
             .renewals

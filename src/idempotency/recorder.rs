@@ -14,7 +14,7 @@ use http_body_util::BodyExt;
 
 use super::claim::ClaimInner;
 use super::live::{End, Head, Live};
-use super::store::{Completion, StoredResponse};
+use super::store::{Completion, KeptHeaders, StoredResponse};
 use crate::wire::body::BoxError;
 
 /// Tees a response into the idempotency store while it streams to the client, frame by frame,
@@ -71,7 +71,7 @@ impl Recorder {
     {
         let head = Head {
             status: 0,
-            headers: Arc::from([]),
+            headers: KeptHeaders::default(),
         };
         Recorder::new(None, head, body, None)
     }

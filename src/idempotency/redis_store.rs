@@ -10,7 +10,7 @@ use bytes::Bytes;
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 
-use super::store::{Begin, Completion, Store, StoreError, StoredResponse};
+use super::store::{Begin, Completion, KeptHeaders, Store, StoreError, StoredResponse};
 use crate::redis::RedisHandle;
 
 /// The Redis-backed store.
@@ -43,7 +43,7 @@ struct Meta {
 #[derive(Serialize)]
 struct MetaOf<'a> {
     status: u16,
-    headers: &'a [(String, String)],
+    headers: &'a KeptHeaders,
     at: u64,
 }
 

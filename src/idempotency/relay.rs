@@ -190,7 +190,7 @@ impl Relay {
                 return;
             }
         };
-        let Ok(head) = serde_json::to_vec(&(head.status, &*head.headers)) else {
+        let Ok(head) = serde_json::to_vec(&(head.status, &head.headers)) else {
             return;
         };
         if !self.append(&key, &[("h", Bytes::from(head))], ttl).await {

@@ -16,9 +16,7 @@ use bytes::Bytes;
 
 use crate::time::{self, Instant};
 
-/// The response headers kept with a response (allowlisted: [`super::KEPT_HEADERS`]), shared by
-/// every copy of it (the live response, the store, each replay) instead of copied.
-pub(crate) type KeptHeaders = Arc<[(String, String)]>;
+pub(crate) use super::kept::KeptHeaders;
 
 /// A response kept for replay. Two are equal when they are the same response, whenever each
 /// was read (`age` aside).
@@ -43,7 +41,7 @@ impl Eq for StoredResponse {}
 impl StoredResponse {
     /// An estimate of the memory it holds (body, headers, bookkeeping).
     pub(crate) fn size(&self) -> usize {
-        self.body.len() + self.headers.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>() + 64
+        self.body.len() + self.headers.text_len() + 64
     }
 }
 
@@ -177,13 +175,41 @@ struct Memory {
 struct Entry {
     /// When it was inserted or completed (a completed record's age).
     stored: Instant,
-    fingerprint: String,
-    /// The claim's owner; kept after completion so that a repeated completion is recognised.
-    owner: String,
+    /// Its fingerprint, and the claim's owner (kept after completion so that a repeated
+    /// completion is recognised).
+    ids: Ids,
     state: MemState,
     expires: Instant,
     /// Its insertion sequence number: `(expires, seq)` is its slot in its index.
     seq: u64,
+}
+
+/// A record's fingerprint and its claim's owner token in one block (`{fingerprint}{owner}`): a
+/// full store evicts a record per insert, and each block it frees is cold by then.
+struct Ids {
+    text: Box<str>,
+    /// Where the owner token starts.
+    split: usize,
+}
+
+impl Ids {
+    fn new(fingerprint: &str, owner: &str) -> Ids {
+        let mut text = String::with_capacity(fingerprint.len() + owner.len());
+        text.push_str(fingerprint);
+        text.push_str(owner);
+        Ids {
+            text: text.into_boxed_str(),
+            split: fingerprint.len(),
+        }
+    }
+
+    fn fingerprint(&self) -> &str {
+        self.text.get(..self.split).unwrap_or_default()
+    }
+
+    fn owner(&self) -> &str {
+        self.text.get(self.split..).unwrap_or_default()
+    }
 }
 
 enum MemState {
@@ -205,7 +231,7 @@ impl Entry {
     }
 
     fn held_by(&self, owner: &str) -> bool {
-        self.is_lease() && self.owner == owner
+        self.is_lease() && self.ids.owner() == owner
     }
 
     fn slot(&self) -> Slot {
@@ -296,22 +322,12 @@ impl Memory {
 
     /// Inserts (or replaces) `key`'s record, then evicts until the bounds hold again.
     #[allow(clippy::too_many_arguments)]
-    fn insert(
-        &mut self,
-        key: &str,
-        fingerprint: String,
-        owner: String,
-        state: MemState,
-        expires: Instant,
-        limits: MemoryLimits,
-        now: Instant,
-    ) {
+    fn insert(&mut self, key: &str, ids: Ids, state: MemState, expires: Instant, limits: MemoryLimits, now: Instant) {
         let name = self.remove(key).unwrap_or_else(|| Arc::from(key));
         self.seq += 1;
         let entry = Entry {
             stored: now,
-            fingerprint,
-            owner,
+            ids,
             state,
             expires,
             seq: self.seq,
@@ -407,12 +423,12 @@ impl MemoryStore {
         self.with(|m, now| {
             let found = match m.live(key, now) {
                 None => None,
-                Some(e) if e.fingerprint != fingerprint => Some(Begin::Mismatch),
+                Some(e) if e.ids.fingerprint() != fingerprint => Some(Begin::Mismatch),
                 Some(e) => Some(match &e.state {
-                    MemState::InProgress if e.owner == owner => Begin::Claimed,
+                    MemState::InProgress if e.ids.owner() == owner => Begin::Claimed,
                     MemState::InProgress => Begin::InProgress {
                         lease_left: e.expires - now,
-                        owner: e.owner.to_string(),
+                        owner: e.ids.owner().to_string(),
                     },
                     MemState::Completed(r) => Begin::Completed(StoredResponse {
                         age: now.saturating_duration_since(e.stored),
@@ -423,8 +439,14 @@ impl MemoryStore {
             };
             match found {
                 None => {
-                    let (fp, who) = (fingerprint.to_string(), owner.to_string());
-                    m.insert(key, fp, who, MemState::InProgress, now + lease, limits, now);
+                    m.insert(
+                        key,
+                        Ids::new(fingerprint, owner),
+                        MemState::InProgress,
+                        now + lease,
+                        limits,
+                        now,
+                    );
                     Begin::Claimed
                 }
                 Some(Begin::Claimed) => {
@@ -443,17 +465,23 @@ impl MemoryStore {
         let limits = self.limits;
         self.with(|m, now| {
             match m.live(key, now) {
-                Some(e) if e.fingerprint != fingerprint => return Begin::Mismatch,
-                Some(e) if e.is_lease() && e.owner != owner => {
+                Some(e) if e.ids.fingerprint() != fingerprint => return Begin::Mismatch,
+                Some(e) if e.is_lease() && e.ids.owner() != owner => {
                     return Begin::InProgress {
                         lease_left: e.expires - now,
-                        owner: e.owner.to_string(),
+                        owner: e.ids.owner().to_string(),
                     }
                 }
                 _ => {}
             }
-            let (fp, who) = (fingerprint.to_string(), owner.to_string());
-            m.insert(key, fp, who, MemState::InProgress, now + lease, limits, now);
+            m.insert(
+                key,
+                Ids::new(fingerprint, owner),
+                MemState::InProgress,
+                now + lease,
+                limits,
+                now,
+            );
             Begin::Claimed
         })
     }
@@ -479,7 +507,7 @@ impl MemoryStore {
         let limits = self.limits;
         self.with(|m, now| {
             match m.live(key, now) {
-                Some(e) if e.owner != owner => return false,
+                Some(e) if e.ids.owner() != owner => return false,
                 Some(e) if !e.is_lease() => return true,
                 // Ours, or gone (nobody holds it): record the delivered response.
                 _ => {}
@@ -491,8 +519,7 @@ impl MemoryStore {
             if m.map.get(key).is_some_and(Entry::is_lease) {
                 m.complete_lease(key, state, now + ttl, limits, now);
             } else {
-                let (fp, who) = (fingerprint.to_string(), owner.to_string());
-                m.insert(key, fp, who, state, now + ttl, limits, now);
+                m.insert(key, Ids::new(fingerprint, owner), state, now + ttl, limits, now);
             }
             true
         })

@@ -12,6 +12,7 @@ use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full};
 
 use super::idempotent::kept_headers;
+use crate::idempotency::kept::KeptHeaders;
 use crate::idempotency::{Claim, Followed, StoredResponse};
 use crate::wire::body::{BoxError, ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -69,7 +70,7 @@ pub(super) fn follow_response(
 
 /// The cache's answer recorded as the response of the request's idempotency key (a fresh key
 /// answered from the cache: later requests with the key replay it).
-fn record<B>(claim: Claim, status: StatusCode, kept: &[(String, String)], body: B) -> crate::idempotency::Recorder
+fn record<B>(claim: Claim, status: StatusCode, kept: &KeptHeaders, body: B) -> crate::idempotency::Recorder
 where
     B: http_body::Body<Data = Bytes, Error = BoxError> + Send + 'static,
 {
@@ -82,7 +83,7 @@ where
 }
 
 /// A cached answer with its kept headers, `x-rebound-cache: hit` and no attempt.
-fn answered(status: StatusCode, kept: &[(String, String)], body: ProxyBody) -> Response<ProxyBody> {
+fn answered(status: StatusCode, kept: &KeptHeaders, body: ProxyBody) -> Response<ProxyBody> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = kept_headers(kept);

@@ -7,6 +7,7 @@ use http::{HeaderName, HeaderValue, Response, StatusCode};
 
 use super::Route;
 use crate::error::ProxyError;
+use crate::idempotency::kept::KeptHeaders;
 use crate::idempotency::{Check, Claim, Followed, Idempotency, Pending, ReplayIdentity, Start, StoredResponse};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -94,7 +95,7 @@ pub(super) fn follow_response(followed: Followed, log: RequestLog) -> Response<P
 }
 
 /// Another request's response (replayed or followed), with its kept headers.
-fn shared_response(status: StatusCode, kept: &[(String, String)], body: ProxyBody) -> Response<ProxyBody> {
+fn shared_response(status: StatusCode, kept: &KeptHeaders, body: ProxyBody) -> Response<ProxyBody> {
     let mut resp = Response::new(body);
     *resp.status_mut() = status;
     *resp.headers_mut() = kept_headers(kept);
@@ -105,7 +106,7 @@ fn shared_response(status: StatusCode, kept: &[(String, String)], body: ProxyBod
 }
 
 /// A stored or followed response's kept headers, as a header map.
-pub(super) fn kept_headers(kept: &[(String, String)]) -> http::HeaderMap {
+pub(super) fn kept_headers(kept: &KeptHeaders) -> http::HeaderMap {
     let mut h = http::HeaderMap::new();
     for (name, value) in kept {
         if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {

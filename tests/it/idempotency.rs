@@ -598,3 +598,48 @@ async fn an_oversized_response_is_completed_but_not_kept() {
     assert_eq!(b.header("x-should-retry"), Some("false"));
     assert_eq!(provider.count("big"), 1, "never a re-run");
 }
+
+/// A replay answers with the original's allowlisted headers (repeated values in order, an empty
+/// value kept) and no other, from the in-memory store and through Redis alike. In memory they
+/// are one shared block (`src/idempotency/kept.rs`); Redis holds the same list of pairs as ever.
+#[tokio::test]
+async fn a_replay_carries_exactly_the_kept_headers_of_the_original() {
+    let provider = FakeProvider::start().await;
+    let redis = RedisServer::start();
+    for (n, store) in [None, Some(redis.url())].into_iter().enumerate() {
+        let rebound = Rebound::start(&config(&provider.url(), store.as_deref(), "")).await;
+        let fake_key = format!("kept-{n}");
+        let headers = [
+            ("content-language", "en"),
+            ("x-private", "not kept"),
+            ("content-language", "fr"),
+            ("request-id", ""),
+        ];
+        let original = Step::Status {
+            status: 200,
+            headers: headers.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            body: Some(r#"{"id":"chatcmpl-kept","object":"chat.completion"}"#.into()),
+        };
+        provider.script(&fake_key, vec![original]);
+        let first = call(&rebound.url, &fake_key, Some("kept"), r#"{"model":"m"}"#, &[]).await;
+        assert_eq!(first.status, 200);
+        let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
+        until_metric(&rebound, stored, |v| v >= 1.0).await;
+        let again = call(&rebound.url, &fake_key, Some("kept"), r#"{"model":"m"}"#, &[]).await;
+        assert_eq!(again.header("idempotent-replayed"), Some("true"), "store {n}");
+        assert_eq!(again.body, first.body);
+        let all = |name: &str| -> Vec<&str> {
+            again
+                .headers
+                .get_all(name)
+                .iter()
+                .map(|v| v.to_str().unwrap())
+                .collect()
+        };
+        assert_eq!(all("content-type"), ["application/json"], "store {n}");
+        assert_eq!(all("content-language"), ["en", "fr"], "store {n}");
+        assert_eq!(all("request-id"), [""], "store {n}");
+        assert!(all("x-private").is_empty(), "store {n}");
+        assert_eq!(provider.count(&fake_key), 1, "store {n}: one provider call");
+    }
+}

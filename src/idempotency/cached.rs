@@ -44,7 +44,7 @@ impl AnyStore {
     /// Claims `key` over a stored entry (a refresh).
     pub(crate) async fn reclaim(
         &self,
-        key: &str,
+        key: &Arc<str>,
         fingerprint: &str,
         owner: &str,
         lease: Duration,

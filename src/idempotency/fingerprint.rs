@@ -3,6 +3,9 @@
 //! key or credential is stored; the fingerprint (version 2) is BLAKE3, the fastest to hash a large
 //! body with, and [`fingerprint_v1`] is the SHA-256 one of records written before it.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
@@ -149,28 +152,47 @@ pub fn scope_hash(headers: &HeaderMap, scope_headers: &[HeaderName]) -> String {
 /// The store key of `key` sent to `route` by the tenant `scope`: `idem:{route:scope:hash}`,
 /// the hash the first 128 bits of the key's. One hash tag per record: every script touches
 /// one Redis Cluster slot.
-pub fn record_key(route: &str, scope: &str, key: &str) -> String {
+pub fn record_key(route: &str, scope: &str, key: &str) -> Arc<str> {
     keyed("idem:", route, scope, key)
 }
 
 /// The store key of a response-cache entry: `cache:{route:scope:hash}`, the hash the first 128
 /// bits of the request fingerprint's (apart from every idempotency record).
-pub(crate) fn cache_record_key(route: &str, scope: &str, fingerprint: &str) -> String {
+pub(crate) fn cache_record_key(route: &str, scope: &str, fingerprint: &str) -> Arc<str> {
     keyed("cache:", route, scope, fingerprint)
 }
 
-fn keyed(prefix: &str, route: &str, scope: &str, key: &str) -> String {
+/// A store key, shared (not copied) by the claim, its live response and the in-memory store's
+/// record; written on the stack first, so that the shared block is its only allocation.
+fn keyed(prefix: &str, route: &str, scope: &str, key: &str) -> Arc<str> {
     let hash = Parts::of(&[key.as_bytes()]);
-    let mut r = String::with_capacity(prefix.len() + route.len() + scope.len() + 36);
-    r.push_str(prefix);
-    r.push('{');
-    r.push_str(route);
-    r.push(':');
-    r.push_str(scope);
-    r.push(':');
-    push_hex(&mut r, &hash[..16]);
-    r.push('}');
-    r
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut hex = [0u8; 32];
+    for (pair, b) in hex.chunks_exact_mut(2).zip(&hash[..16]) {
+        pair.copy_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+    }
+    let pieces: [&[u8]; 8] = [
+        prefix.as_bytes(),
+        b"{",
+        route.as_bytes(),
+        b":",
+        scope.as_bytes(),
+        b":",
+        &hex,
+        b"}",
+    ];
+    let mut buf = [0u8; 256];
+    let mut at = 0;
+    for piece in pieces {
+        let Some(slot) = buf.get_mut(at..at + piece.len()) else {
+            // A route or scope too long for the stack: joined on the heap instead.
+            return Arc::from(String::from_utf8_lossy(&pieces.concat()).as_ref());
+        };
+        slot.copy_from_slice(piece);
+        at += piece.len();
+    }
+    // Joined from `&str`s and hex digits: always UTF-8.
+    Arc::from(String::from_utf8_lossy(buf.get(..at).unwrap_or_default()).as_ref())
 }
 
 /// Why an `Idempotency-Key` value is refused.
@@ -194,8 +216,9 @@ impl std::fmt::Display for KeyError {
 }
 
 /// The key a request carries under `header`: `None` without one, an error when malformed.
-/// Accepts a bare token or an RFC 8941 quoted string (`"abc"`, unescaped).
-pub fn request_key(headers: &HeaderMap, header: &HeaderName) -> Option<Result<String, KeyError>> {
+/// Accepts a bare token or an RFC 8941 quoted string (`"abc"`, unescaped). A bare token is
+/// borrowed from the header, not copied.
+pub fn request_key<'a>(headers: &'a HeaderMap, header: &HeaderName) -> Option<Result<Cow<'a, str>, KeyError>> {
     let mut values = headers.get_all(header).iter();
     let first = values.next()?;
     if values.next().is_some() {
@@ -204,9 +227,9 @@ pub fn request_key(headers: &HeaderMap, header: &HeaderName) -> Option<Result<St
     Some(parse_key(first.as_bytes()))
 }
 
-fn parse_key(raw: &[u8]) -> Result<String, KeyError> {
+fn parse_key(raw: &[u8]) -> Result<Cow<'_, str>, KeyError> {
     let raw = trim(raw);
-    let key: Vec<u8> = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
+    let key: Cow<'_, [u8]> = if raw.len() >= 2 && raw[0] == b'"' && raw[raw.len() - 1] == b'"' {
         let mut out = Vec::with_capacity(raw.len());
         let mut escaped = false;
         for &b in &raw[1..raw.len() - 1] {
@@ -222,12 +245,12 @@ fn parse_key(raw: &[u8]) -> Result<String, KeyError> {
         if escaped {
             return Err(KeyError::NotPrintable);
         }
-        out
+        Cow::Owned(out)
     } else {
         if raw.contains(&b',') {
             return Err(KeyError::Several);
         }
-        raw.to_vec()
+        Cow::Borrowed(raw)
     };
     if key.is_empty() {
         return Err(KeyError::Empty);
@@ -238,7 +261,13 @@ fn parse_key(raw: &[u8]) -> Result<String, KeyError> {
     if !key.iter().all(|b| (0x21..=0x7e).contains(b)) {
         return Err(KeyError::NotPrintable);
     }
-    String::from_utf8(key).map_err(|_| KeyError::NotPrintable)
+    // Printable ASCII only (checked above): always UTF-8.
+    match key {
+        Cow::Borrowed(b) => std::str::from_utf8(b)
+            .map(Cow::Borrowed)
+            .map_err(|_| KeyError::NotPrintable),
+        Cow::Owned(v) => String::from_utf8(v).map(Cow::Owned).map_err(|_| KeyError::NotPrintable),
+    }
 }
 
 fn trim(mut b: &[u8]) -> &[u8] {
@@ -469,7 +498,11 @@ mod tests {
     #[test]
     fn keys() {
         let name = HeaderName::from_static("idempotency-key");
-        let key = |v: &str| request_key(&headers(&[("idempotency-key", v)]), &name).unwrap();
+        let key = |v: &str| {
+            request_key(&headers(&[("idempotency-key", v)]), &name)
+                .unwrap()
+                .map(Cow::into_owned)
+        };
         assert_eq!(key("abc-123"), Ok("abc-123".into()));
         assert_eq!(key("\"abc-123\""), Ok("abc-123".into()));
         assert_eq!(key("\"a\\\"b\""), Ok("a\"b".into()));
@@ -650,7 +683,7 @@ mod tests {
             "2:f8c9d203190c9bf68163f9b64ceb678ccbcd6e245aedaa46c623e045c489716d"
         );
         assert_eq!(
-            record_key("llm", &scope, "key-1"),
+            &*record_key("llm", &scope, "key-1"),
             "idem:{llm:b705347cb1e5eb2e49692dcab1e4bbdd:de9f9efc94bf445902a9690d5c49225d}"
         );
     }

@@ -60,7 +60,7 @@ pub enum HeadOrEnd {
 pub struct Live {
     /// The request's fingerprint (a duplicate with another one is 422, not a follower).
     /// The record key of the claim it is the response of.
-    pub record: String,
+    pub record: Arc<str>,
     pub fingerprint: String,
     /// The claim's owner token (names its relay through Redis).
     pub owner: String,
@@ -108,7 +108,7 @@ pub(crate) struct FollowerCut;
 pub(crate) struct OriginalAborted;
 
 impl Live {
-    pub fn new(record: String, fingerprint: String, owner: String, cap: usize) -> Live {
+    pub fn new(record: Arc<str>, fingerprint: String, owner: String, cap: usize) -> Live {
         Live {
             record,
             fingerprint,
@@ -406,7 +406,7 @@ impl Drop for Follower {
 /// The live responses of this replica's in-flight claims, by record key.
 #[derive(Default)]
 pub(crate) struct Lives {
-    map: Mutex<HashMap<String, Arc<Live>>>,
+    map: Mutex<HashMap<Arc<str>, Arc<Live>>>,
 }
 
 impl Lives {

@@ -293,7 +293,7 @@ pub enum Check {
 
 /// A check still to be decided: the record, and this request's claim on it.
 pub struct Pending {
-    record: String,
+    record: Arc<str>,
     fingerprint: String,
     owner: String,
     /// The store's answer so far, when it said "in progress" (lease left, holder).
@@ -703,7 +703,7 @@ impl Idempotency {
 
     /// Releases a claim whose reply never came (it may have run late, or its reply was lost), as
     /// soon as the store answers again, so that it cannot hold the key for its whole lease.
-    fn release_orphan(&self, record: String, owner: String) {
+    fn release_orphan(&self, record: Arc<str>, owner: String) {
         let pending = self.records.orphan_releases.clone();
         if pending.fetch_add(1, Ordering::AcqRel) >= MAX_ORPHAN_RELEASES {
             pending.fetch_sub(1, Ordering::AcqRel);
@@ -726,7 +726,7 @@ impl Idempotency {
     }
 
     /// Takes ownership of a fresh claim: renews its lease until it is recorded or released.
-    fn claim(&self, record: String, owner: String, fingerprint: String, follow: bool) -> Claim {
+    fn claim(&self, record: Arc<str>, owner: String, fingerprint: String, follow: bool) -> Claim {
         let cap = usize::try_from(self.policy.max_stored_body).unwrap_or(usize::MAX);
         let live = Arc::new(Live::new(record, fingerprint, owner, cap));
         let registered = follow.then(|| self.records.lives.register(live.clone()));

@@ -94,7 +94,7 @@ impl Relay {
             return live.clone();
         }
         let live = Arc::new(Live::new(
-            record.to_string(),
+            Arc::from(record),
             fingerprint.to_string(),
             owner.to_string(),
             cap,

@@ -322,8 +322,18 @@ impl Memory {
 
     /// Inserts (or replaces) `key`'s record, then evicts until the bounds hold again.
     #[allow(clippy::too_many_arguments)]
-    fn insert(&mut self, key: &str, ids: Ids, state: MemState, expires: Instant, limits: MemoryLimits, now: Instant) {
-        let name = self.remove(key).unwrap_or_else(|| Arc::from(key));
+    fn insert(
+        &mut self,
+        key: &Arc<str>,
+        ids: Ids,
+        state: MemState,
+        expires: Instant,
+        limits: MemoryLimits,
+        now: Instant,
+    ) {
+        // The caller's key is shared, not copied (the claim and its live response hold it too).
+        self.remove(key);
+        let name = key.clone();
         self.seq += 1;
         let entry = Entry {
             stored: now,
@@ -418,7 +428,7 @@ impl Memory {
 /// The in-memory store answers at once: its operations are synchronous, and the [`Store`] impl
 /// wraps them (a caller that knows the store is in memory saves the future).
 impl MemoryStore {
-    pub(crate) fn begin_now(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
+    pub(crate) fn begin_now(&self, key: &Arc<str>, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
         let limits = self.limits;
         self.with(|m, now| {
             let found = match m.live(key, now) {
@@ -461,7 +471,7 @@ impl MemoryStore {
 
     /// Claims `key` for a refresh: as [`MemoryStore::begin_now`], except that a completed record
     /// is replaced by the claim (a cache entry too old for the request, or `no-cache`).
-    pub(crate) fn reclaim_now(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
+    pub(crate) fn reclaim_now(&self, key: &Arc<str>, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
         let limits = self.limits;
         self.with(|m, now| {
             match m.live(key, now) {
@@ -519,7 +529,14 @@ impl MemoryStore {
             if m.map.get(key).is_some_and(Entry::is_lease) {
                 m.complete_lease(key, state, now + ttl, limits, now);
             } else {
-                m.insert(key, Ids::new(fingerprint, owner), state, now + ttl, limits, now);
+                m.insert(
+                    &Arc::from(key),
+                    Ids::new(fingerprint, owner),
+                    state,
+                    now + ttl,
+                    limits,
+                    now,
+                );
             }
             true
         })
@@ -538,7 +555,7 @@ impl MemoryStore {
 
 impl Store for MemoryStore {
     async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
-        Ok(self.begin_now(key, fingerprint, owner, lease))
+        Ok(self.begin_now(&Arc::from(key), fingerprint, owner, lease))
     }
 
     async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
@@ -661,7 +678,7 @@ mod tests {
         assert_eq!(s.cache_usage().0, 50);
         // A refresh: the entry is claimed over (no longer counted), then completed again.
         let key = "cache:{r:s:199}";
-        assert_eq!(s.reclaim_now(key, "fp", "o2", LEASE), Begin::Claimed);
+        assert_eq!(s.reclaim_now(&Arc::from(key), "fp", "o2", LEASE), Begin::Claimed);
         assert_eq!(s.cache_usage().0, 49);
         assert!(s.complete_now(key, "fp", "o2", Completion::Kept(response(key)), Duration::from_secs(1)));
         assert_eq!(s.cache_usage().0, 50);

@@ -123,15 +123,19 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// Appends `bytes` in lower-case hex.
 pub(crate) fn push_hex(out: &mut String, bytes: &[u8]) {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut buf = [0u8; 64];
     for chunk in bytes.chunks(32) {
-        for (i, b) in chunk.iter().enumerate() {
-            buf[2 * i] = HEX[usize::from(b >> 4)];
-            buf[2 * i + 1] = HEX[usize::from(b & 0xf)];
-        }
+        hex_into(chunk, &mut buf);
         // Hex digits are ASCII, always valid UTF-8.
         out.push_str(std::str::from_utf8(&buf[..2 * chunk.len()]).unwrap_or_default());
+    }
+}
+
+/// Writes `bytes` in lower-case hex into `out`, two digits a byte (as many bytes as fit).
+fn hex_into(bytes: &[u8], out: &mut [u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    for (pair, b) in out.chunks_exact_mut(2).zip(bytes) {
+        pair.copy_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
     }
 }
 
@@ -166,11 +170,8 @@ pub(crate) fn cache_record_key(route: &str, scope: &str, fingerprint: &str) -> A
 /// record; written on the stack first, so that the shared block is its only allocation.
 fn keyed(prefix: &str, route: &str, scope: &str, key: &str) -> Arc<str> {
     let hash = Parts::of(&[key.as_bytes()]);
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut hex = [0u8; 32];
-    for (pair, b) in hex.chunks_exact_mut(2).zip(&hash[..16]) {
-        pair.copy_from_slice(&[HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
-    }
+    hex_into(&hash[..16], &mut hex);
     let pieces: [&[u8]; 8] = [
         prefix.as_bytes(),
         b"{",
@@ -493,6 +494,19 @@ mod tests {
             h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
         }
         h
+    }
+
+    /// A record key is the same text whether it was joined on the stack or, for a route too long
+    /// for it, on the heap.
+    #[test]
+    fn a_record_key_is_the_same_text_however_long_its_route() {
+        let hash = |key: &str| hex(&Parts::of(&[key.as_bytes()])[..16]);
+        for route in ["llm".to_string(), "r".repeat(300)] {
+            let want = format!("idem:{{{route}:scope:{}}}", hash("key-1"));
+            assert_eq!(&*record_key(&route, "scope", "key-1"), want);
+            let want = format!("cache:{{{route}:scope:{}}}", hash("2:ab"));
+            assert_eq!(&*cache_record_key(&route, "scope", "2:ab"), want);
+        }
     }
 
     #[test]

@@ -351,6 +351,20 @@ impl Memory {
         self.evict(limits, now);
     }
 
+    /// Inserts a claim: `owner`'s lease on `key` until `expires`.
+    fn insert_lease(
+        &mut self,
+        key: &Arc<str>,
+        fingerprint: &str,
+        owner: &str,
+        expires: Instant,
+        limits: MemoryLimits,
+        now: Instant,
+    ) {
+        let ids = Ids::new(fingerprint, owner);
+        self.insert(key, ids, MemState::InProgress, expires, limits, now);
+    }
+
     /// Turns `key`'s lease (ours: checked by the caller) into its completed record in place: its
     /// key, fingerprint and owner are kept, not copied again. Then evicts until the bounds hold.
     fn complete_lease(&mut self, key: &str, state: MemState, expires: Instant, limits: MemoryLimits, now: Instant) {
@@ -449,14 +463,7 @@ impl MemoryStore {
             };
             match found {
                 None => {
-                    m.insert(
-                        key,
-                        Ids::new(fingerprint, owner),
-                        MemState::InProgress,
-                        now + lease,
-                        limits,
-                        now,
-                    );
+                    m.insert_lease(key, fingerprint, owner, now + lease, limits, now);
                     Begin::Claimed
                 }
                 Some(Begin::Claimed) => {
@@ -484,14 +491,7 @@ impl MemoryStore {
                 }
                 _ => {}
             }
-            m.insert(
-                key,
-                Ids::new(fingerprint, owner),
-                MemState::InProgress,
-                now + lease,
-                limits,
-                now,
-            );
+            m.insert_lease(key, fingerprint, owner, now + lease, limits, now);
             Begin::Claimed
         })
     }

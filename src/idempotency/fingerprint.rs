@@ -182,18 +182,23 @@ fn keyed(prefix: &str, route: &str, scope: &str, key: &str) -> Arc<str> {
         &hex,
         b"}",
     ];
-    let mut buf = [0u8; 256];
+    // A route or scope too long for the stack is joined on the heap instead.
+    shared_text(pieces).unwrap_or_else(|| Arc::from(String::from_utf8_lossy(&pieces.concat()).as_ref()))
+}
+
+/// The longest text [`shared_text`] joins.
+pub(crate) const SHARED_TEXT: usize = 512;
+
+/// `pieces` (each from a `&str` or ASCII) joined into one shared block, written on the stack
+/// first so that the block is its only allocation; `None` when longer than [`SHARED_TEXT`].
+pub(crate) fn shared_text<'a>(pieces: impl IntoIterator<Item = &'a [u8]>) -> Option<Arc<str>> {
+    let mut buf = [0u8; SHARED_TEXT];
     let mut at = 0;
     for piece in pieces {
-        let Some(slot) = buf.get_mut(at..at + piece.len()) else {
-            // A route or scope too long for the stack: joined on the heap instead.
-            return Arc::from(String::from_utf8_lossy(&pieces.concat()).as_ref());
-        };
-        slot.copy_from_slice(piece);
+        buf.get_mut(at..at + piece.len())?.copy_from_slice(piece);
         at += piece.len();
     }
-    // Joined from `&str`s and hex digits: always UTF-8.
-    Arc::from(String::from_utf8_lossy(buf.get(..at).unwrap_or_default()).as_ref())
+    std::str::from_utf8(buf.get(..at)?).ok().map(Arc::from)
 }
 
 /// Why an `Idempotency-Key` value is refused.

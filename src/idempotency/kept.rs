@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
+use super::fingerprint::shared_text;
+
 /// Kept response headers, in order, as `(name, value)` pairs. Serialised as the list of pairs
 /// (`[["content-type","application/json"]]`), as records have always been written.
 #[derive(Clone)]
@@ -24,34 +26,24 @@ enum Repr {
     Pairs(Arc<[(String, String)]>),
 }
 
-/// The longest text joined on the stack before it is copied into its block.
-const STACK: usize = 512;
-
 impl KeptHeaders {
-    /// The kept headers `pairs()` walks, in order. It is walked once, joined on the stack; only
-    /// a text longer than [`STACK`] or a pair that holds a `\n` walks it again.
+    /// The kept headers `pairs()` walks, in order. It is walked once, joined on the stack
+    /// ([`shared_text`]); only a text too long for it or a pair that holds a `\n` walks it again.
     pub(crate) fn of<'a, I>(pairs: impl Fn() -> I) -> KeptHeaders
     where
         I: Iterator<Item = (&'a str, &'a str)>,
     {
-        let mut buf = [0u8; STACK];
-        let (mut at, mut count) = (0, 0);
-        for (i, (name, value)) in pairs().enumerate() {
-            let joined = (i == 0 || put(&mut buf, &mut at, b"\n"))
-                && put(&mut buf, &mut at, name.as_bytes())
-                && put(&mut buf, &mut at, b"\n")
-                && put(&mut buf, &mut at, value.as_bytes());
-            if !joined {
-                return KeptHeaders::of_any(pairs);
-            }
+        let mut count = 0;
+        let pieces = pairs().enumerate().flat_map(|(i, (name, value))| {
             count += 1;
-        }
-        let text = buf.get(..at).unwrap_or_default();
-        // Only the separators are newlines (2 per pair, less one), or a pair holds one itself.
-        let newlines = text.iter().filter(|&&b| b == b'\n').count();
-        match std::str::from_utf8(text) {
-            Ok(text) if newlines + 1 == 2 * count || count == 0 => KeptHeaders(Repr::Joined(Arc::from(text))),
-            // Joined from `&str`s and newlines: always UTF-8.
+            let sep: &[u8] = if i == 0 { b"" } else { b"\n" };
+            [sep, name.as_bytes(), b"\n", value.as_bytes()]
+        });
+        match shared_text(pieces) {
+            // Only the separators are newlines (2 per pair, less one), or a pair holds one itself.
+            Some(text) if count == 0 || text.bytes().filter(|&b| b == b'\n').count() + 1 == 2 * count => {
+                KeptHeaders(Repr::Joined(text))
+            }
             _ => KeptHeaders::of_any(pairs),
         }
     }
@@ -92,19 +84,6 @@ impl KeptHeaders {
             Repr::Joined(text) => text.len(),
             Repr::Pairs(pairs) => pairs.iter().map(|(k, v)| k.len() + v.len()).sum(),
         }
-    }
-}
-
-/// Appends `bytes` to `buf` at `at`; false when they do not fit.
-fn put(buf: &mut [u8], at: &mut usize, bytes: &[u8]) -> bool {
-    let end = *at + bytes.len();
-    match buf.get_mut(*at..end) {
-        Some(slot) => {
-            slot.copy_from_slice(bytes);
-            *at = end;
-            true
-        }
-        None => false,
     }
 }
 
@@ -176,6 +155,7 @@ impl<'de> Deserialize<'de> for KeptHeaders {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idempotency::fingerprint::SHARED_TEXT;
 
     fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
         list.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
@@ -204,9 +184,9 @@ mod tests {
         round_trip(&[("x-odd", "one\ntwo"), ("content-type", "a")]);
         round_trip(&[("odd\nname", "v")]);
         // Longer than the stack buffer.
-        let long = "v".repeat(STACK * 2);
+        let long = "v".repeat(SHARED_TEXT * 2);
         round_trip(&[("request-id", long.as_str()), ("content-type", "application/json")]);
-        let exact = "w".repeat(STACK - "k".len() - 1);
+        let exact = "w".repeat(SHARED_TEXT - "k".len() - 1);
         round_trip(&[("k", exact.as_str())]);
     }
 

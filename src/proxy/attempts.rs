@@ -308,11 +308,15 @@ impl Proxy {
     }
 }
 
+/// The attempts of a request, in order: one in place (most requests make one, and its record
+/// then needs no allocation of its own).
+pub(super) type Attempts = smallvec::SmallVec<[AttemptRecord; 1]>;
+
 /// The retry loop's account of a request so far: what each attempt did, and where.
 pub(super) struct Progress {
     /// The last attempt's outcome (`None` while no attempt ran).
     pub(super) outcome: Option<Outcome>,
-    pub(super) attempts: Vec<AttemptRecord>,
+    pub(super) attempts: Attempts,
     /// The target of the last attempt (its index in the route's list).
     pub(super) target: usize,
     /// The last failed response, kept while waiting: delivered if no further attempt can run.
@@ -329,7 +333,7 @@ impl Progress {
     pub(super) fn new(deadline: Duration, tokens: RequestTokens, started: Instant) -> Progress {
         Progress {
             outcome: None,
-            attempts: Vec::new(),
+            attempts: Attempts::new(),
             target: 0,
             last: None,
             deadline,
@@ -448,7 +452,7 @@ pub(super) struct Delivery {
     pub(super) result: Result<Response<Primed<UpstreamBody>>, ProxyError>,
     /// The last attempt's outcome (`None` when no attempt ran).
     pub(super) outcome: Option<Outcome>,
-    pub(super) attempts: Vec<AttemptRecord>,
+    pub(super) attempts: Attempts,
     pub(super) stop: Stop,
     /// The target of the last attempt (its index in the route's list).
     pub(super) target: usize,
@@ -523,7 +527,8 @@ pub(super) fn build_upstream_request(
     // from the upstream URI; the length is the buffered body's.
     headers::remove_all(headers, &headers::NOT_FORWARDED);
     if body_len > 0 || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
-        headers.insert(http::header::CONTENT_LENGTH, HeaderValue::from(body_len));
+        let stated = parts.headers.get(http::header::CONTENT_LENGTH);
+        headers.insert(http::header::CONTENT_LENGTH, headers::content_length(body_len, stated));
     }
     for (name, value) in &target.upstream.config.set_headers {
         headers.insert(name.clone(), value.clone());

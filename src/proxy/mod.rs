@@ -257,12 +257,7 @@ impl Proxy {
             };
 
             // 6. Attempts: send, classify, decide, wait; until delivered.
-            if trace.is_recording() {
-                let target = route.primary();
-                let provider = tokens::provider_name(&target.name, &target.upstream.config);
-                let model = crate::wire::usage::request_model(&body);
-                trace.set_route(&route.name, &provider, model, traces::operation_name(&path));
-            }
+            describe_span(&trace, &route, &path, &body);
             let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
             let upstream = &route.targets.get(delivery.target).unwrap_or(route.primary()).name;
             log.set_upstream(upstream, delivery.attempts.len() as u32);
@@ -279,7 +274,12 @@ impl Proxy {
             // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
             // frees the key first. An in-band error (a 200 whose first event is an error) is a
             // failure: never stored. A cache entry records the response, kept or not.
-            let claims = Box::pin(Claims::settle(claim, cache, &delivery)).await;
+            // (Boxed where there is a claim: the release waits on the store. Most requests have
+            // none, and skip the allocation.)
+            let claims = match (claim, cache) {
+                (None, None) => Claims::default(),
+                (claim, cache) => Box::pin(Claims::settle(claim, cache, &delivery)).await,
+            };
             self.respond(&route, delivery, claims, bypassed, job_run, log)
         }
     }
@@ -348,6 +348,16 @@ impl Proxy {
 
 /// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.
 /// HTTP/2 requests always carry scheme and authority, so only HTTP/1 is checked.
+/// The request's span, when it is recorded, names its route, provider, model and operation.
+fn describe_span(trace: &traces::RequestSpan, route: &Route, path: &str, body: &[u8]) {
+    if trace.is_recording() {
+        let target = route.primary();
+        let provider = tokens::provider_name(&target.name, &target.upstream.config);
+        let model = crate::wire::usage::request_model(body);
+        trace.set_route(&route.name, &provider, model, traces::operation_name(path));
+    }
+}
+
 fn is_absolute_form<B>(req: &Request<B>) -> bool {
     req.version() <= http::Version::HTTP_11 && (req.uri().scheme().is_some() || req.uri().authority().is_some())
 }

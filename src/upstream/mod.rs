@@ -121,7 +121,9 @@ impl Upstream {
 
     /// `base_path` + `path` + `?query`.
     fn path_and_query(&self, path: &str, query: Option<&str>) -> String {
-        let mut pq = String::with_capacity(self.config.base_path.len() + path.len() + 1 + query.map_or(0, str::len));
+        // Exactly the length: a `String` whose capacity is its length becomes the URI's `Bytes`
+        // without a second allocation.
+        let mut pq = String::with_capacity(self.config.base_path.len() + path.len() + query.map_or(0, |q| 1 + q.len()));
         pq.push_str(&self.config.base_path);
         pq.push_str(path);
         if let Some(q) = query {

@@ -40,6 +40,28 @@ pub(crate) fn attempts_value(attempts: u32) -> HeaderValue {
     }
 }
 
+/// The `content-length` value for a body of `len` bytes: the request's own value when it states
+/// that length (a clone shares its bytes), else a new one from the digits written on the stack
+/// (one allocation; `HeaderValue::from(usize)` makes two).
+pub(crate) fn content_length(len: usize, stated: Option<&HeaderValue>) -> HeaderValue {
+    let mut digits = [0u8; 20];
+    let mut at = digits.len();
+    let mut n = len;
+    loop {
+        at -= 1;
+        digits[at] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    let digits = &digits[at..];
+    match stated {
+        Some(v) if v.as_bytes() == digits => v.clone(),
+        _ => HeaderValue::from_bytes(digits).unwrap_or_else(|_| HeaderValue::from(len)),
+    }
+}
+
 /// Hop-by-hop headers that apply to one connection only (RFC 9110 §7.6.1, plus the
 /// non-standard `keep-alive` and `proxy-connection` that clients still send).
 const HOP_BY_HOP: [HeaderName; 9] = [
@@ -193,6 +215,20 @@ mod tests {
         for n in [0, 1, 9, 10, 16, 17, 100, u32::MAX] {
             assert_eq!(attempts_value(n), HeaderValue::from(n), "{n}");
         }
+    }
+
+    #[test]
+    fn content_length_is_the_decimal_length_and_reuses_a_matching_value() {
+        for n in [0usize, 1, 9, 10, 99, 100, 4096, 1 << 20, usize::MAX] {
+            let made = content_length(n, None);
+            assert_eq!(made, HeaderValue::from(n), "{n}");
+            // A stated value is kept only when it is the same digits.
+            assert_eq!(content_length(n, Some(&made)), made, "{n}");
+            let other = HeaderValue::from(n / 2 + 1);
+            assert_eq!(content_length(n, Some(&other)), HeaderValue::from(n), "{n}");
+        }
+        // `007` states 7 too, but not in the form sent: a new value is made.
+        assert_eq!(content_length(7, Some(&HeaderValue::from_static("007"))), "7");
     }
 
     #[test]

@@ -25,6 +25,7 @@
 //! prompt cache, so that the kinds add up to what the provider bills.
 
 use parking_lot::Mutex;
+use smallvec::SmallVec;
 use std::sync::Arc;
 
 use memchr::memmem;
@@ -136,8 +137,10 @@ pub struct AttemptUsage {
 
 /// The usage of a request's attempts, each added when its tokens are counted (an attempt that
 /// reported none is not listed). Shared by the request's books, its dead letter and its job.
+/// Room for one attempt in place: most requests have one, and its entry then needs no allocation
+/// of its own.
 #[derive(Debug, Clone, Default)]
-pub(crate) struct Ledger(Arc<Mutex<Vec<AttemptUsage>>>);
+pub(crate) struct Ledger(Arc<Mutex<SmallVec<[AttemptUsage; 1]>>>);
 
 impl Ledger {
     pub fn add(&self, attempt: u32, usage: Usage, wasted: bool) {
@@ -158,12 +161,12 @@ impl Ledger {
 
     /// Every attempt's usage so far, in the order counted.
     pub fn entries(&self) -> Vec<AttemptUsage> {
-        self.0.lock().clone()
+        self.0.lock().to_vec()
     }
 
     /// The entries as compact JSON (`[]` when none), for the access log.
     pub(crate) fn to_json(&self) -> String {
-        serde_json::to_string(&*self.0.lock()).unwrap_or_default()
+        serde_json::to_string(&self.0.lock()[..]).unwrap_or_default()
     }
 }
 

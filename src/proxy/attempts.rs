@@ -84,60 +84,82 @@ impl Proxy {
             // Load is tracked only where it chooses (least_loaded over several targets).
             let balanced = route.targets.balance == Balance::LeastLoaded && route.targets.len() > 1;
             let in_flight = balanced.then(|| target.load.start());
-            let (result, received) = commit::attempt(route, target, traced(&span, req), now, remaining).await;
-            drop(in_flight);
-            if balanced {
-                target.load.observe(received.saturating_duration_since(now));
-            }
-            let (outcome, hint, class) = self.observe(target, permit, &credentials, &result, received);
-            let status = result.as_ref().ok().map(|r| r.status().as_u16());
-            span.end(outcome.label(), status, hint.map(|h| h.delay));
-            d.record(outcome, status, received - now);
-            let seen = failover::Seen {
-                class,
-                first_byte_limit: target.config.first_byte_timeout.is_some(),
-                // Read only where it matters: a prompt too long for this target.
-                larger_context_elsewhere: class == Some(ErrorClass::ContextLength) && at.larger_context(route, target),
-            };
-            match self.next_step(
-                route,
-                &parts.method,
-                &mut state,
-                &at,
-                target,
-                (outcome, seen),
-                hint,
-                received,
-                now,
-            ) {
-                Next::Move(reason) => {
-                    d.keep(result, target, state.total, now);
-                    at.leave(route, target.index, reason, &mut state);
-                    now = crate::time::now();
-                    waited = (Duration::ZERO, None);
+            // The attempt's result lives in this block, not across the backoff's wait: a local
+            // borrowed in an `async fn` keeps its place in the future until its scope ends.
+            let wait = {
+                let (result, received) = commit::attempt(route, target, traced(&span, req), now, remaining).await;
+                drop(in_flight);
+                if balanced {
+                    target.load.observe(received.saturating_duration_since(now));
                 }
-                Next::Retry { wait, source, reason } => {
-                    self.count_retry_wait(route, state.total, &reason.to_string(), wait, source.as_str());
-                    retrying = Some(reason.to_string());
-                    d.waited(wait);
-                    waited = (wait, Some(source.as_str()));
-                    d.keep(result, target, state.total, now);
-                    tokio::time::sleep(wait).await;
-                    now = crate::time::now();
-                }
-                Next::Deliver(stop) => {
-                    self.count_stop(route, stop);
-                    let result = result.map_err(|e| {
-                        tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
-                        attempt_error(&target.name, e)
-                    });
-                    if outcome.is_failure() && (state.total > 1 || stop != Stop::NotRetryable) {
-                        tracing::info!(route = %route.name, attempts = state.total, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
+                let (outcome, hint, class) = self.observe(target, permit, &credentials, &result, received);
+                let status = result.as_ref().ok().map(|r| r.status().as_u16());
+                span.end(outcome.label(), status, hint.map(|h| h.delay));
+                d.record(outcome, status, received - now);
+                let seen = failover::Seen {
+                    class,
+                    first_byte_limit: target.config.first_byte_timeout.is_some(),
+                    // Read only where it matters: a prompt too long for this target.
+                    larger_context_elsewhere: class == Some(ErrorClass::ContextLength)
+                        && at.larger_context(route, target),
+                };
+                match self.next_step(
+                    route,
+                    &parts.method,
+                    &mut state,
+                    &at,
+                    target,
+                    (outcome, seen),
+                    hint,
+                    received,
+                    now,
+                ) {
+                    Next::Move(reason) => {
+                        d.keep(result, target, state.total, now);
+                        at.leave(route, target.index, reason, &mut state);
+                        waited = (Duration::ZERO, None);
+                        None
                     }
-                    return d.deliver(result, stop).with_failovers(at.failovers);
+                    Next::Retry { wait, source, reason } => {
+                        self.count_retry_wait(route, state.total, &reason.to_string(), wait, source.as_str());
+                        retrying = Some(reason.to_string());
+                        d.waited(wait);
+                        waited = (wait, Some(source.as_str()));
+                        d.keep(result, target, state.total, now);
+                        Some(wait)
+                    }
+                    Next::Deliver(stop) => {
+                        let result = self.last_result(route, target, result, (outcome, stop), state.total);
+                        return d.deliver(result, stop).with_failovers(at.failovers);
+                    }
                 }
+            };
+            if let Some(wait) = wait {
+                tokio::time::sleep(wait).await;
             }
+            now = crate::time::now();
         }
+    }
+
+    /// The result the loop ends with, after `total` attempts, the last with `outcome`: counted,
+    /// and logged when it is a failure.
+    fn last_result(
+        &self,
+        route: &Route,
+        target: &Target,
+        result: Result<Response<Primed<UpstreamBody>>, AttemptError>,
+        (outcome, stop): (Outcome, Stop),
+        total: u32,
+    ) -> Result<Response<Primed<UpstreamBody>>, ProxyError> {
+        self.count_stop(route, stop);
+        let result = result.map_err(|e| {
+            tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
+            attempt_error(&target.name, e)
+        });
+        if outcome.is_failure() && (total > 1 || stop != Stop::NotRetryable) {
+            tracing::info!(route = %route.name, attempts = total, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
+        }
+        result
     }
 
     /// After an attempt: move to another target (a failover class, when another target can take
@@ -320,7 +342,9 @@ pub(super) struct Progress {
     /// The target of the last attempt (its index in the route's list).
     pub(super) target: usize,
     /// The last failed response, kept while waiting: delivered if no further attempt can run.
-    pub(super) last: Option<Response<Primed<UpstreamBody>>>,
+    /// Boxed: only a retried request keeps one, and inline it would take its room in every
+    /// request's future.
+    pub(super) last: Option<Box<Response<Primed<UpstreamBody>>>>,
     /// The request's whole deadline (for the error that reports it).
     pub(super) deadline: Duration,
     /// The request's model label and token ledger.
@@ -372,7 +396,7 @@ impl Progress {
     ) {
         self.last = result.ok().map(|mut r| {
             tokens::discard(&mut r, &target.tokens, &self.tokens, attempt, now);
-            r
+            Box::new(r)
         });
     }
 
@@ -403,7 +427,7 @@ impl Progress {
     /// Ends the loop before an attempt could run: the last failed response, if one is kept,
     /// else rebound's own error.
     pub(super) fn stop_before_attempt(&mut self, stop: Stop, err: impl FnOnce() -> ProxyError) -> Delivery {
-        let result = self.last.take().map_or_else(|| Err(err()), Ok);
+        let result = self.last.take().map_or_else(|| Err(err()), |r| Ok(*r));
         self.deliver(result, stop)
     }
 }

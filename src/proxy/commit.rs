@@ -51,45 +51,68 @@ pub(super) async fn attempt(
     let sent = target.upstream.send(req, head_limit.min(remaining)).await;
     let head_at = crate::time::now();
     target.attempts.duration.observe((head_at - started).as_secs_f64());
-    let (mut parts, body) = match sent {
-        Ok(resp) => resp.into_parts(),
-        Err(e) => return (Err(e), head_at),
+    // `sent` moved whole, matched as a temporary: a local partly moved out of would keep its
+    // room through the read-ahead.
+    let resp = match sent.map_err(|e| (Err(e), head_at)) {
+        Ok(resp) => resp,
+        Err(failed) => return failed,
     };
+    // The read-ahead is a future of its own, awaited where the send's was: the two take the same
+    // room in this one, not a room each.
+    let wait = match own {
+        Some(t) => t.saturating_sub(head_at - started),
+        None => policy.first_byte_timeout,
+    };
+    let left = remaining.saturating_sub(head_at - started);
+    read_to_commit(target, resp, head_at, wait.min(left), left).await
+}
+
+/// The response, read to its commit point: a successful one ahead within `wait` (the first
+/// byte's deadline), an error one's small body within [`ERROR_BODY_WAIT`] (and `left`, the
+/// request's remaining time), to classify it.
+///
+/// A plain `fn` returning a block: the response is taken apart before the block, which holds its
+/// parts once (an `async fn` would also hold the response as passed).
+fn read_to_commit(
+    target: &Target,
+    resp: Response<UpstreamBody>,
+    head_at: Instant,
+    wait: Duration,
+    left: Duration,
+) -> impl std::future::Future<Output = (Result<Response<Primed<UpstreamBody>>, AttemptError>, Instant)> + Send + '_ {
+    let (mut parts, body) = resp.into_parts();
     let shape = Shape::of(&parts.headers);
     let mut body = Primed::new(body, shape);
-    let mut received = head_at;
-    if parts.status.is_success() && !body.is_end_stream() {
-        let wait = match own {
-            Some(t) => t.saturating_sub(head_at - started),
-            None => policy.first_byte_timeout,
-        }
-        .min(remaining.saturating_sub(head_at - started));
-        match read_ahead(&mut body, shape, head_at + wait).await {
-            Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), crate::time::now()),
-            Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
-            Ok(ahead) => {
-                if ahead.waited {
-                    received = crate::time::now();
-                }
-                if let Some(e) = ahead.in_band {
-                    target.attempts.first_event_errors.inc();
-                    parts.extensions.insert(e);
+    async move {
+        let mut received = head_at;
+        if parts.status.is_success() && !body.is_end_stream() {
+            match read_ahead(&mut body, shape, head_at + wait).await {
+                Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), crate::time::now()),
+                Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
+                Ok(ahead) => {
+                    if ahead.waited {
+                        received = crate::time::now();
+                    }
+                    if let Some(e) = ahead.in_band {
+                        target.attempts.first_event_errors.inc();
+                        parts.extensions.insert(e);
+                    }
                 }
             }
+        } else if parts.status.is_client_error() || parts.status.is_server_error() {
+            // An error response: a small body is read (it usually came with the head) to tell its
+            // class, e.g. a quota used up from a rate limit; then forwarded as it came.
+            let wait = ERROR_BODY_WAIT.min(left);
+            let n = match read_error_body(&mut body, &parts.headers, head_at + wait).await {
+                Ok(n) => n,
+                // As a successful body failing before its commit point: nothing was forwarded.
+                Err(detail) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
+            };
+            let signal = provider_error::classify(parts.status, &parts.headers, &body.held_prefix(n));
+            parts.extensions.insert(signal);
         }
-    } else if parts.status.is_client_error() || parts.status.is_server_error() {
-        // An error response: a small body is read (it usually came with the head) to tell its
-        // class, e.g. a quota used up from a rate limit; then forwarded as it came.
-        let wait = ERROR_BODY_WAIT.min(remaining.saturating_sub(head_at - started));
-        let n = match read_error_body(&mut body, &parts.headers, head_at + wait).await {
-            Ok(n) => n,
-            // As a successful body failing before its commit point: nothing was forwarded.
-            Err(detail) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
-        };
-        let signal = provider_error::classify(parts.status, &parts.headers, &body.held_prefix(n));
-        parts.extensions.insert(signal);
+        (Ok(Response::from_parts(parts, body)), received)
     }
-    (Ok(Response::from_parts(parts, body)), received)
 }
 
 /// How long an error body is waited for, at most, after its head.

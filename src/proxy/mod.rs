@@ -152,44 +152,47 @@ impl Proxy {
     ///
     /// An `async` block, not an `async fn`: an `async fn` keeps its arguments twice in its future
     /// (as they were passed, and moved into its body), 264 bytes of request more per request in
-    /// flight; the block uses what it captured in place.
+    /// flight; the block uses what it captured in place. The request is taken apart before the
+    /// block: a captured value keeps its place in the future for the request's whole life, so
+    /// capturing the request and then its parts would hold the head twice.
     #[allow(clippy::manual_async_fn)] // on purpose: see above
     pub fn handle<B>(self: Arc<Self>, req: Request<B>) -> impl std::future::Future<Output = Response<ProxyBody>> + Send
     where
         B: http_body::Body<Data = Bytes> + Send + 'static,
         B::Error: Into<body::BoxError>,
     {
+        let (parts, body) = req.into_parts();
         async move {
-            let mut log = RequestLog::start(&self.metrics, req.method(), req.uri());
-            log.set_trace(req.headers());
-            let trace = self.traces.request(req.method(), req.uri().path(), req.headers());
+            let mut log = RequestLog::start(&self.metrics, &parts.method, &parts.uri);
+            log.set_trace(&parts.headers);
+            let trace = self.traces.request(&parts.method, parts.uri.path(), &parts.headers);
             if trace.is_recording() {
                 log.set_span(Box::new(trace.clone()), None);
             }
 
             // 1. Not an open proxy.
-            if req.method() == Method::CONNECT {
+            if parts.method == Method::CONNECT {
                 return error_response(ProxyError::Connect, log);
             }
-            if is_absolute_form(&req) {
+            if is_absolute_form(&parts) {
                 return error_response(ProxyError::AbsoluteForm, log);
             }
-            let head = headers::head_size(req.method(), req.uri(), req.headers());
+            let head = headers::head_size(&parts.method, &parts.uri, &parts.headers);
             if head > self.max_request_head {
                 let limit = self.max_request_head;
                 return error_response(ProxyError::RequestHeadTooLarge { size: head, limit }, log);
             }
             // The job API (`/jobs/{id}`, `/jobs/{id}/result`), when a route is async.
-            if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(req.uri().path())) {
+            if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(parts.uri.path())) {
                 // Boxed, like every rare branch: inline, its state would make every request's future
                 // larger, and each request moves that future around several times.
-                return Box::pin(jobs.api(req.method(), req.uri().path(), req.headers(), log)).await;
+                return Box::pin(jobs.api(&parts.method, parts.uri.path(), &parts.headers, log)).await;
             }
 
             // 2. Route.
-            let Some((prefix, route)) = self.routes.find(req.uri().path()) else {
+            let Some((prefix, route)) = self.routes.find(parts.uri.path()) else {
                 let err = ProxyError::NoRoute {
-                    path: req.uri().path().to_string(),
+                    path: parts.uri.path().to_string(),
                     prefixes: self.prefixes.clone(),
                 };
                 return error_response(err, log);
@@ -198,13 +201,13 @@ impl Proxy {
             log.set_route(&route.metrics);
 
             // 3. WebSocket upgrades pass through.
-            if headers::is_upgrade(req.headers()) {
-                let path = forwarded_path(req.uri().path(), prefix, route.config.strip_prefix).into_owned();
+            if headers::is_upgrade(&parts.headers) {
+                let path = forwarded_path(parts.uri.path(), prefix, route.config.strip_prefix).into_owned();
+                let req = Request::from_parts(parts, body);
                 return Box::pin(websocket::pass_through(&self, &route, &path, req, log)).await;
             }
 
             // 4. The request body, capped.
-            let (parts, body) = req.into_parts();
             // Borrowed from the request's own path unless a prefix strip has to add a `/`.
             let path = forwarded_path(parts.uri.path(), prefix, route.config.strip_prefix);
             let job_run = parts.extensions.get::<jobs::JobRun>().is_some();
@@ -259,29 +262,44 @@ impl Proxy {
             // 6. Attempts: send, classify, decide, wait; until delivered.
             describe_span(&trace, &route, &path, &body);
             let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
-            let upstream = &route.targets.get(delivery.target).unwrap_or(route.primary()).name;
-            log.set_upstream(upstream, delivery.attempts.len() as u32);
-            log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
-            log.set_usage(&delivery.tokens.ledger);
 
-            // 7. A failure for good is recorded as a dead letter.
-            if let Some(reason) = delivery.dead_letter_reason() {
-                if route.config.dead_letters {
-                    self.record_dead_letter(&route, &parts, &body, &delivery, reason);
-                }
-            }
+            // 7. The books; a failure for good is recorded as a dead letter.
+            let delivery = self.account(&route, &parts, &body, &mut log, delivery);
 
             // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
             // frees the key first. An in-band error (a 200 whose first event is an error) is a
             // failure: never stored. A cache entry records the response, kept or not.
             // (Boxed where there is a claim: the release waits on the store. Most requests have
             // none, and skip the allocation.)
-            let claims = match (claim, cache) {
-                (None, None) => Claims::default(),
-                (claim, cache) => Box::pin(Claims::settle(claim, cache, &delivery)).await,
+            let (claims, delivery) = match (claim, cache) {
+                (None, None) => (Claims::default(), delivery),
+                (claim, cache) => Box::pin(Claims::settle(claim, cache, delivery)).await,
             };
             self.respond(&route, delivery, claims, bypassed, job_run, log)
         }
+    }
+
+    /// Step 7: the delivery in the request's books, and a failure for good as a dead letter.
+    /// Handed through by value, never borrowed in `handle`: a local borrowed there keeps its place
+    /// in the request's future through later awaits, even once moved away.
+    fn account(
+        &self,
+        route: &Route,
+        parts: &http::request::Parts,
+        body: &Bytes,
+        log: &mut RequestLog,
+        delivery: Delivery,
+    ) -> Delivery {
+        let upstream = &route.targets.get(delivery.target).unwrap_or(route.primary()).name;
+        log.set_upstream(upstream, delivery.attempts.len() as u32);
+        log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
+        log.set_usage(&delivery.tokens.ledger);
+        if let Some(reason) = delivery.dead_letter_reason() {
+            if route.config.dead_letters {
+                self.record_dead_letter(route, parts, body, &delivery, reason);
+            }
+        }
+        delivery
     }
 
     /// Step 8: the upstream's response (through the idempotency recorder when `claim` is given:
@@ -358,8 +376,8 @@ fn describe_span(trace: &traces::RequestSpan, route: &Route, path: &str, body: &
     }
 }
 
-fn is_absolute_form<B>(req: &Request<B>) -> bool {
-    req.version() <= http::Version::HTTP_11 && (req.uri().scheme().is_some() || req.uri().authority().is_some())
+fn is_absolute_form(parts: &http::request::Parts) -> bool {
+    parts.version <= http::Version::HTTP_11 && (parts.uri.scheme().is_some() || parts.uri.authority().is_some())
 }
 
 /// The upstream's response as it came, minus hop-by-hop headers, plus `x-rebound-attempts`. A
@@ -430,7 +448,10 @@ impl Claims {
     /// frees the key first, so that the app's retry runs instead of waiting for the lease. A cache
     /// entry claimed records the response, kept or not: followers get it as it is produced either
     /// way; rebound's own error has nothing to share, and the entry is freed.
-    async fn settle(idempotency: Option<Claim>, cache: Option<Looked>, delivery: &Delivery) -> Claims {
+    ///
+    /// The delivery passes through: held by this (boxed) future while the release waits, it takes
+    /// no room in the request's own.
+    async fn settle(idempotency: Option<Claim>, cache: Option<Looked>, delivery: Delivery) -> (Claims, Delivery) {
         let idempotency = match idempotency {
             Some(c) if delivery.stored_by(&c) => Some(c),
             Some(c) => {
@@ -450,6 +471,6 @@ impl Claims {
             };
             (header, claim)
         });
-        Claims { idempotency, cache }
+        (Claims { idempotency, cache }, delivery)
     }
 }

@@ -135,15 +135,17 @@ impl Upstream {
 
     /// Sends one attempt (its URI in origin form, from [`Upstream::target_for`]) and waits for
     /// the response head, at most `timeout`.
-    pub async fn send(
+    ///
+    /// The timeout's future itself, not an `async fn` around it, which would hold the request a
+    /// second time for as long as the attempt waits.
+    pub fn send(
         &self,
         req: Request<Full<Bytes>>,
         timeout: Duration,
-    ) -> Result<Response<UpstreamBody>, AttemptError> {
-        match tokio::time::timeout(timeout, self.pool.send(req)).await {
-            Err(_) => Err(AttemptError::Timeout(timeout)),
-            Ok(result) => result,
-        }
+    ) -> impl std::future::Future<Output = Result<Response<UpstreamBody>, AttemptError>> + Send + '_ {
+        use futures_util::FutureExt as _;
+        tokio::time::timeout(timeout, self.pool.send(req))
+            .map(move |sent| sent.unwrap_or_else(|_| Err(AttemptError::Timeout(timeout))))
     }
 
     /// Sends an upgrade request (HTTP/1.1 only).

@@ -87,37 +87,46 @@ impl Pool {
     }
 
     /// Sends `req` (its URI in origin form) and waits for the response head.
-    pub async fn send(self: &Arc<Self>, mut req: Request<ReqBody>) -> Result<Response<UpstreamBody>, AttemptError> {
-        loop {
-            let (sender, reused) = match self.checkout().await {
-                Some(s) => (s, true),
-                // Boxed: the connect future (TLS, HTTP/2 handshake) is large and rare; inline,
-                // every request's future would carry it and be copied around with it.
-                None => (Box::pin(self.connect()).await?, false),
-            };
-            let sent = match sender {
-                Sender::H2(mut h2) => {
-                    // HTTP/2 takes the scheme and authority as pseudo-headers, from an absolute URI.
-                    if req.uri().scheme().is_none() {
-                        *req.uri_mut() = self.absolute(req.uri());
+    ///
+    /// An `async` block, not an `async fn`: an `async fn` would keep the request twice in its
+    /// future (as passed, and as the `mut` binding), and every request in flight holds this future.
+    #[allow(clippy::manual_async_fn)] // on purpose: see above
+    pub fn send(
+        self: &Arc<Self>,
+        mut req: Request<ReqBody>,
+    ) -> impl std::future::Future<Output = Result<Response<UpstreamBody>, AttemptError>> + Send + '_ {
+        async move {
+            loop {
+                let (sender, reused) = match self.checkout().await {
+                    Some(s) => (s, true),
+                    // Boxed: the connect future (TLS, HTTP/2 handshake) is large and rare; inline,
+                    // every request's future would carry it and be copied around with it.
+                    None => (Box::pin(self.connect()).await?, false),
+                };
+                let sent = match sender {
+                    Sender::H2(mut h2) => {
+                        // HTTP/2 takes the scheme and authority as pseudo-headers, from an absolute URI.
+                        if req.uri().scheme().is_none() {
+                            *req.uri_mut() = self.absolute(req.uri());
+                        }
+                        let sent = h2.try_send_request(req).await;
+                        if sent.as_ref().is_err_and(|e| e.message().is_some()) {
+                            // The shared connection is going away: the next request opens another.
+                            self.h2.lock().take();
+                        }
+                        sent.map(|resp| resp.map(|body| UpstreamBody::new(body, None)))
                     }
-                    let sent = h2.try_send_request(req).await;
-                    if sent.as_ref().is_err_and(|e| e.message().is_some()) {
-                        // The shared connection is going away: the next request opens another.
-                        self.h2.lock().take();
+                    Sender::H1(mut h1) => {
+                        // HTTP/1.1 takes the origin form and a `host` header.
+                        req.headers_mut().insert(http::header::HOST, self.host.clone());
+                        let sent = h1.try_send_request(req).await;
+                        sent.map(|resp| resp.map(|body| UpstreamBody::new(body, Some((self.clone(), h1)))))
                     }
-                    sent.map(|resp| resp.map(|body| UpstreamBody::new(body, None)))
+                };
+                match sent {
+                    Ok(resp) => return Ok(resp),
+                    Err(e) => req = Pool::unsent(e, reused)?,
                 }
-                Sender::H1(mut h1) => {
-                    // HTTP/1.1 takes the origin form and a `host` header.
-                    req.headers_mut().insert(http::header::HOST, self.host.clone());
-                    let sent = h1.try_send_request(req).await;
-                    sent.map(|resp| resp.map(|body| UpstreamBody::new(body, Some((self.clone(), h1)))))
-                }
-            };
-            match sent {
-                Ok(resp) => return Ok(resp),
-                Err(e) => req = Pool::unsent(e, reused)?,
             }
         }
     }

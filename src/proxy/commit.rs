@@ -18,6 +18,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::future::Either;
 use futures_util::FutureExt as _;
 use http::{Request, Response};
 use http_body::Body;
@@ -37,34 +38,36 @@ pub(crate) const LOOKAHEAD: usize = 64 * 1024;
 
 /// One attempt: the response (its prefix read ahead, an in-band error marked as an
 /// [`InBandError`] extension) or why it failed, and when it was received.
-pub(super) async fn attempt(
-    route: &Route,
-    target: &Target,
+///
+/// The send's future, then the read-ahead's, one after the other in the same room (`then`): an
+/// `async fn` here would also keep the request it was given, long sent, and the two futures side
+/// by side. Every request in flight holds this until its first event.
+pub(super) fn attempt<'a>(
+    route: &'a Route,
+    target: &'a Target,
     req: Request<Full<Bytes>>,
     started: Instant,
     remaining: Duration,
-) -> (Result<Response<Primed<UpstreamBody>>, AttemptError>, Instant) {
+) -> impl std::future::Future<Output = (Result<Response<Primed<UpstreamBody>>, AttemptError>, Instant)> + Send + 'a {
     let policy = &route.retry;
     // A target's own first_byte_timeout runs from sending the request: it bounds the head too.
     let own = target.config.first_byte_timeout;
     let head_limit = own.map_or(policy.per_try_timeout, |t| t.min(policy.per_try_timeout));
-    let sent = target.upstream.send(req, head_limit.min(remaining)).await;
-    let head_at = crate::time::now();
-    target.attempts.duration.observe((head_at - started).as_secs_f64());
-    // `sent` moved whole, matched as a temporary: a local partly moved out of would keep its
-    // room through the read-ahead.
-    let resp = match sent.map_err(|e| (Err(e), head_at)) {
-        Ok(resp) => resp,
-        Err(failed) => return failed,
-    };
-    // The read-ahead is a future of its own, awaited where the send's was: the two take the same
-    // room in this one, not a room each.
-    let wait = match own {
-        Some(t) => t.saturating_sub(head_at - started),
-        None => policy.first_byte_timeout,
-    };
-    let left = remaining.saturating_sub(head_at - started);
-    read_to_commit(target, resp, head_at, wait.min(left), left).await
+    target.upstream.send(req, head_limit.min(remaining)).then(move |sent| {
+        let head_at = crate::time::now();
+        target.attempts.duration.observe((head_at - started).as_secs_f64());
+        match sent {
+            Err(e) => Either::Left(std::future::ready((Err(e), head_at))),
+            Ok(resp) => {
+                let wait = match own {
+                    Some(t) => t.saturating_sub(head_at - started),
+                    None => policy.first_byte_timeout,
+                };
+                let left = remaining.saturating_sub(head_at - started);
+                Either::Right(read_to_commit(target, resp, head_at, wait.min(left), left))
+            }
+        }
+    })
 }
 
 /// The response, read to its commit point: a successful one ahead within `wait` (the first

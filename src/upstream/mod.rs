@@ -10,6 +10,7 @@ pub mod tls;
 use std::time::Duration;
 
 use bytes::Bytes;
+use futures_util::FutureExt as _;
 use http::{Request, Response, Uri};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -143,7 +144,6 @@ impl Upstream {
         req: Request<Full<Bytes>>,
         timeout: Duration,
     ) -> impl std::future::Future<Output = Result<Response<UpstreamBody>, AttemptError>> + Send + '_ {
-        use futures_util::FutureExt as _;
         tokio::time::timeout(timeout, self.pool.send(req))
             .map(move |sent| sent.unwrap_or_else(|_| Err(AttemptError::Timeout(timeout))))
     }

@@ -44,18 +44,8 @@ pub(crate) fn attempts_value(attempts: u32) -> HeaderValue {
 /// that length (a clone shares its bytes), else a new one from the digits written on the stack
 /// (one allocation; `HeaderValue::from(usize)` makes two).
 pub(crate) fn content_length(len: usize, stated: Option<&HeaderValue>) -> HeaderValue {
-    let mut digits = [0u8; 20];
-    let mut at = digits.len();
-    let mut n = len;
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    let digits = &digits[at..];
+    let mut buf = itoa::Buffer::new();
+    let digits = buf.format(len).as_bytes();
     match stated {
         Some(v) if v.as_bytes() == digits => v.clone(),
         _ => HeaderValue::from_bytes(digits).unwrap_or_else(|_| HeaderValue::from(len)),

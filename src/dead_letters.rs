@@ -6,8 +6,8 @@
 //!
 //! Storage: a capped Redis Stream shared by the fleet when `[redis]` is set (replay outcomes in a
 //! hash beside it), else a bounded ring in memory. Credentials are never kept: the entry's headers
-//! exclude them and every `[dead_letters] sensitive_headers` entry; the idempotency scope is kept
-//! as its hash only.
+//! exclude every credential form (`crate::credentials`) and every `[dead_letters]
+//! sensitive_headers` entry, the query is redacted; the idempotency scope is kept as its hash only.
 
 use parking_lot::Mutex;
 use std::collections::{BTreeMap, VecDeque};
@@ -23,7 +23,6 @@ use crate::idempotency::ReplayIdentity;
 use crate::jobs::seal::Sealer;
 use crate::metrics::Metrics;
 use crate::redis::RedisHandle;
-use crate::wire::headers::SENSITIVE;
 use crate::wire::usage::AttemptUsage;
 
 /// One attempt, as the entry shows it.
@@ -121,8 +120,7 @@ impl DeadLetter {
 pub(crate) fn keepable_headers(headers: &HeaderMap, config: &DeadLettersConfig) -> Vec<(String, String)> {
     headers
         .iter()
-        .filter(|(k, _)| !SENSITIVE.contains(&k.as_str()))
-        .filter(|(k, _)| !config.sensitive_headers.contains(k))
+        .filter(|(k, _)| !config.secret_headers.contains(k))
         .filter(|(k, _)| {
             !matches!(
                 k.as_str(),
@@ -131,36 +129,6 @@ pub(crate) fn keepable_headers(headers: &HeaderMap, config: &DeadLettersConfig) 
         })
         .filter_map(|(k, v)| v.to_str().ok().map(|v| (k.as_str().to_string(), v.to_string())))
         .collect()
-}
-
-/// A query with the values of credential-like parameters redacted.
-pub(crate) fn redact_query(query: &str) -> String {
-    query
-        .split('&')
-        .map(|pair| match pair.split_once('=') {
-            Some((name, _)) if is_secret_param(name) => format!("{name}=[redacted]"),
-            _ => pair.to_string(),
-        })
-        .collect::<Vec<_>>()
-        .join("&")
-}
-
-fn is_secret_param(name: &str) -> bool {
-    let n = name.to_ascii_lowercase();
-    [
-        "key",
-        "token",
-        "secret",
-        "password",
-        "passwd",
-        "signature",
-        "sig",
-        "auth",
-        "credential",
-        "session",
-    ]
-    .iter()
-    .any(|s| n.contains(s))
 }
 
 /// Encodes a body for an entry.
@@ -317,7 +285,10 @@ impl DeadLetter {
             upstream: f.upstream.to_string(),
             method: parts.method.to_string(),
             path: parts.uri.path().to_string(),
-            query: parts.uri.query().map(redact_query),
+            query: parts
+                .uri
+                .query()
+                .map(|q| crate::credentials::redact_query(q).into_owned()),
             idempotency_key: f
                 .idempotency_header
                 .and_then(|h| parts.headers.get(h))
@@ -758,19 +729,9 @@ mod tests {
             max_entries: cap,
             max_body: 1 << 20,
             max_bytes: 64 << 20,
-            sensitive_headers: vec![],
+            secret_headers: vec![],
         };
         DeadLetters::new(&config, None, None, Arc::new(Metrics::new().unwrap()))
-    }
-
-    #[test]
-    fn queries_are_redacted() {
-        assert_eq!(
-            redact_query("api-version=2024-02-01&key=AIza123&x=1"),
-            "api-version=2024-02-01&key=[redacted]&x=1"
-        );
-        assert_eq!(redact_query("access_token=abc"), "access_token=[redacted]");
-        assert_eq!(redact_query("flag"), "flag");
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ pub mod cache;
 pub mod circuit;
 pub mod cli;
 pub mod config;
+pub mod credentials;
 pub mod dead_letters;
 pub mod error;
 pub mod idempotency;

@@ -1,12 +1,9 @@
 //! Rate-limit cooldowns: "no calls before T" per credential, for one upstream. Pure: the caller
 //! passes the time and the RNG.
 //!
-//! A provider's 429 with a reset hint applies to the credential that made the call (API keys are
-//! rate-limited per account), so the table is keyed by a [`CredentialHash`] of the credential
-//! headers the request carried to the upstream: never the credential itself. The hash is SHA-256
-//! (stable across processes and versions, unlike std's `DefaultHasher`, since replicas exchange
-//! it through Redis), domain-separated and truncated to 128 bits. API keys carry far more entropy
-//! than that, so the hash cannot be reversed by guessing.
+//! A provider's 429 with a reset hint applies to the credential that made the call, so the table
+//! is keyed by a [`CredentialHash`] of the credential the request carried to the upstream
+//! (`crate::credentials`): never the credential itself.
 //!
 //! The table keeps the latest deadline per credential (a shorter hint never shortens a cooldown),
 //! drops expired entries as it goes and holds at most `capacity` entries: when full, the entry
@@ -16,90 +13,15 @@
 
 use foldhash::HashMap;
 use std::collections::BTreeSet;
-use std::fmt;
-use std::str::FromStr;
 use std::time::Duration;
 
-use http::header::{HeaderMap, HeaderName};
 use rand::Rng;
-use sha2::{Digest, Sha256};
 
+pub use crate::credentials::CredentialHash;
 use crate::time::Instant;
-
-pub(crate) use crate::wire::headers::CREDENTIAL_NAMES;
 
 /// Entries per upstream at most.
 pub(crate) const DEFAULT_CAPACITY: usize = 10_000;
-
-/// Domain separation: a hash made here never equals one made for another purpose.
-const DOMAIN: &[u8] = b"rebound/cooldown-credential/v1\0";
-
-/// A stable, non-reversible name for a credential (128 bits of SHA-256), shown as 32 hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct CredentialHash(pub [u8; 16]);
-
-impl fmt::Display for CredentialHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in self.0 {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
-    }
-}
-
-impl fmt::Debug for CredentialHash {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CredentialHash({self})")
-    }
-}
-
-impl FromStr for CredentialHash {
-    type Err = ();
-
-    fn from_str(s: &str) -> Result<CredentialHash, ()> {
-        let bytes = s.as_bytes();
-        if bytes.len() != 32 {
-            return Err(());
-        }
-        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8).ok_or(());
-        let mut out = [0u8; 16];
-        for (i, pair) in bytes.chunks_exact(2).enumerate() {
-            out[i] = digit(pair[0])? << 4 | digit(pair[1])?;
-        }
-        Ok(CredentialHash(out))
-    }
-}
-
-/// Hashes the values of the `names` headers in `headers` (each name in the order given, each of
-/// its values in order; absent headers count as absent, so requests without any credential share
-/// one hash). Pass the headers as they go to the upstream (after `set_headers`).
-pub(crate) fn credential_hash(headers: &HeaderMap, names: &[HeaderName]) -> CredentialHash {
-    let mut h = Sha256::new();
-    h.update(DOMAIN);
-    for name in names {
-        let values: Vec<_> = headers.get_all(name).iter().collect();
-        if values.is_empty() {
-            continue;
-        }
-        h.update((name.as_str().len() as u32).to_be_bytes());
-        h.update(name.as_str().as_bytes());
-        h.update((values.len() as u32).to_be_bytes());
-        for v in values {
-            h.update((v.as_bytes().len() as u32).to_be_bytes());
-            h.update(v.as_bytes());
-        }
-    }
-    let digest = h.finalize();
-    let mut out = [0u8; 16];
-    out.copy_from_slice(&digest[..16]);
-    CredentialHash(out)
-}
-
-#[cfg(test)]
-/// [`credential_hash`] over [`CREDENTIAL_HEADERS`].
-pub(crate) fn default_credential_hash(headers: &HeaderMap) -> CredentialHash {
-    credential_hash(headers, &CREDENTIAL_NAMES)
-}
 
 /// How long a request held by a cooldown (`cooldown = "wait"`) should sleep: the time left plus
 /// an upward jitter of `U(0, clamp(left / 5, 50 ms, 2 s))`, so that the requests that piled up do
@@ -208,7 +130,6 @@ impl CooldownTable {
 mod tests {
 
     use super::*;
-    use http::HeaderValue;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
@@ -216,17 +137,6 @@ mod tests {
 
     fn cred(n: u8) -> CredentialHash {
         CredentialHash([n; 16])
-    }
-
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
     }
 
     #[test]
@@ -305,55 +215,6 @@ mod tests {
         assert_eq!(t.by_deadline.len(), t.entries.len());
         t.prune(now + 300 * SEC);
         assert!(t.is_empty() && t.by_deadline.is_empty());
-    }
-
-    #[test]
-    fn credential_hash_is_stable_and_distinguishes() {
-        let names = crate::wire::headers::CREDENTIAL_HEADERS.map(HeaderName::from_static);
-        let a = credential_hash(&headers(&[("authorization", "Bearer sk-a")]), &names);
-        // Pinned: replicas of different builds must agree.
-        assert_eq!(
-            a.to_string(),
-            credential_hash(&headers(&[("Authorization", "Bearer sk-a")]), &names).to_string()
-        );
-        assert_eq!(
-            a,
-            default_credential_hash(&headers(&[("authorization", "Bearer sk-a")]))
-        );
-        let b = credential_hash(&headers(&[("authorization", "Bearer sk-b")]), &names);
-        assert_ne!(a, b);
-        // The same value under another header is another credential.
-        let c = credential_hash(&headers(&[("x-api-key", "Bearer sk-a")]), &names);
-        assert_ne!(a, c);
-        // Other headers do not matter.
-        let d = credential_hash(
-            &headers(&[("authorization", "Bearer sk-a"), ("content-type", "application/json")]),
-            &names,
-        );
-        assert_eq!(a, d);
-        // No credential: one shared hash.
-        assert_eq!(
-            credential_hash(&HeaderMap::new(), &names),
-            credential_hash(&headers(&[("accept", "*/*")]), &names)
-        );
-        // Concatenation ambiguity is ruled out by length prefixes.
-        let e = credential_hash(&headers(&[("x-api-key", "ab"), ("api-key", "c")]), &names);
-        let f = credential_hash(&headers(&[("x-api-key", "a"), ("api-key", "bc")]), &names);
-        assert_ne!(e, f);
-        assert!(!a.to_string().contains("sk-a"));
-        assert_eq!(a.to_string().len(), 32);
-    }
-
-    #[test]
-    fn credential_hash_is_pinned() {
-        // A change here breaks mixed-version fleets: bump the DOMAIN version instead.
-        let h = default_credential_hash(&headers(&[("authorization", "Bearer test")]));
-        // SHA-256("rebound/cooldown-credential/v1\0" || u32be(13) "authorization" || u32be(1) ||
-        // u32be(11) "Bearer test"), first 16 bytes (checked independently with Python's hashlib).
-        assert_eq!(h.to_string(), "7cdb1810be83ef94a5650d60389790f5");
-        assert_eq!(h.to_string().parse::<CredentialHash>(), Ok(h));
-        assert_eq!("zz".parse::<CredentialHash>(), Err(()));
-        assert_eq!("g".repeat(32).parse::<CredentialHash>(), Err(()));
     }
 
     #[test]

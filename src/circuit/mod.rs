@@ -41,8 +41,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use breaker::{Attempt, CircuitState};
+pub(crate) use cooldown::release_delay;
 pub use cooldown::CredentialHash;
-pub(crate) use cooldown::{credential_hash, release_delay, CREDENTIAL_NAMES};
 
 use self::breaker::{Breaker, BreakerConfig, Deltas, LeaseReport, Ticket, Transition};
 use self::cooldown::CooldownTable;

@@ -27,6 +27,8 @@ use std::time::Duration;
 
 use http::{HeaderName, HeaderValue};
 
+pub use crate::credentials::Credentials;
+
 pub use error::ConfigErrors;
 
 pub use error::ConfigError;
@@ -86,6 +88,8 @@ pub struct ServerConfig {
     /// previous response on a kept-alive connection): slow or silent clients are closed.
     pub header_read_timeout: Duration,
     pub shutdown_grace: Duration,
+    /// The credential forms in force: the built-in ones and `credential_headers`.
+    pub credentials: Credentials,
 }
 
 #[derive(Clone)]
@@ -127,9 +131,9 @@ pub struct DeadLettersConfig {
     pub(crate) max_body: u64,
     /// The in-memory ring's bound on the bodies it holds: the oldest entries go first.
     pub(crate) max_bytes: u64,
-    /// Headers never kept in an entry, on top of the credentials (authorization, x-api-key,
-    /// api-key, cookie, proxy-authorization), which are never kept.
-    pub(crate) sensitive_headers: Vec<HeaderName>,
+    /// Headers never kept in an entry (nor in a job record in the clear): every credential
+    /// header in force, `set-cookie`, then `sensitive_headers`.
+    pub(crate) secret_headers: Vec<HeaderName>,
 }
 
 /// Async jobs (`Prefer: respond-async` on routes with `async = true`). Read at startup: a reload
@@ -349,6 +353,9 @@ pub struct UpstreamConfig {
     pub ca_file: Option<PathBuf>,
     /// Set on every request to this upstream, replacing what the app sent. Values are secret.
     pub set_headers: Vec<(HeaderName, HeaderValue)>,
+    /// Whether `set_headers` sets a credential header: the app's own credentials (headers and
+    /// query parameters) are then left out of the request upstream.
+    pub sets_credential: bool,
 }
 
 impl UpstreamConfig {

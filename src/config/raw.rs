@@ -50,6 +50,7 @@ pub struct RawServer {
     pub max_connections: Option<i64>,
     pub header_read_timeout: Option<String>,
     pub shutdown_grace: Option<String>,
+    pub credential_headers: Option<Vec<String>>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]

@@ -38,6 +38,14 @@ fn listeners(out: &mut String, c: &Config) {
             "disabled: no token"
         }
     );
+    let creds = &c.server.credentials;
+    let names: Vec<&str> = creds.headers().iter().map(http::HeaderName::as_str).collect();
+    let _ = writeln!(
+        out,
+        "credentials (never logged or kept; hashed where they scope): headers {}; query parameters {}",
+        names.join(", "),
+        crate::credentials::QUERY_PARAMS.join(", ")
+    );
     match &c.redis {
         Some(r) => {
             let _ = writeln!(
@@ -253,7 +261,7 @@ fn jobs_and_idempotency(out: &mut String, c: &Config) {
     for p in c.idempotency.values() {
         let _ = writeln!(
             out,
-            "  {:<14} header {}, {}, ttl {}, lease {}, on_concurrent {}, max_stored_body {}, on_store_error {}",
+            "  {:<14} header {}, {}, ttl {}, lease {}, on_concurrent {}, max_stored_body {}, on_store_error {}, scope {}",
             p.name,
             p.header,
             if p.require_key { "required" } else { "optional" },
@@ -261,7 +269,8 @@ fn jobs_and_idempotency(out: &mut String, c: &Config) {
             d(p.lease),
             p.on_concurrent.as_str(),
             format_size(p.max_stored_body),
-            p.on_store_error.as_str()
+            p.on_store_error.as_str(),
+            scope(&p.scope_headers, c)
         );
     }
 }
@@ -273,17 +282,26 @@ fn caches(out: &mut String, c: &Config) {
     }
     for p in c.cache.values() {
         let statuses: Vec<String> = p.statuses.iter().map(ToString::to_string).collect();
-        let scope: Vec<&str> = p.scope_headers.iter().map(http::HeaderName::as_str).collect();
         let _ = writeln!(
             out,
-            "  {:<14} ttl {}, statuses [{}], max_entry_size {}, scope [{}]",
+            "  {:<14} ttl {}, statuses [{}], max_entry_size {}, scope {}",
             p.name,
             d(p.ttl),
             statuses.join(","),
             format_size(p.max_entry_size),
-            scope.join(",")
+            scope(&p.scope_headers, c)
         );
     }
+}
+
+/// A policy's tenant scope: `credentials` when it is the whole list in force, else the headers
+/// it names (the credential query parameters always count).
+fn scope(headers: &[http::HeaderName], c: &Config) -> String {
+    if headers == c.server.credentials.headers() {
+        return "credentials".to_string();
+    }
+    let names: Vec<&str> = headers.iter().map(http::HeaderName::as_str).collect();
+    format!("[{}] + credential query parameters", names.join(","))
 }
 
 /// A target as `rebound check` shows it: its upstream, then what differs from a plain one.

@@ -111,7 +111,7 @@ impl Idempotency {
         if !matches!(*method, Method::GET | Method::POST) {
             return Check::Decided(Start::Forward { bypassed: false });
         }
-        let scope = self.scope_of(headers);
+        let scope = self.scope_of(headers, query);
         let fingerprint = fingerprint::fingerprint_as(self.records.fingerprint, method, path, query, headers, body);
         let mut pending = Pending {
             record: fingerprint::cache_record_key(&self.route, &scope, &fingerprint),

@@ -9,6 +9,8 @@ use std::sync::Arc;
 use http::{HeaderMap, HeaderName, Method};
 use sha2::{Digest, Sha256};
 
+use crate::credentials;
+
 /// A hash fed in pieces.
 trait Feed {
     fn feed(&mut self, bytes: &[u8]);
@@ -139,16 +141,31 @@ fn hex_into(bytes: &[u8], out: &mut [u8]) {
     }
 }
 
-/// The hash of a tenant's identity: the values of the `scope_headers` it sent (the first 128
-/// bits, in hex). Two credentials never share a record; a request without any of them has an
-/// empty scope.
-pub fn scope_hash(headers: &HeaderMap, scope_headers: &[HeaderName]) -> String {
+/// The hash of a tenant's identity: the values of the `scope_headers` it sent and of its
+/// credential query parameters (the first 128 bits, in hex). Two credentials never share a
+/// record; a request without any of them has an empty scope.
+///
+/// A listed header the request does not carry counts only when it is one of the three that every
+/// scope hashed before the credential list grew (`authorization`, `x-api-key`, `api-key`: their
+/// names are hashed, present or not), so a request that carries no other form keeps the scope its
+/// records were written under; a form added since counts only when present, and so makes a scope
+/// of its own. Query parameters are hashed as `?name`, which no header name can be.
+pub fn scope_hash(headers: &HeaderMap, query: Option<&str>, scope_headers: &[HeaderName]) -> String {
     let mut h = Parts::new();
     for name in scope_headers {
+        let mut values = headers.get_all(name).iter().peekable();
+        if values.peek().is_none() && !credentials::CLASSIC_SCOPE.contains(name) {
+            continue;
+        }
         h.part(name.as_str().as_bytes());
-        for v in headers.get_all(name) {
+        for v in values {
             h.part(v.as_bytes());
         }
+    }
+    for (i, value) in credentials::query_credentials(query.unwrap_or("")) {
+        h.part(b"?");
+        h.part(credentials::QUERY_PARAMS.get(i).map_or(&b""[..], |p| p.as_bytes()));
+        h.part(value.as_bytes());
     }
     hex(&h.finish()[..16])
 }
@@ -657,14 +674,68 @@ mod tests {
             HeaderName::from_static("authorization"),
             HeaderName::from_static("x-api-key"),
         ];
-        let a = scope_hash(&headers(&[("authorization", "Bearer a")]), &names);
-        let b = scope_hash(&headers(&[("authorization", "Bearer b")]), &names);
-        let none = scope_hash(&headers(&[]), &names);
+        let a = scope_hash(&headers(&[("authorization", "Bearer a")]), None, &names);
+        let b = scope_hash(&headers(&[("authorization", "Bearer b")]), None, &names);
+        let none = scope_hash(&headers(&[]), None, &names);
         assert_ne!(a, b);
         assert_ne!(a, none);
-        assert_eq!(a, scope_hash(&headers(&[("authorization", "Bearer a")]), &names));
+        assert_eq!(a, scope_hash(&headers(&[("authorization", "Bearer a")]), None, &names));
         assert!(!a.contains("Bearer"));
         assert_eq!(a.len(), 32);
+    }
+
+    #[test]
+    fn every_credential_form_makes_a_scope_of_its_own() {
+        let all = credentials::HEADERS;
+        let none = scope_hash(&headers(&[]), None, &all);
+        let mut seen = std::collections::BTreeSet::new();
+        for name in &all {
+            for v in ["k-one", "k-two"] {
+                let s = scope_hash(&headers(&[(name.as_str(), v)]), None, &all);
+                assert_ne!(s, none, "{name}");
+                assert!(seen.insert(s), "{name} {v}");
+            }
+        }
+        for p in credentials::QUERY_PARAMS {
+            for v in ["k-one", "k-two"] {
+                let q = format!("alt=sse&{p}={v}");
+                let s = scope_hash(&headers(&[]), Some(&q), &all);
+                assert!(seen.insert(s), "{p} {v}");
+                // Even with a scope list that names no header.
+                assert_ne!(
+                    scope_hash(&headers(&[]), Some(&q), &[]),
+                    scope_hash(&headers(&[]), None, &[])
+                );
+            }
+        }
+        // A query without a credential is no scope.
+        assert_eq!(scope_hash(&headers(&[]), Some("alt=sse"), &all), none);
+    }
+
+    /// A request that carries only the forms scopes knew before the list grew keeps its scope
+    /// under the whole list: its records, written before the upgrade, are still found.
+    #[test]
+    fn a_classic_credential_keeps_its_scope_under_the_whole_list() {
+        let classic = credentials::CLASSIC_SCOPE;
+        let all = credentials::HEADERS;
+        for pairs in [
+            &[("authorization", "Bearer a")][..],
+            &[("x-api-key", "sk-ant")][..],
+            &[("api-key", "azure"), ("authorization", "Bearer b")][..],
+            &[][..],
+        ] {
+            let h = headers(pairs);
+            assert_eq!(scope_hash(&h, None, &all), scope_hash(&h, None, &classic), "{pairs:?}");
+        }
+        // Pinned: the three-header default scope of earlier versions (Python's hashlib over
+        // the length-prefixed parts "authorization", "Bearer a", "x-api-key", "api-key").
+        assert_eq!(
+            scope_hash(&headers(&[("authorization", "Bearer a")]), None, &all),
+            "7c2d2dc7c87047c5c53619808b47be6b"
+        );
+        // A newer form present: another scope.
+        let goog = headers(&[("authorization", "Bearer a"), ("x-goog-api-key", "AIza")]);
+        assert_ne!(scope_hash(&goog, None, &all), scope_hash(&goog, None, &classic));
     }
 
     /// Records written by an earlier version must still be found after an upgrade (a rolling
@@ -677,9 +748,12 @@ mod tests {
             "c3494ca1a2cf8eeb8a11ded316fb55b83c3bbbedb6313cd50415251e5d09e12f"
         );
         let auth = [HeaderName::from_static("authorization")];
-        let scope = scope_hash(&headers(&[("authorization", "Bearer a")]), &auth);
+        let scope = scope_hash(&headers(&[("authorization", "Bearer a")]), None, &auth);
         assert_eq!(scope, "b705347cb1e5eb2e49692dcab1e4bbdd");
-        assert_eq!(scope_hash(&headers(&[]), &auth), "77d02fe21ac9e3d671949929c9a3d40c");
+        assert_eq!(
+            scope_hash(&headers(&[]), None, &auth),
+            "77d02fe21ac9e3d671949929c9a3d40c"
+        );
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         let json = headers(&[("content-type", "Application/JSON; charset=utf-8")]);
         assert_eq!(

@@ -398,7 +398,7 @@ impl Idempotency {
         body: &Bytes,
     ) -> ReplayIdentity {
         ReplayIdentity {
-            scope: self.scope_of(headers),
+            scope: self.scope_of(headers, query),
             fingerprint: fingerprint::fingerprint_as(version, method, path, query, headers, body),
         }
     }
@@ -408,9 +408,10 @@ impl Idempotency {
         self.records.fingerprint
     }
 
-    /// The tenant scope of a request (a hash of its `scope_headers` values).
-    pub(crate) fn scope_of(&self, headers: &HeaderMap) -> String {
-        fingerprint::scope_hash(headers, &self.policy.scope_headers)
+    /// The tenant scope of a request (a hash of its `scope_headers` values and credential query
+    /// parameters).
+    pub(crate) fn scope_of(&self, headers: &HeaderMap, query: Option<&str>) -> String {
+        fingerprint::scope_hash(headers, query, &self.policy.scope_headers)
     }
 
     /// Checks a request against the store: claim, replay, hold, or refuse. `replay` replaces the

@@ -3,7 +3,7 @@
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
 
-use super::{access_of, json_response, Jobs};
+use super::{json_response, Jobs};
 use crate::error::{error_response, ProxyError};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -15,7 +15,14 @@ pub(crate) fn is_api_path(path: &str) -> bool {
 
 impl Jobs {
     /// `GET /jobs/{id}` (the status) and `GET /jobs/{id}/result` (the response as it came).
-    pub async fn api(&self, method: &Method, path: &str, headers: &HeaderMap, log: RequestLog) -> Response<ProxyBody> {
+    pub async fn api(
+        &self,
+        method: &Method,
+        uri: &http::Uri,
+        headers: &HeaderMap,
+        log: RequestLog,
+    ) -> Response<ProxyBody> {
+        let path = uri.path();
         let rest = path.strip_prefix("/jobs/").unwrap_or_default();
         let (id, want_result) = match rest.split_once('/') {
             None => (rest, false),
@@ -35,7 +42,8 @@ impl Jobs {
             Ok(l) => l,
             Err(_) => return error_response(ProxyError::JobsUnavailable, log),
         };
-        let Some((view, result, _)) = loaded.filter(|(v, _, _)| v.access == access_of(headers)) else {
+        let Some((view, result, _)) = loaded.filter(|(v, _, _)| v.access == self.access_of(headers, uri.query()))
+        else {
             return error_response(ProxyError::JobNotFound, log);
         };
         if !want_result {

@@ -62,9 +62,6 @@ pub(crate) use prefer::wants_async;
 /// the fleet down one replica after another).
 pub(crate) const MAX_RUNS: u32 = 5;
 
-/// The headers a job's access is scoped by: only the credential that submitted it reads it.
-const ACCESS_HEADERS: [&str; 3] = crate::wire::headers::CREDENTIAL_HEADERS;
-
 /// Response headers kept with a result, beyond the idempotency store's allowlist.
 const RESULT_HEADERS: [HeaderName; 4] = [
     headers::X_REBOUND_ERROR,
@@ -109,6 +106,9 @@ struct Inner {
     /// Request headers sealed (Redis) instead of stored: credentials and configured sensitive
     /// headers.
     secret_headers: Vec<HeaderName>,
+    /// The credential forms in force at startup: a job's access is scoped by them (only the
+    /// credential that submitted it reads it).
+    credentials: crate::credentials::Credentials,
     /// A configuration with an async route was loaded: workers should run.
     wanted: AtomicBool,
     /// What the workers need, until they are spawned (once).
@@ -135,11 +135,7 @@ impl Jobs {
             Some(r) => Backend::Redis(RedisQueue::new(r)),
             None => Backend::Memory(Arc::default()),
         };
-        let secret_headers = hygiene::SENSITIVE
-            .iter()
-            .map(|h| HeaderName::from_static(h))
-            .chain(config.dead_letters.sensitive_headers.iter().cloned())
-            .collect();
+        let secret_headers = config.dead_letters.secret_headers.clone();
         Jobs {
             inner: Arc::new(Inner {
                 backend,
@@ -147,6 +143,7 @@ impl Jobs {
                 config: config.jobs.clone(),
                 sealer: config.jobs.secret.as_deref().and_then(Sealer::new),
                 secret_headers,
+                credentials: config.server.credentials.clone(),
                 wanted: AtomicBool::new(false),
                 runtime: Mutex::new(None),
             }),
@@ -228,9 +225,11 @@ pub(crate) enum JobsError {
     Sealed,
 }
 
-/// The hash a job's access is checked against.
-fn access_of(headers: &HeaderMap) -> String {
-    fingerprint::scope_hash(headers, &ACCESS_HEADERS.map(HeaderName::from_static))
+impl Jobs {
+    /// The hash a job's access is checked against: the request's credential, in every form.
+    fn access_of(&self, headers: &HeaderMap, query: Option<&str>) -> String {
+        fingerprint::scope_hash(headers, query, self.inner.credentials.headers())
+    }
 }
 
 fn json_response(status: StatusCode, body: Vec<u8>, log: RequestLog) -> Response<ProxyBody> {

@@ -6,7 +6,8 @@ use http::{header, HeaderValue, Method, Response, StatusCode};
 use rand::Rng as _;
 
 use super::record::{JobState, NewJob, StoredRequest, Submitted};
-use super::{access_of, callback, hygiene, json_response, Backend, Jobs, JobsError};
+use super::{callback, hygiene, json_response, Backend, Jobs, JobsError};
+use crate::credentials;
 use crate::error::{error_response, ProxyError};
 use crate::idempotency::fingerprint::{self, digest, Version};
 use crate::idempotency::{Idempotency, ReplayIdentity};
@@ -103,18 +104,28 @@ impl Jobs {
                 headers.push(pair);
             }
         }
+        // Credential query parameters are sealed with the headers (as `?name`), the rest of the
+        // target kept as sent.
+        let path = parts.uri.path();
+        let uri = match parts.uri.query().map(credentials::split_query) {
+            None => path.to_string(),
+            Some((kept, secret)) => {
+                for pair in secret {
+                    let (name, value) = pair.split_once('=').unwrap_or((&pair, ""));
+                    credentials.push((format!("?{name}"), value.to_string()));
+                }
+                kept.map_or_else(|| path.to_string(), |q| format!("{path}?{q}"))
+            }
+        };
         NewJob {
             id: identity.id,
             route: route.to_string(),
             fingerprint: identity.fingerprint,
-            access: access_of(&parts.headers),
+            access: self.access_of(&parts.headers, parts.uri.query()),
             created_ms: crate::time::now_unix_ms(),
             request: StoredRequest {
                 method: parts.method.to_string(),
-                uri: parts
-                    .uri
-                    .path_and_query()
-                    .map_or_else(|| parts.uri.path().to_string(), |pq| pq.as_str().to_string()),
+                uri,
                 headers,
                 identity: identity.replay,
             },

@@ -461,8 +461,11 @@ impl Runtime {
         let max_body = self.jobs.inner.config.max_result_body;
         let mut builder = Request::builder()
             .method(stored.method.as_str())
-            .uri(stored.uri.as_str());
+            .uri(with_sealed_query(&stored.uri, &credentials));
         for (name, value) in stored.headers.iter().chain(&credentials) {
+            if name.starts_with('?') {
+                continue;
+            }
             if name == "prefer" {
                 if let Some(rest) = without_respond_async(value) {
                     builder = builder.header(name.as_str(), rest);
@@ -619,4 +622,18 @@ fn failed(error: String) -> Finished {
         error: Some(error),
         usage: Vec::new(),
     }
+}
+/// A stored target with the credential query parameters that were sealed apart (`?name`
+/// entries of the credentials) put back.
+fn with_sealed_query(uri: &str, credentials: &[(String, String)]) -> String {
+    let mut out = uri.to_string();
+    for (name, value) in credentials {
+        if let Some(name) = name.strip_prefix('?') {
+            out.push(if out.contains('?') { '&' } else { '?' });
+            out.push_str(name);
+            out.push('=');
+            out.push_str(value);
+        }
+    }
+    out
 }

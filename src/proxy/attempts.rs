@@ -1,13 +1,13 @@
 //! Step 6 of the pipeline: the retry loop ([`Proxy::attempts`]), one attempt after another until
 //! an outcome is delivered: admit, send, observe, decide.
 
-use super::pacing::credential_hash_of;
 use super::stream::Primed;
 use super::targets::Cursor;
 use super::tokens::RequestTokens;
 use super::{commit, pacing, tokens, Proxy, Route, Target};
 use crate::circuit::{Hold, Permit};
 use crate::config::{Balance, FailoverReason};
+use crate::credentials::{self, Credentials, Presented};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter};
 use crate::error::ProxyError;
 use crate::idempotency::Claim;
@@ -22,7 +22,7 @@ use crate::traces::RequestSpan;
 use crate::upstream::{AttemptError, UpstreamBody};
 use crate::wire::headers;
 use bytes::Bytes;
-use http::{HeaderValue, Method, Request, Response};
+use http::{Method, Request, Response};
 use http_body_util::Full;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -64,7 +64,7 @@ impl Proxy {
                 target,
                 permit,
                 req,
-                credentials,
+                credential,
             } = match self
                 .admit(route, parts, path, body, &mut state, &mut d, &mut at, now)
                 .await
@@ -92,7 +92,7 @@ impl Proxy {
                 if balanced {
                     target.load.observe(received.saturating_duration_since(now));
                 }
-                let (outcome, hint, class) = self.observe(target, permit, &credentials, &result, received);
+                let (outcome, hint, class) = self.observe(target, permit, &credential, &result, received);
                 let status = result.as_ref().ok().map(|r| r.status().as_u16());
                 span.end(outcome.label(), status, hint.map(|h| h.delay));
                 d.record(outcome, status, received - now);
@@ -206,7 +206,7 @@ impl Proxy {
         &self,
         target: &Target,
         permit: Permit,
-        credentials: &[Option<HeaderValue>; 3],
+        credential: &Presented,
         result: &Result<Response<Primed<UpstreamBody>>, AttemptError>,
         received: Instant,
     ) -> (Outcome, Option<retry::RetryHint>, Option<ErrorClass>) {
@@ -216,7 +216,8 @@ impl Proxy {
         };
         target.attempts.count(outcome.label());
         if let Ok(resp) = result {
-            pacing::note(&self.circuits, target, credentials, resp.headers(), received);
+            let hash = || credential.hash(&self.credentials);
+            pacing::note(&self.circuits, target, hash, resp.headers(), received);
         }
         // An error body's class and delay (read at the commit point); a header's delay wins.
         let signal = result
@@ -243,13 +244,17 @@ impl Proxy {
             // A quota used up: the credential is avoided fleet-wide until its reset (an hour when
             // the provider gives none).
             let until = received + hint.map_or(failover::EXHAUSTED_FOR, |h| h.delay);
-            let credential = credential_hash_of(credentials);
-            self.circuits
-                .hold_note(Hold::Exhausted, &target.name, credential, until, received);
+            self.circuits.hold_note(
+                Hold::Exhausted,
+                &target.name,
+                credential.hash(&self.credentials),
+                until,
+                received,
+            );
         } else if let Some(h) = hint.filter(|_| outcome.is_rate_limited() || class == Some(ErrorClass::RateLimited)) {
             self.circuits.cooldown_note(
                 &target.name,
-                credential_hash_of(credentials),
+                credential.hash(&self.credentials),
                 received + h.delay,
                 received,
             );
@@ -461,13 +466,13 @@ fn traced(span: &crate::traces::AttemptSpan, mut req: Request<Full<Bytes>>) -> R
     req
 }
 
-/// An admitted attempt: where it goes, the circuit's permit, the request, and its credential
-/// header values (hashed only when a cooldown needs them).
+/// An admitted attempt: where it goes, the circuit's permit, the request, and the credential it
+/// carries (hashed only when a hold needs it).
 pub(super) struct Go<'r> {
     pub(super) target: &'r Target,
     pub(super) permit: Permit,
     pub(super) req: Request<Full<Bytes>>,
-    pub(super) credentials: [Option<HeaderValue>; 3],
+    pub(super) credential: Presented,
 }
 
 /// What the retry loop hands back.
@@ -527,14 +532,23 @@ impl Delivery {
 }
 
 /// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
-/// `host` from the upstream URL, the upstream's `set_headers` in.
+/// `host` from the upstream URL, the upstream's `set_headers` in. An upstream that sets a
+/// credential replaces the app's: every credential header and query parameter of the request
+/// (`forms`) is left out.
 pub(super) fn build_upstream_request(
     target: &Target,
     parts: &http::request::Parts,
     path: &str,
     body: Bytes,
+    forms: &Credentials,
 ) -> Result<Request<Full<Bytes>>, http::uri::InvalidUri> {
-    let uri = target.upstream.target_for(path, parts.uri.query())?;
+    let upstream = &target.upstream.config;
+    let uri = match (parts.uri.query(), upstream.sets_credential) {
+        (Some(q), true) => target
+            .upstream
+            .target_for(path, credentials::strip_query(q).as_deref())?,
+        (q, _) => target.upstream.target_for(path, q)?,
+    };
     // The target's name for the requested model, when it has one (the rest of the body as sent).
     let body = match target.config.models.is_empty() {
         true => body,
@@ -554,7 +568,10 @@ pub(super) fn build_upstream_request(
         let stated = parts.headers.get(http::header::CONTENT_LENGTH);
         headers.insert(http::header::CONTENT_LENGTH, headers::content_length(body_len, stated));
     }
-    for (name, value) in &target.upstream.config.set_headers {
+    if upstream.sets_credential {
+        forms.remove_from(headers);
+    }
+    for (name, value) in &upstream.set_headers {
         headers.insert(name.clone(), value.clone());
     }
     Ok(req)

@@ -119,6 +119,8 @@ pub struct Proxy {
     hard_stop: CancellationToken,
     dead_letters: DeadLetters,
     dead_letter_config: crate::config::DeadLettersConfig,
+    /// The credential forms in force (`[server] credential_headers`).
+    credentials: crate::credentials::Credentials,
     circuits: Arc<Circuits>,
     /// The job queue, when a route is async.
     jobs: Option<Jobs>,
@@ -186,7 +188,7 @@ impl Proxy {
             if let Some(jobs) = self.jobs.as_ref().filter(|_| jobs::is_api_path(parts.uri.path())) {
                 // Boxed, like every rare branch: inline, its state would make every request's future
                 // larger, and each request moves that future around several times.
-                return Box::pin(jobs.api(&parts.method, parts.uri.path(), &parts.headers, log)).await;
+                return Box::pin(jobs.api(&parts.method, &parts.uri, &parts.headers, log)).await;
             }
 
             // 2. Route.

@@ -13,11 +13,11 @@
 
 use std::time::Duration;
 
-use http::{HeaderMap, HeaderValue};
+use http::HeaderMap;
 use tokio::time::Instant;
 
 use super::Target;
-use crate::circuit::{credential_hash, release_delay, Circuits, CredentialHash, Hold, CREDENTIAL_NAMES};
+use crate::circuit::{release_delay, Circuits, CredentialHash, Hold};
 use crate::config::PacingMode;
 use crate::retry::requests_quota;
 use crate::time;
@@ -27,7 +27,7 @@ use crate::time;
 pub(super) fn note(
     circuits: &Circuits,
     target: &Target,
-    credentials: &[Option<HeaderValue>; 3],
+    credential: impl FnOnce() -> CredentialHash,
     headers: &HeaderMap,
     received: Instant,
 ) {
@@ -41,8 +41,13 @@ pub(super) fn note(
     if quota.remaining > u64::from(config.pacing_reserve) || quota.reset.is_zero() {
         return;
     }
-    let credential = credential_hash_of(credentials);
-    circuits.hold_note(Hold::Pacing, &target.name, credential, received + quota.reset, received);
+    circuits.hold_note(
+        Hold::Pacing,
+        &target.name,
+        credential(),
+        received + quota.reset,
+        received,
+    );
 }
 
 /// Before an attempt: how long the request is to wait for its credential's quota to reset (the
@@ -50,15 +55,14 @@ pub(super) fn note(
 pub(super) fn wait(
     circuits: &Circuits,
     target: &Target,
-    credentials: &[Option<HeaderValue>; 3],
+    credential: impl FnOnce() -> CredentialHash,
     now: Instant,
     deadline: Instant,
 ) -> Option<Duration> {
     if !circuits.hold_active(Hold::Pacing, &target.name) {
         return None;
     }
-    let credential = credential_hash_of(credentials);
-    let left = circuits.hold_check(Hold::Pacing, &target.name, &credential, now)?;
+    let left = circuits.hold_check(Hold::Pacing, &target.name, &credential(), now)?;
     if now + left >= deadline {
         return None;
     }
@@ -66,15 +70,4 @@ pub(super) fn wait(
     let hold = release_delay(left, &mut rand::rng()).min(deadline - now);
     tracing::debug!(upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by pacing");
     Some(hold)
-}
-
-/// The credential hash of the credential header values an attempt sent.
-pub(super) fn credential_hash_of(values: &[Option<HeaderValue>; 3]) -> CredentialHash {
-    let mut headers = http::HeaderMap::new();
-    for (name, value) in CREDENTIAL_NAMES.into_iter().zip(values) {
-        if let Some(v) = value {
-            headers.insert(name, v.clone());
-        }
-    }
-    credential_hash(&headers, &CREDENTIAL_NAMES)
 }

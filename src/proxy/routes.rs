@@ -195,6 +195,7 @@ impl Proxy {
             hard_stop,
             dead_letters,
             dead_letter_config: config.dead_letters.clone(),
+            credentials: config.server.credentials.clone(),
             circuits,
             jobs: jobs.for_config(config),
             traces,

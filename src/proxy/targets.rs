@@ -8,10 +8,10 @@
 use std::time::Duration;
 
 use super::attempts::{build_upstream_request, Admit, Go, Progress};
-use super::pacing::credential_hash_of;
 use super::{pacing, Proxy, Route, Target};
-use crate::circuit::{release_delay, Admission, Attempt, Hold, CREDENTIAL_NAMES};
+use crate::circuit::{release_delay, Admission, Attempt, Hold};
 use crate::config::{CooldownMode, FailoverReason};
+use crate::credentials::Presented;
 use crate::error::ProxyError;
 use crate::retry::policy::{RetryState, Stop};
 use crate::targets::{choose, Candidate};
@@ -159,7 +159,7 @@ impl Proxy {
                     continue;
                 }
             };
-            let req = match build_upstream_request(target, parts, path, body.clone()) {
+            let req = match build_upstream_request(target, parts, path, body.clone(), &self.credentials) {
                 Ok(r) => r,
                 Err(e) => {
                     d.last = None;
@@ -169,10 +169,8 @@ impl Proxy {
                 }
             };
             // The credential is hashed only when some hold concerns this upstream, or after a 429.
-            // One pass over the request's names, not three hashed lookups.
-            let credentials = crate::wire::headers::first_values(req.headers(), &CREDENTIAL_NAMES)
-                .map(Option::<&http::HeaderValue>::cloned);
-            match self.gate(target, &credentials, at.has_another(route, index), state.deadline, now) {
+            let credential = self.credentials.presented(req.headers(), req.uri().query());
+            match self.gate(target, &credential, at.has_another(route, index), state.deadline, now) {
                 Gate::Open => {}
                 Gate::Skip(reason, after) => {
                     drop(permit);
@@ -195,7 +193,7 @@ impl Proxy {
                 target,
                 permit,
                 req,
-                credentials,
+                credential,
             });
         }
     }
@@ -223,25 +221,24 @@ impl Proxy {
     /// skipped (never waited for); pacing and a cooldown move the request when `others` remain,
     /// else hold it (pacing; a cooldown in `wait` mode that ends before the deadline) or skip it
     /// too (a cooldown rejection, counted).
-    fn gate(
-        &self,
-        target: &Target,
-        credentials: &[Option<http::HeaderValue>; 3],
-        others: bool,
-        deadline: Instant,
-        now: Instant,
-    ) -> Gate {
+    fn gate(&self, target: &Target, credential: &Presented, others: bool, deadline: Instant, now: Instant) -> Gate {
         let held = |hold| {
             self.circuits.hold_active(hold, &target.name)
                 && self
                     .circuits
-                    .hold_check(hold, &target.name, &credential_hash_of(credentials), now)
+                    .hold_check(hold, &target.name, &credential.hash(&self.credentials), now)
                     .is_some()
         };
         if held(Hold::Exhausted) {
             return Gate::Skip(FailoverReason::Exhausted, None);
         }
-        if let Some(hold) = pacing::wait(&self.circuits, target, credentials, now, deadline) {
+        if let Some(hold) = pacing::wait(
+            &self.circuits,
+            target,
+            || credential.hash(&self.credentials),
+            now,
+            deadline,
+        ) {
             return if others {
                 Gate::Skip(FailoverReason::Cooldown, Some(hold))
             } else {
@@ -253,7 +250,7 @@ impl Proxy {
         }
         let Some(left) = self
             .circuits
-            .cooldown_check(&target.name, &credential_hash_of(credentials), now)
+            .cooldown_check(&target.name, &credential.hash(&self.credentials), now)
         else {
             return Gate::Open;
         };
@@ -348,12 +345,11 @@ impl Proxy {
         if self.circuits.state(&t.name, now) == Some(crate::circuit::CircuitState::Open) {
             return "open";
         }
-        let set = &t.upstream.config.set_headers;
-        let credentials = CREDENTIAL_NAMES.map(|h| set.iter().find(|(n, _)| *n == h).map(|(_, v)| v.clone()));
-        if credentials.iter().all(Option::is_none) {
+        if !t.upstream.config.sets_credential {
             return "available";
         }
-        let credential = credential_hash_of(&credentials);
+        let set: http::HeaderMap = t.upstream.config.set_headers.iter().cloned().collect();
+        let credential = self.credentials.presented(&set, None).hash(&self.credentials);
         let held = |hold| self.circuits.hold_check(hold, &t.name, &credential, now).is_some();
         if held(Hold::Exhausted) {
             "exhausted"

@@ -24,7 +24,13 @@ pub(super) async fn pass_through<B>(
 ) -> Response<ProxyBody> {
     let client_side = hyper::upgrade::on(&mut req);
     let (parts, _) = req.into_parts();
-    let uri = match route.primary().upstream.uri_for(path, parts.uri.query()) {
+    let upstream = &route.primary().upstream;
+    // An upstream that sets a credential replaces the app's (as for every other request).
+    let query = match (parts.uri.query(), upstream.config.sets_credential) {
+        (Some(q), true) => crate::credentials::strip_query(q),
+        (q, _) => q.map(std::borrow::Cow::Borrowed),
+    };
+    let uri = match upstream.uri_for(path, query.as_deref()) {
         Ok(u) => u,
         Err(e) => return error_response(ProxyError::BadRequestBody(e.to_string()), log),
     };
@@ -35,7 +41,10 @@ pub(super) async fn pass_through<B>(
     h.clone_from(&parts.headers);
     headers::strip_hop_by_hop(h, true);
     headers::remove_all(h, &headers::NOT_FORWARDED);
-    for (name, value) in &route.primary().upstream.config.set_headers {
+    if upstream.config.sets_credential {
+        proxy.credentials.remove_from(h);
+    }
+    for (name, value) in &upstream.config.set_headers {
         h.insert(name.clone(), value.clone());
     }
 

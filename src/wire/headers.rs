@@ -76,27 +76,6 @@ pub(crate) const NOT_FORWARDED: [HeaderName; 5] = [
     http::header::CONTENT_LENGTH,
 ];
 
-/// The credential headers a cooldown hashes by default (the idempotency `scope_headers` default
-/// too, and what a job's poller must present).
-pub(crate) const CREDENTIAL_HEADERS: [&str; 3] = ["authorization", "x-api-key", "api-key"];
-
-/// [`CREDENTIAL_HEADERS`] as header names (a `&str` name is parsed again on every lookup).
-pub(crate) const CREDENTIAL_NAMES: [HeaderName; 3] = [
-    http::header::AUTHORIZATION,
-    HeaderName::from_static("x-api-key"),
-    HeaderName::from_static("api-key"),
-];
-
-/// Header names whose values are credentials: never logged, never stored.
-pub(crate) const SENSITIVE: [&str; 6] = [
-    "authorization",
-    "proxy-authorization",
-    "x-api-key",
-    "api-key",
-    "cookie",
-    "set-cookie",
-];
-
 /// Removes hop-by-hop headers: the fixed list and every header the `Connection` header names.
 /// With `keep_upgrade`, `connection: upgrade` and `upgrade` survive (a WebSocket handshake needs
 /// them on both hops).

@@ -147,8 +147,8 @@ fn describe(g: &Graph, cycle: &[String]) -> String {
 const LAYERS: &[(&str, &[&str], &str)] = &[
     (
         "leaves",
-        &["time", "testing", "config", "metrics"],
-        "the clock, unit-test helpers, the typed configuration, every metric",
+        &["time", "testing", "credentials", "config", "metrics"],
+        "the clock, unit-test helpers, the credential forms, the typed configuration, every metric",
     ),
     (
         "vocabulary",
@@ -186,6 +186,11 @@ const SAME_LAYER: &[(&str, &str, &str)] = &[
         "its property tests share the seeded proptest configuration",
     ),
     ("metrics", "config", "it exports the series a configuration determines"),
+    (
+        "config",
+        "credentials",
+        "the credential list in force is part of the configuration, and the default scope",
+    ),
     ("error", "wire", "error responses carry rebound's header names"),
     ("traces", "upstream", "spans are exported over an upstream pool"),
     (

@@ -436,9 +436,39 @@ fn cache_policies_are_validated_and_shown() {
     let summary = config.summary();
     assert!(summary.contains("idempotency none, cache c"), "{summary}");
     assert!(
+        summary.contains("c              ttl 10m, statuses [2xx,404], max_entry_size 4MiB, scope credentials"),
+        "{summary}"
+    );
+    assert!(
         summary.contains(
-            "c              ttl 10m, statuses [2xx,404], max_entry_size 4MiB, scope [authorization,x-api-key,api-key]"
+            "credentials (never logged or kept; hashed where they scope): headers authorization, proxy-authorization, x-api-key, api-key, x-goog-api-key, x-amz-security-token, cookie; query parameters key, api_key, api-key, access_token"
         ),
         "{summary}"
+    );
+}
+
+/// `[server] credential_headers` adds names to the list, which every default scope follows; a
+/// scope the config writes is shown as written; a bad name is located.
+#[test]
+fn credential_headers_extend_the_list_and_the_default_scopes() {
+    let src = format!(
+        "[server]\ncredential_headers = [\"X-Tenant-Key\"]\n{BASE}cache = \"c\"\n[cache.c]\n[cache.d]\nscope_headers = [\"x-tenant\"]\n"
+    );
+    let config = Config::parse(&src, Path::new("t.toml"), &|_| None).unwrap();
+    let names: Vec<&str> = config.server.credentials.headers().iter().map(|h| h.as_str()).collect();
+    assert_eq!(names.last(), Some(&"x-tenant-key"));
+    assert_eq!(config.cache["c"].scope_headers, config.server.credentials.headers());
+    let summary = config.summary();
+    assert!(summary.contains("cookie, x-tenant-key; query parameters"), "{summary}");
+    assert!(
+        summary.contains("scope [x-tenant] + credential query parameters"),
+        "{summary}"
+    );
+
+    let bad = src.replace("\"X-Tenant-Key\"", "\"bad name\"");
+    let e = errors(&bad);
+    assert!(
+        e[0].contains("server.credential_headers[0]: expected a valid HTTP header name, found \"bad name\""),
+        "{e:?}"
     );
 }

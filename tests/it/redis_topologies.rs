@@ -214,7 +214,7 @@ fn record_key(idempotency_key: &str) -> String {
         .iter()
         .map(|h| HeaderName::from_static(h))
         .collect();
-    let scope = rebound::idempotency::fingerprint::scope_hash(&HeaderMap::new(), &scope_headers);
+    let scope = rebound::idempotency::fingerprint::scope_hash(&HeaderMap::new(), None, &scope_headers);
     let key_hash = &rebound::idempotency::fingerprint::digest(&[idempotency_key.as_bytes()])[..32];
     format!("rebound:idem:{{fake:{scope}:{key_hash}}}")
 }

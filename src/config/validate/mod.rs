@@ -63,6 +63,7 @@ pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Re
         env,
         errors: Vec::new(),
         base_dir,
+        credentials: Credentials::default(),
     };
     let config = v.config(raw, path);
     if v.errors.is_empty() {
@@ -83,6 +84,8 @@ struct Validator<'a> {
     env: &'a dyn Fn(&str) -> Option<String>,
     errors: Vec<ConfigError>,
     base_dir: PathBuf,
+    /// The credential forms of `[server]`, read first: the default scope of every policy.
+    credentials: Credentials,
 }
 
 impl Validator<'_> {
@@ -283,6 +286,8 @@ impl Validator<'_> {
     }
 
     fn server(&mut self, server: RawServer) -> ServerConfig {
+        let extra = self.header_names("server.credential_headers", server.credential_headers.as_deref());
+        self.credentials = Credentials::with(&extra);
         ServerConfig {
             listen: self.addr("server.listen", &server.listen, "127.0.0.1:8080"),
             worker_threads: self.int("server.worker_threads", server.worker_threads, 0, 0, 256),
@@ -300,7 +305,23 @@ impl Validator<'_> {
                 Duration::from_secs(30),
             ),
             shutdown_grace: self.duration("server.shutdown_grace", &server.shutdown_grace, Duration::from_secs(30)),
+            credentials: self.credentials.clone(),
         }
+    }
+
+    /// A list of header names (`KEY[i]` named in an error).
+    fn header_names(&mut self, key: &str, raw: Option<&[String]>) -> Vec<HeaderName> {
+        let mut out = Vec::new();
+        for (i, h) in raw.unwrap_or_default().iter().enumerate() {
+            match HeaderName::from_bytes(h.as_bytes()) {
+                Ok(h) => out.push(h),
+                Err(_) => self.err(
+                    &format!("{key}[{i}]"),
+                    format!("expected a valid HTTP header name, found {h:?}"),
+                ),
+            }
+        }
+        out
     }
 
     fn admin(&mut self, admin_raw: RawAdmin, server: &ServerConfig) -> AdminConfig {
@@ -372,22 +393,12 @@ impl Validator<'_> {
             max_entries: self.int("dead_letters.max_entries", dl.max_entries, 10_000, 1, 10_000_000),
             max_body: self.bounded_size("dead_letters.max_body", &dl.max_body, 1 << 20, (0, 1 << 30)),
             max_bytes: self.bounded_size("dead_letters.max_bytes", &dl.max_bytes, 64 << 20, (0, 1 << 40)),
-            sensitive_headers: dl
-                .sensitive_headers
-                .unwrap_or_default()
-                .iter()
-                .enumerate()
-                .filter_map(|(i, h)| match HeaderName::from_bytes(h.as_bytes()) {
-                    Ok(h) => Some(h),
-                    Err(_) => {
-                        self.err(
-                            &format!("dead_letters.sensitive_headers[{i}]"),
-                            format!("expected a valid HTTP header name, found {h:?}"),
-                        );
-                        None
-                    }
-                })
-                .collect(),
+            secret_headers: {
+                let configured = self.header_names("dead_letters.sensitive_headers", dl.sensitive_headers.as_deref());
+                let mut all: Vec<HeaderName> = self.credentials.secrets().cloned().collect();
+                all.extend(configured.into_iter().filter(|h| !all.contains(h)).collect::<Vec<_>>());
+                all
+            },
         }
     }
 

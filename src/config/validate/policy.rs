@@ -298,24 +298,12 @@ impl Validator<'_> {
         out
     }
 
-    /// Header names whose values scope a record (the tenant); the credential headers when absent.
+    /// Header names whose values scope a record (the tenant); every credential header when
+    /// absent (the credential query parameters always count).
     fn scope_headers(&mut self, key: &str, raw: &Option<Vec<String>>) -> Vec<HeaderName> {
-        let Some(list) = raw else {
-            return ["authorization", "x-api-key", "api-key"]
-                .iter()
-                .map(|h| HeaderName::from_static(h))
-                .collect();
-        };
-        let mut out = Vec::new();
-        for (j, h) in list.iter().enumerate() {
-            match HeaderName::from_bytes(h.as_bytes()) {
-                Ok(h) => out.push(h),
-                Err(_) => self.err(
-                    &format!("{key}[{j}]"),
-                    format!("expected a valid HTTP header name, found {h:?}"),
-                ),
-            }
+        match raw {
+            None => self.credentials.headers().to_vec(),
+            Some(list) => self.header_names(key, Some(list)),
         }
-        out
     }
 }

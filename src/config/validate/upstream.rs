@@ -53,6 +53,7 @@ impl Validator<'_> {
             pacing,
             pacing_reserve,
             ca_file,
+            sets_credential: set_headers.iter().any(|(h, _)| self.credentials.headers().contains(h)),
             set_headers,
         })
     }

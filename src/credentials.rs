@@ -217,6 +217,77 @@ impl FromStr for CredentialHash {
     }
 }
 
+/// Domain separation of a model's hash in a [`LimitKey`].
+const MODEL_DOMAIN: &[u8] = b"rebound/limit-model/v1\0";
+
+/// What a rate-limit hold (a cooldown, pacing, a used-up quota) is kept under: a credential, and
+/// the model its limit is for (`None`: the whole credential, and every request that names no
+/// model). Shown as `CREDENTIAL` or `CREDENTIAL/MODEL` (32 hex digits each), the form replicas
+/// exchange through Redis: a replica that keeps limits per credential only does not parse the
+/// second and ignores it.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LimitKey {
+    pub credential: CredentialHash,
+    pub model: Option<[u8; 16]>,
+}
+
+impl LimitKey {
+    /// `credential`'s limits on `model` (the whole credential's when `model` is empty).
+    pub fn new(credential: CredentialHash, model: &str) -> LimitKey {
+        if model.is_empty() {
+            return LimitKey::from(credential);
+        }
+        let mut h = Sha256::new();
+        h.update(MODEL_DOMAIN);
+        h.update(model.as_bytes());
+        let digest = h.finalize();
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&digest[..16]);
+        LimitKey {
+            credential,
+            model: Some(out),
+        }
+    }
+}
+
+impl From<CredentialHash> for LimitKey {
+    fn from(credential: CredentialHash) -> LimitKey {
+        LimitKey {
+            credential,
+            model: None,
+        }
+    }
+}
+
+impl fmt::Display for LimitKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.model {
+            None => write!(f, "{}", self.credential),
+            Some(m) => write!(f, "{}/{}", self.credential, CredentialHash(m)),
+        }
+    }
+}
+
+impl fmt::Debug for LimitKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "LimitKey({self})")
+    }
+}
+
+impl FromStr for LimitKey {
+    type Err = ();
+
+    fn from_str(s: &str) -> Result<LimitKey, ()> {
+        match s.split_once('/') {
+            None => Ok(LimitKey::from(s.parse::<CredentialHash>()?)),
+            Some((c, m)) => Ok(LimitKey {
+                credential: c.parse()?,
+                model: Some(m.parse::<CredentialHash>()?.0),
+            }),
+        }
+    }
+}
+
 /// Whether a query parameter carries a credential.
 pub(crate) fn is_query_param(name: &str) -> bool {
     QUERY_PARAMS.iter().any(|p| p.eq_ignore_ascii_case(name))
@@ -392,6 +463,26 @@ mod tests {
             hash(&[("authorization", "Bearer test")], None).to_string(),
             "7cdb1810be83ef94a5650d60389790f5"
         );
+    }
+
+    #[test]
+    fn a_model_makes_a_key_of_its_own() {
+        let a = hash(&[("authorization", "Bearer test")], None);
+        let b = hash(&[("authorization", "Bearer other")], None);
+        assert_eq!(LimitKey::new(a, ""), LimitKey::from(a));
+        assert_ne!(LimitKey::new(a, "gpt-4o"), LimitKey::from(a));
+        assert_ne!(LimitKey::new(a, "gpt-4o"), LimitKey::new(a, "gpt-4o-mini"));
+        assert_ne!(LimitKey::new(a, "gpt-4o"), LimitKey::new(b, "gpt-4o"));
+        assert_eq!(LimitKey::new(a, "gpt-4o").credential, a);
+        for key in [LimitKey::from(a), LimitKey::new(a, "gpt-4o")] {
+            let text = key.to_string();
+            assert_eq!(text.parse::<LimitKey>(), Ok(key), "{text}");
+            assert!(!text.contains("gpt"));
+        }
+        // What a replica of the previous version parses: the credential alone.
+        assert!(LimitKey::new(a, "m").to_string().parse::<CredentialHash>().is_err());
+        assert_eq!(LimitKey::from(a).to_string().parse::<CredentialHash>(), Ok(a));
+        assert!("a/b".parse::<LimitKey>().is_err());
     }
 
     #[test]

@@ -177,8 +177,8 @@ impl Metrics {
             )?,
             pacing_waits_total: counter(
                 "pacing_waits_total",
-                "Requests held until a credential's request quota reset, by upstream.",
-                &["upstream"],
+                "Requests held until a credential's request quota reset, by upstream and model ([metrics] models, else other).",
+                &["upstream", "model"],
             )?,
             gen_ai_client_token_usage: reg(
                 g,
@@ -331,7 +331,7 @@ impl Metrics {
                 IntGaugeVec::new(
                     Opts::new(
                         "target_state",
-                        "1 for the current state of each target of each route (available, cooling, paced, exhausted, open), as of the scrape; cooling, paced and exhausted for the credential the sidecar sets with set_headers.",
+                        "1 for the current state of each target of each route (available, cooling, paced, exhausted, open), as of the scrape; cooling, paced and exhausted for the credential the sidecar sets with set_headers (cooling and paced for any model of [metrics] models or of the target's models).",
                     ),
                     &["route", "upstream", "state"],
                 )?,
@@ -355,8 +355,8 @@ impl Metrics {
             )?,
             cooldown_rejections_total: counter(
                 "cooldown_rejections_total",
-                "Requests refused because a provider rate limit is still in force, by upstream.",
-                &["upstream"],
+                "Requests refused because a provider rate limit is still in force, by upstream and model ([metrics] models, else other).",
+                &["upstream", "model"],
             )?,
             redis_errors_total: counter("redis_errors_total", "Redis command failures by operation.", &["op"])?,
             redis_up: reg(
@@ -397,11 +397,13 @@ impl Metrics {
                     self.circuit_transitions_total.with_label_values(&[name, to]);
                 }
             }
-            if u.cooldown != CooldownMode::Off {
-                self.cooldown_rejections_total.with_label_values(&[name]);
-            }
-            if u.pacing != PacingMode::Off {
-                self.pacing_waits_total.with_label_values(&[name]);
+            for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
+                if u.cooldown != CooldownMode::Off {
+                    self.cooldown_rejections_total.with_label_values(&[name, model]);
+                }
+                if u.pacing != PacingMode::Off {
+                    self.pacing_waits_total.with_label_values(&[name, model]);
+                }
             }
         }
         for r in &config.routes {

@@ -1,9 +1,9 @@
 //! Rate-limit cooldowns: "no calls before T" per credential, for one upstream. Pure: the caller
 //! passes the time and the RNG.
 //!
-//! A provider's 429 with a reset hint applies to the credential that made the call, so the table
-//! is keyed by a [`CredentialHash`] of the credential the request carried to the upstream
-//! (`crate::credentials`): never the credential itself.
+//! A provider's 429 with a reset hint applies to the credential that made the call (for the model
+//! it asked for), so the table is keyed by a [`LimitKey`]: a hash of the credential the request
+//! carried to the upstream (`crate::credentials`), never the credential itself, and of the model.
 //!
 //! The table keeps the latest deadline per credential (a shorter hint never shortens a cooldown),
 //! drops expired entries as it goes and holds at most `capacity` entries: when full, the entry
@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use rand::Rng;
 
-pub use crate::credentials::CredentialHash;
+pub use crate::credentials::{CredentialHash, LimitKey};
 use crate::time::Instant;
 
 /// Entries per upstream at most.
@@ -35,9 +35,9 @@ pub(crate) fn release_delay(left: Duration, rng: &mut impl Rng) -> Duration {
 /// One upstream's cooldowns.
 #[derive(Debug, Clone)]
 pub(crate) struct CooldownTable {
-    entries: HashMap<CredentialHash, Instant>,
+    entries: HashMap<LimitKey, Instant>,
     /// The same entries, soonest deadline first.
-    by_deadline: BTreeSet<(Instant, CredentialHash)>,
+    by_deadline: BTreeSet<(Instant, LimitKey)>,
     capacity: usize,
 }
 
@@ -58,7 +58,7 @@ impl CooldownTable {
 
     /// No calls with `cred` before `until`. Keeps the later deadline; returns whether this one
     /// extended it (false when it was already as long, or in the past).
-    pub fn note(&mut self, cred: CredentialHash, until: Instant, now: Instant) -> bool {
+    pub fn note(&mut self, cred: LimitKey, until: Instant, now: Instant) -> bool {
         if until <= now {
             return false;
         }
@@ -90,8 +90,16 @@ impl CooldownTable {
         true
     }
 
+    /// Whether a hold under `credential` is in force, for any model (what `rebound_target_state`
+    /// shows: a walk over the table, at a scrape).
+    pub(crate) fn any_for(&self, credential: &CredentialHash, now: Instant) -> bool {
+        self.entries
+            .iter()
+            .any(|(k, t)| k.credential == *credential && *t > now)
+    }
+
     /// The time left before calls with `cred` may go out, if any.
-    pub fn check(&self, cred: &CredentialHash, now: Instant) -> Option<Duration> {
+    pub fn check(&self, cred: &LimitKey, now: Instant) -> Option<Duration> {
         self.entries
             .get(cred)
             .and_then(|t| t.checked_duration_since(now))
@@ -100,7 +108,7 @@ impl CooldownTable {
 
     #[cfg(test)]
     /// The deadline held for `cred`, if it is still ahead.
-    pub fn until(&self, cred: &CredentialHash, now: Instant) -> Option<Instant> {
+    pub fn until(&self, cred: &LimitKey, now: Instant) -> Option<Instant> {
         self.entries.get(cred).copied().filter(|t| *t > now)
     }
 
@@ -135,8 +143,8 @@ mod tests {
 
     const SEC: Duration = Duration::from_secs(1);
 
-    fn cred(n: u8) -> CredentialHash {
-        CredentialHash([n; 16])
+    fn cred(n: u8) -> LimitKey {
+        LimitKey::from(CredentialHash([n; 16]))
     }
 
     #[test]

@@ -42,7 +42,7 @@ use tokio_util::task::TaskTracker;
 
 pub use breaker::{Attempt, CircuitState};
 pub(crate) use cooldown::release_delay;
-pub use cooldown::CredentialHash;
+pub use cooldown::{CredentialHash, LimitKey};
 
 use self::breaker::{Breaker, BreakerConfig, Deltas, LeaseReport, Ticket, Transition};
 use self::cooldown::CooldownTable;
@@ -98,7 +98,7 @@ pub(crate) struct Cell {
 struct Cooldowns {
     table: CooldownTable,
     /// Noted here, not yet written to Redis.
-    outbox: HashMap<CredentialHash, Instant>,
+    outbox: HashMap<LimitKey, Instant>,
 }
 
 impl Cooldowns {
@@ -110,7 +110,7 @@ impl Cooldowns {
     }
 
     /// Queues a deadline for the fleet (bounded: expired entries make room first).
-    fn queue(&mut self, cred: CredentialHash, until: Instant, now: Instant) {
+    fn queue(&mut self, cred: LimitKey, until: Instant, now: Instant) {
         if self.outbox.len() >= OUTBOX_CAPACITY && !self.outbox.contains_key(&cred) {
             self.outbox.retain(|_, t| *t > now);
         }
@@ -135,7 +135,7 @@ pub(crate) enum Hold {
 impl Hold {
     /// The field of the upstream's Redis hash that holds `cred`'s deadline (pacing prefixed, so
     /// that a replica that does not know pacing ignores it).
-    pub(crate) fn field(self, cred: CredentialHash) -> String {
+    pub(crate) fn field(self, cred: LimitKey) -> String {
         match self {
             Hold::Cooldown => cred.to_string(),
             Hold::Pacing => format!("p:{cred}"),
@@ -144,7 +144,7 @@ impl Hold {
     }
 
     /// The hold and credential a field names.
-    pub(crate) fn parse_field(field: &str) -> Option<(Hold, CredentialHash)> {
+    pub(crate) fn parse_field(field: &str) -> Option<(Hold, LimitKey)> {
         if let Some(cred) = field.strip_prefix("p:") {
             return Some((Hold::Pacing, cred.parse().ok()?));
         }
@@ -162,9 +162,9 @@ pub(crate) struct Outgoing {
     pub(crate) reports: Vec<LeaseReport>,
     pub(crate) wants_lease: bool,
     pub(crate) flush_now: bool,
-    pub(crate) cooldowns: Vec<(CredentialHash, Instant)>,
-    pub(crate) pacing: Vec<(CredentialHash, Instant)>,
-    pub(crate) exhausted: Vec<(CredentialHash, Instant)>,
+    pub(crate) cooldowns: Vec<(LimitKey, Instant)>,
+    pub(crate) pacing: Vec<(LimitKey, Instant)>,
+    pub(crate) exhausted: Vec<(LimitKey, Instant)>,
 }
 
 /// The answer to "may this attempt go to that upstream now?".
@@ -331,7 +331,7 @@ impl Circuits {
 
     /// The time left before calls to `upstream` with `cred` may go out, if a cooldown holds them
     /// (always `None` with `cooldown = "off"`).
-    pub fn cooldown_check(&self, upstream: &str, cred: &CredentialHash, now: Instant) -> Option<Duration> {
+    pub fn cooldown_check(&self, upstream: &str, cred: &LimitKey, now: Instant) -> Option<Duration> {
         self.hold_check(Hold::Cooldown, upstream, cred, now)
     }
 
@@ -343,20 +343,24 @@ impl Circuits {
 
     /// No calls to `upstream` with `cred` before `until` (a 429's reset hint, from the moment
     /// the response arrived). Shared with the fleet when `[redis]` is set.
-    pub fn cooldown_note(&self, upstream: &str, cred: CredentialHash, until: Instant, now: Instant) {
+    pub fn cooldown_note(&self, upstream: &str, cred: LimitKey, until: Instant, now: Instant) {
         self.hold_note(Hold::Cooldown, upstream, cred, until, now);
     }
 
     /// [`Circuits::cooldown_check`] for either hold (always `None` when its mode is `off`).
-    pub(crate) fn hold_check(
-        &self,
-        hold: Hold,
-        upstream: &str,
-        cred: &CredentialHash,
-        now: Instant,
-    ) -> Option<Duration> {
+    pub(crate) fn hold_check(&self, hold: Hold, upstream: &str, cred: &LimitKey, now: Instant) -> Option<Duration> {
         let entry = self.entries.get(upstream)?;
         entry.holds(hold).and_then(|h| h.lock().table.check(cred, now))
+    }
+
+    /// Whether a hold of `hold` is in force on `upstream` for `credential`, for any model.
+    pub(crate) fn hold_any(&self, hold: Hold, upstream: &str, credential: &CredentialHash, now: Instant) -> bool {
+        let Some(entry) = self.entries.get(upstream) else {
+            return false;
+        };
+        entry
+            .holds(hold)
+            .is_some_and(|h| h.lock().table.any_for(credential, now))
     }
 
     /// [`Circuits::cooldowns_active`] for either hold.
@@ -368,7 +372,7 @@ impl Circuits {
     }
 
     /// [`Circuits::cooldown_note`] for either hold.
-    pub(crate) fn hold_note(&self, hold: Hold, upstream: &str, cred: CredentialHash, until: Instant, now: Instant) {
+    pub(crate) fn hold_note(&self, hold: Hold, upstream: &str, cred: LimitKey, until: Instant, now: Instant) {
         let Some(entry) = self.entries.get(upstream) else {
             return;
         };
@@ -390,19 +394,23 @@ impl Circuits {
     }
 
     /// Counts a request held by pacing (`rebound_pacing_waits_total`).
-    pub(crate) fn count_pacing_wait(&self, upstream: &str) {
+    pub(crate) fn count_pacing_wait(&self, upstream: &str, model: &str) {
         if let Some(entry) = self.entries.get(upstream) {
-            entry.metrics.pacing_waits_total.with_label_values(&[&entry.name]).inc();
+            entry
+                .metrics
+                .pacing_waits_total
+                .with_label_values(&[&entry.name, model])
+                .inc();
         }
     }
 
     /// Counts a request answered 429 `cooldown` (`rebound_cooldown_rejections_total`).
-    pub(crate) fn count_cooldown_rejection(&self, upstream: &str) {
+    pub(crate) fn count_cooldown_rejection(&self, upstream: &str, model: &str) {
         if let Some(entry) = self.entries.get(upstream) {
             entry
                 .metrics
                 .cooldown_rejections_total
-                .with_label_values(&[&entry.name])
+                .with_label_values(&[&entry.name, model])
                 .inc();
         }
     }
@@ -592,7 +600,7 @@ impl Entry {
     }
 
     /// Puts back what could not be sent: recent deltas, and holds still ahead.
-    pub(crate) fn restore_outgoing(&self, deltas: Deltas, holds: Vec<(Hold, CredentialHash, Instant)>, now: Instant) {
+    pub(crate) fn restore_outgoing(&self, deltas: Deltas, holds: Vec<(Hold, LimitKey, Instant)>, now: Instant) {
         if !deltas.is_empty() {
             self.update(|cell| {
                 cell.breaker.restore_deltas(deltas, now);
@@ -607,7 +615,7 @@ impl Entry {
     }
 
     /// A hold learned from the fleet (not shared again).
-    pub(crate) fn hold_from_fleet(&self, hold: Hold, cred: CredentialHash, until: Instant, now: Instant) {
+    pub(crate) fn hold_from_fleet(&self, hold: Hold, cred: LimitKey, until: Instant, now: Instant) {
         if let Some(h) = self.holds(hold) {
             h.lock().table.note(cred, until, now);
         }
@@ -744,16 +752,16 @@ fallback = ["b"]
     fn cooldowns_per_credential_and_off() {
         let (c, m) = circuits();
         let now = crate::time::now();
-        let k1 = CredentialHash([1; 16]);
-        let k2 = CredentialHash([2; 16]);
+        let k1 = LimitKey::from(CredentialHash([1; 16]));
+        let k2 = LimitKey::from(CredentialHash([2; 16]));
         c.cooldown_note("a", k1, now + Duration::from_secs(3), now);
         assert_eq!(c.cooldown_check("a", &k1, now), Some(Duration::from_secs(3)));
         assert_eq!(c.cooldown_check("a", &k2, now), None);
         assert_eq!(c.cooldown_check("b", &k1, now), None, "per upstream");
         c.cooldown_note("plain", k1, now + Duration::from_secs(3), now);
         assert_eq!(c.cooldown_check("plain", &k1, now), None, "cooldown = off");
-        c.count_cooldown_rejection("a");
-        assert!(page(&m).contains("rebound_cooldown_rejections_total{upstream=\"a\"} 1"));
+        c.count_cooldown_rejection("a", "other");
+        assert!(page(&m).contains("rebound_cooldown_rejections_total{model=\"other\",upstream=\"a\"} 1"));
         // Without [redis] nothing waits to be shared.
         assert!(c.entry("a").unwrap().take_outgoing(now).cooldowns.is_empty());
     }
@@ -763,7 +771,7 @@ fallback = ["b"]
         let metrics = Arc::new(Metrics::new().unwrap());
         let c = Circuits::new(&config("\n[redis]\nurl = \"redis://127.0.0.1:1/0\"\n"), metrics);
         let now = crate::time::now();
-        let k1 = CredentialHash([1; 16]);
+        let k1 = LimitKey::from(CredentialHash([1; 16]));
         c.cooldown_note("a", k1, now + Duration::from_secs(3), now);
         c.cooldown_note("a", k1, now + Duration::from_secs(2), now);
         fail(&c, "a", now);

@@ -309,6 +309,17 @@ pub enum CooldownMode {
     Off,
 }
 
+/// What an upstream's rate limits (cooldowns, pacing) are kept per
+/// (`[upstreams.NAME] rate_limit_scope`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateLimitScope {
+    /// Per credential and model: a 429 on one model never holds another (providers limit per
+    /// model); a used-up quota still holds the whole credential.
+    Model,
+    /// Per credential: one scope for every model.
+    Credential,
+}
+
 /// Pacing (`[upstreams.NAME] pacing`): what a credential whose request quota is nearly spent does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PacingMode {
@@ -347,6 +358,7 @@ pub struct UpstreamConfig {
     pub keepalive: Option<Duration>,
     pub circuit: Option<String>,
     pub cooldown: CooldownMode,
+    pub rate_limit_scope: RateLimitScope,
     pub pacing: PacingMode,
     /// Pacing starts when a response says at most this many requests are left.
     pub pacing_reserve: u32,
@@ -397,6 +409,9 @@ pub struct RouteConfig {
     pub targets: Vec<TargetConfig>,
     pub balance: Balance,
     pub failover_on: FailoverOn,
+    /// A 429 (or a cooldown) whose reset is at most this long is waited for on the target the
+    /// request is on rather than failing over (0: never).
+    pub failover_wait: Duration,
     pub strip_prefix: bool,
     pub retry: Option<String>,
     pub idempotency: Option<String>,

@@ -93,6 +93,7 @@ pub struct RawUpstream {
     pub keepalive: Option<String>,
     pub circuit: Option<String>,
     pub cooldown: Option<String>,
+    pub rate_limit_scope: Option<String>,
     pub pacing: Option<String>,
     pub pacing_reserve: Option<i64>,
     pub ca_file: Option<String>,
@@ -114,6 +115,7 @@ pub struct RawRoute {
     pub targets: Option<Vec<RawTarget>>,
     pub balance: Option<String>,
     pub failover_on: Option<Vec<String>>,
+    pub failover_wait: Option<String>,
     pub dead_letters: Option<bool>,
     pub dead_letter_bodies: Option<bool>,
     #[serde(rename = "async")]

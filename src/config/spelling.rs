@@ -1,7 +1,7 @@
 //! The config's own spellings of its enum values, defined once: the validator reads them, and
 //! `rebound check` and the docs print them (never the Rust names).
 
-use super::{Balance, CooldownMode, LogFormat, NonIdempotent, OnConcurrent, OnStoreError, PacingMode};
+use super::{Balance, CooldownMode, LogFormat, NonIdempotent, OnConcurrent, OnStoreError, PacingMode, RateLimitScope};
 
 /// An enum value with a spelling in the config file.
 pub(crate) trait Spelled: Copy + PartialEq + 'static {
@@ -28,6 +28,7 @@ macro_rules! spelled {
 spelled!(LogFormat { "json" => Json, "text" => Text });
 spelled!(CooldownMode { "wait" => Wait, "reject" => Reject, "off" => Off });
 spelled!(PacingMode { "wait" => Wait, "off" => Off });
+spelled!(RateLimitScope { "model" => Model, "credential" => Credential });
 spelled!(NonIdempotent { "all" => All, "safe-only" => SafeOnly });
 spelled!(OnConcurrent { "follow" => Follow, "wait" => Wait, "conflict" => Conflict });
 spelled!(OnStoreError { "fail_closed" => FailClosed, "fail_open" => FailOpen });
@@ -52,6 +53,7 @@ mod tests {
         round_trips::<LogFormat>();
         round_trips::<CooldownMode>();
         round_trips::<PacingMode>();
+        round_trips::<RateLimitScope>();
         round_trips::<NonIdempotent>();
         round_trips::<OnConcurrent>();
         round_trips::<OnStoreError>();

@@ -1,13 +1,14 @@
 //! Step 6 of the pipeline: the retry loop ([`Proxy::attempts`]), one attempt after another until
 //! an outcome is delivered: admit, send, observe, decide.
 
+use super::limits::Limits;
 use super::stream::Primed;
 use super::targets::Cursor;
 use super::tokens::RequestTokens;
 use super::{commit, pacing, tokens, Proxy, Route, Target};
 use crate::circuit::{Hold, Permit};
 use crate::config::{Balance, FailoverReason};
-use crate::credentials::{self, Credentials, Presented};
+use crate::credentials::{self, Credentials};
 use crate::dead_letters::{self, AttemptRecord, DeadLetter};
 use crate::error::ProxyError;
 use crate::idempotency::Claim;
@@ -64,7 +65,7 @@ impl Proxy {
                 target,
                 permit,
                 req,
-                credential,
+                limits,
             } = match self
                 .admit(route, parts, path, body, &mut state, &mut d, &mut at, now)
                 .await
@@ -92,7 +93,7 @@ impl Proxy {
                 if balanced {
                     target.load.observe(received.saturating_duration_since(now));
                 }
-                let (outcome, hint, class) = self.observe(target, permit, &credential, &result, received);
+                let (outcome, hint, class) = self.observe(target, permit, &limits, &result, received);
                 let status = result.as_ref().ok().map(|r| r.status().as_u16());
                 span.end(outcome.label(), status, hint.map(|h| h.delay));
                 d.record(outcome, status, received - now);
@@ -102,6 +103,7 @@ impl Proxy {
                     // Read only where it matters: a prompt too long for this target.
                     larger_context_elsewhere: class == Some(ErrorClass::ContextLength)
                         && at.larger_context(route, target),
+                    reset_within_failover_wait: resets_within_failover_wait(route, outcome, class, hint),
                 };
                 match self.next_step(
                     route,
@@ -193,7 +195,7 @@ impl Proxy {
         );
         match decision {
             Decision::Retry { wait, source, reason } => Next::Retry { wait, source, reason },
-            Decision::Deliver(stop) => match failover::after_decision(outcome, stop).filter(movable) {
+            Decision::Deliver(stop) => match failover::after_decision(outcome, stop, seen).filter(movable) {
                 Some(reason) => Next::Move(reason),
                 None => Next::Deliver(stop),
             },
@@ -206,7 +208,7 @@ impl Proxy {
         &self,
         target: &Target,
         permit: Permit,
-        credential: &Presented,
+        limits: &Limits<'_>,
         result: &Result<Response<Primed<UpstreamBody>>, AttemptError>,
         received: Instant,
     ) -> (Outcome, Option<retry::RetryHint>, Option<ErrorClass>) {
@@ -216,8 +218,8 @@ impl Proxy {
         };
         target.attempts.count(outcome.label());
         if let Ok(resp) = result {
-            let hash = || credential.hash(&self.credentials);
-            pacing::note(&self.circuits, target, hash, resp.headers(), received);
+            let key = || limits.per_model(&self.credentials, target);
+            pacing::note(&self.circuits, target, key, resp.headers(), received);
         }
         // An error body's class and delay (read at the commit point); a header's delay wins.
         let signal = result
@@ -247,14 +249,14 @@ impl Proxy {
             self.circuits.hold_note(
                 Hold::Exhausted,
                 &target.name,
-                credential.hash(&self.credentials),
+                limits.credential(&self.credentials),
                 until,
                 received,
             );
         } else if let Some(h) = hint.filter(|_| outcome.is_rate_limited() || class == Some(ErrorClass::RateLimited)) {
             self.circuits.cooldown_note(
                 &target.name,
-                credential.hash(&self.credentials),
+                limits.per_model(&self.credentials, target),
                 received + h.delay,
                 received,
             );
@@ -466,13 +468,13 @@ fn traced(span: &crate::traces::AttemptSpan, mut req: Request<Full<Bytes>>) -> R
     req
 }
 
-/// An admitted attempt: where it goes, the circuit's permit, the request, and the credential it
-/// carries (hashed only when a hold needs it).
+/// An admitted attempt: where it goes, the circuit's permit, the request, and what its limits
+/// are kept under (hashed only when a hold needs it).
 pub(super) struct Go<'r> {
     pub(super) target: &'r Target,
     pub(super) permit: Permit,
     pub(super) req: Request<Full<Bytes>>,
-    pub(super) credential: Presented,
+    pub(super) limits: Limits<'r>,
 }
 
 /// What the retry loop hands back.
@@ -529,6 +531,20 @@ impl Delivery {
             (None, _) => "timeout",
         }
     }
+}
+
+/// Whether an attempt's outcome is a rate limit (not a quota, an overload or a refusal) whose
+/// reset is within the route's `failover_wait`.
+fn resets_within_failover_wait(
+    route: &Route,
+    outcome: Outcome,
+    class: Option<ErrorClass>,
+    hint: Option<retry::RetryHint>,
+) -> bool {
+    let wait = route.config.failover_wait;
+    class.map_or(outcome.is_rate_limited(), |c| c == ErrorClass::RateLimited)
+        && !wait.is_zero()
+        && hint.is_some_and(|h| h.delay <= wait)
 }
 
 /// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,

@@ -21,6 +21,7 @@ mod attempts;
 mod cached;
 mod commit;
 mod idempotent;
+mod limits;
 mod pacing;
 mod routes;
 pub mod stream;

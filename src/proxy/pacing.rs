@@ -3,10 +3,11 @@
 //!
 //! After every response, the request quota it reports ([`crate::retry::requests_quota`]) is read;
 //! when at most `pacing_reserve` requests are left, the credential is held until the reset
-//! ([`Hold::Pacing`], fleet-wide through the cooldown machinery). Before every attempt, a held
-//! credential's request waits for the reset (with the cooldowns' release jitter) when its deadline
-//! allows; when it does not, the request goes at once (pacing never refuses a request: the
-//! provider may still accept it, and a 429 starts the cooldown as usual).
+//! ([`Hold::Pacing`], fleet-wide through the cooldown machinery), for the model the response was
+//! for ([`super::limits`]). Before every attempt, a held credential's request waits for the reset
+//! (with the cooldowns' release jitter) as a cooldown's does: when the wait fits its deadline and
+//! its policy's `max_retry_after`; when it does not, it moves to another target or is answered
+//! 429 `cooldown` at once with the time left.
 //!
 //! The reserve is for requests already in flight elsewhere: with one credential shared by N
 //! requests in flight across the fleet, `pacing_reserve = N - 1` keeps the last one from a 429.
@@ -17,7 +18,7 @@ use http::HeaderMap;
 use tokio::time::Instant;
 
 use super::Target;
-use crate::circuit::{release_delay, Circuits, CredentialHash, Hold};
+use crate::circuit::{Circuits, Hold, LimitKey};
 use crate::config::PacingMode;
 use crate::retry::requests_quota;
 use crate::time;
@@ -27,7 +28,7 @@ use crate::time;
 pub(super) fn note(
     circuits: &Circuits,
     target: &Target,
-    credential: impl FnOnce() -> CredentialHash,
+    credential: impl FnOnce() -> LimitKey,
     headers: &HeaderMap,
     received: Instant,
 ) {
@@ -50,24 +51,16 @@ pub(super) fn note(
     );
 }
 
-/// Before an attempt: how long the request is to wait for its credential's quota to reset (the
-/// wait is counted), if it is held and its deadline allows.
-pub(super) fn wait(
+/// Before an attempt: how long the credential's quota has left to reset, if pacing holds it
+/// (the caller decides whether the request waits).
+pub(super) fn left(
     circuits: &Circuits,
     target: &Target,
-    credential: impl FnOnce() -> CredentialHash,
+    credential: impl FnOnce() -> LimitKey,
     now: Instant,
-    deadline: Instant,
 ) -> Option<Duration> {
     if !circuits.hold_active(Hold::Pacing, &target.name) {
         return None;
     }
-    let left = circuits.hold_check(Hold::Pacing, &target.name, &credential(), now)?;
-    if now + left >= deadline {
-        return None;
-    }
-    circuits.count_pacing_wait(&target.name);
-    let hold = release_delay(left, &mut rand::rng()).min(deadline - now);
-    tracing::debug!(upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by pacing");
-    Some(hold)
+    circuits.hold_check(Hold::Pacing, &target.name, &credential(), now)
 }

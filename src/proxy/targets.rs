@@ -8,15 +8,37 @@
 use std::time::Duration;
 
 use super::attempts::{build_upstream_request, Admit, Go, Progress};
+use super::limits::Limits;
 use super::{pacing, Proxy, Route, Target};
 use crate::circuit::{release_delay, Admission, Attempt, Hold};
 use crate::config::{CooldownMode, FailoverReason};
-use crate::credentials::Presented;
 use crate::error::ProxyError;
 use crate::retry::policy::{RetryState, Stop};
 use crate::targets::{choose, Candidate};
 use bytes::Bytes;
 use tokio::time::Instant;
+
+/// What bounds a request's wait for a hold on a target.
+struct Bounds<'a> {
+    /// Another target can take the request.
+    others: bool,
+    deadline: Instant,
+    /// The retry policy's `max_retry_after`: no hold is waited for longer.
+    max_wait: Duration,
+    /// The route's `failover_wait`: with other targets, a hold at most this long is waited for.
+    failover_wait: Duration,
+    /// The request's model label (`[metrics] models`).
+    model: &'a str,
+}
+
+impl Bounds<'_> {
+    /// Whether a hold with `left` to run is waited for: it ends before the deadline and within
+    /// `max_retry_after`, and, when another target could take the request, within
+    /// `failover_wait`.
+    fn waits(&self, left: Duration, now: Instant) -> bool {
+        now + left < self.deadline && left <= self.max_wait && (!self.others || left <= self.failover_wait)
+    }
+}
 
 /// Where a request is among its route's targets.
 pub(super) struct Cursor {
@@ -133,8 +155,8 @@ impl Proxy {
         &self,
         route: &'r Route,
         parts: &http::request::Parts,
-        path: &str,
-        body: &Bytes,
+        path: &'r str,
+        body: &'r Bytes,
         state: &mut RetryState,
         d: &mut Progress,
         at: &mut Cursor,
@@ -170,7 +192,15 @@ impl Proxy {
             };
             // The credential is hashed only when some hold concerns this upstream, or after a 429.
             let credential = self.credentials.presented(req.headers(), req.uri().query());
-            match self.gate(target, &credential, at.has_another(route, index), state.deadline, now) {
+            let limits = Limits::new(credential, body, path);
+            let bounds = Bounds {
+                others: at.has_another(route, index),
+                deadline: state.deadline,
+                max_wait: route.retry.max_retry_after,
+                failover_wait: route.config.failover_wait,
+                model: &d.tokens.model,
+            };
+            match self.gate(target, &limits, &bounds, now) {
                 Gate::Open => {}
                 Gate::Skip(reason, after) => {
                     drop(permit);
@@ -193,7 +223,7 @@ impl Proxy {
                 target,
                 permit,
                 req,
-                credential,
+                limits,
             });
         }
     }
@@ -218,49 +248,43 @@ impl Proxy {
     }
 
     /// What the credential's holds on `target` say of the next attempt: a quota used up is
-    /// skipped (never waited for); pacing and a cooldown move the request when `others` remain,
-    /// else hold it (pacing; a cooldown in `wait` mode that ends before the deadline) or skip it
-    /// too (a cooldown rejection, counted).
-    fn gate(&self, target: &Target, credential: &Presented, others: bool, deadline: Instant, now: Instant) -> Gate {
-        let held = |hold| {
-            self.circuits.hold_active(hold, &target.name)
-                && self
-                    .circuits
-                    .hold_check(hold, &target.name, &credential.hash(&self.credentials), now)
-                    .is_some()
-        };
-        if held(Hold::Exhausted) {
+    /// skipped (never waited for); pacing or a cooldown (for the model asked for) holds the
+    /// request when the wait fits its bounds (see [`Bounds::waits`]), else moves it to another
+    /// target, or refuses it (429 `cooldown`, counted) when none is left.
+    fn gate(&self, target: &Target, limits: &Limits<'_>, bounds: &Bounds<'_>, now: Instant) -> Gate {
+        let forms = &self.credentials;
+        let exhausted = self.circuits.hold_active(Hold::Exhausted, &target.name)
+            && self
+                .circuits
+                .hold_check(Hold::Exhausted, &target.name, &limits.credential(forms), now)
+                .is_some();
+        if exhausted {
             return Gate::Skip(FailoverReason::Exhausted, None);
         }
-        if let Some(hold) = pacing::wait(
-            &self.circuits,
-            target,
-            || credential.hash(&self.credentials),
-            now,
-            deadline,
-        ) {
-            return if others {
-                Gate::Skip(FailoverReason::Cooldown, Some(hold))
-            } else {
-                Gate::Hold(hold)
-            };
-        }
-        if !self.circuits.cooldowns_active(&target.name) {
-            return Gate::Open;
-        }
-        let Some(left) = self
-            .circuits
-            .cooldown_check(&target.name, &credential.hash(&self.credentials), now)
-        else {
+        let key = || limits.per_model(forms, target);
+        let (hold, left) = if let Some(left) = pacing::left(&self.circuits, target, key, now) {
+            (Hold::Pacing, left)
+        } else if self.circuits.cooldowns_active(&target.name) {
+            match self.circuits.cooldown_check(&target.name, &key(), now) {
+                Some(left) => (Hold::Cooldown, left),
+                None => return Gate::Open,
+            }
+        } else {
             return Gate::Open;
         };
-        if others {
-            return Gate::Skip(FailoverReason::Cooldown, Some(left));
+        let may_wait = hold == Hold::Pacing || target.upstream.config.cooldown == CooldownMode::Wait;
+        if may_wait && bounds.waits(left, now) {
+            if hold == Hold::Pacing {
+                self.circuits.count_pacing_wait(&target.name, bounds.model);
+            }
+            let hold = release_delay(left, &mut rand::rng())
+                .min(bounds.max_wait.max(left))
+                .min(bounds.deadline - now);
+            return Gate::Hold(hold);
         }
-        if target.upstream.config.cooldown == CooldownMode::Wait && now + left < deadline {
-            return Gate::Hold(release_delay(left, &mut rand::rng()).min(deadline - now));
+        if !bounds.others {
+            self.circuits.count_cooldown_rejection(&target.name, bounds.model);
         }
-        self.circuits.count_cooldown_rejection(&target.name);
         Gate::Skip(FailoverReason::Cooldown, Some(left))
     }
 
@@ -350,7 +374,8 @@ impl Proxy {
         }
         let set: http::HeaderMap = t.upstream.config.set_headers.iter().cloned().collect();
         let credential = self.credentials.presented(&set, None).hash(&self.credentials);
-        let held = |hold| self.circuits.hold_check(hold, &t.name, &credential, now).is_some();
+        // Cooling or paced: for any model (a walk over the upstream's table, at a scrape).
+        let held = |hold| self.circuits.hold_any(hold, &t.name, &credential, now);
         if held(Hold::Exhausted) {
             "exhausted"
         } else if held(Hold::Cooldown) {

@@ -30,6 +30,9 @@ pub(crate) struct Seen {
     pub(crate) first_byte_limit: bool,
     /// Another target of the route declares a larger `context_window` than this one.
     pub(crate) larger_context_elsewhere: bool,
+    /// The rate limit's reset is within the route's `failover_wait`: it is waited for here
+    /// (when the retry policy allows the wait) rather than moved from at once.
+    pub(crate) reset_within_failover_wait: bool,
 }
 
 /// The reason this outcome moves the request at once, if it does.
@@ -45,11 +48,13 @@ pub(crate) fn at_once(outcome: Outcome, seen: Seen) -> Option<FailoverReason> {
             return seen.larger_context_elsewhere.then_some(FailoverReason::ContextLength);
         }
         Some(ErrorClass::Overloaded) => return Some(FailoverReason::Overloaded),
-        Some(ErrorClass::RateLimited) => return Some(FailoverReason::Cooldown),
+        Some(ErrorClass::RateLimited) => return (!seen.reset_within_failover_wait).then_some(FailoverReason::Cooldown),
         _ => {}
     }
     match (outcome, status) {
-        (_, Some(StatusCode::TOO_MANY_REQUESTS)) => Some(FailoverReason::Cooldown),
+        (_, Some(StatusCode::TOO_MANY_REQUESTS)) => {
+            (!seen.reset_within_failover_wait).then_some(FailoverReason::Cooldown)
+        }
         (_, Some(s)) if s.as_u16() == 529 => Some(FailoverReason::Overloaded),
         (Outcome::Timeout, _) if seen.first_byte_limit => Some(FailoverReason::FirstByteTimeout),
         _ => None,
@@ -57,8 +62,13 @@ pub(crate) fn at_once(outcome: Outcome, seen: Seen) -> Option<FailoverReason> {
 }
 
 /// The reason the retry decision's `stop` moves the request, if it does: the attempts on this
-/// target are used up on a failure that another target may not have.
-pub(crate) fn after_decision(outcome: Outcome, stop: Stop) -> Option<FailoverReason> {
+/// target are used up on a failure that another target may not have; or a rate limit that was to
+/// be waited for here (`failover_wait`) cannot be (the policy, the budget or the deadline said
+/// no), so it moves as it would have at once.
+pub(crate) fn after_decision(outcome: Outcome, stop: Stop, seen: Seen) -> Option<FailoverReason> {
+    if seen.reset_within_failover_wait && outcome.is_failure() {
+        return Some(FailoverReason::Cooldown);
+    }
     (stop == Stop::Exhausted && outcome.is_failure()).then_some(FailoverReason::RetriesExhausted)
 }
 
@@ -126,17 +136,62 @@ mod tests {
     }
 
     #[test]
+    fn a_reset_within_failover_wait_is_waited_for_unless_the_policy_says_no() {
+        let waits = Seen {
+            reset_within_failover_wait: true,
+            ..Seen::default()
+        };
+        assert_eq!(at_once(status(429), waits), None);
+        assert_eq!(
+            at_once(
+                status(400),
+                Seen {
+                    class: Some(ErrorClass::RateLimited),
+                    ..waits
+                }
+            ),
+            None
+        );
+        // A used-up quota or an overload still moves at once.
+        assert_eq!(
+            at_once(
+                status(429),
+                Seen {
+                    class: Some(ErrorClass::Exhausted),
+                    ..waits
+                }
+            ),
+            Some(FailoverReason::Exhausted)
+        );
+        assert_eq!(at_once(status(529), waits), Some(FailoverReason::Overloaded));
+        // The retry policy would not wait (hint too long, budget, deadline, attempts): move.
+        for stop in [
+            Stop::HintTooLong,
+            Stop::Exhausted,
+            Stop::Deadline,
+            Stop::BudgetExhausted,
+        ] {
+            assert_eq!(
+                after_decision(status(429), stop, waits),
+                Some(FailoverReason::Cooldown),
+                "{stop:?}"
+            );
+        }
+    }
+
+    #[test]
     fn used_up_retries_move_a_failure_only() {
+        let none = Seen::default();
         assert_eq!(
-            after_decision(status(503), Stop::Exhausted),
+            after_decision(status(503), Stop::Exhausted, none),
             Some(FailoverReason::RetriesExhausted)
         );
         assert_eq!(
-            after_decision(Outcome::Reset, Stop::Exhausted),
+            after_decision(Outcome::Reset, Stop::Exhausted, none),
             Some(FailoverReason::RetriesExhausted)
         );
-        assert_eq!(after_decision(status(503), Stop::Deadline), None);
-        assert_eq!(after_decision(status(400), Stop::NotRetryable), None);
-        assert_eq!(after_decision(status(200), Stop::Success), None);
+        assert_eq!(after_decision(status(503), Stop::Deadline, none), None);
+        assert_eq!(after_decision(status(400), Stop::NotRetryable, none), None);
+        assert_eq!(after_decision(status(200), Stop::Success, none), None);
     }
 }

@@ -1,6 +1,7 @@
 //! The HTTP vocabulary every layer shares, and nothing else: header names and header hygiene
 //! ([`headers`]), the body types and the per-request log that rides on a response body ([`body`]),
-//! and the reading of errors that providers report inside a successful body ([`sse`]).
+//! the reading of errors that providers report inside a successful body ([`sse`]), and the model
+//! a request names ([`model`]).
 //!
 //! A leaf: it imports only [`crate::metrics`] (the request log counts the response when its body
 //! ends). The pipeline, jobs, dead letters, idempotency and the retry policy all use it; it never
@@ -8,5 +9,6 @@
 
 pub mod body;
 pub mod headers;
+pub(crate) mod model;
 pub mod sse;
 pub mod usage;

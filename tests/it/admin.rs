@@ -137,7 +137,7 @@ async fn a_fresh_sidecar_exports_the_series_its_config_determines() {
         r#"rebound_circuit_state{upstream="fake"} 0"#,
         r#"rebound_circuit_rejections_total{upstream="fake"} 0"#,
         r#"rebound_circuit_transitions_total{to="open",upstream="fake"} 0"#,
-        r#"rebound_cooldown_rejections_total{upstream="fake"} 0"#,
+        r#"rebound_cooldown_rejections_total{model="other",upstream="fake"} 0"#,
         r#"rebound_requests_total{code="200",route="fake"} 0"#,
         r#"rebound_retries_total{reason="503",route="fake"} 0"#,
         r#"rebound_retries_total{reason="500",route="fake"} 0"#,

@@ -267,7 +267,10 @@ async fn a_cooldown_on_one_replica_holds_or_rejects_that_credential_on_another()
     assert_eq!(provider.count("k"), 3);
     let page = b.metrics().await;
     assert!(
-        metric(&page, r#"rebound_cooldown_rejections_total{upstream="fake"}"#) >= 1.0,
+        metric(
+            &page,
+            r#"rebound_cooldown_rejections_total{model="other",upstream="fake"}"#
+        ) >= 1.0,
         "{page}"
     );
 }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use rebound::circuit::{Admission, Attempt, CircuitState, Circuits, CredentialHash, Permit};
+use rebound::circuit::{Admission, Attempt, CircuitState, Circuits, CredentialHash, LimitKey, Permit};
 use rebound::metrics::Metrics;
 use rebound::redis::RedisHandle;
 use rebound::retry::policy::Outcome;
@@ -407,8 +407,8 @@ async fn without_redis_each_replica_runs_locally_and_they_converge_when_it_retur
 async fn a_cooldown_noted_on_one_replica_holds_that_credential_everywhere() {
     let redis = RedisServer::start();
     let [a, b, c] = fleet(&redis).await;
-    let k1 = CredentialHash([1; 16]);
-    let k2 = CredentialHash([2; 16]);
+    let k1 = LimitKey::from(CredentialHash([1; 16]));
+    let k2 = LimitKey::from(CredentialHash([2; 16]));
     let now = time::now();
     let a0 = a.syncs();
     a.circuits.cooldown_note("up", k1, now + Duration::from_secs(3), now);

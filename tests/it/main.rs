@@ -22,6 +22,7 @@ mod idempotency_faults;
 mod idempotency_store;
 mod inband;
 mod jobs;
+mod limit_scope;
 mod long_generation;
 mod owner_liveness;
 mod passthrough;

@@ -127,10 +127,12 @@ async fn pacing_waits_are_exported_from_startup() {
     let page = rebound.metrics().await;
     assert!(
         page.lines()
-            .any(|l| l == r#"rebound_pacing_waits_total{upstream="fake"} 0"#),
+            .any(|l| l == r#"rebound_pacing_waits_total{model="other",upstream="fake"} 0"#),
         "{page}"
     );
-    assert!(!page.contains(r#"rebound_pacing_waits_total{upstream="quiet"}"#));
+    assert!(!page
+        .lines()
+        .any(|l| l.starts_with("rebound_pacing_waits_total") && l.contains("quiet")));
 }
 
 /// Two replicas sharing a Redis, each sending `per_replica` requests one after another with the
@@ -158,7 +160,7 @@ async fn two_replicas(pacing: &str, per_replica: usize) -> (usize, f64) {
         statuses
     };
     let (sa, sb) = tokio::join!(run(a.url.clone()), run(b.url.clone()));
-    let waits = |page: &str| metric(page, r#"rebound_pacing_waits_total{upstream="fake"}"#);
+    let waits = |page: &str| metric(page, r#"rebound_pacing_waits_total{model="other",upstream="fake"}"#);
     let (pa, pb) = (a.metrics().await, b.metrics().await);
     if pacing == "wait" {
         assert!(sa.iter().chain(&sb).all(|s| *s == 200), "{sa:?} {sb:?}");
@@ -216,7 +218,7 @@ async fn a_credential_paced_on_one_replica_waits_on_the_other() {
     assert_eq!(provider.rate_limited(), 0);
     let page = b.metrics().await;
     assert_eq!(
-        metric(&page, r#"rebound_pacing_waits_total{upstream="fake"}"#),
+        metric(&page, r#"rebound_pacing_waits_total{model="other",upstream="fake"}"#),
         1.0,
         "{page}"
     );

@@ -100,6 +100,7 @@ impl Validator<'_> {
             targets,
             balance,
             failover_on,
+            failover_wait: self.duration(&key("failover_wait"), &r.failover_wait, Duration::ZERO),
             strip_prefix: r.strip_prefix.unwrap_or(false),
             retry: r.retry.clone(),
             idempotency: r.idempotency.clone(),

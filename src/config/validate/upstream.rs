@@ -33,6 +33,12 @@ impl Validator<'_> {
             }
         }
         let cooldown = self.choice(&key("cooldown"), &u.cooldown, CooldownMode::Wait, CooldownMode::CHOICES);
+        let rate_limit_scope = self.choice(
+            &key("rate_limit_scope"),
+            &u.rate_limit_scope,
+            RateLimitScope::Model,
+            RateLimitScope::CHOICES,
+        );
         let pacing = self.choice(&key("pacing"), &u.pacing, PacingMode::Wait, PacingMode::CHOICES);
         let pacing_reserve = self.int(&key("pacing_reserve"), u.pacing_reserve, 0, 0, 1_000_000);
         let ca_file = self.ca_file(&key("ca_file"), u.ca_file.as_deref());
@@ -50,6 +56,7 @@ impl Validator<'_> {
             keepalive: self.keepalive(&key("keepalive"), &u.keepalive),
             circuit,
             cooldown,
+            rate_limit_scope,
             pacing,
             pacing_reserve,
             ca_file,

@@ -151,16 +151,26 @@ fn hex_into(bytes: &[u8], out: &mut [u8]) {
 /// records were written under; a form added since counts only when present, and so makes a scope
 /// of its own. Query parameters are hashed as `?name`, which no header name can be.
 pub fn scope_hash(headers: &HeaderMap, query: Option<&str>, scope_headers: &[HeaderName]) -> String {
+    // One pass over the request's headers (a lookup by name would hash each listed name).
+    let mut found: smallvec::SmallVec<[(usize, &http::HeaderValue); 2]> = smallvec::SmallVec::new();
+    for (key, value) in headers {
+        if let Some(i) = scope_headers.iter().position(|n| n == key) {
+            found.push((i, value));
+        }
+    }
+    found.sort_by_key(|(i, _)| *i); // stable: each name's values stay in order
     let mut h = Parts::new();
-    for name in scope_headers {
-        let mut values = headers.get_all(name).iter().peekable();
-        if values.peek().is_none() && !credentials::CLASSIC_SCOPE.contains(name) {
+    let mut rest = &found[..];
+    for (i, name) in scope_headers.iter().enumerate() {
+        let n = rest.iter().take_while(|(j, _)| *j == i).count();
+        if n == 0 && !credentials::CLASSIC_SCOPE.contains(name) {
             continue;
         }
         h.part(name.as_str().as_bytes());
-        for v in values {
+        for (_, v) in &rest[..n] {
             h.part(v.as_bytes());
         }
+        rest = &rest[n..];
     }
     for (i, value) in credentials::query_credentials(query.unwrap_or("")) {
         h.part(b"?");

@@ -236,16 +236,13 @@ async fn one_scope_per_credential_when_configured() {
     assert_eq!(provider.count("big"), 0);
 }
 
-/// Two targets, `failover_wait = "2s"`: a reset within it is waited for on the first target
-/// (one retry there, nothing on the second), one beyond it moves the request at once.
-#[tokio::test]
-async fn failover_wait_waits_for_a_short_reset_and_moves_past_a_long_one() {
-    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+/// Targets `a` then `b`, a policy that waits up to 5 s for a reset, and `failover_wait`.
+async fn two_targets(a: &FakeProvider, b: &FakeProvider, failover_wait: Option<&str>) -> Rebound {
     let target = |upstream: &str| RawTarget {
         upstream: some(upstream),
         ..RawTarget::default()
     };
-    let rebound = one_key(&a)
+    one_key(a)
         .upstream_named("a", &a.url(), |_| {})
         .upstream_named("b", &b.url(), |_| {})
         .retry(
@@ -261,10 +258,18 @@ async fn failover_wait_waits_for_a_short_reset_and_moves_past_a_long_one() {
         .route(|r| {
             r.upstream = None;
             r.targets = Some(vec![target("a"), target("b")]);
-            r.failover_wait = some("2s");
+            r.failover_wait = failover_wait.and_then(some);
         })
         .start()
-        .await;
+        .await
+}
+
+/// `failover_wait = "2s"`: a reset within it is waited for on the first target (one retry there,
+/// nothing on the second), one beyond it (still within `max_retry_after`) moves at once.
+#[tokio::test]
+async fn failover_wait_waits_for_a_short_reset_and_moves_past_a_long_one() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let rebound = two_targets(&a, &b, Some("2s")).await;
     a.script("short", vec![Step::status_with(429, &[("retry-after-ms", "300")])]);
     let r = chat(&rebound.url, "short", "gpt-big").await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -283,19 +288,7 @@ async fn failover_wait_waits_for_a_short_reset_and_moves_past_a_long_one() {
 #[tokio::test]
 async fn without_failover_wait_a_short_reset_still_moves_at_once() {
     let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
-    let target = |upstream: &str| RawTarget {
-        upstream: some(upstream),
-        ..RawTarget::default()
-    };
-    let rebound = one_key(&a)
-        .upstream_named("a", &a.url(), |_| {})
-        .upstream_named("b", &b.url(), |_| {})
-        .route(|r| {
-            r.upstream = None;
-            r.targets = Some(vec![target("a"), target("b")]);
-        })
-        .start()
-        .await;
+    let rebound = two_targets(&a, &b, None).await;
     a.script("short", vec![Step::status_with(429, &[("retry-after-ms", "300")])]);
     let r = chat(&rebound.url, "short", "gpt-big").await;
     assert_eq!(r.header("x-rebound-upstream"), Some("b"), "{}", r.text());

@@ -78,6 +78,9 @@ pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Re
 /// An upstream's default `keepalive`: a dead peer is found within about twice this.
 pub(crate) const DEFAULT_KEEPALIVE: Duration = Duration::from_secs(15);
 
+/// `[server] credential_headers` at most (each is looked for in every request's headers).
+const MAX_CREDENTIAL_HEADERS: usize = 32;
+
 struct Validator<'a> {
     file: String,
     loc: Locator<'a>,
@@ -287,7 +290,13 @@ impl Validator<'_> {
 
     fn server(&mut self, server: RawServer) -> ServerConfig {
         let extra = self.header_names("server.credential_headers", server.credential_headers.as_deref());
-        self.credentials = Credentials::with(&extra);
+        if extra.len() > MAX_CREDENTIAL_HEADERS {
+            self.err(
+                "server.credential_headers",
+                format!("expected at most {MAX_CREDENTIAL_HEADERS} names, found {}", extra.len()),
+            );
+        }
+        self.credentials = Credentials::with(&extra[..extra.len().min(MAX_CREDENTIAL_HEADERS)]);
         ServerConfig {
             listen: self.addr("server.listen", &server.listen, "127.0.0.1:8080"),
             worker_threads: self.int("server.worker_threads", server.worker_threads, 0, 0, 256),

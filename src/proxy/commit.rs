@@ -20,7 +20,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures_util::future::Either;
 use futures_util::FutureExt as _;
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use http_body::Body;
 use http_body_util::BodyExt as _;
 use http_body_util::Full;
@@ -29,7 +29,7 @@ use tokio::time::Instant;
 use super::stream::Primed;
 use super::{Route, Target};
 use crate::retry::policy::Outcome;
-use crate::retry::provider_error;
+use crate::retry::provider_error::{self, ErrorSignal};
 use crate::upstream::{error_chain, AttemptError, UpstreamBody};
 use crate::wire::sse::{self, EventEnd, InBandError, Shape};
 
@@ -89,16 +89,17 @@ fn read_to_commit(
     async move {
         let mut received = head_at;
         if parts.status.is_success() && !body.is_end_stream() {
-            match read_ahead(&mut body, shape, head_at + wait).await {
+            match read_ahead(&mut body, &parts.headers, shape, head_at + wait).await {
                 Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), crate::time::now()),
                 Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
                 Ok(ahead) => {
                     if ahead.waited {
                         received = crate::time::now();
                     }
-                    if let Some(e) = ahead.in_band {
+                    if let Some((e, signal)) = ahead.in_band {
                         target.attempts.first_event_errors.inc();
                         parts.extensions.insert(e);
+                        parts.extensions.insert(signal);
                     }
                 }
             }
@@ -180,11 +181,23 @@ enum Stopped {
 struct Ahead {
     /// Whether it waited for a frame (else everything held came with the head).
     waited: bool,
-    in_band: Option<InBandError>,
+    /// An in-band error, and what the provider-error classifier reads in its error object.
+    in_band: Option<(InBandError, ErrorSignal)>,
+}
+
+/// The class of an in-band error's object, read under the status it stands for (a success's own
+/// when it has none).
+fn signal_of(e: InBandError, headers: &http::HeaderMap, object: &[u8]) -> ErrorSignal {
+    provider_error::classify(e.equivalent.unwrap_or(StatusCode::OK), headers, object)
 }
 
 /// Reads `body` ahead into its prefix until the commit point (see the module documentation).
-async fn read_ahead<B>(body: &mut Primed<B>, shape: Shape, deadline: Instant) -> Result<Ahead, Stopped>
+async fn read_ahead<B>(
+    body: &mut Primed<B>,
+    headers: &http::HeaderMap,
+    shape: Shape,
+    deadline: Instant,
+) -> Result<Ahead, Stopped>
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: std::error::Error + 'static,
@@ -239,9 +252,18 @@ where
             break;
         }
     }
+    // An in-band error's object is classified as an error response's body would be (one reading
+    // of what a provider's error means: a quota used up, a rate limit, an overload, ...), under
+    // the status it stands for.
     let in_band = match (shape, classify) {
-        (Shape::EventStream, Some(n)) => sse::classify_event(&body.held_prefix(n)),
-        (Shape::Json, Some(n)) => sse::classify_json(&body.held_prefix(n)),
+        (Shape::EventStream, Some(n)) => {
+            let event = body.held_prefix(n);
+            sse::classify_event(&event).map(|e| (e, signal_of(e, headers, &sse::event_data(&event))))
+        }
+        (Shape::Json, Some(n)) => {
+            let json = body.held_prefix(n);
+            sse::classify_json(&json).map(|e| (e, signal_of(e, headers, &json)))
+        }
         _ => None,
     };
     Ok(Ahead { waited, in_band })
@@ -253,6 +275,8 @@ mod tests {
     use http_body::Frame;
     use http_body_util::combinators::UnsyncBoxBody;
     use http_body_util::StreamBody;
+
+    use crate::retry::provider_error::ErrorClass;
 
     type Frames = Vec<Result<Frame<Bytes>, std::io::Error>>;
 
@@ -274,7 +298,7 @@ mod tests {
     async fn ahead(frames: &[&str], pending: bool, shape: Shape) -> (Result<Ahead, Stopped>, String) {
         let mut b = body(frames, pending);
         let deadline = crate::time::now() + Duration::from_millis(50);
-        let r = read_ahead(&mut b, shape, deadline).await;
+        let r = read_ahead(&mut b, &http::HeaderMap::new(), shape, deadline).await;
         let held = String::from_utf8(b.held_prefix(usize::MAX).into_owned()).unwrap();
         (r, held)
     }
@@ -301,11 +325,33 @@ mod tests {
             Shape::EventStream,
         )
         .await;
-        let in_band = r.ok().and_then(|a| a.in_band).unwrap();
+        let (in_band, signal) = r.ok().and_then(|a| a.in_band).unwrap();
         assert_eq!(in_band.equivalent.map(|s| s.as_u16()), Some(529));
+        assert_eq!(signal.class, ErrorClass::Overloaded);
         assert!(held.ends_with("}}\n\n"), "{held}");
         let (r, _) = ahead(&[OVERLOADED], false, Shape::EventStream).await;
         assert!(r.is_ok_and(|a| a.in_band.is_some()));
+    }
+
+    /// The error object inside a stream or a 200 JSON body is read by the one provider-error
+    /// classifier: a quota used up is that, not a rate limit.
+    #[tokio::test(start_paused = true)]
+    async fn an_in_band_error_is_classified_as_an_error_response_would_be() {
+        let quota = "{\"error\":{\"message\":\"You exceeded your current quota\",\"type\":\"insufficient_quota\",\"code\":\"insufficient_quota\"}}";
+        let (r, _) = ahead(&[&format!("data: {quota}\n\n")], false, Shape::EventStream).await;
+        let (_, signal) = r.ok().and_then(|a| a.in_band).unwrap();
+        assert_eq!(signal.class, ErrorClass::Exhausted);
+        let (r, _) = ahead(&[quota], false, Shape::Json).await;
+        let (_, signal) = r.ok().and_then(|a| a.in_band).unwrap();
+        assert_eq!(signal.class, ErrorClass::Exhausted);
+        // A rate limit named in `code` stays one.
+        let limited = "data: {\"error\":{\"type\":\"requests\",\"code\":\"rate_limit_exceeded\"}}\n\n";
+        let (r, _) = ahead(&[limited], false, Shape::EventStream).await;
+        let (e, signal) = r.ok().and_then(|a| a.in_band).unwrap();
+        assert_eq!(
+            (e.equivalent.map(|s| s.as_u16()), signal.class),
+            (Some(429), ErrorClass::RateLimited)
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -346,8 +392,9 @@ mod tests {
             Shape::Json,
         )
         .await;
-        let in_band = r.ok().and_then(|a| a.in_band).unwrap();
+        let (in_band, signal) = r.ok().and_then(|a| a.in_band).unwrap();
         assert_eq!(in_band.equivalent.map(|s| s.as_u16()), Some(429));
+        assert_eq!(signal.class, ErrorClass::RateLimited);
         assert_eq!(held, "{\"type\":\"error\",\"error\":{\"type\":\"rate_limit_error\"}}");
         let (r, _) = ahead(&["{\"id\":1}"], false, Shape::Json).await;
         assert!(r.is_ok_and(|a| a.in_band.is_none()));
@@ -360,7 +407,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn what_was_held_is_put_back_in_order() {
         let mut b = body(&["event: ping\n", "data: {}\n\n", "data: rest\n\n"], false);
-        let r = read_ahead(&mut b, Shape::EventStream, crate::time::now() + Duration::from_secs(1)).await;
+        let r = read_ahead(
+            &mut b,
+            &http::HeaderMap::new(),
+            Shape::EventStream,
+            crate::time::now() + Duration::from_secs(1),
+        )
+        .await;
         assert!(r.is_ok());
         assert_eq!(b.held_len(), 22);
         let all = b.collect().await.unwrap().to_bytes();

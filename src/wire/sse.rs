@@ -90,6 +90,23 @@ pub fn classify_json(body: &[u8]) -> Option<InBandError> {
 pub fn classify_event(event: &[u8]) -> Option<InBandError> {
     // Parsed only when it can be an error.
     ERROR_WORD.find(event)?;
+    let (name, data) = fields(event);
+    let parsed = serde_json::from_slice::<serde_json::Value>(&data).ok();
+    match parsed.as_ref().and_then(error_of) {
+        Some(e) => Some(e),
+        None if name == b"error" => Some(InBandError { equivalent: None }),
+        None => None,
+    }
+}
+
+/// The data of one SSE event (its `data` lines joined by `\n`): for an error event, the error
+/// object, which the provider-error classifier reads as it reads an error response's body.
+pub(crate) fn event_data(event: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    fields(event).1
+}
+
+/// An event's name and its data (its `data` lines joined by `\n`; borrowed when there is one).
+fn fields(event: &[u8]) -> (&[u8], std::borrow::Cow<'_, [u8]>) {
     let mut name: &[u8] = b"";
     let mut data: Vec<&[u8]> = Vec::new();
     for line in lines(event) {
@@ -104,16 +121,12 @@ pub fn classify_event(event: &[u8]) -> Option<InBandError> {
             _ => {}
         }
     }
-    let parsed = match data.as_slice() {
-        [] => None,
-        [one] => serde_json::from_slice::<serde_json::Value>(one).ok(),
-        many => serde_json::from_slice::<serde_json::Value>(&many.join(&b'\n')).ok(),
+    let data = match data.as_slice() {
+        [] => std::borrow::Cow::Borrowed(&b""[..]),
+        [one] => std::borrow::Cow::Borrowed(*one),
+        many => std::borrow::Cow::Owned(many.join(&b'\n')),
     };
-    match parsed.as_ref().and_then(error_of) {
-        Some(e) => Some(e),
-        None if name == b"error" => Some(InBandError { equivalent: None }),
-        None => None,
-    }
+    (name, data)
 }
 
 /// The lines of `bytes`, split at `\r\n`, `\n` or `\r` (an unterminated last line included).

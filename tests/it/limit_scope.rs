@@ -224,6 +224,21 @@ async fn a_used_up_quota_holds_every_model_of_the_key() {
     assert_eq!(provider.count("big"), 0, "an exhausted key was called");
 }
 
+/// The same quota error inside a 200 stream (its first event): read by the same classifier, it
+/// holds the key for every model too.
+#[tokio::test]
+async fn an_in_band_quota_error_holds_every_model_of_the_key() {
+    let provider = FakeProvider::start().await;
+    let rebound = one_key(&provider).start().await;
+    provider.script("small", vec![Step::in_band("insufficient_quota")]);
+    chat(&rebound.url, "small", "gpt-small").await;
+    assert_eq!(provider.count("small"), 1);
+    let r = chat(&rebound.url, "big", "gpt-big").await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("x-rebound-error"), Some("no_target_available"));
+    assert_eq!(provider.count("big"), 0, "an exhausted key was called");
+}
+
 #[tokio::test]
 async fn one_scope_per_credential_when_configured() {
     let provider = FakeProvider::start().await;

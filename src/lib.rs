@@ -23,6 +23,7 @@ pub mod routing;
 pub mod server;
 pub mod shutdown;
 pub(crate) mod targets;
+pub(crate) mod tasks;
 pub mod telemetry;
 pub mod time;
 pub mod traces;

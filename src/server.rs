@@ -158,7 +158,10 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         proxy: proxy.clone(),
     });
     let admin_stop = CancellationToken::new();
-    let admin_task = tokio::spawn(admin::serve(admin_listener, admin_state.clone(), admin_stop.clone()));
+    let admin_task = crate::tasks::spawn(
+        "admin listener",
+        admin::serve(admin_listener, admin_state.clone(), admin_stop.clone()),
+    );
 
     let shutdown = CancellationToken::new();
     // Job workers stop taking jobs when the drain starts; a running job gets the grace, like an
@@ -170,7 +173,7 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         grace: config.server.shutdown_grace,
     };
     let limits = ClientLimits::of(&config.server);
-    let done = tokio::spawn({
+    let done = crate::tasks::spawn("proxy listener", {
         let shutdown = shutdown.clone();
         async move {
             let exit = serve(proxy_listener, proxy, shutdown, drain, limits, &admin_state).await;

@@ -101,7 +101,7 @@ impl Traces {
             tx: queue.clone(),
             dropped: spans("dropped"),
         };
-        let task = tokio::spawn(export(rx, exporter, spans("exported"), spans("failed")));
+        let task = crate::tasks::spawn("trace export", export(rx, exporter, spans("exported"), spans("failed")));
         let provider = SdkTracerProvider::builder()
             .with_span_processor(processor)
             .with_sampler(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(

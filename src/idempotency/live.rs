@@ -473,7 +473,7 @@ mod tests {
         live.set_head(head());
         live.push(b"one ");
         let follower = live.follower();
-        let reader = tokio::spawn(async move { follower.collect().await.map(|c| c.to_bytes()) });
+        let reader = crate::tasks::spawn("test", async move { follower.collect().await.map(|c| c.to_bytes()) });
         live.push(b"two ");
         live.push(b"three");
         live.finish(End::Complete);
@@ -501,7 +501,7 @@ mod tests {
         let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 1024));
         let waiting = {
             let live = live.clone();
-            tokio::spawn(async move { live.head().await })
+            crate::tasks::spawn("test", async move { live.head().await })
         };
         live.finish(End::Released);
         assert!(matches!(waiting.await.unwrap(), HeadOrEnd::End(End::Released)));

@@ -825,7 +825,7 @@ mod tests {
             .await
             .unwrap();
         // The task that streams it reads the first event, then crashes.
-        let crashed = tokio::spawn(async move {
+        let crashed = crate::tasks::spawn("test", async move {
             let first = response.frame().await.unwrap().unwrap();
             assert_eq!(first.into_data().unwrap(), "data: 1\n\n");
             panic!("the task streaming the original crashed");
@@ -860,7 +860,7 @@ mod tests {
             panic!("followed");
         };
         assert_eq!(followed.head.status, 200);
-        let crashed = tokio::spawn(async move {
+        let crashed = crate::tasks::spawn("test", async move {
             let _holds = response;
             panic!("the task streaming the original crashed");
         })

@@ -101,7 +101,7 @@ impl Renewals {
         }
         drop(s);
         if start {
-            tokio::spawn(tick(Arc::downgrade(self), self.wake.clone()));
+            crate::tasks::spawn("lease renewals", tick(Arc::downgrade(self), self.wake.clone()));
         } else if wake {
             self.wake.notify_one();
         }

@@ -47,7 +47,7 @@ pub(super) struct Cursor {
     current: Option<usize>,
     /// Targets it left or found unavailable, and why (allocated only when one is): never chosen
     /// again for this request.
-    left: Vec<(usize, &'static str)>,
+    left: Vec<(usize, FailoverReason)>,
     /// Why it is leaving a target it was on, counted when the next one is admitted.
     leaving: Option<(usize, FailoverReason)>,
     /// The soonest a target found unavailable recovers (`None`: none has a time, e.g. all
@@ -69,7 +69,7 @@ impl Cursor {
     }
 
     /// Why `index` was left, if it was.
-    fn reason(&self, index: usize) -> Option<&'static str> {
+    fn reason(&self, index: usize) -> Option<FailoverReason> {
         self.left.iter().find(|(i, _)| *i == index).map(|(_, r)| *r)
     }
 
@@ -79,7 +79,7 @@ impl Cursor {
 
     fn mark(&mut self, index: usize, reason: FailoverReason) {
         if !self.is_left(index) {
-            self.left.push((index, reason.as_str()));
+            self.left.push((index, reason));
         }
     }
 
@@ -305,23 +305,28 @@ impl Proxy {
     fn no_target(&self, route: &Route, d: &mut Progress, at: &Cursor) -> super::attempts::Delivery {
         if let (1, Some(reason), Some(retry_after)) = (route.targets.len(), at.reason(0), at.soonest) {
             let upstream = route.primary().name.to_string();
-            if reason == FailoverReason::CircuitOpen.as_str() {
-                return d.stop_before_attempt(Stop::CircuitOpen, || ProxyError::CircuitOpen { upstream, retry_after });
-            }
-            if reason == FailoverReason::Cooldown.as_str() {
-                return d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown { upstream, retry_after });
+            match reason {
+                FailoverReason::CircuitOpen => {
+                    return d
+                        .stop_before_attempt(Stop::CircuitOpen, || ProxyError::CircuitOpen { upstream, retry_after });
+                }
+                FailoverReason::Cooldown => {
+                    return d.stop_before_attempt(Stop::Cooldown, || ProxyError::Cooldown { upstream, retry_after });
+                }
+                _ => {}
             }
         }
+        let reasons: Vec<Option<FailoverReason>> = route.targets.iter().map(|t| at.reason(t.index)).collect();
+        let stop = match reasons.iter().all(|r| *r == Some(FailoverReason::CircuitOpen)) {
+            true => Stop::CircuitOpen,
+            false => Stop::Cooldown,
+        };
         let targets: Vec<(String, &'static str)> = route
             .targets
             .iter()
-            .map(|t| (t.name.to_string(), at.reason(t.index).unwrap_or("available")))
+            .zip(reasons)
+            .map(|(t, r)| (t.name.to_string(), r.map_or("available", FailoverReason::as_str)))
             .collect();
-        let stop = if targets.iter().all(|(_, r)| *r == FailoverReason::CircuitOpen.as_str()) {
-            Stop::CircuitOpen
-        } else {
-            Stop::Cooldown
-        };
         let retry_after = at.soonest;
         d.stop_before_attempt(stop, || ProxyError::NoTargetAvailable { retry_after, targets })
     }

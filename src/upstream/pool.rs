@@ -228,7 +228,7 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(|e| connect_failed(error_chain(&e)))?;
-            tokio::spawn(conn.map(ended));
+            crate::tasks::spawn("upstream h2 connection", conn.map(ended));
             *self.h2.lock() = Some(sender.clone());
             Ok(Sender::H2(sender))
         } else {
@@ -236,7 +236,7 @@ impl Pool {
                 .handshake(io)
                 .await
                 .map_err(|e| connect_failed(error_chain(&e)))?;
-            tokio::spawn(conn.map(ended));
+            crate::tasks::spawn("upstream h1 connection", conn.map(ended));
             Ok(Sender::H1(sender))
         }
     }

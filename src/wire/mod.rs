@@ -3,9 +3,9 @@
 //! the reading of errors that providers report inside a successful body ([`sse`]), and the model
 //! a request names ([`model`]).
 //!
-//! A leaf: it imports only [`crate::metrics`] (the request log counts the response when its body
-//! ends). The pipeline, jobs, dead letters, idempotency and the retry policy all use it; it never
-//! uses them.
+//! It imports only [`crate::metrics`] (the request log counts the response when its body ends)
+//! and [`crate::time`] (when the request started). The pipeline, jobs, dead letters, idempotency
+//! and the retry policy all use it; it never uses them.
 
 pub mod body;
 pub mod headers;

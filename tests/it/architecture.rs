@@ -147,8 +147,8 @@ fn describe(g: &Graph, cycle: &[String]) -> String {
 const LAYERS: &[(&str, &[&str], &str)] = &[
     (
         "leaves",
-        &["time", "testing", "credentials", "config", "metrics"],
-        "the clock, unit-test helpers, the credential forms, the typed configuration, every metric",
+        &["time", "tasks", "testing", "credentials", "config", "metrics"],
+        "the clock, the one way to start a task, unit-test helpers, the credential forms, the typed configuration, every metric",
     ),
     (
         "vocabulary",

@@ -4,30 +4,30 @@
 //! Where each part is, what it may import and why: ARCHITECTURE.md (its code map and layer table
 //! are checked against this tree by `tests/it/architecture.rs`).
 
-pub mod admin;
-pub mod cache;
+pub(crate) mod admin;
+pub(crate) mod cache;
 pub mod circuit;
 pub mod cli;
 pub mod config;
 pub mod credentials;
-pub mod dead_letters;
+pub(crate) mod dead_letters;
 pub mod error;
 pub mod idempotency;
 pub mod jobs;
 pub mod metrics;
-pub mod proxy;
+pub(crate) mod proxy;
 pub mod redis;
-pub mod reload;
+pub(crate) mod reload;
 pub mod retry;
 pub mod routing;
-pub mod server;
-pub mod shutdown;
+pub(crate) mod server;
+pub(crate) mod shutdown;
 pub(crate) mod targets;
 pub(crate) mod tasks;
 pub mod telemetry;
 pub mod time;
-pub mod traces;
-pub mod upstream;
+pub(crate) mod traces;
+pub(crate) mod upstream;
 pub mod wire;
 
 /// Entry points for the cargo-fuzz targets under `fuzz/` (decoders that are private otherwise).

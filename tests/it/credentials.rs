@@ -220,20 +220,16 @@ async fn no_credential_form_is_kept_or_printed_anywhere() {
     assert_eq!(a.status, 202, "{}", a.text());
     let id = a.json()["job_id"].as_str().unwrap().to_string();
     let poll = format!("{}/jobs/{id}?{query}", rebound.proxy);
-    let done = {
-        let mut done = serde_json::Value::Null;
-        for _ in 0..200 {
-            let s = send_with("GET", &poll, &creds, &[], "").await;
-            assert_eq!(s.status, 200, "{}", s.text());
-            done = s.json();
-            if done["status"] == "succeeded" {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+    let done = until("the job succeeds", Duration::from_secs(10), || async {
+        let s = send_with("GET", &poll, &creds, &[], "").await;
+        assert_eq!(s.status, 200, "{}", s.text());
+        let status = s.json();
+        match status["status"] == "succeeded" {
+            true => Ok(status),
+            false => Err(status.to_string()),
         }
-        done
-    };
-    assert_eq!(done["status"], "succeeded", "{done}");
+    })
+    .await;
     // Another credential does not read the job.
     assert_eq!(get(&format!("{}/jobs/{id}", rebound.proxy)).await.status, 404);
     // The job ran with its credentials: the sealed query parameters were put back.
@@ -251,15 +247,16 @@ async fn no_credential_form_is_kept_or_printed_anywhere() {
         let url = format!("{}{path}", rebound.admin);
         async move { send("GET", &url, &[("authorization", &format!("Bearer {TOKEN}"))], "").await }
     };
-    let mut page = admin("/admin/dead-letters").await.text();
-    for _ in 0..100 {
+    let page = until("the dead letter is listed", Duration::from_secs(10), || async {
+        let page = admin("/admin/dead-letters").await.text();
         if page.contains("k-fail") {
-            break;
+            Ok(page)
+        } else {
+            Err(page)
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        page = admin("/admin/dead-letters").await.text();
-    }
-    assert!(page.contains("k-fail") && page.contains("[redacted]"), "{page}");
+    })
+    .await;
+    assert!(page.contains("[redacted]"), "{page}");
     let entry_id = serde_json::from_str::<serde_json::Value>(&page).unwrap()["items"][0]["id"]
         .as_str()
         .unwrap()
@@ -283,18 +280,15 @@ async fn no_credential_form_is_kept_or_printed_anywhere() {
         assert!(dump.contains(kind), "no {kind} key in Redis:\n{dump}");
     }
     assert!(keys > 4, "{dump}");
-    let traced = {
-        let mut t = collector.text();
-        for _ in 0..100 {
-            if t.contains("/v1/chat/completions") {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            t = collector.text();
+    let traced = until("a span is exported", Duration::from_secs(10), || async {
+        let t = collector.text();
+        if t.contains("/v1/chat/completions") {
+            Ok(t)
+        } else {
+            Err(format!("{} bytes", t.len()))
         }
-        t
-    };
-    assert!(traced.contains("/v1/chat/completions"), "no span exported");
+    })
+    .await;
     let logs = rebound.logs();
     assert!(logs.contains("\"level\":\"DEBUG\""), "no debug line: {logs}");
     assert!(logs.contains("/v1/chat/completions"), "{logs}");

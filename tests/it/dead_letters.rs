@@ -56,14 +56,14 @@ async fn failing_call(rebound: &Rebound, key: &str, idem: &str, body: &str) -> A
 }
 
 async fn wait_for_entries(rebound: &Rebound, n: usize) -> serde_json::Value {
-    for _ in 0..100 {
+    until(&format!("{n} dead letters"), Duration::from_secs(10), || async {
         let page = admin(rebound, "GET", "/admin/dead-letters").await.json();
-        if page["items"].as_array().map_or(0, Vec::len) >= n {
-            return page;
+        match page["items"].as_array().map_or(0, Vec::len) >= n {
+            true => Ok(page),
+            false => Err(page.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("fewer than {n} dead letters");
+    })
+    .await
 }
 
 async fn exhausted_request_is_recorded(redis: Option<&RedisServer>) {

@@ -445,8 +445,7 @@ async fn a_permanently_failing_job_fails_and_lands_in_the_dead_letters() {
     assert_eq!(r.status, 503, "the upstream's answer as it came");
     assert!(r.text().contains("scripted 503"), "{}", r.text());
 
-    let mut entry = serde_json::Value::Null;
-    for _ in 0..100 {
+    let entry = until("the job's dead letter", Duration::from_secs(5), || async {
         let page = send(
             "GET",
             &format!("{}/admin/dead-letters", rebound.admin),
@@ -455,12 +454,12 @@ async fn a_permanently_failing_job_fails_and_lands_in_the_dead_letters() {
         )
         .await
         .json();
-        if let Some(e) = page["items"].as_array().and_then(|i| i.first()) {
-            entry = e.clone();
-            break;
+        match page["items"].as_array().and_then(|i| i.first()) {
+            Some(e) => Ok(e.clone()),
+            None => Err(page.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     assert_eq!(entry["reason"], "retries_exhausted", "{entry}");
     assert_eq!(entry["job_id"], id.as_str());
     assert_eq!(entry["idempotency_key"], "doomed-job");

@@ -53,12 +53,7 @@ async fn tls_with_an_acl_user_and_the_default_user_off() {
         &tls_redis(&redis, "username = \"rebound\"\npassword = \"s3cret\"", true),
     );
     let rebound = Rebound::start(&toml).await;
-    for _ in 0..200 {
-        if metric(&rebound.metrics().await, "rebound_redis_up") == 1.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_metric(&rebound, "rebound_redis_up", |v| v == 1.0).await;
     let ready = get(&format!("{}/readyz", rebound.admin)).await;
     assert_eq!(ready.text(), "ready (redis: up)\n");
     assert_eq!(metric(&rebound.metrics().await, "rebound_redis_up"), 1.0);
@@ -66,16 +61,18 @@ async fn tls_with_an_acl_user_and_the_default_user_off() {
     let first = keyed(&rebound, "tls-1").await;
     assert_eq!(first.status, 200, "{}", first.text());
     // The completion lands as the body ends, in the background.
-    let mut replayed = None;
-    for _ in 0..100 {
-        let again = keyed(&rebound, "tls-1").await;
-        if again.header("idempotent-replayed") == Some("true") {
-            replayed = Some(again);
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let replayed = replayed.expect("the record was stored over TLS as the ACL user");
+    let replayed = until(
+        "the record was stored over TLS as the ACL user",
+        Duration::from_secs(2),
+        || async {
+            let again = keyed(&rebound, "tls-1").await;
+            match again.header("idempotent-replayed") {
+                Some("true") => Ok(again),
+                _ => Err(again.text()),
+            }
+        },
+    )
+    .await;
     assert_eq!(replayed.body, first.body);
     assert_eq!(provider.count("tls-1"), 1);
     let page = rebound.metrics().await;

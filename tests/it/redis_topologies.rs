@@ -55,13 +55,13 @@ async fn keyed(rebound: &Rebound, key: &str, extra: &[(&str, &str)]) -> Answer {
 }
 
 async fn wait_up(rebound: &Rebound) {
-    for _ in 0..300 {
-        if metric(&rebound.metrics().await, "rebound_redis_up") == 1.0 {
-            return;
+    until("rebound_redis_up is 1", Duration::from_secs(15), || async {
+        match metric(&rebound.metrics().await, "rebound_redis_up") {
+            1.0 => Ok(()),
+            v => Err(v.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("rebound_redis_up stayed 0");
+    })
+    .await;
 }
 
 /// Idempotency (claim, complete, replay across replicas), follow across replicas (pub/sub and a
@@ -75,17 +75,15 @@ async fn every_feature(a: &Rebound, b: &Rebound, provider: &FakeProvider, tag: &
     let key = format!("{tag}-idem");
     let first = keyed(a, &key, &[]).await;
     assert_eq!(first.status, 200, "{}", first.text());
-    let mut replayed = false;
-    for _ in 0..100 {
+    let again = until("B replays what A stored", Duration::from_secs(5), || async {
         let again = keyed(b, &key, &[]).await;
-        if again.header("idempotent-replayed") == Some("true") {
-            assert_eq!(again.body, first.body);
-            replayed = true;
-            break;
+        match again.header("idempotent-replayed") {
+            Some("true") => Ok(again),
+            _ => Err(again.text()),
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(replayed, "B replays what A stored");
+    })
+    .await;
+    assert_eq!(again.body, first.body);
     assert_eq!(provider.count(&key), 1);
 
     // Follow: a duplicate on B of a stream still running on A gets it whole.
@@ -137,15 +135,14 @@ async fn every_feature(a: &Rebound, b: &Rebound, provider: &FakeProvider, tag: &
     .await;
     assert_eq!(submitted.status, 202, "{}", submitted.text());
     let id = submitted.json()["job_id"].as_str().unwrap().to_string();
-    let mut done = serde_json::Value::Null;
-    for _ in 0..300 {
-        done = get(&format!("{}/jobs/{id}", b.url)).await.json();
-        if done["status"] == "succeeded" {
-            break;
+    until("the job succeeds on B", Duration::from_secs(15), || async {
+        let done = get(&format!("{}/jobs/{id}", b.url)).await.json();
+        match done["status"] == "succeeded" {
+            true => Ok(()),
+            false => Err(done.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(done["status"], "succeeded", "{done}");
+    })
+    .await;
 
     // Dead letters and the shared circuit: two 503s exhaust the retries on A (a dead letter B
     // lists) and open the circuit, which B follows with no call of its own.
@@ -159,8 +156,7 @@ async fn every_feature(a: &Rebound, b: &Rebound, provider: &FakeProvider, tag: &
     )
     .await;
     assert_eq!(failed.status, 503);
-    let mut listed = false;
-    for _ in 0..100 {
+    until("B lists the dead letter A recorded", Duration::from_secs(5), || async {
         let page = send(
             "GET",
             &format!("{}/admin/dead-letters?route=flaky", b.admin),
@@ -169,13 +165,12 @@ async fn every_feature(a: &Rebound, b: &Rebound, provider: &FakeProvider, tag: &
         )
         .await
         .json();
-        if page["items"].as_array().is_some_and(|i| !i.is_empty()) {
-            listed = true;
-            break;
+        match page["items"].as_array().is_some_and(|i| !i.is_empty()) {
+            true => Ok(()),
+            false => Err(page.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(listed, "B lists the dead letter A recorded");
+    })
+    .await;
     let purged = send(
         "DELETE",
         &format!("{}/admin/dead-letters?route=flaky", b.admin),

@@ -145,6 +145,28 @@ pub async fn eventually(within: Duration, f: impl FnMut() -> bool) -> bool {
     time_until(within, f).await.is_some()
 }
 
+/// Polls the asynchronous `f` every 10 ms until it gives `Some`, and returns that: the event a test
+/// waits for (an HTTP answer, a Redis key, a metric), never a fixed time. Fails loudly, naming
+/// `what` and the last value seen, when `within` passes first.
+pub async fn until<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, String>>,
+{
+    let end = tokio::time::Instant::now() + within;
+    loop {
+        let last = match f().await {
+            Ok(value) => return value,
+            Err(last) => last,
+        };
+        assert!(
+            tokio::time::Instant::now() < end,
+            "{what}: not within {within:?}; last seen: {last}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// The value of a metric sample line `name{labels} value` in a Prometheus page (0 when absent).
 /// A response body read to its end.
 pub struct BodyRead {

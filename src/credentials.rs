@@ -172,11 +172,16 @@ impl Presented {
             }
             rest = &rest[n..];
         }
-        let digest = h.finalize();
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&digest[..16]);
-        CredentialHash(out)
+        CredentialHash(first_128_bits(h))
     }
+}
+
+/// The first 128 bits of a SHA-256: enough for a name no one can guess a key from.
+fn first_128_bits(h: Sha256) -> [u8; 16] {
+    let digest = h.finalize();
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&digest[..16]);
+    out
 }
 
 /// A stable, non-reversible name for a credential (128 bits of SHA-256), shown as 32 hex digits.
@@ -240,12 +245,9 @@ impl LimitKey {
         let mut h = Sha256::new();
         h.update(MODEL_DOMAIN);
         h.update(model.as_bytes());
-        let digest = h.finalize();
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&digest[..16]);
         LimitKey {
             credential,
-            model: Some(out),
+            model: Some(first_128_bits(h)),
         }
     }
 }

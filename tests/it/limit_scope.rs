@@ -204,6 +204,14 @@ async fn a_model_in_the_path_scopes_its_limits() {
     }
 }
 
+/// Another model of the key is refused without a call: the key is exhausted.
+async fn assert_key_exhausted(rebound: &Rebound, provider: &FakeProvider) {
+    let r = chat(&rebound.url, "big", "gpt-big").await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.header("x-rebound-error"), Some("no_target_available"));
+    assert_eq!(provider.count("big"), 0, "an exhausted key was called");
+}
+
 #[tokio::test]
 async fn a_used_up_quota_holds_every_model_of_the_key() {
     let provider = FakeProvider::start().await;
@@ -218,10 +226,7 @@ async fn a_used_up_quota_holds_every_model_of_the_key() {
         }],
     );
     assert_eq!(chat(&rebound.url, "small", "gpt-small").await.status, 429);
-    let r = chat(&rebound.url, "big", "gpt-big").await;
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert_eq!(r.header("x-rebound-error"), Some("no_target_available"));
-    assert_eq!(provider.count("big"), 0, "an exhausted key was called");
+    assert_key_exhausted(&rebound, &provider).await;
 }
 
 /// The same quota error inside a 200 stream (its first event): read by the same classifier, it
@@ -233,10 +238,7 @@ async fn an_in_band_quota_error_holds_every_model_of_the_key() {
     provider.script("small", vec![Step::in_band("insufficient_quota")]);
     chat(&rebound.url, "small", "gpt-small").await;
     assert_eq!(provider.count("small"), 1);
-    let r = chat(&rebound.url, "big", "gpt-big").await;
-    assert_eq!(r.status, 503, "{}", r.text());
-    assert_eq!(r.header("x-rebound-error"), Some("no_target_available"));
-    assert_eq!(provider.count("big"), 0, "an exhausted key was called");
+    assert_key_exhausted(&rebound, &provider).await;
 }
 
 #[tokio::test]

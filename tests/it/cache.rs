@@ -352,17 +352,17 @@ async fn an_async_job_is_answered_from_the_cache() {
     let queued = ask(&rebound, "job", &[("prefer", "respond-async")], CHAT).await;
     assert_eq!(queued.status, 202, "{}", queued.text());
     let id = queued.json()["job_id"].as_str().unwrap().to_string();
-    let mut status = serde_json::Value::Null;
-    for _ in 0..200 {
-        let url = format!("{}/jobs/{id}", rebound.url);
-        status = send("GET", &url, &[("authorization", "Bearer sk-tenant-a")], "")
+    let url = format!("{}/jobs/{id}", rebound.url);
+    let status = until("the job finishes", Duration::from_secs(10), || async {
+        let status = send("GET", &url, &[("authorization", "Bearer sk-tenant-a")], "")
             .await
             .json();
-        if status["status"] == "succeeded" || status["status"] == "failed" {
-            break;
+        match status["status"] == "succeeded" || status["status"] == "failed" {
+            true => Ok(status),
+            false => Err(status.to_string()),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     assert_eq!(status["status"], "succeeded", "{status}");
     assert_eq!(status["attempts"], 0, "{status}");
     let url = format!("{}/jobs/{id}/result", rebound.url);

@@ -476,26 +476,31 @@ async fn redis_outage_fails_closed_or_open_and_recovers_without_restart() {
     assert_eq!(call(&closed.url, "nokey", None, "{}", &[]).await.status, 200);
 
     redis.restart();
-    let mut recovered = false;
-    for _ in 0..50 {
-        let a = call(&closed.url, "after", Some("after-restart"), "{}", &[]).await;
-        if a.status == 200 {
-            recovered = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(recovered, "idempotency works again without restarting rebound");
-    let mut replayed = false;
-    for _ in 0..50 {
-        let replay = call(&open.url, "after", Some("after-restart"), "{}", &[]).await;
-        if replay.header("idempotent-replayed") == Some("true") {
-            replayed = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(replayed, "the fail-open instance rejoins the store too");
+    until(
+        "idempotency works again without restarting rebound",
+        Duration::from_secs(5),
+        || async {
+            let a = call(&closed.url, "after", Some("after-restart"), "{}", &[]).await;
+            if a.status == 200 {
+                Ok(())
+            } else {
+                Err(a.text())
+            }
+        },
+    )
+    .await;
+    until(
+        "the fail-open instance rejoins the store too",
+        Duration::from_secs(5),
+        || async {
+            let replay = call(&open.url, "after", Some("after-restart"), "{}", &[]).await;
+            match replay.header("idempotent-replayed") {
+                Some("true") => Ok(()),
+                _ => Err(replay.text()),
+            }
+        },
+    )
+    .await;
     let page = closed.metrics().await;
     assert!(
         metric(

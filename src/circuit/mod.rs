@@ -127,7 +127,7 @@ impl Cooldowns {
 pub(crate) enum Hold {
     Cooldown,
     Pacing,
-    /// A quota used up (issue 31): the credential is avoided until its reset, whatever the
+    /// A quota used up: the credential is avoided until its reset, whatever the
     /// upstream's cooldown mode; never waited for.
     Exhausted,
 }

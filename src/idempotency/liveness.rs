@@ -1,4 +1,4 @@
-//! Owner liveness (issue 29): which replicas of the fleet are alive, so that the claims of one that
+//! Owner liveness: which replicas of the fleet are alive, so that the claims of one that
 //! died (SIGKILL, OOM kill, node loss) stop holding their keys long before their lease ends.
 //!
 //! Every replica has an id (64 random bits, new at each start) that begins the owner token of each

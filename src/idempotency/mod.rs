@@ -809,7 +809,7 @@ mod tests {
         )
     }
 
-    /// Issue 29 (3): on the memory store no other replica can hold a key, but a task of this one
+    /// On the memory store no other replica can hold a key, but a task of this one
     /// can: one that crashes (panics) while it streams the original's response ends its
     /// followers with an abort (never a clean end) and frees the key at once.
     #[tokio::test]

@@ -145,7 +145,7 @@ pub enum Stop {
 impl Stop {
     /// Why the loop stopped, the one spelling: the `reason` of the log line, of a dead letter and
     /// of `rebound_dead_letters_total`, and the error class of a failure rebound did not try.
-    /// (Before issue 30 the log said `attempts_exhausted` and `deadline`.)
+    /// (Earlier builds logged `attempts_exhausted` and `deadline`.)
     pub fn as_str(self) -> &'static str {
         match self {
             Stop::Success => "success",

@@ -1,4 +1,4 @@
-//! The chaos suite (issue 14): 3 rebound replicas (the real binary) sharing one redis-server, the
+//! The chaos suite: 3 rebound replicas (the real binary) sharing one redis-server, the
 //! fake provider with a fault on ~30% of calls, clients sending mixed unary and streamed requests
 //! (half keyed, each keyed request sent twice at once and once more after), and during the run:
 //! Redis SIGKILLed and restarted empty, Redis frozen for 5 s, a replica SIGKILLed mid-request (and
@@ -577,7 +577,7 @@ async fn followed_streams(replicas: &[Replica], owner: usize, round: usize) -> F
     follows
 }
 
-/// (h) Owner liveness (issue 29), after the owner of `follows` was SIGKILLed: every follower
+/// (h) Owner liveness, after the owner of `follows` was SIGKILLed: every follower
 /// ended with a visible abort about 1.5 s after the kill (10 s guard); a retry of each key 3.5 s after the kill,
 /// on another replica, got a whole fresh answer whose first byte came at once; the provider saw
 /// 2 calls per key; the key is then replayed (blocked nowhere).

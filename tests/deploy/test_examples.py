@@ -40,7 +40,7 @@ def test_fallback_example_pairs_openai_and_azure(rebound_bin):
     path = ROOT / "config/examples/multi-provider-fallback.toml"
     env = {"PATH": "/usr/bin:/bin", **{k: "k" for k in KEYS}}
     out = subprocess.run([rebound_bin, "check", "--config", path], capture_output=True, text=True, env=env, check=True).stdout
-    # `fallback` is the ordered case of targets (issue 31): `rebound check` shows the targets.
+    # `fallback` is the ordered case of targets: `rebound check` shows the targets.
     assert re.search(r"/openai/\s+openai\s+-> openai .*targets \[openai, azure\], balance ordered", out), out
     assert re.search(
         r"/azure/\s+azure\s+-> azure \(https://my-resource\.openai\.azure\.com/openai\).*targets \[azure, openai\]", out
@@ -57,7 +57,7 @@ def test_email_retry_policy_is_short_and_never_retries_a_maybe_sent_email(reboun
     (line,) = [l for l in out.splitlines() if l.strip().startswith("email ") and "attempts" in l]
     assert "3 attempts, backoff 1s..10s" in line, line
     assert "retry_on [connect-failure,refused-stream,503]" in line, line
-    assert "non_idempotent safe-only" in line, line  # the config's own spelling (issue 32)
+    assert "non_idempotent safe-only" in line, line  # the config's own spelling
     assert re.search(r"/email/\s+email\s+-> email \(https://api\.emailprovider\.example\).*idempotency job", out), out
     assert re.search(r"^  job\s+header idempotency-key, required", out, re.M), out
 

@@ -1,4 +1,4 @@
-"""The response cache as the SDKs see it (issue 33): the same call twice is one provider call; the
+"""The response cache as the SDKs see it: the same call twice is one provider call; the
 second answer is the first one, a stream replayed as a stream the SDK reads event by event."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Capacity routing as the SDKs see it (issue 31): a route over two targets (the plain and the TLS
+"""Capacity routing as the SDKs see it: a route over two targets (the plain and the TLS
 fake provider). The first target answers a 529 overloaded, a 429 or a quota used up; the SDK's one
 call is served by the second target, says so in its headers, and the SDK does not retry on top."""
 

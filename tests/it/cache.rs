@@ -1,4 +1,4 @@
-//! Issue 33: the response cache through real sockets: hit, miss, refresh, bypass, max-age, TTL,
+//! The response cache through real sockets: hit, miss, refresh, bypass, max-age, TTL,
 //! scopes, streams, size and status limits, coalesced misses across replicas, Redis down,
 //! idempotency keys on the same route.
 

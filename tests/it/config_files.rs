@@ -371,7 +371,7 @@ mod properties {
     }
 }
 
-/// Issue 31 changed the breaker's defaults (3 failures, open 5 s doubling to 8 s); a config written
+/// The breaker's defaults changed (3 failures, open 5 s doubling to 8 s); a config written
 /// before it that sets only a longer `open_for` stays valid: `max_open_for` defaults to it.
 #[test]
 fn a_long_open_for_without_max_open_for_is_still_valid() {
@@ -389,7 +389,7 @@ fn a_long_open_for_without_max_open_for_is_still_valid() {
     );
 }
 
-/// Issue 32: a TOML syntax error whose parser message runs over several lines is one located line
+/// A TOML syntax error whose parser message runs over several lines is one located line
 /// (`file:line:col: ...`), not a located line and an unlocated one.
 #[test]
 fn a_toml_syntax_error_is_one_located_line() {

@@ -364,7 +364,7 @@ async fn ring_and_stream_stay_within_their_caps() {
     }
 }
 
-/// Issue 32 (4): `rebound dead-letters replay` says what it did: replayed N, skipped M and why;
+/// `rebound dead-letters replay` says what it did: replayed N, skipped M and why;
 /// with nothing replayed it fails (stderr, non-zero exit) instead of printing "replayed 1" and
 /// exiting 0.
 #[tokio::test]
@@ -410,7 +410,7 @@ async fn the_cli_replay_reports_what_it_did_and_fails_when_nothing_was_replayed(
     assert!(stdout.contains("replayed 1, succeeded 1, skipped 0"), "{stdout}");
 }
 
-/// Issue 32 (4): bodies are bounded. A body over `[dead_letters] max_body` is not kept (the entry
+/// Bodies are bounded. A body over `[dead_letters] max_body` is not kept (the entry
 /// says why, and a replay is refused with that reason); in memory the ring holds at most
 /// `max_bytes` of bodies, the oldest entries going first.
 #[tokio::test]
@@ -453,7 +453,7 @@ async fn bodies_over_max_body_are_not_kept_and_the_ring_holds_at_most_max_bytes(
     assert_eq!(metric(&rebound.metrics().await, "rebound_dead_letters_depth"), 6.0);
 }
 
-/// Issue 32 (4): on Redis, bodies are sealed at rest with `[jobs] secret`: the stream holds no
+/// On Redis, bodies are sealed at rest with `[jobs] secret`: the stream holds no
 /// byte of the prompt, the admin API shows it opened, a replay re-sends it; a replica with
 /// another secret cannot open it and says so instead of replaying an empty body.
 #[tokio::test]

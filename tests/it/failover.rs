@@ -1,4 +1,4 @@
-//! Issue 31: a route with several targets moves a request to where capacity is, by error class,
+//! A route with several targets moves a request to where capacity is, by error class,
 //! and says what happened. Two (or three) fake providers over TCP play the targets; each counts
 //! the calls it got.
 

@@ -339,7 +339,7 @@ async fn a_killed_instance_frees_the_key_by_the_end_of_the_lease() {
     }
     let ran = ran.expect("the key is claimable again after the lease at most, not the 24 h TTL");
     let (after_kill, after_send) = ran;
-    // Freed by the lease, or sooner by the owner's missing liveness record (issue 29).
+    // Freed by the lease, or sooner by the owner's missing liveness record.
     eprintln!("freed {after_kill:?} after the kill, {after_send:?} after the claim");
     assert_eq!(provider.count("k"), 2);
 }

@@ -292,7 +292,7 @@ async fn redis_store_contract_on_a_cluster() {
     concurrent_claims(Arc::new(s), "c").await;
 }
 
-/// Owner liveness (issue 29): a dead replica's claim is taken over only by compare-and-set on its
+/// Owner liveness: a dead replica's claim is taken over only by compare-and-set on its
 /// owner and fingerprint, and never while it is younger than `liveness` (a replica's first claims
 /// may land before its first heartbeat: chaos found another replica taking them over).
 #[tokio::test]

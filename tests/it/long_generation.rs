@@ -1,4 +1,4 @@
-//! Issue 21: the shipped config/rebound.toml itself (read from disk; only the upstream URLs and the
+//! The shipped config/rebound.toml itself (read from disk; only the upstream URLs and the
 //! listen addresses replaced, by a TOML edit) never cuts a healthy long generation, and still
 //! retries a connection that really stalls. Two of these tests take 70 s and 35 s of wall time:
 //! that is what they prove (the margins are 600 s against 70 s, nothing here is timing-sensitive).
@@ -78,7 +78,7 @@ async fn the_shipped_timeouts_are_generous_and_tested_as_shipped() {
         let p = &c.retry[name];
         assert!(p.per_try_timeout >= Duration::from_secs(600), "{name}: {p:?}");
         assert!(p.first_byte_timeout >= Duration::from_secs(600), "{name}: {p:?}");
-        // Issue 29: no stricter than the SDKs' own 600 s between bytes.
+        // No stricter than the SDKs' own 600 s between bytes.
         assert!(p.stream_idle_timeout >= Duration::from_secs(600), "{name}: {p:?}");
         assert_eq!(p.deadline, Duration::from_secs(900), "{name}");
     }
@@ -127,7 +127,7 @@ async fn a_stream_whose_first_event_comes_35s_after_its_head_is_delivered_whole_
     both_streams_whole_with_one_call(think, "think", Duration::from_secs(35)).await;
 }
 
-/// Issue 29 (1): a stream whose first event comes at once and whose next byte comes 75 s later (a
+/// A stream whose first event comes at once and whose next byte comes 75 s later (a
 /// reasoning model thinking after `response.created`, on a provider that sends no pings): delivered
 /// whole, with one provider call and no retry. Before, the shipped 60 s idle limit cut it.
 #[tokio::test]
@@ -163,7 +163,7 @@ async fn both_streams_whole_with_one_call(step: Step, prefix: &str, took: Durati
     assert_eq!(retries(&rebound).await, 0.0, "no retry at all");
 }
 
-/// Issue 29 (1), in paused time: a 9-minute silence after the first event is delivered whole
+/// In paused time: a 9-minute silence after the first event is delivered whole
 /// (one call), and a silence past the shipped 600 s is what `stream_idle_timeout` still cuts (a
 /// visible abort, never a clean end, and no retry: the app has bytes).
 ///
@@ -245,7 +245,7 @@ async fn a_nine_minute_pause_mid_stream_is_delivered_whole_and_600s_is_the_limit
     let _ = hold.await;
 }
 
-/// Issue 29 (1): a connection that really dies mid-stream (the provider's host hangs after the
+/// A connection that really dies mid-stream (the provider's host hangs after the
 /// first event: its kernel still acknowledges TCP, nothing else answers) is still found, by the
 /// shipped `keepalive` (HTTP/2 PINGs, 15 s), not by the 600 s idle limit: the app sees the first
 /// event, then a visible abort, and the provider is called once (bytes went out: no retry).

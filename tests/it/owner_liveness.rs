@@ -1,4 +1,4 @@
-//! Issue 29 (2, 3): when the replica that owns a live generation dies, the fleet learns it within
+//! When the replica that owns a live generation dies, the fleet learns it within
 //! `[redis] liveness` (1.5 s) plus a look, not the lease (30 s). Two real rebound processes on the
 //! shipped config file (only the provider URL, the listeners and `[redis] url` replaced), one Redis,
 //! the fake provider; the owner is SIGKILLed mid-stream.

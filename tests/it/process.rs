@@ -296,7 +296,7 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_and_a_low_one_is_named(
     assert!(logs.contains("\"open_files\":512"), "{logs}");
     assert!(logs.contains("\"needed\":20000"), "{logs}");
 
-    // Issue 32: exactly 2 x max_connections is enough (the common 20,000 for 10,000).
+    // Exactly 2 x max_connections is enough (the common 20,000 for 10,000).
     let small = Edit::new(&config).set("server", "max_connections", 200).to_string();
     let enough = ReboundProcess::start_with_fd_limits(&small, 128, Some(400)).await;
     let logs = enough.logs();

@@ -180,7 +180,7 @@ fn cache_commands(lines: &[String]) -> Vec<&String> {
     lines.iter().filter(|l| l.contains("cache:{")).collect()
 }
 
-/// Issue 33 (9): the response cache's cost in Redis: a miss is one round trip before the request
+/// The response cache's cost in Redis: a miss is one round trip before the request
 /// (the lookup that claims the entry) and one write after its response; a hit one; a request with
 /// `cache-control: no-store` none.
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Rules for the tests themselves (issue 30): an integration test never asserts that something
+//! Rules for the tests themselves: an integration test never asserts that something
 //! took *less* than a wall-clock time. On a loaded 2-core machine such a bound fails spuriously;
 //! on a fast one it proves nothing. A test tells mechanisms apart by what they leave (a metric's
 //! reason, an error code, the provider's call count, an order of events); waits at least as long
@@ -212,7 +212,7 @@ fn identifiers(text: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Issue 30: an item of the library is `pub` only when something outside it needs it (the
+/// An item of the library is `pub` only when something outside it needs it (the
 /// binary, the tests, the benchmarks, the fuzz targets); everything else is `pub(crate)` or
 /// narrower, so that the compiler finds what nothing uses. Names are compared as words: a name
 /// that some outside file uses for anything keeps its item `pub` (the check errs that way).

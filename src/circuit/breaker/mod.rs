@@ -851,7 +851,7 @@ mod tests {
         BreakerConfig::new(&config.circuit["c"], Duration::from_secs(90))
     }
 
-    /// Issue 31 (8): with the defaults, a target that flapped (down, up, down, up, down for a
+    /// With the defaults, a target that flapped (down, up, down, up, down for a
     /// minute) carries traffic again within 10 s of recovering for good. Requests every 100 ms
     /// on an injected clock; the provider's health is a function of time.
     #[test]

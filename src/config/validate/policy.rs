@@ -180,7 +180,7 @@ impl Validator<'_> {
                 out
             }
         };
-        // Defaults (issue 31): 3 failures in a row open (a route with other targets moves each
+        // Defaults: 3 failures in a row open (a route with other targets moves each
         // request away sooner), and the open time doubles from 5 s to 8 s at most, so that a
         // target that recovers is probed, and carries traffic again, within about 9 s, even
         // after flapping; a probe of a target still down costs one request per 8 s, fleet-wide.

@@ -67,7 +67,7 @@ impl Proxy {
                 req,
                 limits,
             } = match self
-                .admit(route, parts, path, body, &mut state, &mut d, &mut at, now)
+                .admit(Asked::of(route, parts, path, body), &mut state, &mut d, &mut at, now)
                 .await
             {
                 Admit::Go(go) => go,
@@ -105,17 +105,8 @@ impl Proxy {
                         && at.larger_context(route, target),
                     reset_within_failover_wait: resets_within_failover_wait(route, outcome, class, hint),
                 };
-                match self.next_step(
-                    route,
-                    &parts.method,
-                    &mut state,
-                    &at,
-                    target,
-                    (outcome, seen),
-                    hint,
-                    received,
-                    now,
-                ) {
+                let observed = Observed::of((outcome, seen), hint, now, received);
+                match self.next_step(route, &parts.method, &mut state, &at, target, observed) {
                     Next::Move(reason) => {
                         d.keep(result, target, state.total, now);
                         at.leave(route, target.index, reason, &mut state);
@@ -166,7 +157,6 @@ impl Proxy {
 
     /// After an attempt: move to another target (a failover class, when another target can take
     /// the request), retry here after a wait, or deliver (the pure retry policy decides those).
-    #[allow(clippy::too_many_arguments)]
     fn next_step(
         &self,
         route: &Route,
@@ -174,12 +164,16 @@ impl Proxy {
         state: &mut RetryState,
         at: &Cursor,
         target: &Target,
-        (outcome, seen): (Outcome, failover::Seen),
-        hint: Option<retry::RetryHint>,
-        received: Instant,
-        now: Instant,
+        observed: Observed,
     ) -> Next {
-        let movable = |reason: &FailoverReason| self.can_move(route, at, target.index, *reason, now);
+        let Observed {
+            outcome,
+            seen,
+            hint,
+            sent,
+            received,
+        } = observed;
+        let movable = |reason: &FailoverReason| self.can_move(route, at, target.index, *reason, sent);
         if let Some(reason) = failover::at_once(outcome, seen).filter(movable) {
             return Next::Move(reason);
         }
@@ -450,6 +444,54 @@ enum Next {
         reason: crate::config::RetryOn,
     },
     Deliver(Stop),
+}
+
+/// The request as the app asked it, the same for every attempt.
+pub(super) struct Asked<'r> {
+    pub(super) route: &'r Route,
+    pub(super) parts: &'r http::request::Parts,
+    /// The path forwarded (after `strip_prefix`).
+    pub(super) path: &'r str,
+    pub(super) body: &'r Bytes,
+}
+
+impl<'r> Asked<'r> {
+    pub(super) fn of(route: &'r Route, parts: &'r http::request::Parts, path: &'r str, body: &'r Bytes) -> Asked<'r> {
+        Asked {
+            route,
+            parts,
+            path,
+            body,
+        }
+    }
+}
+
+/// What one attempt showed, for the decision after it.
+pub(super) struct Observed {
+    pub(super) outcome: Outcome,
+    pub(super) seen: failover::Seen,
+    /// The reset the response gave (a header's, else its error body's).
+    pub(super) hint: Option<retry::RetryHint>,
+    /// When the attempt was sent, and when its answer (or its failure) came.
+    pub(super) sent: Instant,
+    pub(super) received: Instant,
+}
+
+impl Observed {
+    fn of(
+        (outcome, seen): (Outcome, failover::Seen),
+        hint: Option<retry::RetryHint>,
+        sent: Instant,
+        received: Instant,
+    ) -> Observed {
+        Observed {
+            outcome,
+            seen,
+            hint,
+            sent,
+            received,
+        }
+    }
 }
 
 /// What admission decided for the next attempt.

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::attempts::{build_upstream_request, Admit, Go, Progress};
+use super::attempts::{build_upstream_request, Admit, Asked, Go, Progress};
 use super::limits::Limits;
 use super::{pacing, Proxy, Route, Target};
 use crate::circuit::{release_delay, Admission, Attempt, Hold};
@@ -15,7 +15,6 @@ use crate::config::{CooldownMode, FailoverReason};
 use crate::error::ProxyError;
 use crate::retry::policy::{RetryState, Stop};
 use crate::targets::{choose, Candidate};
-use bytes::Bytes;
 use tokio::time::Instant;
 
 /// What bounds a request's wait for a hold on a target.
@@ -150,13 +149,14 @@ impl Proxy {
     /// Admission of the next attempt: the deadline, the target (its circuit, the credential's
     /// exhaustion, pacing and cooldown: each may move the request to another target, or hold it
     /// when none is left), and the request for it.
-    #[allow(clippy::too_many_arguments)]
     pub(super) async fn admit<'r>(
         &self,
-        route: &'r Route,
-        parts: &http::request::Parts,
-        path: &'r str,
-        body: &'r Bytes,
+        Asked {
+            route,
+            parts,
+            path,
+            body,
+        }: Asked<'r>,
         state: &mut RetryState,
         d: &mut Progress,
         at: &mut Cursor,

@@ -13,20 +13,22 @@ use crate::support::*;
 
 const KEY: &str = "Bearer sk-shared";
 
+/// Two attempts 10 ms apart, a reset waited for up to `max_retry_after`.
+fn policy(max_retry_after: &str) -> RawRetry {
+    RawRetry {
+        max_attempts: Some(2),
+        base_delay: some("10ms"),
+        max_delay: some("10ms"),
+        max_retry_after: some(max_retry_after),
+        ..RawRetry::default()
+    }
+}
+
 /// The fake route with a retry policy that waits at most 1 s for a reset; `[metrics] models`
 /// names `gpt-big`.
 fn one_key(provider: &FakeProvider) -> TestConfig {
     let mut c = TestConfig::new(&provider.url())
-        .retry(
-            "p",
-            RawRetry {
-                max_attempts: Some(2),
-                base_delay: some("10ms"),
-                max_delay: some("10ms"),
-                max_retry_after: some("1s"),
-                ..RawRetry::default()
-            },
-        )
+        .retry("p", policy("1s"))
         .route(|r| r.retry = some("p"));
     c.0.metrics = Some(RawMetrics {
         models: Some(vec!["gpt-big".to_string()]),
@@ -262,16 +264,7 @@ async fn two_targets(a: &FakeProvider, b: &FakeProvider, failover_wait: Option<&
     one_key(a)
         .upstream_named("a", &a.url(), |_| {})
         .upstream_named("b", &b.url(), |_| {})
-        .retry(
-            "p",
-            RawRetry {
-                max_attempts: Some(2),
-                base_delay: some("10ms"),
-                max_delay: some("10ms"),
-                max_retry_after: some("5s"),
-                ..RawRetry::default()
-            },
-        )
+        .retry("p", policy("5s"))
         .route(|r| {
             r.upstream = None;
             r.targets = Some(vec![target("a"), target("b")]);

@@ -405,7 +405,11 @@ impl Validator<'_> {
             secret_headers: {
                 let configured = self.header_names("dead_letters.sensitive_headers", dl.sensitive_headers.as_deref());
                 let mut all: Vec<HeaderName> = self.credentials.secrets().cloned().collect();
-                all.extend(configured.into_iter().filter(|h| !all.contains(h)).collect::<Vec<_>>());
+                for h in configured {
+                    if !all.contains(&h) {
+                        all.push(h);
+                    }
+                }
                 all
             },
         }

@@ -26,8 +26,8 @@ use http_body_util::BodyExt as _;
 use http_body_util::Full;
 use tokio::time::Instant;
 
-use super::stream::Primed;
-use super::{Route, Target};
+use super::primed::Primed;
+use super::routes::{Route, Target};
 use crate::retry::policy::Outcome;
 use crate::retry::provider_error::{self, ErrorSignal};
 use crate::upstream::{error_chain, AttemptError, UpstreamBody};

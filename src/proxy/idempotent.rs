@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue, Response, StatusCode};
 
-use super::Route;
+use super::routes::Route;
 use crate::error::ProxyError;
 use crate::idempotency::kept::KeptHeaders;
 use crate::idempotency::{Check, Claim, Followed, Idempotency, Pending, ReplayIdentity, Start, StoredResponse};

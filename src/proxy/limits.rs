@@ -11,7 +11,7 @@
 
 use std::cell::OnceCell;
 
-use super::Target;
+use super::routes::Target;
 use crate::config::RateLimitScope;
 use crate::credentials::{Credentials, LimitKey, Presented};
 

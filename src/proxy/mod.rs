@@ -10,22 +10,29 @@
 //! 5. idempotency: replay a completed original, hold or refuse a duplicate, or claim the key;
 //!    then the response cache: answer from a stored entry or an identical request in flight, or
 //!    claim the entry;
-//! 6. the attempts ([`Proxy::attempts`]): admit (deadline, circuit, cooldown), send, observe,
-//!    decide, until an outcome is delivered;
+//! 6. the attempts ([`call::attempts`], one [`call::Call`] per request): admit (deadline,
+//!    target, circuit, holds), send, observe, decide the next step, until an outcome is delivered;
 //! 7. a failure for good is recorded as a dead letter;
 //! 8. respond ([`Proxy::respond`]): the upstream's status, headers (minus hop-by-hop) and body,
 //!    streamed frame by frame through the idempotency recorder, with `x-rebound-attempts`; or
 //!    rebound's own error ([`crate::error`]).
 
-mod attempts;
+mod admission;
 mod cached;
+mod call;
 mod commit;
+mod context;
+mod cursor;
+mod delivery;
 mod idempotent;
 mod limits;
 mod pacing;
+mod primed;
+mod request;
+mod respond;
 mod routes;
+mod shared;
 pub mod stream;
-mod targets;
 mod tokens;
 mod websocket;
 
@@ -33,71 +40,29 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response};
-use http_body_util::{Either, Full};
-use std::sync::atomic::AtomicBool;
-use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-
-use std::time::Duration;
+use http_body_util::Full;
+use tokio::time::Instant;
 
 use crate::cache::Looked;
-use crate::circuit::Circuits;
+use crate::config::Config;
 use crate::dead_letters::DeadLetters;
 use crate::error::{error_response, ProxyError};
-use crate::idempotency::{AnyStore, Claim, MemoryLimits, MemoryStore, Records, RedisStore};
+use crate::idempotency::{AnyStore, MemoryStore};
 use crate::jobs::{self, Jobs};
-use crate::metrics::Metrics;
-use crate::redis::RedisHandle;
 use crate::retry::policy::Outcome;
 use crate::routing::{forwarded_path, RouteTable};
 use crate::traces::{self, Traces};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
-use crate::wire::sse::Shape;
-use attempts::Delivery;
+use call::Asked;
+use context::Context;
+use delivery::Delivery;
 use idempotent::{follow_response, idempotency_step, replay_response, Answered};
+use respond::{upstream_response, Came, Claims};
 pub use routes::BuildError;
-pub(crate) use routes::{Route, Target};
-use stream::{ErrorWatch, IdleTimeout};
+use routes::Route;
+pub use shared::Shared;
 use tokens::Meter;
-
-/// The retry budget's sliding window (Linkerd's and Finagle's `ttl`).
-const BUDGET_WINDOW: Duration = Duration::from_secs(10);
-
-/// What outlives one configuration: a reload builds a new [`Proxy`] around the same metrics,
-/// tasks and idempotency store (in-memory records survive a reload).
-#[derive(Clone)]
-pub struct Shared {
-    pub metrics: Arc<Metrics>,
-    /// Tasks that outlive their request (upgraded connections, idempotency writes), drained on
-    /// shutdown.
-    pub tasks: TaskTracker,
-    /// Cancelled when the shutdown grace runs out.
-    pub(crate) hard_stop: CancellationToken,
-    /// The idempotency store (Redis when configured: any replica answers; else in memory), and
-    /// the delivered responses this replica holds until their write lands.
-    pub store: Records,
-    /// Requests that failed for good: a Redis Stream when configured, else a ring in memory.
-    pub dead_letters: DeadLetters,
-    /// Every upstream's breaker and cooldowns (state survives reloads).
-    pub circuits: Arc<Circuits>,
-    /// Async jobs: the queue (Redis when configured, else in memory) and its workers.
-    pub jobs: Jobs,
-    /// OpenTelemetry traces (started once: a reload keeps the exporter it started with).
-    pub traces: Traces,
-}
-
-impl Shared {
-    /// The store for `redis`: Redis when configured (with the relay that lets duplicates follow
-    /// an original on another replica, its tasks on `tasks` until `stop`), else a bounded map in
-    /// memory (one replica).
-    pub(crate) fn store_for(redis: Option<RedisHandle>, tasks: &TaskTracker, stop: CancellationToken) -> Records {
-        match redis {
-            Some(r) => Records::with_relay(AnyStore::Redis(RedisStore::new(r.clone())), r, tasks, stop),
-            None => Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default()))),
-        }
-    }
-}
 
 /// The job workers run their requests through the configuration in force when each one starts.
 impl jobs::Pipeline for arc_swap::ArcSwap<Proxy> {
@@ -113,16 +78,10 @@ pub struct Proxy {
     prefixes: String,
     max_request_body: u64,
     max_request_head: u64,
-    metrics: Arc<Metrics>,
-    /// Tasks that outlive their request (upgraded connections), drained on shutdown.
-    tasks: TaskTracker,
-    /// Cancelled when the shutdown grace runs out.
-    hard_stop: CancellationToken,
+    /// What every step shares: metrics, tasks, credential forms, circuits.
+    cx: Context,
     dead_letters: DeadLetters,
     dead_letter_config: crate::config::DeadLettersConfig,
-    /// The credential forms in force (`[server] credential_headers`).
-    credentials: crate::credentials::Credentials,
-    circuits: Arc<Circuits>,
     /// The job queue, when a route is async.
     jobs: Option<Jobs>,
     /// OpenTelemetry traces (off unless `[telemetry] otlp_endpoint` is set).
@@ -134,14 +93,69 @@ pub struct Proxy {
 }
 
 impl Proxy {
+    /// Resolves routes against upstreams and policies and builds the connection pools.
+    pub fn new(config: &Config, shared: &Shared) -> Result<Proxy, BuildError> {
+        shared.metrics.init_series(config);
+        let routes = routes::build(config, shared)?;
+        let prefixes = routes.prefixes().collect::<Vec<_>>().join(", ");
+        let Shared {
+            metrics,
+            tasks,
+            hard_stop,
+            store,
+            dead_letters,
+            circuits,
+            jobs,
+            traces,
+        } = shared.clone();
+        Ok(Proxy {
+            routes,
+            prefixes,
+            max_request_body: config.server.max_request_body,
+            max_request_head: config.server.max_request_head,
+            cx: Context {
+                metrics,
+                tasks,
+                hard_stop,
+                credentials: config.server.credentials.clone(),
+                circuits,
+            },
+            dead_letters,
+            dead_letter_config: config.dead_letters.clone(),
+            jobs: jobs.for_config(config),
+            traces,
+            models: tokens::Models::new(&config.metrics),
+            memory: match &store.store {
+                AnyStore::Memory(m) => Some(m.clone()),
+                AnyStore::Redis(_) => None,
+            },
+        })
+    }
+
     /// Sets `rebound_cache_entries` and `rebound_cache_bytes` (called at each scrape; 0 with
     /// Redis, whose own INFO tells).
     pub(crate) fn refresh_cache_usage(&self) {
         let (entries, bytes) = self.memory.as_ref().map_or((0, 0), MemoryStore::cache_usage);
-        self.metrics
-            .cache_entries
-            .set(i64::try_from(entries).unwrap_or(i64::MAX));
-        self.metrics.cache_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        let metrics = &self.cx.metrics;
+        metrics.cache_entries.set(i64::try_from(entries).unwrap_or(i64::MAX));
+        metrics.cache_bytes.set(i64::try_from(bytes).unwrap_or(i64::MAX));
+    }
+
+    /// Sets `rebound_target_state` for every target of every route, as of `now` (called at each
+    /// scrape; see [`admission::target_state`]).
+    pub(crate) fn refresh_target_states(&self, now: Instant) {
+        for route in self.routes.routes() {
+            for t in route.targets.iter() {
+                let state = admission::target_state(&self.cx, t, now);
+                for s in crate::metrics::TARGET_STATES {
+                    self.cx
+                        .metrics
+                        .target_state
+                        .with_label_values(&[&*route.name, &*t.name, s])
+                        .set(i64::from(s == state));
+                }
+            }
+        }
     }
 
     /// Counts a cached answer's usage as tokens saved on `route` (the request's model label).
@@ -166,7 +180,7 @@ impl Proxy {
     {
         let (parts, body) = req.into_parts();
         async move {
-            let mut log = RequestLog::start(&self.metrics, &parts.method, &parts.uri);
+            let mut log = RequestLog::start(&self.cx.metrics, &parts.method, &parts.uri);
             log.set_trace(&parts.headers);
             let trace = self.traces.request(&parts.method, parts.uri.path(), &parts.headers);
             if trace.is_recording() {
@@ -207,7 +221,7 @@ impl Proxy {
             if headers::is_upgrade(&parts.headers) {
                 let path = forwarded_path(parts.uri.path(), prefix, route.config.strip_prefix).into_owned();
                 let req = Request::from_parts(parts, body);
-                return Box::pin(websocket::pass_through(&self, &route, &path, req, log)).await;
+                return Box::pin(websocket::pass_through(&self.cx, &route, &path, req, log)).await;
             }
 
             // 4. The request body, capped.
@@ -264,7 +278,8 @@ impl Proxy {
 
             // 6. Attempts: send, classify, decide, wait; until delivered.
             describe_span(&trace, &route, &path, &body);
-            let delivery = self.attempts(&route, &parts, &path, &body, &trace).await;
+            let asked = Asked::of(&route, &parts, &path, &body);
+            let delivery = call::attempts(&self.cx, asked, self.models.for_request(&body), &trace).await;
 
             // 7. The books; a failure for good is recorded as a dead letter.
             let delivery = self.account(&route, &parts, &body, &mut log, delivery);
@@ -275,10 +290,10 @@ impl Proxy {
             // (Boxed where there is a claim: the release waits on the store. Most requests have
             // none, and skip the allocation.)
             let (claims, delivery) = match (claim, cache) {
-                (None, None) => (Claims::default(), delivery),
-                (claim, cache) => Box::pin(Claims::settle(claim, cache, delivery)).await,
+                (None, None) => (Claims::none(bypassed), delivery),
+                (claim, cache) => Box::pin(Claims::settle((claim, bypassed), cache, delivery)).await,
             };
-            self.respond(&route, delivery, claims, bypassed, job_run, log)
+            self.respond(&route, delivery, claims, job_run, log)
         }
     }
 
@@ -297,9 +312,16 @@ impl Proxy {
         log.set_upstream(upstream, delivery.attempts.len() as u32);
         log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
         log.set_usage(&delivery.tokens.ledger);
-        if let Some(reason) = delivery.dead_letter_reason() {
-            if route.config.dead_letters {
-                self.record_dead_letter(route, parts, body, &delivery, reason);
+        if let Some(reason) = delivery.dead_letter_reason().filter(|_| route.config.dead_letters) {
+            let entry = delivery.dead_letter(route, (parts, body), reason, &self.dead_letter_config);
+            // In memory: recorded here, before the response goes out; on Redis: by a task.
+            if let Err(entry) = self.dead_letters.add_now(entry) {
+                let store = self.dead_letters.clone();
+                self.cx.tasks.spawn(async move {
+                    if let Err(e) = store.add(*entry).await {
+                        tracing::warn!(error = %e, "dead letter not recorded");
+                    }
+                });
             }
         }
         delivery
@@ -313,7 +335,6 @@ impl Proxy {
         route: &Route,
         delivery: Delivery,
         claims: Claims,
-        bypassed: bool,
         job_run: bool,
         log: RequestLog,
     ) -> Response<ProxyBody> {
@@ -321,12 +342,16 @@ impl Proxy {
         let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
         let target = route.targets.get(delivery.target).unwrap_or(route.primary());
         let failovers = delivery.failovers;
+        let (bypassed, cache_claim) = (claims.bypassed, claims.cache.as_ref().map(|c| c.header));
         let mut resp = match delivery.result {
             Ok(resp) => {
                 let meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
-                let shape = resp.body().shape();
-                let cache_claim = claims.cache.as_ref().map(|c| c.0);
-                let mut resp = upstream_response(resp, shape, route, target, (attempts, outcome), claims, log, meter);
+                let came = Came {
+                    attempts,
+                    outcome,
+                    meter,
+                };
+                let mut resp = upstream_response(resp, (route, target), came, claims, log);
                 if let Some(value) = cache_claim {
                     resp.headers_mut()
                         .insert(headers::X_REBOUND_CACHE, HeaderValue::from_static(value));
@@ -341,7 +366,7 @@ impl Proxy {
             Err(err) => {
                 let error = Some(err.code());
                 let mut resp = error_response(err, log);
-                if let Some((value, _)) = claims.cache {
+                if let Some(value) = cache_claim {
                     resp.headers_mut()
                         .insert(headers::X_REBOUND_CACHE, HeaderValue::from_static(value));
                 }
@@ -367,8 +392,6 @@ impl Proxy {
     }
 }
 
-/// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.
-/// HTTP/2 requests always carry scheme and authority, so only HTTP/1 is checked.
 /// The request's span, when it is recorded, names its route, provider, model and operation.
 fn describe_span(trace: &traces::RequestSpan, route: &Route, path: &str, body: &[u8]) {
     if trace.is_recording() {
@@ -379,101 +402,8 @@ fn describe_span(trace: &traces::RequestSpan, route: &Route, path: &str, body: &
     }
 }
 
+/// An absolute-form target (`GET http://host/ HTTP/1.1`) is how forward proxies are addressed.
+/// HTTP/2 requests always carry scheme and authority, so only HTTP/1 is checked.
 fn is_absolute_form(parts: &http::request::Parts) -> bool {
     parts.version <= http::Version::HTTP_11 && (parts.uri.scheme().is_some() || parts.uri.authority().is_some())
-}
-
-/// The upstream's response as it came, minus hop-by-hop headers, plus `x-rebound-attempts`. A
-/// failure on a route that retries also gets `x-should-retry: false`: rebound is the retry layer,
-/// the SDK must not retry on top. The body streams through under `stream_idle_timeout`; an event
-/// stream is watched for an error event mid-stream (counted, passed through).
-#[allow(clippy::too_many_arguments)]
-fn upstream_response<B>(
-    resp: Response<B>,
-    shape: Shape,
-    route: &Route,
-    target: &Target,
-    (attempts, outcome): (u32, Outcome),
-    claims: Claims,
-    log: RequestLog,
-    meter: Option<Meter>,
-) -> Response<ProxyBody>
-where
-    B: http_body::Body<Data = Bytes, Error = body::BoxError> + Send + Unpin + 'static,
-{
-    let (mut parts, body) = resp.into_parts();
-    headers::strip_hop_by_hop(&mut parts.headers, false);
-    // Room for rebound's own headers at once (the map is sized for the upstream's).
-    parts.headers.reserve(4);
-    parts
-        .headers
-        .insert(headers::X_REBOUND_ATTEMPTS, headers::attempts_value(attempts));
-    if outcome.is_failure() && route.retries {
-        parts
-            .headers
-            .insert(headers::X_SHOULD_RETRY, HeaderValue::from_static("false"));
-    }
-    let status = parts.status.as_u16();
-    let first_event_error = matches!(outcome, Outcome::InBand(_));
-    let (body, stream_error) = ErrorWatch::for_response(body, shape, first_event_error, &target.attempts, meter);
-    let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
-    // The cache entry's recorder first: an answer it does not keep is still shared with its
-    // followers, then the entry freed at its end.
-    let body = match claims.cache.and_then(|(_, c)| c) {
-        Some((claim, kept)) => {
-            let failed = match kept {
-                true => stream_error.clone(),
-                false => Some(Arc::new(AtomicBool::new(true))),
-            };
-            Either::Left(claim.record(status, &parts.headers, body, failed))
-        }
-        None => Either::Right(body),
-    };
-    let body = match claims.idempotency {
-        // A stream with an error event in it is passed through, but not stored: the key is
-        // released at its end, so that the app's retry runs.
-        Some(claim) => ProxyBody::new(claim.record(status, &parts.headers, body, stream_error), log, status),
-        None => ProxyBody::new(body, log, status),
-    };
-    Response::from_parts(parts, body)
-}
-
-/// The claims a response is recorded for: the idempotency key's, and the cache entry's with the
-/// `x-rebound-cache` value (the claim, and whether its store keeps this answer).
-#[derive(Default)]
-struct Claims {
-    idempotency: Option<Claim>,
-    cache: Option<(&'static str, Option<(Claim, bool)>)>,
-}
-
-impl Claims {
-    /// What each claim does with the delivery. An outcome the idempotency store does not keep
-    /// frees the key first, so that the app's retry runs instead of waiting for the lease. A cache
-    /// entry claimed records the response, kept or not: followers get it as it is produced either
-    /// way; rebound's own error has nothing to share, and the entry is freed.
-    ///
-    /// The delivery passes through: held by this (boxed) future while the release waits, it takes
-    /// no room in the request's own.
-    async fn settle(idempotency: Option<Claim>, cache: Option<Looked>, delivery: Delivery) -> (Claims, Delivery) {
-        let idempotency = match idempotency {
-            Some(c) if delivery.stored_by(&c) => Some(c),
-            Some(c) => {
-                c.release().await;
-                None
-            }
-            None => None,
-        };
-        let cache = cache.map(|looked| {
-            let header = looked.header_value();
-            let claim = match looked {
-                Looked::Claimed(c) if delivery.result.is_ok() => {
-                    let kept = delivery.stored_by(&c);
-                    Some((c, kept))
-                }
-                _ => None,
-            };
-            (header, claim)
-        });
-        (Claims { idempotency, cache }, delivery)
-    }
 }

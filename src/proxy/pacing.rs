@@ -17,7 +17,7 @@ use std::time::Duration;
 use http::HeaderMap;
 use tokio::time::Instant;
 
-use super::Target;
+use super::routes::Target;
 use crate::circuit::{Circuits, Hold, LimitKey};
 use crate::config::PacingMode;
 use crate::retry::requests_quota;

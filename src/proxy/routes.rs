@@ -1,10 +1,13 @@
 //! The route table of one configuration: each route with everything it refers to resolved (its
-//! targets, policies, idempotency and metrics), built by [`Proxy::new`].
+//! targets, policies, idempotency and metrics), built by [`build`].
 
-use super::{tokens, Proxy, Shared, BUDGET_WINDOW};
+use std::time::Duration;
+
+use super::shared::Shared;
+use super::tokens;
 use crate::cache::Cache;
 use crate::config::{Balance, Config, FailoverOn, RetryPolicy, RouteConfig, TargetConfig};
-use crate::idempotency::{AnyStore, Idempotency};
+use crate::idempotency::Idempotency;
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
 use crate::retry::{Backoff, RetryBudget};
 use crate::routing::RouteTable;
@@ -113,99 +116,70 @@ pub enum BuildError {
     Retry { name: String, detail: String },
 }
 
-impl Proxy {
-    /// Resolves routes against upstreams and policies and builds the connection pools.
-    pub fn new(config: &Config, shared: &Shared) -> Result<Proxy, BuildError> {
-        shared.metrics.init_series(config);
-        let Shared {
-            metrics,
-            tasks,
-            hard_stop,
-            store,
-            dead_letters,
-            circuits,
-            jobs,
-            traces,
-        } = shared.clone();
-        let mut upstreams = std::collections::BTreeMap::new();
-        for (name, u) in &config.upstreams {
-            let built = Upstream::new(u.clone()).map_err(|source| BuildError::Upstream {
-                name: name.clone(),
-                source,
-            })?;
-            upstreams.insert(name.clone(), Arc::new(built));
-        }
-        let no_retries = Arc::new(RetryPolicy::no_retries());
-        let mut routes = Vec::new();
-        for r in &config.routes {
-            // Validation guarantees the references resolve; a miss would be a bug, so skip loudly.
-            let mut list = Vec::new();
-            for (index, t) in r.targets.iter().enumerate() {
-                match upstreams.get(&t.upstream) {
-                    Some(upstream) => list.push(Target::new(&r.name, index, t, upstream, &metrics)),
-                    None => {
-                        tracing::error!(route = %r.name, upstream = %t.upstream, "route refers to an unknown upstream");
-                    }
+/// The retry budget's sliding window (Linkerd's and Finagle's `ttl`).
+const BUDGET_WINDOW: Duration = Duration::from_secs(10);
+
+/// The route table of `config`: routes resolved against its upstreams (their connection pools
+/// built) and policies, on the process's `shared` state.
+pub(super) fn build(config: &Config, shared: &Shared) -> Result<RouteTable<Arc<Route>>, BuildError> {
+    let metrics = &shared.metrics;
+    let mut upstreams = std::collections::BTreeMap::new();
+    for (name, u) in &config.upstreams {
+        let built = Upstream::new(u.clone()).map_err(|source| BuildError::Upstream {
+            name: name.clone(),
+            source,
+        })?;
+        upstreams.insert(name.clone(), Arc::new(built));
+    }
+    let no_retries = Arc::new(RetryPolicy::no_retries());
+    let mut routes = Vec::new();
+    for r in &config.routes {
+        // Validation guarantees the references resolve; a miss would be a bug, so skip loudly.
+        let mut list = Vec::new();
+        for (index, t) in r.targets.iter().enumerate() {
+            match upstreams.get(&t.upstream) {
+                Some(upstream) => list.push(Target::new(&r.name, index, t, upstream, metrics)),
+                None => {
+                    tracing::error!(route = %r.name, upstream = %t.upstream, "route refers to an unknown upstream");
                 }
             }
-            if list.len() != r.targets.len() || list.is_empty() {
-                continue;
-            }
-            let retry = r
-                .retry
-                .as_ref()
-                .and_then(|p| config.retry.get(p).cloned())
-                .unwrap_or_else(|| no_retries.clone());
-            let invalid = |detail: String| BuildError::Retry {
-                name: retry.name.clone(),
-                detail,
-            };
-            let (idempotency, cache) = records_of(config, r, shared);
-            let backoff = Backoff::try_new(retry.base_delay, retry.max_delay, retry.jitter)
-                .map_err(|e| invalid(e.to_string()))?;
-            let budget = RetryBudget::try_new(retry.budget_ratio, retry.budget_min_per_second, BUDGET_WINDOW)
-                .map_err(|e| invalid(e.to_string()))?;
-            let route = Route {
-                name: Arc::from(r.name.as_str()),
-                config: r.clone(),
-                retries: r.retry.is_some(),
-                retry,
-                backoff,
-                budget,
-                targets: Targets {
-                    list,
-                    balance: r.balance,
-                    failover_on: r.failover_on,
-                },
-                metrics: Arc::new(RouteMetrics::new(&metrics, &r.name)),
-                idempotency,
-                cache,
-            };
-            routes.push((r.path_prefix.clone(), Arc::new(route)));
         }
-        let routes = RouteTable::new(routes);
-        let prefixes = routes.prefixes().collect::<Vec<_>>().join(", ");
-        Ok(Proxy {
-            routes,
-            prefixes,
-            max_request_body: config.server.max_request_body,
-            max_request_head: config.server.max_request_head,
-            metrics,
-            tasks,
-            hard_stop,
-            dead_letters,
-            dead_letter_config: config.dead_letters.clone(),
-            credentials: config.server.credentials.clone(),
-            circuits,
-            jobs: jobs.for_config(config),
-            traces,
-            models: tokens::Models::new(&config.metrics),
-            memory: match &store.store {
-                AnyStore::Memory(m) => Some(m.clone()),
-                AnyStore::Redis(_) => None,
+        if list.len() != r.targets.len() || list.is_empty() {
+            continue;
+        }
+        let retry = r
+            .retry
+            .as_ref()
+            .and_then(|p| config.retry.get(p).cloned())
+            .unwrap_or_else(|| no_retries.clone());
+        let invalid = |detail: String| BuildError::Retry {
+            name: retry.name.clone(),
+            detail,
+        };
+        let (idempotency, cache) = records_of(config, r, shared);
+        let backoff =
+            Backoff::try_new(retry.base_delay, retry.max_delay, retry.jitter).map_err(|e| invalid(e.to_string()))?;
+        let budget = RetryBudget::try_new(retry.budget_ratio, retry.budget_min_per_second, BUDGET_WINDOW)
+            .map_err(|e| invalid(e.to_string()))?;
+        let route = Route {
+            name: Arc::from(r.name.as_str()),
+            config: r.clone(),
+            retries: r.retry.is_some(),
+            retry,
+            backoff,
+            budget,
+            targets: Targets {
+                list,
+                balance: r.balance,
+                failover_on: r.failover_on,
             },
-        })
+            metrics: Arc::new(RouteMetrics::new(metrics, &r.name)),
+            idempotency,
+            cache,
+        };
+        routes.push((r.path_prefix.clone(), Arc::new(route)));
     }
+    Ok(RouteTable::new(routes))
 }
 
 /// A route's idempotency and response cache, on the process's records (when it names them).

@@ -20,7 +20,7 @@ use std::sync::Arc;
 use http::Response;
 use tokio::time::Instant;
 
-use super::stream::Primed;
+use super::primed::Primed;
 use crate::config::{MetricsConfig, UpstreamConfig};
 use crate::dead_letters::AttemptRecord;
 use crate::metrics::TokenMetrics;

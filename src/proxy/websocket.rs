@@ -8,15 +8,17 @@ use http_body_util::BodyExt;
 use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 
-use super::attempts::attempt_error;
-use super::{upstream_response, Proxy, Route};
+use super::context::Context;
+use super::request::attempt_error;
+use super::respond::{upstream_response, Came, Claims};
+use super::routes::Route;
 use crate::error::error_response;
 use crate::error::ProxyError;
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
 
 pub(super) async fn pass_through<B>(
-    proxy: &Proxy,
+    cx: &Context,
     route: &Route,
     path: &str,
     mut req: Request<B>,
@@ -42,7 +44,7 @@ pub(super) async fn pass_through<B>(
     headers::strip_hop_by_hop(h, true);
     headers::remove_all(h, &headers::NOT_FORWARDED);
     if upstream.config.sets_credential {
-        proxy.credentials.remove_from(h);
+        cx.credentials.remove_from(h);
     }
     for (name, value) in &upstream.config.set_headers {
         h.insert(name.clone(), value.clone());
@@ -63,24 +65,18 @@ pub(super) async fn pass_through<B>(
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The upstream declined the upgrade: its answer goes back as it came.
-        let outcome = crate::retry::policy::Outcome::Status(resp.status());
-        let shape = crate::wire::sse::Shape::of(resp.headers());
+        let came = Came {
+            attempts: 1,
+            outcome: crate::retry::policy::Outcome::Status(resp.status()),
+            meter: None,
+        };
         let resp = resp.map(|b| b.map_err(Into::into));
-        return upstream_response(
-            resp,
-            shape,
-            route,
-            route.primary(),
-            (1, outcome),
-            Default::default(),
-            log,
-            None,
-        );
+        return upstream_response(resp, (route, route.primary()), came, Claims::none(false), log);
     }
     let upstream_side = hyper::upgrade::on(&mut resp);
-    let hard_stop = proxy.hard_stop.clone();
+    let hard_stop = cx.hard_stop.clone();
     let route_name = route.name.clone();
-    proxy.tasks.spawn(async move {
+    cx.tasks.spawn(async move {
         let (client, upstream) = match tokio::try_join!(client_side, upstream_side) {
             Ok(pair) => pair,
             Err(e) => {

@@ -25,14 +25,20 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The top-level module names a source text reaches through `crate::NAME` and
 /// `crate::{NAME, NAME::..}`.
 fn crate_paths(text: &str) -> BTreeSet<String> {
+    paths_after(text, "crate::")
+}
+
+/// The names a source text reaches through `PREFIX NAME` and `PREFIX {NAME, NAME::..}` (`prefix`
+/// being `crate::` or `super::`).
+fn paths_after(text: &str, prefix: &str) -> BTreeSet<String> {
     let ident = |s: &str| -> String { s.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect() };
     let mut out = BTreeSet::new();
-    for (i, _) in text.match_indices("crate::") {
+    for (i, _) in text.match_indices(prefix) {
         let before = text[..i].chars().next_back();
         if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == ':') {
             continue; // `other_crate::`, `foo::crate::` (`$crate::` in a macro is this crate)
         }
-        let rest = &text[i + "crate::".len()..];
+        let rest = &text[i + prefix.len()..];
         if let Some(group) = rest.strip_prefix('{') {
             // Top-level names of the group: after `{` or a `,` at depth 0.
             let mut depth = 0;
@@ -476,6 +482,103 @@ fn the_size_scan_skips_tests_and_counts_functions() {
     let code = code_lines(text);
     assert_eq!(code.len(), 8, "{code:?}");
     assert_eq!(functions(&code), vec![("a", 1, 3), ("b", 10, 5)]);
+}
+
+/// The names a file of the pipeline's folder reaches through `super::NAME` and
+/// `super::{NAME, ..}` in its code lines (not its tests): a sibling module, or an item of
+/// `mod.rs`.
+fn super_paths(code: &[(usize, &str)]) -> BTreeSet<String> {
+    let text: String = code.iter().map(|(_, l)| format!("{l}\n")).collect();
+    paths_after(&text, "super::")
+}
+
+#[test]
+fn the_pipeline_folder_imports_without_a_cycle_and_never_back_up() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/proxy");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let module = |f: &Path| f.file_stem().unwrap().to_string_lossy().into_owned();
+    let siblings: BTreeSet<String> = files.iter().map(|f| module(f)).collect();
+    let (mut g, mut up) = (Graph::new(), Vec::new());
+    for file in files.iter().filter(|f| module(f) != "mod") {
+        let text = std::fs::read_to_string(file).unwrap();
+        let code = code_lines(&text);
+        for name in super_paths(&code) {
+            let rel = format!("src/proxy/{}.rs", module(file));
+            match siblings.contains(&name) {
+                true => edge(&mut g, &module(file), &name, &rel),
+                false => up.push(format!("{rel} imports `super::{name}` from mod.rs")),
+            }
+        }
+    }
+    assert!(
+        up.is_empty(),
+        "a step reaches back up into the pipeline:\n{}",
+        up.join("\n")
+    );
+    if let Some(cycle) = find_cycle(&g) {
+        panic!("a cycle in src/proxy: {}", describe(&g, &cycle));
+    }
+}
+
+/// The parameters of each function of a file's code lines: (name, line, count), `self`
+/// included, a tuple pattern counted once (as clippy's `too_many_arguments` counts them).
+fn parameters<'a>(code: &[(usize, &'a str)]) -> Vec<(&'a str, usize, usize)> {
+    let mut out = Vec::new();
+    for (name, line, _) in functions(code) {
+        let k = code.iter().position(|(l, _)| *l == line).unwrap();
+        let text: String = code[k..].iter().map(|(_, l)| format!("{l}\n")).collect();
+        let after_name = &text[text.find(&format!("fn {name}")).unwrap() + 3 + name.len()..];
+        let (mut depth, mut commas, mut any, mut prev) = (0i64, 0, false, ' ');
+        let mut in_params = false;
+        for c in after_name.chars() {
+            in_params |= c == '(' && depth == 0;
+            match c {
+                '(' | '<' | '[' | '{' => depth += 1,
+                '>' if prev == '-' => {}
+                ')' | '>' | ']' | '}' => {
+                    depth -= 1;
+                    if depth == 0 && c == ')' {
+                        break;
+                    }
+                }
+                ',' if in_params && depth == 1 => {
+                    commas += 1;
+                    any = false;
+                }
+                c if in_params && depth == 1 && !c.is_whitespace() => any = true,
+                _ => {}
+            }
+            prev = c;
+        }
+        // A parameter after the last comma, unless the list ends with one.
+        out.push((name, line, commas + usize::from(any)));
+    }
+    out
+}
+
+#[test]
+fn no_function_of_the_pipeline_takes_more_than_six_parameters() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/proxy");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let mut over = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (name, line, n) in parameters(&code_lines(&text)) {
+            if n > 6 {
+                over.push(format!("{}:{line}: fn {name} takes {n}", file.display()));
+            }
+        }
+    }
+    assert!(over.is_empty(), "group what travels together:\n{}", over.join("\n"));
+}
+
+#[test]
+fn the_parameter_scan_counts_what_clippy_counts() {
+    let text = "fn a<B: Into<u8>, C>(&self, x: impl FnOnce() -> u8, (y, z): (u8, u8), w: Vec<u8>,\n) -> u8 {\n    0\n}\nfn b() {}\nfn c(s: &str) {}\n";
+    let code = code_lines(text);
+    assert_eq!(parameters(&code), vec![("a", 1, 4), ("b", 5, 0), ("c", 6, 1)]);
 }
 
 /// ARCHITECTURE.md's code map: its sections, each with the paths its heading names and its text.

@@ -1,0 +1,491 @@
+//! Step 6 of the pipeline: one request through its attempts, until an outcome is delivered
+//! ([`attempts`]). A [`Call`] owns what the loop keeps between attempts (where the request is
+//! among its targets, its retry state, its account) and runs each attempt in four phases:
+//! **admit** ([`Call::admit`]: the deadline, then the target and what the fleet's state says of
+//! it, see `admission.rs`), **send** (`commit.rs`), **observe** ([`Call::observe`]: the outcome
+//! feeds the breaker, a 429's reset or a used-up quota the credential's holds, the metrics) and
+//! **next step** ([`Call::next_step`], the one place that decides what happens next, by asking
+//! the pure policies: move to another target, retry here after a wait, or deliver).
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::Full;
+use tokio::time::Instant;
+
+use super::admission::{self, Bounds, Gate};
+use super::commit;
+use super::context::Context;
+use super::cursor::Cursor;
+use super::delivery::{Delivery, Progress};
+use super::limits::Limits;
+use super::pacing;
+use super::primed::Primed;
+use super::request;
+use super::routes::{Route, Target};
+use super::tokens::RequestTokens;
+use crate::circuit::{Admission, CircuitState, Hold, Permit};
+use crate::config::{Balance, FailoverReason, RetryOn};
+use crate::error::ProxyError;
+use crate::retry::failover;
+use crate::retry::policy::{Decision, Outcome, RetryState, Stop, WaitSource};
+use crate::retry::provider_error::{ErrorClass, ErrorSignal};
+use crate::retry::retry_after::HintSource;
+use crate::retry::{self, RetryHint};
+use crate::time;
+use crate::traces::{AttemptSpan, RequestSpan};
+use crate::upstream::{AttemptError, UpstreamBody};
+
+/// An attempt's result: the response read ahead to its commit point, or why it failed.
+type Answer = Result<Response<Primed<UpstreamBody>>, AttemptError>;
+
+/// The retry loop: admit, send, observe, decide, until an outcome is delivered.
+///
+/// The admitted attempt is taken apart here and its request moved on unborrowed, and the
+/// attempt's result lives in a block that ends before any wait: a local borrowed in an `async`
+/// body keeps its room in the request's future until its scope ends.
+pub(super) async fn attempts(cx: &Context, asked: Asked<'_>, tokens: RequestTokens, trace: &RequestSpan) -> Delivery {
+    let started = time::now();
+    let mut call = Call::new(cx, asked, tokens, started);
+    let mut now = started;
+    loop {
+        let (req, admitted) = match call.admit(now) {
+            Admit::Go(req, admitted) => (req, admitted),
+            Admit::Hold(hold) => {
+                tokio::time::sleep(hold).await;
+                now = time::now();
+                continue;
+            }
+            Admit::Stop(delivery) => return delivery,
+        };
+        let target = admitted.target;
+        let (span, remaining) = call.sending(target, now, trace);
+        let in_flight = call.balanced().then(|| target.load.start());
+        let wait = {
+            let traced = {
+                let mut req = req;
+                span.inject(req.headers_mut());
+                req
+            };
+            let (result, received) = commit::attempt(call.asked.route, target, traced, now, remaining).await;
+            if in_flight.is_some() {
+                drop(in_flight);
+                target.load.observe(received.saturating_duration_since(now));
+            }
+            let observed = call.observe(admitted, span, &result, (now, received));
+            match call.next_step(target, &observed) {
+                Next::Move(reason) => {
+                    call.move_on(result, target, reason, now);
+                    None
+                }
+                Next::Retry { wait, source, reason } => Some(call.retry(result, target, (wait, source, reason), now)),
+                Next::Deliver(stop) => return call.deliver(result, target, observed.outcome, stop),
+            }
+        };
+        if let Some(wait) = wait {
+            tokio::time::sleep(wait).await;
+        }
+        now = time::now();
+    }
+}
+
+/// One request through its attempts.
+pub(super) struct Call<'r> {
+    cx: &'r Context,
+    asked: Asked<'r>,
+    state: RetryState,
+    at: Cursor,
+    progress: Progress,
+    /// The wait before the next attempt and what set it (for the attempt's span).
+    waited: (Duration, Option<&'static str>),
+    /// The retry the next attempt is, counted when it is sent: one the circuit or the deadline
+    /// stops after its wait is not a retry (`rebound_retries_total` matches the provider's extra
+    /// calls).
+    retrying: Option<RetryOn>,
+}
+
+impl<'r> Call<'r> {
+    /// A request's call, `started`: its limits read (an SDK's own retry is recorded as one) and
+    /// the retry budget credited.
+    fn new(cx: &'r Context, asked: Asked<'r>, tokens: RequestTokens, started: Instant) -> Call<'r> {
+        let route = asked.route;
+        let limits = retry::policy::request_limits(&asked.parts.headers, &route.retry);
+        if limits.sdk_retry {
+            route.budget.record_external_retry(started);
+        } else {
+            route.budget.deposit(started);
+        }
+        Call {
+            cx,
+            asked,
+            state: RetryState::new(limits.max_attempts, started + limits.deadline),
+            at: Cursor::new(),
+            progress: Progress::new(limits.deadline, tokens, started),
+            waited: (Duration::ZERO, None),
+            retrying: None,
+        }
+    }
+
+    /// Admission of the next attempt at `now`: the deadline, then the target (its circuit, the
+    /// credential's exhaustion, pacing and cooldown: each may move the request to another target,
+    /// or hold it when none is left), and the request for it.
+    fn admit(&mut self, now: Instant) -> Admit<'r> {
+        let Asked {
+            route,
+            parts,
+            path,
+            body,
+        } = self.asked;
+        let failovers = self.at.failovers;
+        if self.state.deadline <= now {
+            let upstream = route
+                .targets
+                .get(self.progress.target)
+                .unwrap_or(route.primary())
+                .name
+                .to_string();
+            let timeout_ms = self.progress.deadline.as_millis();
+            let delivery = self
+                .progress
+                .stop_before_attempt(Stop::Deadline, failovers, || ProxyError::Timeout {
+                    upstream,
+                    timeout_ms,
+                });
+            return Admit::Stop(delivery);
+        }
+        loop {
+            let Some(target) = self.at.next(route).and_then(|i| route.targets.get(i)) else {
+                let (stop, err) = self.at.none_left(route);
+                return Admit::Stop(self.progress.stop_before_attempt(stop, failovers, || err));
+            };
+            let index = target.index;
+            let kind = admission::attempt_kind(&self.state);
+            let permit = match self.cx.circuits.admit(&target.name, kind, now) {
+                Admission::Allowed(permit) => permit,
+                Admission::Rejected { retry_after } => {
+                    self.at
+                        .unavailable(index, FailoverReason::CircuitOpen, Some(retry_after));
+                    continue;
+                }
+            };
+            let req = match request::build(target, parts, path, body.clone(), &self.cx.credentials) {
+                Ok(r) => r,
+                Err(e) => {
+                    self.progress.forget();
+                    let err = || ProxyError::InvalidRequestTarget(e.to_string());
+                    return Admit::Stop(self.progress.stop_before_attempt(Stop::NotRetryable, failovers, err));
+                }
+            };
+            // The credential is hashed only when some hold concerns this upstream, or after a 429.
+            let credential = self.cx.credentials.presented(req.headers(), req.uri().query());
+            let limits = Limits::new(credential, body, path);
+            let bounds = Bounds {
+                others: self.at.others(route, index).next().is_some(),
+                deadline: self.state.deadline,
+                max_wait: route.retry.max_retry_after,
+                failover_wait: route.config.failover_wait,
+                model: &self.progress.tokens.model,
+            };
+            match admission::gate(self.cx, target, &limits, &bounds, now) {
+                Gate::Open => {}
+                Gate::Skip(reason, after) => {
+                    drop(permit);
+                    self.at.unavailable(index, reason, after);
+                    continue;
+                }
+                Gate::Hold(hold) => {
+                    drop(permit);
+                    tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by pacing or a cooldown");
+                    return Admit::Hold(hold);
+                }
+            }
+            if let Some((from, reason)) = self.at.arrive(index) {
+                self.count_failover(from, target, reason);
+            }
+            return Admit::Go(req, Admitted { target, permit, limits });
+        }
+    }
+
+    /// An admitted attempt goes to `target` at `now`: counted (a retry when it is one), and
+    /// traced; the time left of the request's deadline.
+    fn sending(&mut self, target: &Target, now: Instant, trace: &RequestSpan) -> (AttemptSpan, Duration) {
+        if let Some(reason) = self.retrying.take() {
+            self.cx
+                .metrics
+                .retries_total
+                .with_label_values(&[&*self.asked.route.name, &reason.to_string()])
+                .inc();
+        }
+        self.state.attempt();
+        self.progress.sending(target.index, now);
+        let (wait, source) = self.waited;
+        let span = trace.attempt(self.state.total, &target.name, wait, source);
+        (span, self.state.deadline.saturating_duration_since(now))
+    }
+
+    /// Whether the route tracks its targets' load: only where it chooses by it (`least_loaded`
+    /// over several targets).
+    fn balanced(&self) -> bool {
+        let targets = &self.asked.route.targets;
+        targets.balance == Balance::LeastLoaded && targets.len() > 1
+    }
+
+    /// What an attempt's result tells: its outcome (counted, recorded, on its span), the breaker
+    /// fed through the permit, the credential's pacing, a 429's reset noted as a cooldown and a
+    /// used-up quota as exhaustion, and what the next step is decided on.
+    fn observe(
+        &mut self,
+        Admitted { target, permit, limits }: Admitted<'r>,
+        span: AttemptSpan,
+        result: &Answer,
+        (sent, received): (Instant, Instant),
+    ) -> Observed {
+        let (cx, route) = (self.cx, self.asked.route);
+        let outcome = match result {
+            Ok(resp) => commit::outcome_of(resp),
+            Err(e) => e.outcome(),
+        };
+        target.attempts.count(outcome.label());
+        if let Ok(resp) = result {
+            let key = || limits.per_model(&cx.credentials, target);
+            pacing::note(&cx.circuits, target, key, resp.headers(), received);
+        }
+        // An error body's class and delay (read at the commit point); a header's delay wins.
+        let signal = result
+            .as_ref()
+            .ok()
+            .and_then(|r| r.extensions().get::<ErrorSignal>().copied());
+        let class = signal.map(|s| s.class);
+        let hint = match result {
+            Ok(resp) if outcome.is_failure() => retry::parse_hint(resp.headers(), time::wall_now()).or_else(|| {
+                let delay = signal?.body_delay?;
+                Some(RetryHint {
+                    delay,
+                    source: HintSource::ErrorBody,
+                })
+            }),
+            _ => None,
+        };
+        let explicit = hint.filter(|h| h.source.is_explicit()).map(|h| h.delay);
+        permit.record(outcome, explicit, received);
+        if class == Some(ErrorClass::Exhausted) {
+            // A quota used up: the credential is avoided fleet-wide until its reset (an hour when
+            // the provider gives none).
+            let until = received + hint.map_or(failover::EXHAUSTED_FOR, |h| h.delay);
+            let key = limits.credential(&cx.credentials);
+            cx.circuits
+                .hold_note(Hold::Exhausted, &target.name, key, until, received);
+        } else if let Some(h) = hint.filter(|_| outcome.is_rate_limited() || class == Some(ErrorClass::RateLimited)) {
+            let key = limits.per_model(&cx.credentials, target);
+            cx.circuits
+                .cooldown_note(&target.name, key, received + h.delay, received);
+        }
+        let status = result.as_ref().ok().map(|r| r.status().as_u16());
+        span.end(outcome.label(), status, hint.map(|h| h.delay));
+        self.progress.record(outcome, status, received - sent);
+        let seen = failover::Seen {
+            class,
+            first_byte_limit: target.config.first_byte_timeout.is_some(),
+            // Read only where it matters: a prompt too long for this target.
+            larger_context_elsewhere: class == Some(ErrorClass::ContextLength) && self.at.larger_context(route, target),
+            reset_within_failover_wait: resets_within_failover_wait(route, outcome, class, hint),
+        };
+        Observed {
+            outcome,
+            seen,
+            hint,
+            sent,
+            received,
+        }
+    }
+
+    /// After an attempt on `target`: move to another target (a failover class, when another
+    /// target can take the request), retry here after a wait, or deliver. The pure policies
+    /// decide: [`failover::at_once`], then the retry policy ([`RetryState::decide`]), then
+    /// [`failover::after_decision`] for what it would deliver.
+    fn next_step(&mut self, target: &Target, observed: &Observed) -> Next {
+        let route = self.asked.route;
+        let (cx, at) = (self.cx, &self.at);
+        let Observed {
+            outcome,
+            seen,
+            hint,
+            sent,
+            received,
+        } = *observed;
+        // The route fails over on `reason`, and another target it has not left has a circuit
+        // that is not open (a 429 is waited out here when no other target can take it).
+        let movable = |reason: &FailoverReason| {
+            route.targets.failover_on.contains(*reason)
+                && at
+                    .others(route, target.index)
+                    .any(|t| cx.circuits.state(&t.name, sent) != Some(CircuitState::Open))
+        };
+        if let Some(reason) = failover::at_once(outcome, seen).filter(movable) {
+            return Next::Move(reason);
+        }
+        let decision = self.state.decide(
+            &route.retry,
+            &route.backoff,
+            &self.asked.parts.method,
+            outcome,
+            hint,
+            &route.budget,
+            received,
+            &mut rand::rng(),
+        );
+        match decision {
+            Decision::Retry { wait, source, reason } => Next::Retry { wait, source, reason },
+            Decision::Deliver(stop) => match failover::after_decision(outcome, stop, seen).filter(movable) {
+                Some(reason) => Next::Move(reason),
+                None => Next::Deliver(stop),
+            },
+        }
+    }
+
+    /// The request leaves `target` for `reason`: its answer kept (delivered if no other target
+    /// can run), the next attempt admitted at once.
+    fn move_on(&mut self, result: Answer, target: &Target, reason: FailoverReason, now: Instant) {
+        self.progress.keep(result, target, self.state.total, now);
+        self.at.leave(self.asked.route, target.index, reason, &mut self.state);
+        self.waited = (Duration::ZERO, None);
+    }
+
+    /// The request is retried on `target` after `wait`: its answer kept meanwhile; the wait
+    /// returned.
+    fn retry(
+        &mut self,
+        result: Answer,
+        target: &Target,
+        (wait, source, reason): (Duration, WaitSource, RetryOn),
+        now: Instant,
+    ) -> Duration {
+        let route = &self.asked.route.name;
+        self.cx
+            .metrics
+            .retry_wait_seconds
+            .with_label_values(&[&**route, source.as_str()])
+            .observe(wait.as_secs_f64());
+        let attempt = self.state.total;
+        tracing::debug!(route = %route, attempt, reason = %reason, wait_ms = wait.as_millis() as u64, source = source.as_str(), "retrying");
+        self.retrying = Some(reason);
+        self.progress.waited(wait);
+        self.waited = (wait, Some(source.as_str()));
+        self.progress.keep(result, target, attempt, now);
+        wait
+    }
+
+    /// Ends the loop with the last attempt's answer (`outcome`), stopped for `stop`: counted,
+    /// and logged when it is a failure.
+    fn deliver(&mut self, result: Answer, target: &Target, outcome: Outcome, stop: Stop) -> Delivery {
+        let route = self.asked.route;
+        let family = match stop {
+            Stop::Exhausted => Some(&self.cx.metrics.retries_exhausted_total),
+            Stop::BudgetExhausted => Some(&self.cx.metrics.retry_budget_exhausted_total),
+            _ => None,
+        };
+        if let Some(family) = family {
+            family.with_label_values(&[&*route.name]).inc();
+        }
+        let result = result.map_err(|e| {
+            tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
+            request::attempt_error(&target.name, e)
+        });
+        let total = self.state.total;
+        if outcome.is_failure() && (total > 1 || stop != Stop::NotRetryable) {
+            tracing::info!(route = %route.name, attempts = total, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
+        }
+        self.progress.deliver(result, stop, self.at.failovers)
+    }
+
+    /// Counts a move from target `from` to `to`.
+    fn count_failover(&self, from: usize, to: &Target, reason: FailoverReason) {
+        let route = self.asked.route;
+        let from = route.targets.get(from).map_or("", |t| &*t.name);
+        self.cx
+            .metrics
+            .failovers_total
+            .with_label_values(&[&*route.name, from, &*to.name, reason.as_str()])
+            .inc();
+        tracing::info!(route = %route.name, from, to = %to.name, reason = reason.as_str(), "failover");
+    }
+}
+
+/// The request as the app asked it, the same for every attempt.
+#[derive(Clone, Copy)]
+pub(super) struct Asked<'r> {
+    pub(super) route: &'r Route,
+    pub(super) parts: &'r http::request::Parts,
+    /// The path forwarded (after `strip_prefix`).
+    pub(super) path: &'r str,
+    pub(super) body: &'r Bytes,
+}
+
+impl<'r> Asked<'r> {
+    pub(super) fn of(route: &'r Route, parts: &'r http::request::Parts, path: &'r str, body: &'r Bytes) -> Asked<'r> {
+        Asked {
+            route,
+            parts,
+            path,
+            body,
+        }
+    }
+}
+
+/// What admission decided for the next attempt.
+enum Admit<'r> {
+    /// Send this request.
+    Go(Request<Full<Bytes>>, Admitted<'r>),
+    /// Pacing or a cooldown holds the request this long; admit again then.
+    Hold(Duration),
+    /// No attempt can run: this is delivered.
+    Stop(Delivery),
+}
+
+/// An admitted attempt: where it goes, the circuit's permit, and what its limits are kept under
+/// (hashed only when a hold needs it).
+struct Admitted<'r> {
+    target: &'r Target,
+    permit: Permit,
+    limits: Limits<'r>,
+}
+
+/// What one attempt showed, for the decision after it.
+#[derive(Clone, Copy)]
+struct Observed {
+    outcome: Outcome,
+    seen: failover::Seen,
+    /// The reset the response gave (a header's, else its error body's).
+    hint: Option<RetryHint>,
+    /// When the attempt was sent, and when its answer (or its failure) came.
+    sent: Instant,
+    received: Instant,
+}
+
+/// What follows an attempt.
+enum Next {
+    /// To another target, at once.
+    Move(FailoverReason),
+    /// Here again, after `wait`.
+    Retry {
+        wait: Duration,
+        source: WaitSource,
+        reason: RetryOn,
+    },
+    Deliver(Stop),
+}
+
+/// Whether an attempt's outcome is a rate limit (not a quota, an overload or a refusal) whose
+/// reset is within the route's `failover_wait`.
+fn resets_within_failover_wait(
+    route: &Route,
+    outcome: Outcome,
+    class: Option<ErrorClass>,
+    hint: Option<RetryHint>,
+) -> bool {
+    let wait = route.config.failover_wait;
+    class.map_or(outcome.is_rate_limited(), |c| c == ErrorClass::RateLimited)
+        && !wait.is_zero()
+        && hint.is_some_and(|h| h.delay <= wait)
+}

@@ -1,0 +1,160 @@
+//! Where a request is among its route's targets. It stays on its target while the retry policy
+//! retries there; it leaves one when an outcome fails over ([`crate::retry::failover`]) or when
+//! the target cannot take it (its circuit open, the credential cooling down or paced out), and
+//! never comes back to it. The choice among the targets it has not left is the route's `balance`
+//! ([`crate::targets::choose`]).
+
+use std::time::Duration;
+
+use super::routes::{Route, Target};
+use crate::config::FailoverReason;
+use crate::error::ProxyError;
+use crate::retry::policy::{RetryState, Stop};
+use crate::targets::{choose, Candidate};
+
+pub(super) struct Cursor {
+    /// The target it is on (retries stay there); `None` before the first attempt and after it
+    /// left one.
+    current: Option<usize>,
+    /// Targets it left or found unavailable, and why (allocated only when one is): never chosen
+    /// again for this request.
+    left: Vec<(usize, FailoverReason)>,
+    /// Why it is leaving a target it was on, counted when the next one is admitted.
+    leaving: Option<(usize, FailoverReason)>,
+    /// The soonest a target found unavailable recovers (`None`: none has a time, e.g. all
+    /// exhausted).
+    soonest: Option<Duration>,
+    /// Times it moved to another target.
+    pub(super) failovers: u32,
+}
+
+impl Cursor {
+    pub(super) fn new() -> Cursor {
+        Cursor {
+            current: None,
+            left: Vec::new(),
+            leaving: None,
+            soonest: None,
+            failovers: 0,
+        }
+    }
+
+    /// Why `index` was left, if it was.
+    fn reason(&self, index: usize) -> Option<FailoverReason> {
+        self.left.iter().find(|(i, _)| *i == index).map(|(_, r)| *r)
+    }
+
+    fn is_left(&self, index: usize) -> bool {
+        self.reason(index).is_some()
+    }
+
+    fn mark(&mut self, index: usize, reason: FailoverReason) {
+        if !self.is_left(index) {
+            self.left.push((index, reason));
+        }
+    }
+
+    /// The targets the request has not left, besides `index`.
+    pub(super) fn others<'r>(&'r self, route: &'r Route, index: usize) -> impl Iterator<Item = &'r Target> + 'r {
+        route
+            .targets
+            .iter()
+            .filter(move |t| t.index != index && !self.is_left(t.index))
+    }
+
+    /// Whether a target it has not left takes a larger prompt than `target` (an unknown
+    /// `context_window` is not larger than any).
+    pub(super) fn larger_context(&self, route: &Route, target: &Target) -> bool {
+        self.others(route, target.index)
+            .any(|t| t.config.context_window > target.config.context_window)
+    }
+
+    /// The request leaves the target it is on for `reason` (a failover). A prompt too long for
+    /// it is too long for every target that takes no more: those are left too.
+    pub(super) fn leave(&mut self, route: &Route, index: usize, reason: FailoverReason, state: &mut RetryState) {
+        if reason == FailoverReason::ContextLength {
+            let limit = route.targets.get(index).and_then(|t| t.config.context_window);
+            for t in route.targets.iter().filter(|t| t.config.context_window <= limit) {
+                self.mark(t.index, reason);
+            }
+        }
+        self.unavailable(index, reason, None);
+        state.switch_target();
+    }
+
+    /// The target for the next attempt: the current one, else one chosen by the route's balance
+    /// among those not left.
+    pub(super) fn next(&mut self, route: &Route) -> Option<usize> {
+        if let Some(i) = self.current {
+            return Some(i);
+        }
+        if route.targets.len() == 1 {
+            // The common route: nothing to choose, nothing allocated.
+            return (!self.is_left(0)).then_some(0);
+        }
+        let candidates: Vec<Candidate> = route
+            .targets
+            .iter()
+            .filter(|t| !self.is_left(t.index))
+            .map(|t| Candidate {
+                index: t.index,
+                weight: t.config.weight,
+                in_flight: t.load.in_flight(),
+                ewma_us: t.load.ewma_us(),
+            })
+            .collect();
+        choose(route.targets.balance, &candidates, &mut rand::rng())
+    }
+
+    /// `index` cannot take the request now (`reason`, back after `after` if known): left.
+    pub(super) fn unavailable(&mut self, index: usize, reason: FailoverReason, after: Option<Duration>) {
+        self.mark(index, reason);
+        if self.current == Some(index) {
+            self.current = None;
+        }
+        self.leaving.get_or_insert((index, reason));
+        if let Some(after) = after {
+            self.soonest = Some(self.soonest.map_or(after, |s| s.min(after)));
+        }
+    }
+
+    /// The request's next attempt goes to `index`: the move that brought it there, if it moved
+    /// (from which target, and why), to be counted.
+    pub(super) fn arrive(&mut self, index: usize) -> Option<(usize, FailoverReason)> {
+        self.current = Some(index);
+        let moved = self.leaving.take();
+        if moved.is_some() {
+            self.failovers += 1;
+        }
+        moved
+    }
+
+    /// Why no target can take the request, as rebound answers it: for a one-target route the
+    /// specific error (503 `circuit_open`, 429 `cooldown`), for several 503 `no_target_available`
+    /// with each target's reason; both with the soonest recovery.
+    pub(super) fn none_left(&self, route: &Route) -> (Stop, ProxyError) {
+        if let (1, Some(reason), Some(retry_after)) = (route.targets.len(), self.reason(0), self.soonest) {
+            let upstream = route.primary().name.to_string();
+            match reason {
+                FailoverReason::CircuitOpen => {
+                    return (Stop::CircuitOpen, ProxyError::CircuitOpen { upstream, retry_after });
+                }
+                FailoverReason::Cooldown => return (Stop::Cooldown, ProxyError::Cooldown { upstream, retry_after }),
+                _ => {}
+            }
+        }
+        let reasons: Vec<Option<FailoverReason>> = route.targets.iter().map(|t| self.reason(t.index)).collect();
+        let stop = match reasons.iter().all(|r| *r == Some(FailoverReason::CircuitOpen)) {
+            true => Stop::CircuitOpen,
+            false => Stop::Cooldown,
+        };
+        let targets: Vec<(String, &'static str)> = route
+            .targets
+            .iter()
+            .zip(reasons)
+            .map(|(t, r)| (t.name.to_string(), r.map_or("available", FailoverReason::as_str)))
+            .collect();
+        let retry_after = self.soonest;
+        (stop, ProxyError::NoTargetAvailable { retry_after, targets })
+    }
+}

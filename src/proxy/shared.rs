@@ -1,0 +1,50 @@
+//! What outlives one configuration: the process's metrics, tasks, stores, circuits, job queue
+//! and trace exporter, handed to each [`super::Proxy`] a (re)load builds.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::circuit::Circuits;
+use crate::dead_letters::DeadLetters;
+use crate::idempotency::{AnyStore, MemoryLimits, MemoryStore, Records, RedisStore};
+use crate::jobs::Jobs;
+use crate::metrics::Metrics;
+use crate::redis::RedisHandle;
+use crate::traces::Traces;
+
+/// What outlives one configuration: a reload builds a new [`super::Proxy`] around the same metrics,
+/// tasks and idempotency store (in-memory records survive a reload).
+#[derive(Clone)]
+pub struct Shared {
+    pub metrics: Arc<Metrics>,
+    /// Tasks that outlive their request (upgraded connections, idempotency writes), drained on
+    /// shutdown.
+    pub tasks: TaskTracker,
+    /// Cancelled when the shutdown grace runs out.
+    pub(crate) hard_stop: CancellationToken,
+    /// The idempotency store (Redis when configured: any replica answers; else in memory), and
+    /// the delivered responses this replica holds until their write lands.
+    pub store: Records,
+    /// Requests that failed for good: a Redis Stream when configured, else a ring in memory.
+    pub dead_letters: DeadLetters,
+    /// Every upstream's breaker and cooldowns (state survives reloads).
+    pub circuits: Arc<Circuits>,
+    /// Async jobs: the queue (Redis when configured, else in memory) and its workers.
+    pub jobs: Jobs,
+    /// OpenTelemetry traces (started once: a reload keeps the exporter it started with).
+    pub traces: Traces,
+}
+
+impl Shared {
+    /// The store for `redis`: Redis when configured (with the relay that lets duplicates follow
+    /// an original on another replica, its tasks on `tasks` until `stop`), else a bounded map in
+    /// memory (one replica).
+    pub(crate) fn store_for(redis: Option<RedisHandle>, tasks: &TaskTracker, stop: CancellationToken) -> Records {
+        match redis {
+            Some(r) => Records::with_relay(AnyStore::Redis(RedisStore::new(r.clone())), r, tasks, stop),
+            None => Records::new(AnyStore::Memory(MemoryStore::new(MemoryLimits::default()))),
+        }
+    }
+}

@@ -2,6 +2,7 @@
 //! title, `x-should-retry`), used by the data plane, the job API and the admin API. The body is
 //! both an RFC 9457 problem and the `{"error": {...}}` shape the OpenAI and Anthropic SDKs parse.
 
+use crate::words;
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::wire::body::{Delivered, ProxyBody, RequestLog};
@@ -198,8 +199,8 @@ impl ErrorKind {
                 "Idempotency store unavailable",
                 false,
             ),
-            K::CircuitOpen => (S::SERVICE_UNAVAILABLE, "circuit_open", "Circuit open", false),
-            K::Cooldown => (S::TOO_MANY_REQUESTS, "cooldown", "Rate-limit cooldown", false),
+            K::CircuitOpen => (S::SERVICE_UNAVAILABLE, words::CIRCUIT_OPEN, "Circuit open", false),
+            K::Cooldown => (S::TOO_MANY_REQUESTS, words::COOLDOWN, "Rate-limit cooldown", false),
             K::NoTargetAvailable => (
                 S::SERVICE_UNAVAILABLE,
                 "no_target_available",

@@ -29,6 +29,7 @@ pub mod time;
 pub(crate) mod traces;
 pub(crate) mod upstream;
 pub mod wire;
+pub(crate) mod words;
 
 /// Entry points for the cargo-fuzz targets under `fuzz/` (decoders that are private otherwise).
 #[doc(hidden)]

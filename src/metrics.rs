@@ -7,6 +7,7 @@
 use prometheus::core::Collector;
 
 use crate::config::{Config, CooldownMode, PacingMode};
+use crate::words::{AttemptOutcome, Stop, TargetState};
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -455,7 +456,7 @@ impl Metrics {
                 self.idempotency_takeovers_total.with_label_values(&[route]);
             }
             for upstream in r.upstreams() {
-                for state in TARGET_STATES {
+                for state in TargetState::ALL.map(TargetState::as_str) {
                     self.target_state.with_label_values(&[route, upstream, state]);
                 }
             }
@@ -468,7 +469,7 @@ impl Metrics {
                 }
             }
             if r.dead_letters {
-                for reason in DEAD_LETTER_REASONS {
+                for reason in Stop::DEAD_LETTER.map(Stop::as_str) {
                     self.dead_letters_total.with_label_values(&[route, reason]);
                 }
             }
@@ -495,9 +496,6 @@ impl Metrics {
     }
 }
 
-/// The `state` label values of `rebound_target_state`.
-pub(crate) const TARGET_STATES: [&str; 5] = ["available", "cooling", "paced", "exhausted", "open"];
-
 /// The `result` label values of `rebound_cache_requests_total`: the `x-rebound-cache` values,
 /// and `store_error` (the store could not be read or written: forwarded, answered `miss`).
 pub(crate) const CACHE_RESULTS: [&str; 5] = ["hit", "miss", "refresh", "bypass", "store_error"];
@@ -515,30 +513,6 @@ pub(crate) const IDEMPOTENCY_RESULTS: [&str; 8] = [
     "invalid",
     "store_error",
     "not_stored",
-];
-
-/// The `reason` label values of `rebound_dead_letters_total`: `retry::policy::Stop::as_str` of
-/// `DEAD_LETTER_STOPS` (a test there keeps them equal; the leaf cannot import the policy).
-pub(crate) const DEAD_LETTER_REASONS: [&str; 7] = [
-    "retries_exhausted",
-    "budget_exhausted",
-    "deadline_exceeded",
-    "retry_after_too_long",
-    "unsafe_to_replay",
-    "circuit_open",
-    "cooldown",
-];
-
-/// The `outcome` label values of `rebound_upstream_attempts_total`, in a fixed order.
-pub(crate) const OUTCOMES: [&str; 8] = [
-    "ok",
-    "status_4xx",
-    "status_429",
-    "status_5xx",
-    "connect_failure",
-    "reset",
-    "timeout",
-    "stream_error",
 ];
 
 /// The `position` label values of `rebound_stream_errors_total`.
@@ -614,7 +588,7 @@ impl RouteCounters {
 
 /// The children of the attempt families for one (route, upstream) pair, resolved once.
 pub(crate) struct AttemptMetrics {
-    by_outcome: [IntCounter; OUTCOMES.len()],
+    by_outcome: [IntCounter; AttemptOutcome::ALL.len()],
     pub duration: Histogram,
     /// `rebound_stream_errors_total{position="first_event"}`.
     pub(crate) first_event_errors: IntCounter,
@@ -627,17 +601,21 @@ impl AttemptMetrics {
         let [first_event_errors, mid_stream_errors] =
             STREAM_ERROR_POSITIONS.map(|p| m.stream_errors_total.with_label_values(&[route, upstream, p]));
         AttemptMetrics {
-            by_outcome: OUTCOMES.map(|o| m.upstream_attempts_total.with_label_values(&[route, upstream, o])),
+            by_outcome: AttemptOutcome::ALL.map(|o| {
+                m.upstream_attempts_total
+                    .with_label_values(&[route, upstream, o.as_str()])
+            }),
             duration: m.upstream_attempt_duration_seconds.with_label_values(&[upstream]),
             first_event_errors,
             mid_stream_errors,
         }
     }
 
-    /// Counts an attempt by its outcome label (one of [`OUTCOMES`]).
-    pub fn count(&self, outcome: &str) {
-        if let Some(i) = OUTCOMES.iter().position(|o| *o == outcome) {
-            self.by_outcome[i].inc();
+    /// Counts an attempt by its outcome.
+    pub fn count(&self, outcome: AttemptOutcome) {
+        // `ALL` is in declaration order (a test in `words` keeps it so).
+        if let Some(c) = self.by_outcome.get(outcome as usize) {
+            c.inc();
         }
     }
 }

@@ -1,6 +1,7 @@
 //! The jitter applied to retry backoff (`[retry.NAME] jitter`): a configuration value type, used
 //! by the backoff in `retry::backoff`.
 
+use crate::words::spelled;
 use std::fmt;
 use std::str::FromStr;
 
@@ -31,20 +32,8 @@ pub enum Jitter {
     None,
 }
 
-impl Jitter {
-    /// Every variant, in the order they are documented.
-    pub const ALL: [Jitter; 4] = [Jitter::Full, Jitter::Equal, Jitter::Decorrelated, Jitter::None];
-
-    /// The configuration name: `full`, `equal`, `decorrelated` or `none`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Jitter::Full => "full",
-            Jitter::Equal => "equal",
-            Jitter::Decorrelated => "decorrelated",
-            Jitter::None => "none",
-        }
-    }
-}
+// The configuration names, in the order they are documented.
+spelled!(Jitter { "full" => Full, "equal" => Equal, "decorrelated" => Decorrelated, "none" => None });
 
 impl fmt::Display for Jitter {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

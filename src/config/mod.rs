@@ -33,8 +33,8 @@ pub use error::ConfigErrors;
 
 pub use error::ConfigError;
 
+pub(crate) use crate::words::Spelled;
 pub use jitter::Jitter;
-pub(crate) use spelling::Spelled;
 pub(crate) use targets::{api_shape, known_provider};
 pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 

@@ -1,6 +1,7 @@
 //! A route's targets: the upstreams it may send a request to, how it spreads requests over them
 //! (`balance`) and what moves a request from one to the next (`failover_on`).
 
+use crate::words::{self, spelled};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -65,32 +66,20 @@ pub enum FailoverReason {
     ContextLength,
 }
 
+// The one spelling (config, metric label, error body).
+spelled!(FailoverReason {
+    words::CIRCUIT_OPEN => CircuitOpen,
+    words::COOLDOWN => Cooldown,
+    "exhausted" => Exhausted,
+    "overloaded" => Overloaded,
+    "first_byte_timeout" => FirstByteTimeout,
+    "retries_exhausted" => RetriesExhausted,
+    "context_length" => ContextLength,
+});
+
 impl FailoverReason {
-    pub const ALL: [FailoverReason; 7] = [
-        FailoverReason::CircuitOpen,
-        FailoverReason::Cooldown,
-        FailoverReason::Exhausted,
-        FailoverReason::Overloaded,
-        FailoverReason::FirstByteTimeout,
-        FailoverReason::RetriesExhausted,
-        FailoverReason::ContextLength,
-    ];
-
-    /// The one spelling (config, metric label, error body).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            FailoverReason::CircuitOpen => "circuit_open",
-            FailoverReason::Cooldown => "cooldown",
-            FailoverReason::Exhausted => "exhausted",
-            FailoverReason::Overloaded => "overloaded",
-            FailoverReason::FirstByteTimeout => "first_byte_timeout",
-            FailoverReason::RetriesExhausted => "retries_exhausted",
-            FailoverReason::ContextLength => "context_length",
-        }
-    }
-
     pub fn parse(s: &str) -> Option<FailoverReason> {
-        FailoverReason::ALL.into_iter().find(|r| r.as_str() == s)
+        <FailoverReason as crate::words::Spelled>::parse(s)
     }
 
     fn bit(self) -> u8 {

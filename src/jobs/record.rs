@@ -1,5 +1,6 @@
 //! What a job is made of, as both stores keep it and as the API shows it.
 
+use crate::words::{spelled, Spelled};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
@@ -14,24 +15,11 @@ pub enum JobState {
     Failed,
 }
 
-impl JobState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Queued => "queued",
-            JobState::Running => "running",
-            JobState::Succeeded => "succeeded",
-            JobState::Failed => "failed",
-        }
-    }
+spelled!(JobState { "queued" => Queued, "running" => Running, "succeeded" => Succeeded, "failed" => Failed });
 
+impl JobState {
     pub fn parse(s: &str) -> Option<JobState> {
-        Some(match s {
-            "queued" => JobState::Queued,
-            "running" => JobState::Running,
-            "succeeded" => JobState::Succeeded,
-            "failed" => JobState::Failed,
-            _ => return None,
-        })
+        <JobState as Spelled>::parse(s)
     }
 
     pub fn finished(self) -> bool {
@@ -91,22 +79,11 @@ pub enum CallbackState {
     Failed,
 }
 
-impl CallbackState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            CallbackState::Pending => "pending",
-            CallbackState::Delivered => "delivered",
-            CallbackState::Failed => "failed",
-        }
-    }
+spelled!(CallbackState { "pending" => Pending, "delivered" => Delivered, "failed" => Failed });
 
+impl CallbackState {
     pub fn parse(s: &str) -> Option<CallbackState> {
-        Some(match s {
-            "pending" => CallbackState::Pending,
-            "delivered" => CallbackState::Delivered,
-            "failed" => CallbackState::Failed,
-            _ => return None,
-        })
+        <CallbackState as Spelled>::parse(s)
     }
 }
 

@@ -14,6 +14,7 @@ use super::routes::Target;
 use crate::circuit::{release_delay, Attempt, CircuitState, Hold};
 use crate::config::{CooldownMode, FailoverReason};
 use crate::retry::policy::RetryState;
+use crate::words::TargetState;
 
 /// What bounds a request's wait for a hold on a target.
 pub(super) struct Bounds<'a> {
@@ -100,24 +101,24 @@ pub(super) fn attempt_kind(state: &RetryState) -> Attempt {
 /// `rebound_target_state` of `t` as of `now`: `open` from its circuit; `exhausted`, `cooling`
 /// and `paced` for the credential the sidecar sets with `set_headers` (an app's own credentials
 /// are many, and not known here).
-pub(super) fn target_state(cx: &Context, t: &Target, now: Instant) -> &'static str {
+pub(super) fn target_state(cx: &Context, t: &Target, now: Instant) -> TargetState {
     if cx.circuits.state(&t.name, now) == Some(CircuitState::Open) {
-        return "open";
+        return TargetState::Open;
     }
     if !t.upstream.config.sets_credential {
-        return "available";
+        return TargetState::Available;
     }
     let set: http::HeaderMap = t.upstream.config.set_headers.iter().cloned().collect();
     let credential = cx.credentials.presented(&set, None).hash(&cx.credentials);
     // Cooling or paced: for any model (a walk over the upstream's table, at a scrape).
     let held = |hold| cx.circuits.hold_any(hold, &t.name, &credential, now);
     if held(Hold::Exhausted) {
-        "exhausted"
+        TargetState::Exhausted
     } else if held(Hold::Cooldown) {
-        "cooling"
+        TargetState::Cooling
     } else if held(Hold::Pacing) {
-        "paced"
+        TargetState::Paced
     } else {
-        "available"
+        TargetState::Available
     }
 }

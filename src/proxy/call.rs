@@ -246,7 +246,7 @@ impl<'r> Call<'r> {
             Ok(resp) => commit::outcome_of(resp),
             Err(e) => e.outcome(),
         };
-        target.attempts.count(outcome.label());
+        target.attempts.count(outcome.kind());
         if let Ok(resp) = result {
             let key = || limits.per_model(&cx.credentials, target);
             pacing::note(&cx.circuits, target, key, resp.headers(), received);

@@ -54,6 +54,7 @@ use crate::routing::{forwarded_path, RouteTable};
 use crate::traces::{self, Traces};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
+use crate::words::TargetState;
 use call::Asked;
 use context::Context;
 use delivery::Delivery;
@@ -147,11 +148,11 @@ impl Proxy {
         for route in self.routes.routes() {
             for t in route.targets.iter() {
                 let state = admission::target_state(&self.cx, t, now);
-                for s in crate::metrics::TARGET_STATES {
+                for s in TargetState::ALL {
                     self.cx
                         .metrics
                         .target_state
-                        .with_label_values(&[&*route.name, &*t.name, s])
+                        .with_label_values(&[&*route.name, &*t.name, s.as_str()])
                         .set(i64::from(s == state));
                 }
             }

@@ -22,6 +22,7 @@ use super::budget::RetryBudget;
 use super::retry_after::RetryHint;
 use crate::config::{NonIdempotent, RetryOn, RetryPolicy};
 use crate::time::Instant;
+use crate::words::{spelled, AttemptOutcome};
 
 /// What one attempt produced.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,18 +96,23 @@ impl Outcome {
         !matches!(self, Outcome::Status(s) if !(s.is_client_error() || s.is_server_error()))
     }
 
-    /// The `outcome` label of `rebound_upstream_attempts_total`.
-    pub(crate) fn label(self) -> &'static str {
+    /// What it counts as (`rebound_upstream_attempts_total{outcome}`).
+    pub(crate) fn kind(self) -> AttemptOutcome {
         match self {
-            Outcome::Status(s) if s.as_u16() == 429 => "status_429",
-            Outcome::Status(s) if s.is_client_error() => "status_4xx",
-            Outcome::Status(s) if s.is_server_error() => "status_5xx",
-            Outcome::Status(_) => "ok",
-            Outcome::ConnectFailure => "connect_failure",
-            Outcome::RefusedStream | Outcome::Reset => "reset",
-            Outcome::Timeout => "timeout",
-            Outcome::InBand(_) => "stream_error",
+            Outcome::Status(s) if s.as_u16() == 429 => AttemptOutcome::Status429,
+            Outcome::Status(s) if s.is_client_error() => AttemptOutcome::Status4xx,
+            Outcome::Status(s) if s.is_server_error() => AttemptOutcome::Status5xx,
+            Outcome::Status(_) => AttemptOutcome::Ok,
+            Outcome::ConnectFailure => AttemptOutcome::ConnectFailure,
+            Outcome::RefusedStream | Outcome::Reset => AttemptOutcome::Reset,
+            Outcome::Timeout => AttemptOutcome::Timeout,
+            Outcome::InBand(_) => AttemptOutcome::StreamError,
         }
+    }
+
+    /// Its `outcome` label.
+    pub(crate) fn label(self) -> &'static str {
+        self.kind().as_str()
     }
 }
 
@@ -118,67 +124,7 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// Why an outcome is delivered rather than retried.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
-    /// A success.
-    Success,
-    /// Not retryable: a permanent failure, or not named by the policy.
-    NotRetryable,
-    /// `non_idempotent = "safe-only"` and the provider may have processed the request.
-    UnsafeToReplay,
-    /// The attempts (or the single retry of a `retry_once_on` outcome) are used up.
-    Exhausted,
-    /// The provider's Retry-After is longer than `max_retry_after`.
-    HintTooLong,
-    /// The wait would end past the deadline.
-    Deadline,
-    /// The route's retry budget is spent.
-    BudgetExhausted,
-    /// Every circuit the route may use is open (decided before an attempt, not by `decide`).
-    CircuitOpen,
-    /// The provider told this credential to wait, and the request cannot (decided before an
-    /// attempt).
-    Cooldown,
-}
-
-impl Stop {
-    /// Why the loop stopped, the one spelling: the `reason` of the log line, of a dead letter and
-    /// of `rebound_dead_letters_total`, and the error class of a failure rebound did not try.
-    /// (Earlier builds logged `attempts_exhausted` and `deadline`.)
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Stop::Success => "success",
-            Stop::NotRetryable => "not_retryable",
-            Stop::UnsafeToReplay => "unsafe_to_replay",
-            Stop::Exhausted => "retries_exhausted",
-            Stop::HintTooLong => "retry_after_too_long",
-            Stop::Deadline => "deadline_exceeded",
-            Stop::BudgetExhausted => "budget_exhausted",
-            Stop::CircuitOpen => "circuit_open",
-            Stop::Cooldown => "cooldown",
-        }
-    }
-
-    /// Whether a failure delivered for this reason is a dead letter: rebound stopped retrying
-    /// something transient, or could not try at all. `NotRetryable` (a permanent 4xx is the
-    /// app's to see) and `Success` are not.
-    pub(crate) fn is_dead_letter(self) -> bool {
-        DEAD_LETTER_STOPS.contains(&self)
-    }
-}
-
-/// The reasons a failure becomes a dead letter (`rebound_dead_letters_total{reason}`, in this
-/// order: `metrics::DEAD_LETTER_REASONS` is checked against it).
-pub(crate) const DEAD_LETTER_STOPS: [Stop; 7] = [
-    Stop::Exhausted,
-    Stop::BudgetExhausted,
-    Stop::Deadline,
-    Stop::HintTooLong,
-    Stop::UnsafeToReplay,
-    Stop::CircuitOpen,
-    Stop::Cooldown,
-];
+pub use crate::words::Stop;
 
 /// Where a wait came from (the `source` label of `rebound_retry_wait_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -187,14 +133,7 @@ pub(crate) enum WaitSource {
     RetryAfter,
 }
 
-impl WaitSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            WaitSource::Backoff => "backoff",
-            WaitSource::RetryAfter => "retry_after",
-        }
-    }
-}
+spelled!(WaitSource { "backoff" => Backoff, "retry_after" => RetryAfter });
 
 /// What to do after an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -393,23 +332,6 @@ mod tests {
     use crate::retry::Jitter;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
-
-    /// One spelling per reason: the metric's label values are the stop reasons' own.
-    #[test]
-    fn dead_letter_reasons_are_the_stop_reasons() {
-        assert_eq!(
-            DEAD_LETTER_STOPS.map(Stop::as_str),
-            crate::metrics::DEAD_LETTER_REASONS,
-            "metrics::DEAD_LETTER_REASONS must list Stop::as_str of DEAD_LETTER_STOPS, in order"
-        );
-        assert_eq!(Stop::Exhausted.as_str(), "retries_exhausted");
-        assert_eq!(
-            Stop::Deadline.as_str(),
-            "deadline_exceeded",
-            "the error code of the same stop"
-        );
-        assert!(!Stop::NotRetryable.is_dead_letter() && !Stop::Success.is_dead_letter());
-    }
 
     struct Case {
         policy: RetryPolicy,

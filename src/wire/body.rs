@@ -1,6 +1,7 @@
 //! Bodies: the capped, replayable request body, and the response body that streams frames through
 //! as they come and closes the request's books (metrics, the access log line) when it ends.
 
+use crate::words::spelled;
 use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -68,15 +69,8 @@ pub enum Completion {
     ClientGone,
 }
 
-impl Completion {
-    fn as_str(self) -> &'static str {
-        match self {
-            Completion::Complete => "complete",
-            Completion::UpstreamAborted => "upstream_aborted",
-            Completion::ClientGone => "client_gone",
-        }
-    }
-}
+// The access log's `completion`.
+spelled!(Completion { "complete" => Complete, "upstream_aborted" => UpstreamAborted, "client_gone" => ClientGone });
 
 /// What ends a request's trace span when its books close (implemented by `traces`).
 pub(crate) trait SpanEnd: Send {

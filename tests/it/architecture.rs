@@ -152,6 +152,11 @@ fn describe(g: &Graph, cycle: &[String]) -> String {
 /// a lower layer, and one of its own layer only along an edge of [`SAME_LAYER`].
 const LAYERS: &[(&str, &[&str], &str)] = &[
     (
+        "words",
+        &["words"],
+        "the spellings metrics, logs, config and errors share, each defined once",
+    ),
+    (
         "leaves",
         &["time", "tasks", "testing", "credentials", "config", "metrics"],
         "the clock, the one way to start a task, unit-test helpers, the credential forms, the typed configuration, every metric",

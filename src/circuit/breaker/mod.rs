@@ -54,6 +54,7 @@
 //! Outcomes counted in the window are also accumulated as [`Deltas`] for the fleet counters, and
 //! leased probes' results as [`LeaseReport`]s.
 
+use crate::words::spelled;
 use std::time::Duration;
 
 use rand::Rng;
@@ -99,16 +100,10 @@ impl CircuitState {
             CircuitState::Open => 2,
         }
     }
-
-    /// The `to` label of `rebound_circuit_transitions_total`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            CircuitState::Closed => "closed",
-            CircuitState::HalfOpen => "half_open",
-            CircuitState::Open => "open",
-        }
-    }
 }
+
+// The `to` label of `rebound_circuit_transitions_total`.
+spelled!(CircuitState { "closed" => Closed, "half_open" => HalfOpen, "open" => Open });
 
 /// What an outcome means to the breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -222,18 +217,14 @@ pub(crate) enum Cause {
     Fleet,
 }
 
-impl Cause {
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Cause::ConsecutiveFailures => "consecutive_failures",
-            Cause::FailureRate => "failure_rate",
-            Cause::OpenElapsed => "open_elapsed",
-            Cause::ProbeFailed => "probe_failed",
-            Cause::ProbesSucceeded => "probes_succeeded",
-            Cause::Fleet => "fleet",
-        }
-    }
-}
+spelled!(Cause {
+    "consecutive_failures" => ConsecutiveFailures,
+    "failure_rate" => FailureRate,
+    "open_elapsed" => OpenElapsed,
+    "probe_failed" => ProbeFailed,
+    "probes_succeeded" => ProbesSucceeded,
+    "fleet" => Fleet,
+});
 
 /// A state change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

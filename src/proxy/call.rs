@@ -42,51 +42,63 @@ type Answer = Result<Response<Primed<UpstreamBody>>, AttemptError>;
 
 /// The retry loop: admit, send, observe, decide, until an outcome is delivered.
 ///
-/// The admitted attempt is taken apart here and its request moved on unborrowed, and the
-/// attempt's result lives in a block that ends before any wait: a local borrowed in an `async`
-/// body keeps its room in the request's future until its scope ends.
-pub(super) async fn attempts(cx: &Context, asked: Asked<'_>, tokens: RequestTokens, trace: &RequestSpan) -> Delivery {
+/// The call is made before the loop's future and captured by it, used in place: an `async fn`
+/// would keep its arguments twice (as they were passed, and in the call). The admitted attempt
+/// is taken apart where it is made and its request moved on unborrowed, and the attempt's result
+/// lives in a block that ends before any wait: a local borrowed in an `async` body keeps its room
+/// in the request's future until its scope ends.
+pub(super) fn attempts<'r>(
+    cx: &'r Context,
+    asked: Asked<'r>,
+    tokens: RequestTokens,
+    trace: &'r RequestSpan,
+) -> impl std::future::Future<Output = Delivery> + Send + 'r {
     let started = time::now();
     let mut call = Call::new(cx, asked, tokens, started);
-    let mut now = started;
-    loop {
-        let (req, admitted) = match call.admit(now) {
-            Admit::Go(req, admitted) => (req, admitted),
-            Admit::Hold(hold) => {
+    async move {
+        let mut now = started;
+        loop {
+            // A hold is waited out with nothing of admission's answer kept.
+            let (req, admitted) = loop {
+                let hold = match call.admit(now) {
+                    Admit::Go(req, admitted) => break (req, admitted),
+                    Admit::Hold(hold) => hold,
+                    Admit::Stop(delivery) => return delivery,
+                };
                 tokio::time::sleep(hold).await;
                 now = time::now();
-                continue;
-            }
-            Admit::Stop(delivery) => return delivery,
-        };
-        let target = admitted.target;
-        let (span, remaining) = call.sending(target, now, trace);
-        let in_flight = call.balanced().then(|| target.load.start());
-        let wait = {
-            let traced = {
-                let mut req = req;
-                span.inject(req.headers_mut());
-                req
             };
-            let (result, received) = commit::attempt(call.asked.route, target, traced, now, remaining).await;
-            if in_flight.is_some() {
-                drop(in_flight);
-                target.load.observe(received.saturating_duration_since(now));
-            }
-            let observed = call.observe(admitted, span, &result, (now, received));
-            match call.next_step(target, &observed) {
-                Next::Move(reason) => {
-                    call.move_on(result, target, reason, now);
-                    None
+            let target = admitted.target;
+            let (span, remaining) = call.sending(target, now, trace);
+            let in_flight = call.balanced().then(|| target.load.start());
+            let wait = {
+                let traced = {
+                    let mut req = req;
+                    span.inject(req.headers_mut());
+                    req
+                };
+                let (result, received) = commit::attempt(call.asked.route, target, traced, now, remaining).await;
+                if in_flight.is_some() {
+                    drop(in_flight);
+                    target.load.observe(received.saturating_duration_since(now));
                 }
-                Next::Retry { wait, source, reason } => Some(call.retry(result, target, (wait, source, reason), now)),
-                Next::Deliver(stop) => return call.deliver(result, target, observed.outcome, stop),
+                let observed = call.observe(admitted, span, &result, (now, received));
+                match call.next_step(target, &observed) {
+                    Next::Move(reason) => {
+                        call.move_on(result, target, reason, now);
+                        None
+                    }
+                    Next::Retry { wait, source, reason } => {
+                        Some(call.retry(result, target, (wait, source, reason), now))
+                    }
+                    Next::Deliver(stop) => return call.deliver(result, target, observed.outcome, stop),
+                }
+            };
+            if let Some(wait) = wait {
+                tokio::time::sleep(wait).await;
             }
-        };
-        if let Some(wait) = wait {
-            tokio::time::sleep(wait).await;
+            now = time::now();
         }
-        now = time::now();
     }
 }
 

@@ -148,3 +148,18 @@ fn breaker_admit_and_record(b: Bencher) {
 fn wall_clock(b: Bencher) {
     b.bench(SystemTime::now);
 }
+
+/// SigV4 of an attempt with a 100 KiB body (`auth = "aws"`): the body's SHA-256 (once per
+/// request), then the signature.
+#[divan::bench]
+fn sigv4_sign_100kib_body(b: Bencher) {
+    let body = bytes::Bytes::from(vec![b'x'; 100 * 1024]);
+    b.bench(|| rebound::hooks::sigv4_sign(black_box(&body)));
+}
+
+/// The signature alone (what a retry or a second target costs: the hash is kept).
+#[divan::bench]
+fn sigv4_sign_empty_body(b: Bencher) {
+    let body = bytes::Bytes::new();
+    b.bench(|| rebound::hooks::sigv4_sign(black_box(&body)));
+}

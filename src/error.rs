@@ -49,6 +49,8 @@ pub enum ProxyError {
         upstream: String,
         retry_after: std::time::Duration,
     },
+    #[error("no credential for upstream {upstream} can be had from its cloud ({auth}): see rebound_credential_refreshes_total and the log; nothing was sent upstream")]
+    CredentialUnavailable { upstream: String, auth: &'static str },
     #[error(
         "no target of this route can take the request now ({}); retry after the retry-after delay, if any",
         describe_targets(targets)
@@ -113,6 +115,7 @@ error_kinds! {
     StoreUnavailable,
     CircuitOpen,
     Cooldown,
+    CredentialUnavailable,
     NoTargetAvailable,
     QueueFull,
     JobsUnavailable,
@@ -201,6 +204,12 @@ impl ErrorKind {
             ),
             K::CircuitOpen => (S::SERVICE_UNAVAILABLE, words::CIRCUIT_OPEN, "Circuit open", false),
             K::Cooldown => (S::TOO_MANY_REQUESTS, words::COOLDOWN, "Rate-limit cooldown", false),
+            K::CredentialUnavailable => (
+                S::SERVICE_UNAVAILABLE,
+                words::CREDENTIAL_UNAVAILABLE,
+                "Cloud credential unavailable",
+                false,
+            ),
             K::NoTargetAvailable => (
                 S::SERVICE_UNAVAILABLE,
                 "no_target_available",
@@ -284,6 +293,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable => K::StoreUnavailable,
             ProxyError::CircuitOpen { .. } => K::CircuitOpen,
             ProxyError::Cooldown { .. } => K::Cooldown,
+            ProxyError::CredentialUnavailable { .. } => K::CredentialUnavailable,
             ProxyError::NoTargetAvailable { .. } => K::NoTargetAvailable,
             ProxyError::QueueFull { .. } => K::QueueFull,
             ProxyError::JobsUnavailable => K::JobsUnavailable,
@@ -428,6 +438,7 @@ mod tests {
             K::StoreUnavailable,
             K::CircuitOpen,
             K::Cooldown,
+            K::CredentialUnavailable,
             K::NoTargetAvailable,
             K::QueueFull,
             K::JobsUnavailable,

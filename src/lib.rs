@@ -8,6 +8,7 @@ pub(crate) mod admin;
 pub(crate) mod cache;
 pub mod circuit;
 pub mod cli;
+pub(crate) mod cloud;
 pub mod config;
 pub mod credentials;
 pub(crate) mod dead_letters;
@@ -34,6 +35,8 @@ pub(crate) mod words;
 /// Entry points for the cargo-fuzz targets under `fuzz/` (decoders that are private otherwise).
 #[doc(hidden)]
 pub mod fuzzing;
+#[doc(hidden)]
+pub mod hooks;
 
 #[cfg(test)]
 mod testing;

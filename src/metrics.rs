@@ -152,6 +152,10 @@ pub struct Metrics {
     pub(crate) redis_up: IntGauge,
     /// Always 1, labelled with the version.
     pub(crate) build_info: IntGaugeVec,
+    /// Cloud credential fetches by upstream and result (`ok`, `error`).
+    pub(crate) credential_refreshes_total: IntCounterVec,
+    /// Seconds left on the cloud credential held, by upstream, as of the scrape.
+    pub(crate) credential_expiry_seconds: prometheus::GaugeVec,
 }
 
 impl Metrics {
@@ -327,6 +331,21 @@ impl Metrics {
                 )?,
             )?,
             config_reloads_total: counter("config_reloads_total", "Configuration reloads by result.", &["result"])?,
+            credential_refreshes_total: counter(
+                "credential_refreshes_total",
+                "Cloud credential fetches (auth = aws, gcp, azure) by upstream and result (ok, error).",
+                &["upstream", "result"],
+            )?,
+            credential_expiry_seconds: reg(
+                r,
+                prometheus::GaugeVec::new(
+                    Opts::new(
+                        "credential_expiry_seconds",
+                        "Seconds left on the cloud credential held for each upstream with auth = aws, gcp or azure, as of the scrape (0: expired or none held).",
+                    ),
+                    &["upstream"],
+                )?,
+            )?,
             target_state: reg(
                 r,
                 IntGaugeVec::new(
@@ -472,6 +491,14 @@ impl Metrics {
                 for reason in Stop::DEAD_LETTER.map(Stop::as_str) {
                     self.dead_letters_total.with_label_values(&[route, reason]);
                 }
+            }
+        }
+        for (name, u) in &config.upstreams {
+            if u.auth != crate::config::Auth::Static {
+                for result in ["ok", "error"] {
+                    self.credential_refreshes_total.with_label_values(&[name, result]);
+                }
+                self.credential_expiry_seconds.with_label_values(&[name]);
             }
         }
         if config.redis.is_some() {

@@ -130,6 +130,7 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         circuits: Arc::new(Circuits::new(&config, metrics.clone())),
         jobs: Jobs::new(&config, redis.clone(), metrics.clone()),
         traces: Traces::start(&config.telemetry, &metrics)?,
+        clouds: crate::cloud::Clouds::new(metrics.clone(), background.clone(), background_stop.clone()),
     };
     let traces = shared.traces.clone();
     shared

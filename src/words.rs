@@ -47,6 +47,10 @@ pub(crate) const CIRCUIT_OPEN: &str = "circuit_open";
 /// attempt, why a request left a target, and rebound's error code for it.
 pub(crate) const COOLDOWN: &str = "cooldown";
 
+/// No cloud credential could be had: why the loop stopped before an attempt, and rebound's error
+/// code for it.
+pub(crate) const CREDENTIAL_UNAVAILABLE: &str = "credential_unavailable";
+
 /// Why the retry loop delivered an outcome rather than retrying it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Stop {
@@ -69,6 +73,8 @@ pub enum Stop {
     /// The provider told this credential to wait, and the request cannot (decided before an
     /// attempt).
     Cooldown,
+    /// No cloud credential could be had for the upstream (decided before an attempt).
+    CredentialUnavailable,
 }
 
 // The `reason` of the log line, of a dead letter and of `rebound_dead_letters_total`, and the
@@ -84,13 +90,14 @@ spelled!(Stop {
     "budget_exhausted" => BudgetExhausted,
     CIRCUIT_OPEN => CircuitOpen,
     COOLDOWN => Cooldown,
+    CREDENTIAL_UNAVAILABLE => CredentialUnavailable,
 });
 
 impl Stop {
     /// The reasons a failure becomes a dead letter (`rebound_dead_letters_total{reason}`, in this
     /// order): rebound stopped retrying something transient, or could not try at all.
     /// `NotRetryable` (a permanent 4xx is the app's to see) and `Success` are not.
-    pub(crate) const DEAD_LETTER: [Stop; 7] = [
+    pub(crate) const DEAD_LETTER: [Stop; 8] = [
         Stop::Exhausted,
         Stop::BudgetExhausted,
         Stop::Deadline,
@@ -98,6 +105,7 @@ impl Stop {
         Stop::UnsafeToReplay,
         Stop::CircuitOpen,
         Stop::Cooldown,
+        Stop::CredentialUnavailable,
     ];
 
     /// Whether a failure delivered for this reason is a dead letter.
@@ -175,7 +183,7 @@ mod tests {
         round_trips(Stop::as_str);
         round_trips(AttemptOutcome::as_str);
         round_trips(TargetState::as_str);
-        assert_eq!(Stop::ALL.len(), 9);
+        assert_eq!(Stop::ALL.len(), 10);
         assert_eq!(AttemptOutcome::ALL.map(AttemptOutcome::as_str)[2], "status_429");
         assert_eq!(
             Stop::Deadline.as_str(),

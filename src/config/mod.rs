@@ -8,6 +8,7 @@
 //! Policies (`[retry.*]`, `[circuit.*]`, `[idempotency.*]`) are validated here even where the
 //! pipeline does not use them yet, so that a config that loads today keeps loading.
 
+mod cloud;
 pub(crate) mod interpolate;
 pub mod jitter;
 pub mod raw;
@@ -31,6 +32,9 @@ pub use crate::credentials::Credentials;
 
 pub use error::ConfigErrors;
 
+pub(crate) use cloud::{aws_region_of, aws_service_of};
+pub use cloud::{Auth, AwsAuth, CloudEnv};
+pub(crate) use cloud::{AuthKind, AwsSource};
 pub use error::ConfigError;
 
 pub(crate) use crate::words::Spelled;
@@ -60,6 +64,8 @@ pub struct Config {
     pub circuit: BTreeMap<String, Arc<CircuitPolicy>>,
     pub idempotency: BTreeMap<String, Arc<IdempotencyPolicy>>,
     pub cache: BTreeMap<String, Arc<CachePolicy>>,
+    /// The clouds' environment variables, captured when an upstream's `auth` is a cloud's.
+    pub cloud_env: CloudEnv,
 }
 
 /// OpenTelemetry traces (`[telemetry]`): off unless an OTLP endpoint is set.
@@ -365,9 +371,12 @@ pub struct UpstreamConfig {
     pub ca_file: Option<PathBuf>,
     /// Set on every request to this upstream, replacing what the app sent. Values are secret.
     pub set_headers: Vec<(HeaderName, HeaderValue)>,
-    /// Whether `set_headers` sets a credential header: the app's own credentials (headers and
-    /// query parameters) are then left out of the request upstream.
+    /// Whether rebound sets the credential (`set_headers` sets a credential header, or `auth` is
+    /// a cloud's): the app's own credentials (headers and query parameters) are then left out of
+    /// the request upstream.
     pub sets_credential: bool,
+    /// Where the credential comes from (`static`: `set_headers`).
+    pub auth: Auth,
 }
 
 impl UpstreamConfig {

@@ -99,6 +99,10 @@ pub struct RawUpstream {
     pub ca_file: Option<String>,
     #[serde(default)]
     pub set_headers: BTreeMap<String, String>,
+    pub auth: Option<String>,
+    pub aws_region: Option<String>,
+    pub aws_service: Option<String>,
+    pub aws_role_arn: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]

@@ -176,6 +176,18 @@ fn upstreams(out: &mut String, c: &Config) {
             let names: Vec<&str> = u.set_headers.iter().map(|(k, _)| k.as_str()).collect();
             let _ = write!(out, ", sets {} (values hidden)", names.join(", "));
         }
+        if let Auth::Aws(aws) = &u.auth {
+            let _ = write!(
+                out,
+                ", auth aws (SigV4 {} {}, credential from {}{})",
+                aws.region,
+                aws.service,
+                c.cloud_env.aws_source().as_str(),
+                aws.role_arn
+                    .as_deref()
+                    .map_or(String::new(), |r| format!(", then assumes {r}"))
+            );
+        }
         out.push('\n');
     }
 }

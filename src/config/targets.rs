@@ -64,6 +64,8 @@ pub enum FailoverReason {
     RetriesExhausted,
     /// The prompt is longer than the target takes: to one with a larger `context_window`.
     ContextLength,
+    /// No cloud credential can be had for the target (`auth = "aws" | "gcp" | "azure"`).
+    Credential,
 }
 
 // The one spelling (config, metric label, error body).
@@ -75,6 +77,7 @@ spelled!(FailoverReason {
     "first_byte_timeout" => FirstByteTimeout,
     "retries_exhausted" => RetriesExhausted,
     "context_length" => ContextLength,
+    "credential" => Credential,
 });
 
 impl FailoverReason {
@@ -159,7 +162,7 @@ mod tests {
         assert!(set.contains(FailoverReason::Cooldown));
         assert!(!set.contains(FailoverReason::CircuitOpen));
         assert_eq!(set.iter().count(), 2);
-        assert_eq!(FailoverOn::default().iter().count(), 7);
+        assert_eq!(FailoverOn::default().iter().count(), 8);
     }
 
     #[test]

@@ -26,6 +26,7 @@ use super::request;
 use super::routes::{Route, Target};
 use super::tokens::RequestTokens;
 use crate::circuit::{Admission, CircuitState, Hold, Permit};
+use crate::cloud::{CloudAuth, Unavailable};
 use crate::config::{Balance, FailoverReason, RetryOn};
 use crate::error::ProxyError;
 use crate::retry::failover;
@@ -36,6 +37,7 @@ use crate::retry::{self, RetryHint};
 use crate::time;
 use crate::traces::{AttemptSpan, RequestSpan};
 use crate::upstream::{AttemptError, UpstreamBody};
+use std::sync::Arc;
 
 /// An attempt's result: the response read ahead to its commit point, or why it failed.
 type Answer = Result<Response<Primed<UpstreamBody>>, AttemptError>;
@@ -86,16 +88,21 @@ pub(super) fn attempts<'r>(
                 match call.next_step(target, &observed) {
                     Next::Move(reason) => {
                         call.move_on(result, target, reason, now);
-                        None
+                        Then::Now
                     }
                     Next::Retry { wait, source, reason } => {
-                        Some(call.retry(result, target, (wait, source, reason), now))
+                        Then::Sleep(call.retry(result, target, (wait, source, reason), now))
                     }
+                    Next::Reauth(auth) => call.reauth(result, target, auth, now),
                     Next::Deliver(stop) => return call.deliver(result, target, observed.outcome, stop),
                 }
             };
-            if let Some(wait) = wait {
-                tokio::time::sleep(wait).await;
+            match wait {
+                Then::Now => {}
+                Then::Sleep(wait) => tokio::time::sleep(wait).await,
+                Then::Renewed(auth, fetches, limit) => {
+                    let _ = tokio::time::timeout(limit, auth.fetched_after(fetches)).await;
+                }
             }
             now = time::now();
         }
@@ -115,6 +122,10 @@ pub(super) struct Call<'r> {
     /// stops after its wait is not a retry (`rebound_retries_total` matches the provider's extra
     /// calls).
     retrying: Option<RetryOn>,
+    /// The body's SigV4 hash, made once for every attempt to a target that signs.
+    payload: Option<String>,
+    /// An attempt was repeated after its cloud credential was rejected (once per request).
+    reauthed: bool,
 }
 
 impl<'r> Call<'r> {
@@ -136,6 +147,8 @@ impl<'r> Call<'r> {
             progress: Progress::new(limits.deadline, tokens, started),
             waited: (Duration::ZERO, None),
             retrying: None,
+            payload: None,
+            reauthed: false,
         }
     }
 
@@ -210,6 +223,25 @@ impl<'r> Call<'r> {
                     drop(permit);
                     tracing::debug!(route = %route.name, upstream = %target.name, hold_ms = hold.as_millis() as u64, "held by pacing or a cooldown");
                     return Admit::Hold(hold);
+                }
+            }
+            let mut req = req;
+            if let Some(auth) = &target.cloud {
+                let payload = match (auth.signs(), &self.payload) {
+                    (true, None) => self.payload.insert(crate::cloud::sigv4::payload_hash(body)),
+                    (_, p) => p.as_deref().unwrap_or_default(),
+                };
+                match auth.apply(&mut req, payload, time::wall_now()) {
+                    Ok(()) => {}
+                    Err(Unavailable::Pending) => {
+                        drop(permit);
+                        return Admit::Hold(CREDENTIAL_PENDING.min(self.state.deadline - now));
+                    }
+                    Err(Unavailable::Failed) => {
+                        drop(permit);
+                        self.at.unavailable(index, FailoverReason::Credential, None);
+                        continue;
+                    }
                 }
             }
             if let Some((from, reason)) = self.at.arrive(index) {
@@ -303,12 +335,17 @@ impl<'r> Call<'r> {
             larger_context_elsewhere: class == Some(ErrorClass::ContextLength) && self.at.larger_context(route, target),
             reset_within_failover_wait: resets_within_failover_wait(route, outcome, class, hint),
         };
+        let credential_rejected = target.cloud.is_some()
+            && result
+                .as_ref()
+                .is_ok_and(|r| crate::cloud::says_rejected(r.status().as_u16(), r.headers()));
         Observed {
             outcome,
             seen,
             hint,
             sent,
             received,
+            credential_rejected,
         }
     }
 
@@ -325,7 +362,12 @@ impl<'r> Call<'r> {
             hint,
             sent,
             received,
+            credential_rejected,
         } = *observed;
+        // A credential the provider no longer takes: refreshed, and this attempt repeated once.
+        if let Some(auth) = target.cloud.as_ref().filter(|_| credential_rejected && !self.reauthed) {
+            return Next::Reauth(auth.clone());
+        }
         // The route fails over on `reason`, and another target it has not left has a circuit
         // that is not open (a 429 is waited out here when no other target can take it).
         let movable = |reason: &FailoverReason| {
@@ -362,6 +404,19 @@ impl<'r> Call<'r> {
         self.progress.keep(result, target, self.state.total, now);
         self.at.leave(self.asked.route, target.index, reason, &mut self.state);
         self.waited = (Duration::ZERO, None);
+    }
+
+    /// The credential `target`'s answer rejected is renewed, and the attempt repeated once, on
+    /// the same target, not counted as a retry: the answer is kept meanwhile; what to wait for is
+    /// returned (the refresh the rejection asked for, within the deadline).
+    fn reauth(&mut self, result: Answer, target: &Target, auth: Arc<CloudAuth>, now: Instant) -> Then {
+        tracing::info!(route = %self.asked.route.name, upstream = %target.name, "cloud credential rejected: renewed, attempt repeated");
+        self.reauthed = true;
+        self.progress.keep(result, target, self.state.total, now);
+        self.waited = (Duration::ZERO, None);
+        let fetches = auth.rejected();
+        let limit = REAUTH_WAIT.min(self.state.deadline.saturating_duration_since(now));
+        Then::Renewed(auth, fetches, limit)
     }
 
     /// The request is retried on `target` after `wait`: its answer kept meanwhile; the wait
@@ -473,12 +528,30 @@ struct Observed {
     /// When the attempt was sent, and when its answer (or its failure) came.
     sent: Instant,
     received: Instant,
+    /// The answer said the cloud credential it carried expired or was revoked.
+    credential_rejected: bool,
 }
+
+/// What the loop waits for before the next admission.
+enum Then {
+    Now,
+    Sleep(Duration),
+    /// A fetch of this credential after the `u64`th, at most this long.
+    Renewed(Arc<CloudAuth>, u64, Duration),
+}
+
+/// A request waits this long at most for a target's first cloud credential, then admits again.
+const CREDENTIAL_PENDING: Duration = Duration::from_millis(50);
+
+/// A repeated attempt waits this long at most for its renewed credential.
+const REAUTH_WAIT: Duration = Duration::from_secs(10);
 
 /// What follows an attempt.
 enum Next {
     /// To another target, at once.
     Move(FailoverReason),
+    /// Here again once the target's cloud credential is renewed (not counted as a retry).
+    Reauth(Arc<CloudAuth>),
     /// Here again, after `wait`.
     Retry {
         wait: Duration,

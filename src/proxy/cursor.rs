@@ -143,10 +143,21 @@ impl Cursor {
                 _ => {}
             }
         }
+        if let (1, Some(FailoverReason::Credential)) = (route.targets.len(), self.reason(0)) {
+            let target = route.primary();
+            let auth = target.upstream.config.auth.kind().as_str();
+            let upstream = target.name.to_string();
+            return (
+                Stop::CredentialUnavailable,
+                ProxyError::CredentialUnavailable { upstream, auth },
+            );
+        }
         let reasons: Vec<Option<FailoverReason>> = route.targets.iter().map(|t| self.reason(t.index)).collect();
-        let stop = match reasons.iter().all(|r| *r == Some(FailoverReason::CircuitOpen)) {
-            true => Stop::CircuitOpen,
-            false => Stop::Cooldown,
+        let all = |reason| reasons.iter().all(|r| *r == Some(reason));
+        let stop = match (all(FailoverReason::CircuitOpen), all(FailoverReason::Credential)) {
+            (true, _) => Stop::CircuitOpen,
+            (_, true) => Stop::CredentialUnavailable,
+            _ => Stop::Cooldown,
         };
         let targets: Vec<(String, &'static str)> = route
             .targets

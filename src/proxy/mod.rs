@@ -108,6 +108,7 @@ impl Proxy {
             circuits,
             jobs,
             traces,
+            clouds: _,
         } = shared.clone();
         Ok(Proxy {
             routes,
@@ -145,8 +146,17 @@ impl Proxy {
     /// Sets `rebound_target_state` for every target of every route, as of `now` (called at each
     /// scrape; see [`admission::target_state`]).
     pub(crate) fn refresh_target_states(&self, now: Instant) {
+        let wall = crate::time::wall_now();
         for route in self.routes.routes() {
             for t in route.targets.iter() {
+                if let Some(auth) = &t.cloud {
+                    let left = auth.expires_in(wall);
+                    self.cx
+                        .metrics
+                        .credential_expiry_seconds
+                        .with_label_values(&[&*t.name])
+                        .set(left);
+                }
                 let state = admission::target_state(&self.cx, t, now);
                 for s in TargetState::ALL {
                     self.cx

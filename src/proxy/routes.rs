@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::shared::Shared;
 use super::tokens;
 use crate::cache::Cache;
+use crate::cloud::CloudAuth;
 use crate::config::{Balance, Config, FailoverOn, RetryPolicy, RouteConfig, TargetConfig};
 use crate::idempotency::Idempotency;
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
@@ -52,10 +53,18 @@ pub(crate) struct Target {
     pub tokens: Arc<TokenMetrics>,
     /// This route's requests on it, on this replica.
     pub load: Load,
+    /// Its cloud credential (`auth = "aws" | "gcp" | "azure"`).
+    pub cloud: Option<Arc<CloudAuth>>,
 }
 
 impl Target {
-    fn new(route: &str, index: usize, config: &TargetConfig, upstream: &Arc<Upstream>, metrics: &Metrics) -> Target {
+    fn new(
+        route: &str,
+        (index, config): (usize, &TargetConfig),
+        upstream: &Arc<Upstream>,
+        metrics: &Metrics,
+        cloud: Option<Arc<CloudAuth>>,
+    ) -> Target {
         let name = config.upstream.as_str();
         Target {
             name: Arc::from(name),
@@ -71,6 +80,7 @@ impl Target {
                 &tokens::provider_name(name, &upstream.config),
             )),
             load: Load::default(),
+            cloud,
         }
     }
 }
@@ -138,7 +148,10 @@ pub(super) fn build(config: &Config, shared: &Shared) -> Result<RouteTable<Arc<R
         let mut list = Vec::new();
         for (index, t) in r.targets.iter().enumerate() {
             match upstreams.get(&t.upstream) {
-                Some(upstream) => list.push(Target::new(&r.name, index, t, upstream, metrics)),
+                Some(upstream) => {
+                    let cloud = shared.clouds.for_upstream(&upstream.config, &config.cloud_env);
+                    list.push(Target::new(&r.name, (index, t), upstream, metrics, cloud));
+                }
                 None => {
                     tracing::error!(route = %r.name, upstream = %t.upstream, "route refers to an unknown upstream");
                 }

@@ -7,6 +7,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::circuit::Circuits;
+use crate::cloud::Clouds;
 use crate::dead_letters::DeadLetters;
 use crate::idempotency::{AnyStore, MemoryLimits, MemoryStore, Records, RedisStore};
 use crate::jobs::Jobs;
@@ -35,6 +36,9 @@ pub struct Shared {
     pub jobs: Jobs,
     /// OpenTelemetry traces (started once: a reload keeps the exporter it started with).
     pub traces: Traces,
+    /// The upstreams' cloud credentials (a reload that keeps an upstream's `auth` keeps its
+    /// credential).
+    pub(crate) clouds: Clouds,
 }
 
 impl Shared {

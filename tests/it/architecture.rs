@@ -173,8 +173,8 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "I/O edges",
-        &["redis", "upstream", "traces"],
-        "the Redis connection, the upstream pools, the trace exporter",
+        &["redis", "upstream", "traces", "cloud"],
+        "the Redis connection, the upstream pools, the trace exporter, the cloud credentials",
     ),
     (
         "features",
@@ -184,8 +184,8 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ("pipeline", &["proxy"], "a request's path, top-down"),
     (
         "process",
-        &["shutdown", "reload", "admin", "server", "cli", "fuzzing"],
-        "listeners, the drain, reloads, the admin API, the command line, fuzz entry points",
+        &["shutdown", "reload", "admin", "server", "cli", "fuzzing", "hooks"],
+        "listeners, the drain, reloads, the admin API, the command line, fuzz and benchmark entry points",
     ),
 ];
 
@@ -204,6 +204,11 @@ const SAME_LAYER: &[(&str, &str, &str)] = &[
     ),
     ("error", "wire", "error responses carry rebound's header names"),
     ("traces", "upstream", "spans are exported over an upstream pool"),
+    (
+        "cloud",
+        "upstream",
+        "the credential services are called with the upstreams' TLS trust",
+    ),
     (
         "dead_letters",
         "idempotency",

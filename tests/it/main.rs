@@ -10,6 +10,7 @@ mod architecture;
 mod cache;
 mod circuit;
 mod circuit_shared;
+mod cloud_aws;
 mod config_files;
 mod credentials;
 mod dead_letters;

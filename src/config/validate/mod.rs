@@ -266,6 +266,7 @@ impl Validator<'_> {
             .iter()
             .map(|(name, c)| (name.clone(), Arc::new(self.cache(name, c))))
             .collect();
+        let has_cloud_auth = upstreams.values().any(|u| u.auth != Auth::Static);
         let routes = self.routes(&raw.routes, &raw.upstreams, &retry, &idempotency);
         self.route_caches(&raw.routes, &cache);
         self.async_routes(&routes, redis.is_some(), &jobs);
@@ -285,6 +286,10 @@ impl Validator<'_> {
             circuit,
             idempotency,
             cache,
+            cloud_env: match has_cloud_auth {
+                true => CloudEnv::capture(self.env),
+                false => CloudEnv::default(),
+            },
         }
     }
 

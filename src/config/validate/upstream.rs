@@ -43,6 +43,9 @@ impl Validator<'_> {
         let pacing_reserve = self.int(&key("pacing_reserve"), u.pacing_reserve, 0, 0, 1_000_000);
         let ca_file = self.ca_file(&key("ca_file"), u.ca_file.as_deref());
         let set_headers = self.set_headers(name, u);
+        let auth = self.auth(name, u, &authority, &set_headers);
+        let sets_credential =
+            auth != Auth::Static || set_headers.iter().any(|(h, _)| self.credentials.headers().contains(h));
         Some(UpstreamConfig {
             name: name.to_string(),
             scheme,
@@ -60,9 +63,97 @@ impl Validator<'_> {
             pacing,
             pacing_reserve,
             ca_file,
-            sets_credential: set_headers.iter().any(|(h, _)| self.credentials.headers().contains(h)),
+            sets_credential,
             set_headers,
+            auth,
         })
+    }
+
+    /// `auth` and the keys of the cloud it names: `aws_region` (else the host's, else
+    /// `AWS_REGION`), `aws_service` (else the host's signing name) and `aws_role_arn` only with
+    /// `auth = "aws"`; a cloud's credential is rebound's to set, never `set_headers`'.
+    fn auth(
+        &mut self,
+        name: &str,
+        u: &RawUpstream,
+        authority: &http::uri::Authority,
+        set_headers: &[(HeaderName, HeaderValue)],
+    ) -> Auth {
+        let key = |k: &str| format!("upstreams.{name}.{k}");
+        let kind = self.choice(&key("auth"), &u.auth, AuthKind::Static, AuthKind::CHOICES);
+        if matches!(kind, AuthKind::Gcp | AuthKind::Azure) {
+            self.err(
+                &key("auth"),
+                format!(
+                    "expected \"static\" or \"aws\": auth = \"{}\" is not in this build yet",
+                    kind.as_str()
+                ),
+            );
+            return Auth::Static;
+        }
+        if kind != AuthKind::Aws {
+            for (k, v) in [
+                ("aws_region", &u.aws_region),
+                ("aws_service", &u.aws_service),
+                ("aws_role_arn", &u.aws_role_arn),
+            ] {
+                if v.is_some() {
+                    self.err(
+                        &key(k),
+                        format!("expected only with auth = \"aws\", found auth = \"{}\"", kind.as_str()),
+                    );
+                }
+            }
+        }
+        if kind != AuthKind::Static {
+            let own = set_headers.iter().find(|(h, _)| {
+                h == http::header::AUTHORIZATION
+                    || h.as_str().starts_with("x-amz-")
+                    || h == "x-api-key"
+                    || h == "api-key"
+            });
+            if let Some((h, _)) = own {
+                self.err(
+                    &key("set_headers"),
+                    format!("expected no `{h}`: auth = \"{}\" sets the credential", kind.as_str()),
+                );
+            }
+        }
+        match kind {
+            AuthKind::Static => Auth::Static,
+            AuthKind::Gcp => Auth::Gcp,
+            AuthKind::Azure => Auth::Azure,
+            AuthKind::Aws => {
+                let host = authority.host();
+                let region = self
+                    .string(&key("aws_region"), u.aws_region.as_deref())
+                    .or_else(|| aws_region_of(host).map(str::to_string))
+                    .or_else(|| (self.env)("AWS_REGION").filter(|r| !r.is_empty()))
+                    .or_else(|| (self.env)("AWS_DEFAULT_REGION").filter(|r| !r.is_empty()));
+                let Some(region) = region else {
+                    self.err(
+                        &key("aws_region"),
+                        "expected a region (e.g. \"us-east-1\"): the host names none, and AWS_REGION is not set",
+                    );
+                    return Auth::Static;
+                };
+                let service = self
+                    .string(&key("aws_service"), u.aws_service.as_deref())
+                    .unwrap_or_else(|| aws_service_of(host).to_string());
+                let role_arn = self.string(&key("aws_role_arn"), u.aws_role_arn.as_deref());
+                if let Some(arn) = role_arn.as_deref().filter(|a| !a.starts_with("arn:")) {
+                    self.err(
+                        &key("aws_role_arn"),
+                        format!("expected a role ARN (arn:aws:iam::ACCOUNT:role/NAME), found {arn:?}"),
+                    );
+                }
+                Auth::Aws(AwsAuth {
+                    region,
+                    service,
+                    role_arn,
+                })
+            }
+        }
     }
 
     /// `url`: an absolute http(s) URL without query or credentials; its path is a base prepended

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod certs;
+pub mod cloud;
 pub mod config_builder;
 pub mod config_edit;
 pub mod fake_provider;

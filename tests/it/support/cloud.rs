@@ -1,0 +1,249 @@
+//! Local stand-ins for the clouds' credential services (STS, the container credentials endpoint,
+//! IMDSv2), over real sockets, reached through the clouds' standard environment variables; and a
+//! SigV4 verifier written from AWS's specification, independent of the signer rebound uses.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpListener;
+
+/// A request a stand-in received.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub method: String,
+    pub path: String,
+    pub headers: http::HeaderMap,
+    pub body: String,
+}
+
+impl Seen {
+    /// A field of its form body.
+    pub fn form(&self, name: &str) -> Option<String> {
+        form_urlencoded::parse(self.body.as_bytes())
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.into_owned())
+    }
+}
+
+type Handler = dyn Fn(&Seen, usize) -> (u16, Vec<(String, String)>, String) + Send + Sync;
+
+/// A credential service stand-in: answers each request with `handler(request, n)` (`n`: the
+/// requests before it), and records what it received.
+pub struct StandIn {
+    pub addr: SocketAddr,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    handler: Arc<Mutex<Arc<Handler>>>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl StandIn {
+    pub async fn start(
+        handler: impl Fn(&Seen, usize) -> (u16, Vec<(String, String)>, String) + Send + Sync + 'static,
+    ) -> StandIn {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
+        let handler: Arc<Mutex<Arc<Handler>>> = Arc::new(Mutex::new(Arc::new(handler)));
+        let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
+        let (s, h) = (seen.clone(), handler.clone());
+        tokio::spawn(async move {
+            loop {
+                let stream = tokio::select! {
+                    accepted = listener.accept() => match accepted { Ok((s, _)) => s, Err(_) => continue },
+                    _ = &mut stopped => return,
+                };
+                let (s, h) = (s.clone(), h.clone());
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(move |req: Request<Incoming>| {
+                        let (s, h) = (s.clone(), h.clone());
+                        async move {
+                            let (parts, body) = req.into_parts();
+                            let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                            let seen = Seen {
+                                method: parts.method.to_string(),
+                                path: parts.uri.to_string(),
+                                headers: parts.headers,
+                                body: String::from_utf8_lossy(&body).into_owned(),
+                            };
+                            let n = {
+                                let mut all = s.lock().unwrap();
+                                all.push(seen.clone());
+                                all.len() - 1
+                            };
+                            let handler = h.lock().unwrap().clone();
+                            let (status, headers, body) = handler(&seen, n);
+                            let mut resp = Response::new(Full::new(Bytes::from(body)));
+                            *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+                            for (k, v) in headers {
+                                resp.headers_mut()
+                                    .insert(http::HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+                            }
+                            Ok::<_, Infallible>(resp)
+                        }
+                    });
+                    let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        StandIn {
+            addr,
+            seen,
+            handler,
+            _stop: stop,
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Answers from now on with `handler`.
+    pub fn answer(
+        &self,
+        handler: impl Fn(&Seen, usize) -> (u16, Vec<(String, String)>, String) + Send + Sync + 'static,
+    ) {
+        *self.handler.lock().unwrap() = Arc::new(handler);
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn count(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+}
+
+/// An RFC 3339 time `after` from now.
+pub fn rfc3339_in(after: Duration) -> String {
+    let t = time::OffsetDateTime::from(SystemTime::now() + after);
+    t.replace_nanosecond(0)
+        .unwrap()
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap()
+}
+
+/// An STS answer with the `n`th temporary keys (`ASIA{n}`, `secret-{n}`, `token-{n}`), valid for
+/// `life`.
+pub fn sts_answer(action: &str, n: usize, life: Duration) -> String {
+    format!(
+        "<{action}Response xmlns=\"https://sts.amazonaws.com/doc/2011-06-15/\"><{action}Result><Credentials>\
+         <AccessKeyId>ASIA{n}</AccessKeyId><SecretAccessKey>secret-{n}</SecretAccessKey>\
+         <SessionToken>token-{n}</SessionToken><Expiration>{}</Expiration></Credentials></{action}Result>\
+         </{action}Response>",
+        rfc3339_in(life)
+    )
+}
+
+/// The keys of STS answer `n` (see [`sts_answer`]).
+pub fn sts_secret(n: usize) -> String {
+    format!("secret-{n}")
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn sha256(data: &[u8]) -> String {
+    hex(ring::digest::digest(&ring::digest::SHA256, data).as_ref())
+}
+
+fn hmac(key: &[u8], data: &str) -> Vec<u8> {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, key);
+    ring::hmac::sign(&key, data.as_bytes()).as_ref().to_vec()
+}
+
+/// SigV4's URI encoding of one path segment or query component (RFC 3986 unreserved kept).
+fn encode(s: &str) -> String {
+    s.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Whether `authorization` is a valid SigV4 signature, with `secret`, of the request the fake
+/// provider recorded (method, path, query, headers, body), per AWS's "Create a signed AWS API
+/// request": the canonical request, the string to sign, the derived key.
+pub fn sigv4_valid(
+    secret: &str,
+    method: &str,
+    path: &str,
+    query: Option<&str>,
+    headers: &[(String, String)],
+    body: &[u8],
+) -> Result<(), String> {
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.clone())
+    };
+    let auth = header("authorization").ok_or("no authorization header")?;
+    let rest = auth.strip_prefix("AWS4-HMAC-SHA256 ").ok_or("not AWS4-HMAC-SHA256")?;
+    let field = |name: &str| {
+        rest.split(", ")
+            .find_map(|p| p.strip_prefix(name).and_then(|v| v.strip_prefix('=')))
+            .map(str::to_string)
+            .ok_or(format!("no {name}"))
+    };
+    let credential = field("Credential")?;
+    let signed_headers = field("SignedHeaders")?;
+    let signature = field("Signature")?;
+    let scope: Vec<&str> = credential.split_once('/').ok_or("no scope")?.1.split('/').collect();
+    let [date, region, service, "aws4_request"] = scope[..] else {
+        return Err(format!("scope {scope:?}"));
+    };
+    let amz_date = header("x-amz-date").ok_or("no x-amz-date")?;
+    // Every service but S3 encodes the path as sent once more ("double" encoding).
+    let canonical_path = path.split('/').map(encode).collect::<Vec<_>>().join("/");
+    let mut pairs: Vec<(String, String)> = query
+        .map(|q| {
+            form_urlencoded::parse(q.as_bytes())
+                .map(|(k, v)| (encode(&k), encode(&v)))
+                .collect()
+        })
+        .unwrap_or_default();
+    pairs.sort();
+    let canonical_query = pairs
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join("&");
+    let mut canonical_headers = String::new();
+    for name in signed_headers.split(';') {
+        let value = header(name).ok_or(format!("signed header {name} not sent"))?;
+        canonical_headers.push_str(&format!("{name}:{}\n", value.trim()));
+    }
+    let canonical = format!(
+        "{method}\n{canonical_path}\n{canonical_query}\n{canonical_headers}\n{signed_headers}\n{}",
+        sha256(body)
+    );
+    let to_sign = format!(
+        "AWS4-HMAC-SHA256\n{amz_date}\n{date}/{region}/{service}/aws4_request\n{}",
+        sha256(canonical.as_bytes())
+    );
+    let mut key = hmac(format!("AWS4{secret}").as_bytes(), date);
+    for part in [region, service, "aws4_request"] {
+        key = hmac(&key, part);
+    }
+    let expected = hex(&hmac(&key, &to_sign));
+    match expected == signature {
+        true => Ok(()),
+        false => Err(format!(
+            "signature {signature} != {expected}\ncanonical request:\n{canonical}"
+        )),
+    }
+}

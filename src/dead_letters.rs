@@ -560,7 +560,7 @@ impl DeadLetters {
     }
 
     /// Deletes every entry matching `filter`; returns how many.
-    pub async fn purge(&self, filter: &Filter) -> Result<u64, DeadLetterError> {
+    pub(crate) async fn purge(&self, filter: &Filter) -> Result<u64, DeadLetterError> {
         match &self.backend {
             Backend::Memory(ring) => {
                 let mut ring = ring.lock();

@@ -616,7 +616,7 @@ impl RouteCounters {
 /// The children of the attempt families for one (route, upstream) pair, resolved once.
 pub(crate) struct AttemptMetrics {
     by_outcome: [IntCounter; AttemptOutcome::ALL.len()],
-    pub duration: Histogram,
+    pub(crate) duration: Histogram,
     /// `rebound_stream_errors_total{position="first_event"}`.
     pub(crate) first_event_errors: IntCounter,
     /// `rebound_stream_errors_total{position="mid_stream"}`.

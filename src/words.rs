@@ -53,7 +53,7 @@ pub(crate) const CREDENTIAL_UNAVAILABLE: &str = "credential_unavailable";
 
 /// Why the retry loop delivered an outcome rather than retrying it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Stop {
+pub(crate) enum Stop {
     /// A success.
     Success,
     /// Not retryable: a permanent failure, or not named by the policy.

@@ -58,7 +58,7 @@ impl CooldownTable {
 
     /// No calls with `cred` before `until`. Keeps the later deadline; returns whether this one
     /// extended it (false when it was already as long, or in the past).
-    pub fn note(&mut self, cred: LimitKey, until: Instant, now: Instant) -> bool {
+    pub(crate) fn note(&mut self, cred: LimitKey, until: Instant, now: Instant) -> bool {
         if until <= now {
             return false;
         }

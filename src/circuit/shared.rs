@@ -89,7 +89,7 @@ pub(crate) fn upstream_keys(redis: &RedisHandle, upstream: &str) -> [String; 7] 
 
 /// The fleet's circuit state, as a script or a message reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fleet {
+pub(crate) enum Fleet {
     Closed,
     HalfOpen,
     Open { left: Duration },

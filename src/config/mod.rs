@@ -15,7 +15,7 @@ pub mod raw;
 mod spelling;
 mod targets;
 pub mod units;
-pub mod validate;
+pub(crate) mod validate;
 
 mod error;
 mod summary;

@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::record::{CallbackState, CallbackView, JobResult, JobView};
 
 /// POSTs per callback, the first included.
-pub const ATTEMPTS: u32 = 4;
+pub(crate) const ATTEMPTS: u32 = 4;
 /// The first wait between POSTs (doubled each time, with jitter).
 const BASE_DELAY: Duration = Duration::from_millis(500);
 /// How long one POST may take.

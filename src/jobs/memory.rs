@@ -181,7 +181,7 @@ impl MemoryQueue {
     }
 
     /// Records a run's outcome. Returns the number of unfinished jobs.
-    pub fn finish(&self, id: &str, f: &Finished, callback_pending: bool, ttl: Duration) -> usize {
+    pub(crate) fn finish(&self, id: &str, f: &Finished, callback_pending: bool, ttl: Duration) -> usize {
         let mut s = self.state.lock();
         let now = crate::time::now();
         if let Some(job) = s.jobs.get_mut(id) {

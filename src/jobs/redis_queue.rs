@@ -294,7 +294,7 @@ impl RedisQueue {
 
     /// Claims one entry idle for at least `min_idle` (its worker stopped heartbeating), scanning
     /// from `cursor`. Returns the next cursor and the entry.
-    pub async fn reclaim(
+    pub(crate) async fn reclaim(
         &self,
         consumer: &str,
         min_idle: Duration,
@@ -419,7 +419,7 @@ impl RedisQueue {
 
     /// Records a run's outcome (owner-checked); the entry is acknowledged unless a callback is
     /// still to deliver. Returns whether this worker still owned the job, and the queue depth.
-    pub async fn finish(
+    pub(crate) async fn finish(
         &self,
         id: &str,
         entry: &str,

@@ -29,7 +29,7 @@ use crate::wire::usage::{request_model, Ledger, UsageScan};
 
 /// A response extension: this attempt's tokens are counted already.
 #[derive(Debug, Clone, Copy)]
-pub struct Counted;
+pub(crate) struct Counted;
 
 /// What every attempt of one request shares: its model label and its ledger.
 #[derive(Clone)]
@@ -139,7 +139,7 @@ impl Meter {
     }
 
     /// Counts the attempt (once): `whole` when the body reached its end.
-    pub fn finish(&mut self, whole: bool) {
+    pub(crate) fn finish(&mut self, whole: bool) {
         if std::mem::replace(&mut self.done, true) {
             return;
         }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 /// Number of buckets the window is divided into.
-pub const SLOTS: usize = 10;
+pub(crate) const SLOTS: usize = 10;
 
 #[cfg(test)]
 /// The window used when a route does not say otherwise (Linkerd's `ttl` default).

@@ -124,7 +124,7 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-pub use crate::words::Stop;
+pub(crate) use crate::words::Stop;
 
 /// Where a wait came from (the `source` label of `rebound_retry_wait_seconds`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

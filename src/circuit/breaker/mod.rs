@@ -93,7 +93,7 @@ pub enum CircuitState {
 
 impl CircuitState {
     /// The value of the `rebound_circuit_state` gauge.
-    pub const fn gauge(self) -> i64 {
+    pub(crate) const fn gauge(self) -> i64 {
         match self {
             CircuitState::Closed => 0,
             CircuitState::HalfOpen => 1,

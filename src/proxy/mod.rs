@@ -361,6 +361,7 @@ impl Proxy {
                     attempts,
                     outcome,
                     meter,
+                    shape: resp.body().shape(),
                 };
                 let mut resp = upstream_response(resp, (route, target), came, claims, log);
                 if let Some(value) = cache_claim {

@@ -20,12 +20,13 @@ use crate::wire::body::{self, ProxyBody, RequestLog};
 use crate::wire::headers;
 use crate::wire::sse::Shape;
 
-/// How an answer came: after how many attempts, the last one's outcome, and the meter of its
-/// token usage (when the route counts it).
+/// How an answer came: after how many attempts, the last one's outcome, the meter of its token
+/// usage (when the route counts it), and its shape (read once, from its `content-type`).
 pub(super) struct Came {
     pub(super) attempts: u32,
     pub(super) outcome: Outcome,
     pub(super) meter: Option<Meter>,
+    pub(super) shape: Shape,
 }
 
 /// The upstream's response as it came, minus hop-by-hop headers, plus `x-rebound-attempts`. A
@@ -46,9 +47,9 @@ where
         attempts,
         outcome,
         meter,
+        shape,
     } = came;
     let (mut parts, body) = resp.into_parts();
-    let shape = Shape::of(&parts.headers);
     headers::strip_hop_by_hop(&mut parts.headers, false);
     // Room for rebound's own headers at once (the map is sized for the upstream's).
     parts.headers.reserve(4);

@@ -69,6 +69,7 @@ pub(super) async fn pass_through<B>(
             attempts: 1,
             outcome: crate::retry::policy::Outcome::Status(resp.status()),
             meter: None,
+            shape: crate::wire::sse::Shape::of(resp.headers()),
         };
         let resp = resp.map(|b| b.map_err(Into::into));
         return upstream_response(resp, (route, route.primary()), came, Claims::none(false), log);

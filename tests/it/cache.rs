@@ -274,7 +274,7 @@ async fn redis_down_the_cache_fails_open_and_counts_it() {
 async fn a_fresh_idempotency_key_answered_from_the_cache_keeps_that_answer() {
     let provider = FakeProvider::start().await;
     let rebound = cached(&provider, RawCache::default())
-        .idempotency("idem")
+        .idempotency("idem", Default::default())
         .route(|r| r.idempotency = some("idem"))
         .start()
         .await;

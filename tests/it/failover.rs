@@ -168,7 +168,7 @@ async fn when_no_target_can_take_a_request_the_app_is_told_each_ones_state() {
 async fn an_idempotency_key_is_one_generation_whichever_target_served_it() {
     let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
     let rebound = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}))
-        .idempotency("i")
+        .idempotency("i", Default::default())
         .route(|r| r.idempotency = some("i"))
         .start()
         .await;
@@ -550,16 +550,18 @@ async fn traffic_returns_to_the_first_target_once_it_recovers() {
     // served by a again.
     a.script("k", vec![]);
     let healed = std::time::Instant::now();
-    let mut back = None;
-    while healed.elapsed() < std::time::Duration::from_secs(10) {
-        let r = call(&rebound, "k", &[]).await;
-        if r.header("x-rebound-upstream") == Some("a") {
-            back = Some(healed.elapsed());
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    let back = back.expect("a carries traffic again");
+    let back = until(
+        "a carries traffic again",
+        std::time::Duration::from_secs(10),
+        || async {
+            let r = call(&rebound, "k", &[]).await;
+            match r.header("x-rebound-upstream") {
+                Some("a") => Ok(healed.elapsed()),
+                other => Err(format!("{other:?}")),
+            }
+        },
+    )
+    .await;
     eprintln!("a served again {back:?} after it recovered");
     for _ in 0..3 {
         assert_eq!(call(&rebound, "k", &[]).await.header("x-rebound-upstream"), Some("a"));

@@ -4,7 +4,7 @@
 //! request is never kept longer than `max_retry_after` allows; `failover_wait` both ways;
 //! `rate_limit_scope = "credential"` as before.
 
-use rebound::config::raw::{RawMetrics, RawRetry, RawTarget};
+use rebound::config::raw::{RawRetry, RawTarget};
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::chat_completion;
@@ -27,13 +27,10 @@ fn policy(max_retry_after: &str) -> RawRetry {
 /// The fake route with a retry policy that waits at most 1 s for a reset; `[metrics] models`
 /// names `gpt-big`.
 fn one_key(provider: &FakeProvider) -> TestConfig {
-    let mut c = TestConfig::new(&provider.url())
+    TestConfig::new(&provider.url())
         .retry("p", policy("1s"))
-        .route(|r| r.retry = some("p"));
-    c.0.metrics = Some(RawMetrics {
-        models: Some(vec!["gpt-big".to_string()]),
-    });
-    c
+        .route(|r| r.retry = some("p"))
+        .metrics_models(&["gpt-big"])
 }
 
 async fn chat(base: &str, fake: &str, model: &str) -> Answer {

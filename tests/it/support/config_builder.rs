@@ -3,7 +3,8 @@
 //! the real parser and validator, as a file would be.
 
 use rebound::config::raw::{
-    RawAdmin, RawCache, RawConfig, RawLog, RawRedis, RawRetry, RawRoute, RawServer, RawUpstream,
+    RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLog, RawMetrics, RawRedis,
+    RawRetry, RawRoute, RawServer, RawTelemetry, RawUpstream,
 };
 
 use super::sidecar::{parse, Rebound};
@@ -11,6 +12,11 @@ use super::sidecar::{parse, Rebound};
 /// `Some(s.to_string())`, for the raw mirror's optional strings.
 pub fn some(s: &str) -> Option<String> {
     Some(s.to_string())
+}
+
+/// `Some(vec![...])`, for the raw mirror's optional lists of strings.
+pub fn list(items: &[&str]) -> Option<Vec<String>> {
+    Some(items.iter().map(|s| s.to_string()).collect())
 }
 
 /// A test configuration, typed.
@@ -79,9 +85,71 @@ impl TestConfig {
         self
     }
 
-    /// `[idempotency.NAME]` with its defaults.
-    pub fn idempotency(mut self, name: &str) -> TestConfig {
-        self.0.idempotency.insert(name.to_string(), Default::default());
+    /// Another `[upstreams.NAME]`, exactly as given.
+    pub fn with_upstream(mut self, name: &str, upstream: RawUpstream) -> TestConfig {
+        self.0.upstreams.insert(name.to_string(), upstream);
+        self
+    }
+
+    /// Another `[[routes]]` entry, exactly as given, after the `fake` route.
+    pub fn with_route(mut self, route: RawRoute) -> TestConfig {
+        self.0.routes.push(route);
+        self
+    }
+
+    /// `[server]`, edited.
+    pub fn server(mut self, edit: impl FnOnce(&mut RawServer)) -> TestConfig {
+        edit(self.0.server.get_or_insert_with(Default::default));
+        self
+    }
+
+    /// `[admin] token`.
+    pub fn admin_token(mut self, token: &str) -> TestConfig {
+        self.0.admin.get_or_insert_with(Default::default).token = some(token);
+        self
+    }
+
+    /// `[log] level`.
+    pub fn log_level(mut self, level: &str) -> TestConfig {
+        self.0.log.get_or_insert_with(Default::default).level = some(level);
+        self
+    }
+
+    /// `[idempotency.NAME]`.
+    pub fn idempotency(mut self, name: &str, policy: RawIdempotency) -> TestConfig {
+        self.0.idempotency.insert(name.to_string(), policy);
+        self
+    }
+
+    /// `[circuit.NAME]`.
+    pub fn circuit(mut self, name: &str, policy: RawCircuit) -> TestConfig {
+        self.0.circuit.insert(name.to_string(), policy);
+        self
+    }
+
+    /// `[jobs]`.
+    pub fn jobs(mut self, jobs: RawJobs) -> TestConfig {
+        self.0.jobs = Some(jobs);
+        self
+    }
+
+    /// `[dead_letters]`.
+    pub fn dead_letters(mut self, dead_letters: RawDeadLetters) -> TestConfig {
+        self.0.dead_letters = Some(dead_letters);
+        self
+    }
+
+    /// `[telemetry]`.
+    pub fn telemetry(mut self, telemetry: RawTelemetry) -> TestConfig {
+        self.0.telemetry = Some(telemetry);
+        self
+    }
+
+    /// `[metrics] models`.
+    pub fn metrics_models(mut self, models: &[&str]) -> TestConfig {
+        self.0.metrics = Some(RawMetrics {
+            models: Some(models.iter().map(|m| m.to_string()).collect()),
+        });
         self
     }
 
@@ -91,13 +159,31 @@ impl TestConfig {
         self.route(|r| r.cache = some(name))
     }
 
+    /// Another `[cache.NAME]`, exactly as given, named by no route (yet).
+    pub fn with_cache(mut self, name: &str, policy: RawCache) -> TestConfig {
+        self.0.cache.insert(name.to_string(), policy);
+        self
+    }
+
+    /// `[redis]`, exactly as given (a cluster, sentinels).
+    pub fn with_redis(mut self, redis: RawRedis) -> TestConfig {
+        self.0.redis = Some(redis);
+        self
+    }
+
     /// `[redis] url`.
-    pub fn redis(mut self, url: &str) -> TestConfig {
-        self.0.redis = Some(RawRedis {
+    pub fn redis(self, url: &str) -> TestConfig {
+        self.redis_with(url, |_| {})
+    }
+
+    /// `[redis] url` with `edit` applied (timeouts, sync interval, credentials).
+    pub fn redis_with(self, url: &str, edit: impl FnOnce(&mut RawRedis)) -> TestConfig {
+        let mut redis = RawRedis {
             url: some(url),
             ..RawRedis::default()
-        });
-        self
+        };
+        edit(&mut redis);
+        self.with_redis(redis)
     }
 
     /// `[retry.NAME]`.

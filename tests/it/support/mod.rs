@@ -146,24 +146,35 @@ pub async fn eventually(within: Duration, f: impl FnMut() -> bool) -> bool {
     time_until(within, f).await.is_some()
 }
 
-/// Polls the asynchronous `f` every 10 ms until it gives `Some`, and returns that: the event a test
+/// Polls the asynchronous `f` every 10 ms until it gives `Ok`, and returns that: the event a test
 /// waits for (an HTTP answer, a Redis key, a metric), never a fixed time. Fails loudly, naming
 /// `what` and the last value seen, when `within` passes first.
-pub async fn until<T, F, Fut>(what: &str, within: Duration, mut f: F) -> T
+pub async fn until<T, F, Fut>(what: &str, within: Duration, f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, String>>,
 {
+    try_until(within, f)
+        .await
+        .unwrap_or_else(|last| panic!("{what}: not within {within:?}; last seen: {last}"))
+}
+
+/// [`until`] for a harness that reports instead of failing: the value `f` gave, or the last error
+/// it gave once `within` passed.
+pub async fn try_until<T, E, F, Fut>(within: Duration, mut f: F) -> Result<T, E>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
     let end = tokio::time::Instant::now() + within;
     loop {
         let last = match f().await {
-            Ok(value) => return value,
+            Ok(value) => return Ok(value),
             Err(last) => last,
         };
-        assert!(
-            tokio::time::Instant::now() < end,
-            "{what}: not within {within:?}; last seen: {last}"
-        );
+        if tokio::time::Instant::now() >= end {
+            return Err(last);
+        }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -209,7 +220,17 @@ pub async fn read_body(mut body: Incoming, already: &[u8], stall: Duration) -> B
 /// Waits (10 s at most, failing loudly past it) until the series `name_and_labels` on
 /// `rebound`'s `/metrics` satisfies `want`: the event a test waits for instead of a fixed time.
 pub async fn until_metric(rebound: &Rebound, name_and_labels: &str, want: impl Fn(f64) -> bool) {
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    until_metric_within(rebound, Duration::from_secs(10), name_and_labels, want).await
+}
+
+/// [`until_metric`], waiting `within` at most.
+pub async fn until_metric_within(
+    rebound: &Rebound,
+    within: Duration,
+    name_and_labels: &str,
+    want: impl Fn(f64) -> bool,
+) {
+    let end = tokio::time::Instant::now() + within;
     loop {
         let value = metric(&rebound.metrics().await, name_and_labels);
         if want(value) {
@@ -217,7 +238,7 @@ pub async fn until_metric(rebound: &Rebound, name_and_labels: &str, want: impl F
         }
         assert!(
             tokio::time::Instant::now() < end,
-            "{name_and_labels} is still {value} after 10 s"
+            "{name_and_labels} is still {value} after {within:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }

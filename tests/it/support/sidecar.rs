@@ -209,10 +209,9 @@ pub async fn redis_handle_for(config: rebound::config::RedisConfig) -> rebound::
     let tasks = tokio_util::task::TaskTracker::new();
     let handle =
         rebound::redis::RedisHandle::start(config, metrics, &tasks, tokio_util::sync::CancellationToken::new());
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    while !handle.is_up() && tokio::time::Instant::now() < end {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert!(handle.is_up(), "redis at {url} did not answer");
+    assert!(
+        super::eventually(Duration::from_secs(10), || handle.is_up()).await,
+        "redis at {url} did not answer"
+    );
     handle
 }

@@ -1,12 +1,14 @@
 //! The admin listener: health, readiness, metrics.
 
-use crate::support::sidecar::config_for;
+use rebound::config::raw::RawRetry;
+
+use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::*;
 
 #[tokio::test]
 async fn health_ready_and_metrics() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let rebound = TestConfig::new(&provider.url()).start().await;
     assert_eq!(get(&format!("{}/healthz", rebound.admin)).await.status, 200);
     let ready = get(&format!("{}/readyz", rebound.admin)).await;
     assert_eq!(ready.status, 200);
@@ -79,7 +81,7 @@ async fn health_ready_and_metrics() {
 async fn inflight_counts_open_streams() {
     use http_body_util::BodyExt;
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let rebound = TestConfig::new(&provider.url()).start().await;
     let resp = send_streaming(
         "POST",
         &format!("{}/fake/v1/chat/completions", rebound.url),
@@ -97,7 +99,7 @@ async fn inflight_counts_open_streams() {
 #[tokio::test]
 async fn a_client_that_gives_up_early_is_counted_out_of_flight() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let rebound = TestConfig::new(&provider.url()).start().await;
     provider.script("slow", vec![Step::Delay { ms: 1500 }]);
     let url = format!("{}/fake/v1/chat/completions", rebound.url);
     let gave_up = tokio::time::timeout(
@@ -115,16 +117,25 @@ async fn a_client_that_gives_up_early_is_counted_out_of_flight() {
 #[tokio::test]
 async fn a_fresh_sidecar_exports_the_series_its_config_determines() {
     let provider = FakeProvider::start().await;
-    let toml = Edit::new(&config_for(
-        &provider.url(),
-        "\n[retry.r]\nretry_on = [\"503\"]\nretry_once_on = [\"500\"]\n\n[idempotency.i]\n\n[circuit.c]\n",
-    ))
-    .route_set("fake", "retry", "r")
-    .route_set("fake", "idempotency", "i")
-    .route_set("fake", "dead_letters", true)
-    .set("upstreams.fake", "circuit", "c")
-    .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = TestConfig::new(&provider.url())
+        .retry(
+            "r",
+            RawRetry {
+                retry_on: list(&["503"]),
+                retry_once_on: list(&["500"]),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency("i", Default::default())
+        .circuit("c", Default::default())
+        .route(|r| {
+            r.retry = some("r");
+            r.idempotency = some("i");
+            r.dead_letters = Some(true);
+        })
+        .upstream(|u| u.circuit = some("c"))
+        .start()
+        .await;
     let page = rebound.metrics().await;
     for sample in [
         r#"rebound_circuit_state{upstream="fake"} 0"#,

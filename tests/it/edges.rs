@@ -7,15 +7,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::support::sidecar::config_for;
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::*;
-
-fn config(provider: &str, server: &str) -> String {
-    let mut toml = config_for(provider, "");
-    // `[server]` is the first table of the generated config: add the keys under it.
-    toml = toml.replacen("[server]\n", &format!("[server]\n{server}\n"), 1);
-    toml
-}
 
 fn addr(url: &str) -> std::net::SocketAddr {
     url.trim_start_matches("http://").parse().unwrap()
@@ -40,7 +33,7 @@ async fn until_closed(s: &mut TcpStream, within: Duration) -> (String, Option<Du
 #[tokio::test]
 async fn a_head_over_max_request_head_is_431_and_never_forwarded() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), "")).await;
+    let rebound = TestConfig::new(&provider.url()).start().await;
     let url = format!("{}/fake/v1/chat/completions", rebound.url);
     let big = "x".repeat(200 * 1024);
     let refused = send("POST", &url, &[("x-fake-key", "big"), ("x-big", &big)], "{}").await;
@@ -56,7 +49,10 @@ async fn a_head_over_max_request_head_is_431_and_never_forwarded() {
     assert_eq!(provider.count("fits"), 1);
 
     // A configured limit applies, with the same answer.
-    let small = Rebound::start(&config(&provider.url(), "max_request_head = \"4KiB\"")).await;
+    let small = TestConfig::new(&provider.url())
+        .server(|s| s.max_request_head = some("4KiB"))
+        .start()
+        .await;
     let url = format!("{}/fake/v1/chat/completions", small.url);
     let refused = send(
         "POST",
@@ -73,12 +69,16 @@ async fn a_head_over_max_request_head_is_431_and_never_forwarded() {
 async fn past_max_connections_new_connections_wait_in_the_backlog_and_are_then_served() {
     let provider = FakeProvider::start().await;
     provider.script("slow", vec![Step::Delay { ms: 800 }, Step::Delay { ms: 800 }]);
-    let rebound = Rebound::start(&config(&provider.url(), "max_connections = 2")).await;
+    let rebound = TestConfig::new(&provider.url())
+        .server(|s| s.max_connections = Some(2))
+        .start()
+        .await;
     let at = addr(&rebound.url);
     let request = b"POST /fake/v1/chat/completions HTTP/1.1\r\nhost: x\r\nx-fake-key: slow\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
     let started = Instant::now();
     let busy: Vec<_> = (0..2).map(|_| tokio::spawn(raw_exchange(at, request))).collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Both slots are taken once both requests reached the provider.
+    assert!(eventually(Duration::from_secs(10), || provider.count("slow") == 2).await);
     // The third connection is accepted by the kernel (the backlog), not refused, and waits.
     let third = raw_exchange(at, b"GET /fake/echo HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").await;
     let waited = started.elapsed();
@@ -95,7 +95,10 @@ async fn past_max_connections_new_connections_wait_in_the_backlog_and_are_then_s
 #[tokio::test]
 async fn slow_silent_and_idle_clients_are_closed_after_header_read_timeout() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), "header_read_timeout = \"1s\"")).await;
+    let rebound = TestConfig::new(&provider.url())
+        .server(|s| s.header_read_timeout = some("1s"))
+        .start()
+        .await;
     let at = addr(&rebound.url);
 
     // Silent: connects, sends nothing.

@@ -5,30 +5,46 @@
 
 use std::time::Duration;
 
+use rebound::config::raw::{RawIdempotency, RawRetry};
+
+use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::fake_provider::{anthropic_message, error_event, error_object, sse_stream_bytes};
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
-/// A rebound whose `fake` route retries under `[retry.p]` (Anthropic's 529 named, fast waits),
-/// with `route_extra` edits (`idempotency`, ...) and `extra` TOML appended.
-async fn start(extra: &str, edit: impl FnOnce(Edit) -> Edit) -> (FakeProvider, Rebound) {
+/// The `fake` route retrying under `[retry.p]` (Anthropic's 529 named, fast waits).
+fn config(provider: &str) -> TestConfig {
+    TestConfig::new(provider)
+        .retry(
+            "p",
+            RawRetry {
+                max_attempts: Some(3),
+                base_delay: some("10ms"),
+                max_delay: some("20ms"),
+                per_try_timeout: some("2s"),
+                first_byte_timeout: some("1s"),
+                deadline: some("10s"),
+                retry_on: list(&[
+                    "connect-failure",
+                    "refused-stream",
+                    "reset",
+                    "timeout",
+                    "429",
+                    "502",
+                    "503",
+                    "504",
+                    "529",
+                ]),
+                retry_once_on: list(&["500"]),
+                ..RawRetry::default()
+            },
+        )
+        .route(|r| r.retry = some("p"))
+}
+
+/// A rebound on [`config`] with `edit` applied (`idempotency`, ...).
+async fn start(edit: impl FnOnce(TestConfig) -> TestConfig) -> (FakeProvider, Rebound) {
     let provider = FakeProvider::start().await;
-    let policy = format!(
-        r#"
-[retry.p]
-max_attempts = 3
-base_delay = "10ms"
-max_delay = "20ms"
-per_try_timeout = "2s"
-first_byte_timeout = "1s"
-deadline = "10s"
-retry_on = ["connect-failure", "refused-stream", "reset", "timeout", "429", "502", "503", "504", "529"]
-retry_once_on = ["500"]
-{extra}
-"#
-    );
-    let toml = edit(Edit::new(&config_for(&provider.url(), &policy)).route_set("fake", "retry", "p")).to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = edit(config(&provider.url())).start().await;
     (provider, rebound)
 }
 
@@ -65,7 +81,7 @@ fn stream_errors(page: &str, position: &str) -> f64 {
 
 #[tokio::test]
 async fn the_counters_exist_from_startup() {
-    let (_provider, rebound) = start("", |e| e).await;
+    let (_provider, rebound) = start(|c| c).await;
     let page = rebound.metrics().await;
     for line in [
         r#"rebound_stream_errors_total{position="first_event",route="fake",upstream="fake"} 0"#,
@@ -78,7 +94,7 @@ async fn the_counters_exist_from_startup() {
 
 #[tokio::test]
 async fn an_overloaded_first_event_is_retried_and_the_app_gets_one_clean_stream() {
-    let (provider, rebound) = start("", |e| e).await;
+    let (provider, rebound) = start(|c| c).await;
     provider.script("k", vec![Step::in_band("overloaded_error")]);
     let a = call(&format!("{}/fake", rebound.url), MESSAGES, "k", STREAM, &[]).await;
     assert_eq!(a.status, 200);
@@ -100,7 +116,7 @@ async fn an_overloaded_first_event_is_retried_and_the_app_gets_one_clean_stream(
 
 #[tokio::test]
 async fn an_openai_shaped_server_error_event_is_retried_once() {
-    let (provider, rebound) = start("", |e| e).await;
+    let (provider, rebound) = start(|c| c).await;
     provider.script("k", vec![Step::in_band("server_error")]);
     let a = call(&format!("{}/fake", rebound.url), CHAT, "k", STREAM, &[]).await;
     assert_eq!(a.status, 200);
@@ -124,7 +140,7 @@ async fn an_openai_shaped_server_error_event_is_retried_once() {
 
 #[tokio::test]
 async fn a_json_200_that_is_an_error_object_is_retried() {
-    let (provider, rebound) = start("", |e| e).await;
+    let (provider, rebound) = start(|c| c).await;
     provider.script(
         "k",
         vec![Step::JsonError {
@@ -142,7 +158,7 @@ async fn a_json_200_that_is_an_error_object_is_retried() {
 
 #[tokio::test]
 async fn a_non_retryable_in_band_error_is_passed_through_as_it_came() {
-    let (provider, rebound) = start("", |e| e).await;
+    let (provider, rebound) = start(|c| c).await;
     provider.script(
         "k",
         vec![Step::InBandError {
@@ -179,7 +195,7 @@ async fn a_non_retryable_in_band_error_is_passed_through_as_it_came() {
 
 #[tokio::test]
 async fn a_rate_limit_error_waits_for_the_retry_after_it_came_with() {
-    let (provider, rebound) = start("", |e| e).await;
+    let (provider, rebound) = start(|c| c).await;
     provider.script(
         "k",
         vec![Step::InBandError {
@@ -209,7 +225,7 @@ async fn a_rate_limit_error_waits_for_the_retry_after_it_came_with() {
 
 #[tokio::test]
 async fn a_mid_stream_error_is_passed_through_not_retried_and_counted() {
-    let (provider, rebound) = start("", |e| e).await;
+    let (provider, rebound) = start(|c| c).await;
     for (key, path) in [("anthropic", MESSAGES), ("openai", CHAT)] {
         provider.script(
             key,
@@ -237,7 +253,7 @@ async fn a_mid_stream_error_is_passed_through_not_retried_and_counted() {
 
 #[tokio::test]
 async fn exhausted_retries_deliver_the_error_stream_as_it_came() {
-    let (provider, rebound) = start("", |e| e).await;
+    let (provider, rebound) = start(|c| c).await;
     provider.script("k", vec![Step::in_band("overloaded_error"); 3]);
     let a = call(&format!("{}/fake", rebound.url), MESSAGES, "k", STREAM, &[]).await;
     assert_eq!(a.status, 200);
@@ -256,8 +272,18 @@ async fn exhausted_retries_deliver_the_error_stream_as_it_came() {
 async fn an_in_band_error_is_not_stored_for_an_idempotency_key() {
     // "conflict": a key still held answers 409 at once, so the retry below shows whether the
     // first released it (no wall-clock limit needed).
-    let idem = "\n[idempotency.idem]\nlease = \"5s\"\non_concurrent = \"conflict\"\n";
-    let (provider, rebound) = start(idem, |e| e.route_set("fake", "idempotency", "idem")).await;
+    let (provider, rebound) = start(|c| {
+        c.idempotency(
+            "idem",
+            RawIdempotency {
+                lease: some("5s"),
+                on_concurrent: some("conflict"),
+                ..RawIdempotency::default()
+            },
+        )
+        .route(|r| r.idempotency = some("idem"))
+    })
+    .await;
     provider.script("k", vec![Step::in_band("overloaded_error")]);
     let key = [("idempotency-key", "in-band-1")];
     let once = [("idempotency-key", "in-band-1"), ("x-rebound-max-attempts", "1")];

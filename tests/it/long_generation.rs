@@ -6,9 +6,9 @@
 use std::time::{Duration, Instant};
 
 use crate::support::certs::test_pki;
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes, ANTHROPIC_PING, SSE_COMMENT};
 use crate::support::shipped;
-use crate::support::sidecar::config_for;
 use crate::support::*;
 use http_body_util::BodyExt as _;
 
@@ -460,12 +460,15 @@ async fn http2_pings_tell_a_dead_connection_from_a_thinking_model() {
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
-    let policy = "retry = \"p\"\n\n[retry.p]\n";
-    let toml = Edit::new(&config_for(&provider.url(), policy))
-        .set("upstreams.fake", "keepalive", "1s")
-        .set("upstreams.fake", "ca_file", ca.display().to_string())
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = TestConfig::new(&provider.url())
+        .retry("p", Default::default())
+        .route(|r| r.retry = some("p"))
+        .upstream(|u| {
+            u.keepalive = some("1s");
+            u.ca_file = some(&ca.display().to_string());
+        })
+        .start()
+        .await;
     let url = "/fake/v1/chat/completions";
 
     // A model that thinks for 5 s (five keepalive intervals) on a live connection: one call.

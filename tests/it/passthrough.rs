@@ -3,14 +3,15 @@
 use std::time::Duration;
 
 use http_body_util::BodyExt;
+use rebound::config::raw::{RawRetry, RawRoute, RawUpstream};
 
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes};
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
 async fn setup() -> (FakeProvider, Rebound) {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let rebound = TestConfig::new(&provider.url()).start().await;
     (provider, rebound)
 }
 
@@ -93,10 +94,10 @@ async fn sse_first_chunk_arrives_before_the_provider_sends_the_last() {
 #[tokio::test]
 async fn oversized_body_is_refused_with_413_and_not_forwarded() {
     let provider = FakeProvider::start().await;
-    let toml = Edit::new(&config_for(&provider.url(), ""))
-        .set("server", "max_request_body", "1KiB")
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = TestConfig::new(&provider.url())
+        .server(|s| s.max_request_body = some("1KiB"))
+        .start()
+        .await;
     let big = "x".repeat(2048);
     let a = send(
         "POST",
@@ -234,26 +235,32 @@ async fn raw_exchange_one(addr: std::net::SocketAddr, raw: &str) -> String {
 #[tokio::test]
 async fn routes_prefixes_base_paths_and_set_headers() {
     let provider = FakeProvider::start().await;
-    let extra = format!(
-        r#"
-[upstreams.based]
-url = "{url}/echo/base/"
-set_headers = {{ authorization = "Bearer sk-sidecar-only", x-extra = "1" }}
-
-[[routes]]
-name = "nested"
-path_prefix = "/fake/v1/special/"
-upstream = "based"
-strip_prefix = true
-
-[[routes]]
-name = "unstripped"
-path_prefix = "/echo/"
-upstream = "fake"
-"#,
-        url = provider.url()
-    );
-    let rebound = Rebound::start(&config_for(&provider.url(), &extra)).await;
+    let rebound = TestConfig::new(&provider.url())
+        .with_upstream(
+            "based",
+            RawUpstream {
+                url: Some(format!("{}/echo/base/", provider.url())),
+                set_headers: [("authorization", "Bearer sk-sidecar-only"), ("x-extra", "1")]
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .into(),
+                ..RawUpstream::default()
+            },
+        )
+        .with_route(RawRoute {
+            name: some("nested"),
+            path_prefix: some("/fake/v1/special/"),
+            upstream: some("based"),
+            strip_prefix: Some(true),
+            ..RawRoute::default()
+        })
+        .with_route(RawRoute {
+            name: some("unstripped"),
+            path_prefix: some("/echo/"),
+            upstream: some("fake"),
+            ..RawRoute::default()
+        })
+        .start()
+        .await;
 
     // Longest prefix wins, prefix stripped, upstream base path prepended, credentials injected.
     let a = send(
@@ -325,7 +332,7 @@ async fn unreachable_upstream_is_502_and_slow_one_is_504() {
         .local_addr()
         .unwrap()
         .port();
-    let rebound = Rebound::start(&config_for(&format!("http://127.0.0.1:{port}"), "")).await;
+    let rebound = TestConfig::new(&format!("http://127.0.0.1:{port}")).start().await;
     let a = post_json(&format!("{}/fake/v1/chat/completions", rebound.url), "{}").await;
     assert_eq!(a.status, 502);
     assert_eq!(a.header("x-rebound-error"), Some("upstream_unreachable"));
@@ -333,15 +340,18 @@ async fn unreachable_upstream_is_502_and_slow_one_is_504() {
     assert_eq!(a.json()["error"]["code"], "upstream_unreachable");
 
     let provider = FakeProvider::start().await;
-    let extra = r#"
-[retry.short]
-max_attempts = 1
-per_try_timeout = "200ms"
-"#;
-    let toml = Edit::new(&config_for(&provider.url(), extra))
-        .route_set("fake", "retry", "short")
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = TestConfig::new(&provider.url())
+        .retry(
+            "short",
+            RawRetry {
+                max_attempts: Some(1),
+                per_try_timeout: some("200ms"),
+                ..RawRetry::default()
+            },
+        )
+        .route(|r| r.retry = some("short"))
+        .start()
+        .await;
     provider.script("slow", vec![Step::Delay { ms: 2000 }]);
     let started = std::time::Instant::now();
     let a = send(

@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 
-use crate::support::sidecar::config_for;
+use crate::support::config_builder::TestConfig;
 use crate::support::*;
 
 /// How the raw upstream treats a connection after each answer.
@@ -97,7 +97,7 @@ impl RawUpstream {
 async fn an_idle_connection_the_upstream_closed_is_never_the_apps_problem() {
     let upstream = RawUpstream::start(After::IdleClose(Duration::from_millis(100))).await;
     // No retry policy: a stale pooled connection must not cost the app a 502.
-    let rebound = Rebound::start(&config_for(&upstream.url, "")).await;
+    let rebound = TestConfig::new(&upstream.url).start().await;
     let url = format!("{}/fake/v1/chat/completions", rebound.url);
     for round in 1..=3 {
         let a = post_json(&url, "{}").await;
@@ -118,7 +118,7 @@ async fn an_idle_connection_the_upstream_closed_is_never_the_apps_problem() {
 #[tokio::test]
 async fn connection_close_answers_are_not_reused() {
     let upstream = RawUpstream::start(After::ConnectionClose).await;
-    let rebound = Rebound::start(&config_for(&upstream.url, "")).await;
+    let rebound = TestConfig::new(&upstream.url).start().await;
     let url = format!("{}/fake/v1/chat/completions", rebound.url);
     for round in 1..=5 {
         let a = post_json(&url, "{}").await;
@@ -131,7 +131,7 @@ async fn connection_close_answers_are_not_reused() {
 #[tokio::test]
 async fn concurrent_requests_share_a_bounded_set_of_reused_connections() {
     let upstream = RawUpstream::start(After::IdleClose(Duration::from_secs(30))).await;
-    let rebound = Rebound::start(&config_for(&upstream.url, "")).await;
+    let rebound = TestConfig::new(&upstream.url).start().await;
     let url = format!("{}/fake/v1/chat/completions", rebound.url);
     for _ in 0..4 {
         let batch = (0..8).map(|_| {

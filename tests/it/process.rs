@@ -4,9 +4,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
+use rebound::config::raw::{RawRetry, RawRoute, RawUpstream};
 
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::sse_stream_bytes;
-use crate::support::sidecar::{config_for, ReboundProcess};
+use crate::support::sidecar::ReboundProcess;
 use crate::support::*;
 
 fn rebound_cmd() -> Command {
@@ -87,20 +89,24 @@ fn check_names_file_line_key_and_expectation() {
 async fn logs_never_carry_a_secret() {
     const CANARY: &str = "CANARY-8c1f2e";
     let provider = FakeProvider::start().await;
-    let extra = r#"
-[upstreams.injected]
-url = "http://127.0.0.1:1"
-set_headers = { authorization = "Bearer ${UPSTREAM_KEY}" }
-
-[[routes]]
-name = "injected"
-path_prefix = "/injected/"
-upstream = "injected"
-"#;
-    let toml = Edit::new(&config_for(&provider.url(), extra))
-        .change("log", "level", "trace")
-        .to_string();
-    let rebound = ReboundProcess::start(&toml, &[("UPSTREAM_KEY", &format!("{CANARY}-env"))]).await;
+    let config = TestConfig::new(&provider.url())
+        .with_upstream(
+            "injected",
+            RawUpstream {
+                url: some("http://127.0.0.1:1"),
+                // Expanded from the environment by the parser, as in a file.
+                set_headers: [("authorization".to_string(), "Bearer ${UPSTREAM_KEY}".to_string())].into(),
+                ..RawUpstream::default()
+            },
+        )
+        .with_route(RawRoute {
+            name: some("injected"),
+            path_prefix: some("/injected/"),
+            upstream: some("injected"),
+            ..RawRoute::default()
+        })
+        .log_level("trace");
+    let rebound = ReboundProcess::start(&config.toml(), &[("UPSTREAM_KEY", &format!("{CANARY}-env"))]).await;
     let secret_headers = [
         ("authorization", format!("Bearer {CANARY}-auth")),
         ("x-api-key", format!("{CANARY}-xapi")),
@@ -148,7 +154,7 @@ upstream = "injected"
 #[tokio::test]
 async fn sigterm_drains_an_inflight_stream_then_exits_zero() {
     let provider = FakeProvider::start().await;
-    let mut rebound = ReboundProcess::start(&config_for(&provider.url(), ""), &[]).await;
+    let mut rebound = ReboundProcess::start(&TestConfig::new(&provider.url()).toml(), &[]).await;
     let resp = send_streaming(
         "POST",
         &format!("{}/fake/v1/chat/completions", rebound.proxy),
@@ -175,10 +181,8 @@ async fn sigterm_drains_an_inflight_stream_then_exits_zero() {
 async fn sigterm_past_the_grace_exits_three() {
     let provider = FakeProvider::start().await;
     provider.script("stall", vec![Step::StallAfterFirstChunk]);
-    let toml = Edit::new(&config_for(&provider.url(), ""))
-        .change("server", "shutdown_grace", "200ms")
-        .to_string();
-    let mut rebound = ReboundProcess::start(&toml, &[]).await;
+    let config = TestConfig::new(&provider.url()).server(|s| s.shutdown_grace = some("200ms"));
+    let mut rebound = ReboundProcess::start(&config.toml(), &[]).await;
     let resp = send_streaming(
         "POST",
         &format!("{}/fake/v1/chat/completions", rebound.proxy),
@@ -206,12 +210,23 @@ async fn the_access_log_line_says_what_happened_to_the_request() {
     const CANARY: &str = "CANARY-4d0b9a";
     let provider = FakeProvider::start().await;
     provider.script("logged", vec![Step::status(503)]);
-    let extra = "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"30ms\"\nmax_delay = \"30ms\"\njitter = \"none\"\n\n[idempotency.idem]\n";
-    let toml = Edit::new(&config_for(&provider.url(), extra))
-        .route_set("fake", "retry", "fast")
-        .route_set("fake", "idempotency", "idem")
-        .to_string();
-    let rebound = ReboundProcess::start(&toml, &[]).await;
+    let config = TestConfig::new(&provider.url())
+        .retry(
+            "fast",
+            RawRetry {
+                max_attempts: Some(2),
+                base_delay: some("30ms"),
+                max_delay: some("30ms"),
+                jitter: some("none"),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency("idem", Default::default())
+        .route(|r| {
+            r.retry = some("fast");
+            r.idempotency = some("idem");
+        });
+    let rebound = ReboundProcess::start(&config.toml(), &[]).await;
     let trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let traceparent = format!("00-{trace}-00f067aa0ba902b7-01");
     let key = format!("{CANARY}-idem");
@@ -270,7 +285,7 @@ fn open_file_limits(pid: u32) -> (u64, u64) {
 #[tokio::test]
 async fn the_open_file_limit_is_raised_to_the_hard_limit_and_a_low_one_is_named() {
     let provider = FakeProvider::start().await;
-    let config = config_for(&provider.url(), "");
+    let config = TestConfig::new(&provider.url()).toml();
     let rebound = ReboundProcess::start_with_fd_limits(&config, 256, None).await;
     let (soft, hard) = open_file_limits(rebound.child.id().unwrap());
     assert!(hard > 256, "the test needs a hard limit above 256 (is {hard})");

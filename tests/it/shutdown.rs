@@ -5,14 +5,14 @@ use std::time::Duration;
 use http_body_util::BodyExt;
 use rebound::Exit;
 
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::sse_stream_bytes;
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
 #[tokio::test]
 async fn drain_keeps_an_inflight_stream_alive_to_its_end() {
     let provider = FakeProvider::start().await;
-    let mut rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let mut rebound = TestConfig::new(&provider.url()).start().await;
     let proxy_addr = rebound.server.as_ref().unwrap().proxy_addr;
     let resp = send_streaming(
         "POST",
@@ -47,10 +47,10 @@ async fn drain_keeps_an_inflight_stream_alive_to_its_end() {
 #[tokio::test]
 async fn grace_expiry_closes_what_is_left() {
     let provider = FakeProvider::start().await;
-    let toml = Edit::new(&config_for(&provider.url(), ""))
-        .change("server", "shutdown_grace", "300ms")
-        .to_string();
-    let mut rebound = Rebound::start(&toml).await;
+    let mut rebound = TestConfig::new(&provider.url())
+        .server(|s| s.shutdown_grace = some("300ms"))
+        .start()
+        .await;
     provider.script("stall", vec![Step::StallAfterFirstChunk]);
     let resp = send_streaming(
         "POST",
@@ -70,7 +70,7 @@ async fn grace_expiry_closes_what_is_left() {
 #[tokio::test]
 async fn idle_keepalive_connections_do_not_hold_the_drain() {
     let provider = FakeProvider::start().await;
-    let mut rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let mut rebound = TestConfig::new(&provider.url()).start().await;
     // An idle keep-alive connection from a previous request.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(rebound.server.as_ref().unwrap().proxy_addr)

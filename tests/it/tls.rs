@@ -1,8 +1,8 @@
 //! TLS upstreams with a test CA (rcgen), and HTTP/2 to the upstream when it offers it.
 
 use crate::support::certs::test_pki;
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes};
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
 async fn tls_setup(alpn: Option<Vec<Vec<u8>>>) -> (FakeProvider, Rebound, tempfile::TempDir) {
@@ -15,10 +15,10 @@ async fn tls_setup(alpn: Option<Vec<Vec<u8>>>) -> (FakeProvider, Rebound, tempfi
     let dir = tempfile::tempdir().unwrap();
     let ca = dir.path().join("ca.pem");
     std::fs::write(&ca, &pki.ca_pem).unwrap();
-    let toml = Edit::new(&config_for(&provider.url(), ""))
-        .set("upstreams.fake", "ca_file", ca.display().to_string())
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = TestConfig::new(&provider.url())
+        .upstream(|u| u.ca_file = some(&ca.display().to_string()))
+        .start()
+        .await;
     (provider, rebound, dir)
 }
 
@@ -65,7 +65,7 @@ async fn untrusted_certificate_is_a_502_not_a_silent_downgrade() {
     // The provider's CA is not given to rebound: the webpki roots do not trust it.
     let pki = test_pki();
     let provider = FakeProvider::start_tls(pki.server).await;
-    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let rebound = TestConfig::new(&provider.url()).start().await;
     let a = post_json(&format!("{}/fake/v1/chat/completions", rebound.url), "{}").await;
     assert_eq!(a.status, 502);
     assert_eq!(a.header("x-rebound-error"), Some("upstream_unreachable"));

@@ -4,12 +4,18 @@
 
 use std::time::Duration;
 
+use rebound::config::raw::RawUpstream;
+
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::Step;
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::{config_for, redis_handle};
+use crate::support::sidecar::redis_handle;
 use crate::support::*;
 
-const MODELS: &str = "\n[metrics]\nmodels = [\"gpt-4o\", \"claude-x\"]\n";
+/// The `fake` route, with `[metrics] models` naming `gpt-4o` and `claude-x`.
+fn with_models(provider: &FakeProvider) -> TestConfig {
+    TestConfig::new(&provider.url()).metrics_models(&["gpt-4o", "claude-x"])
+}
 
 async fn call(base: &str, path: &str, key: &str, body: &str) -> Answer {
     let h = [
@@ -20,20 +26,20 @@ async fn call(base: &str, path: &str, key: &str, body: &str) -> Answer {
     send("POST", &format!("{base}/fake{path}"), &h, body.to_string()).await
 }
 
+/// The `rebound_tokens_total` series for the `fake` route and upstream.
+fn tokens_series(model: &str, kind: &str, outcome: &str) -> String {
+    format!(r#"rebound_tokens_total{{kind="{kind}",model="{model}",outcome="{outcome}",route="fake",upstream="fake"}}"#)
+}
+
 /// `rebound_tokens_total` for the `fake` route and upstream.
 fn tokens(page: &str, model: &str, kind: &str, outcome: &str) -> f64 {
-    metric(
-        page,
-        &format!(
-            r#"rebound_tokens_total{{kind="{kind}",model="{model}",outcome="{outcome}",route="fake",upstream="fake"}}"#
-        ),
-    )
+    metric(page, &tokens_series(model, kind, outcome))
 }
 
 #[tokio::test]
 async fn usage_is_read_from_json_and_event_streams_of_both_providers() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), MODELS)).await;
+    let rebound = with_models(&provider).start().await;
     let chat_stream = r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true}}"#;
     for (path, body) in [
         ("/v1/chat/completions", r#"{"model":"gpt-4o"}"#),
@@ -69,7 +75,7 @@ async fn usage_is_read_from_json_and_event_streams_of_both_providers() {
 #[tokio::test]
 async fn an_error_after_output_wastes_the_tokens_already_reported() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), MODELS)).await;
+    let rebound = with_models(&provider).start().await;
     provider.script(
         "mid",
         vec![Step::MidStreamError {
@@ -94,7 +100,7 @@ async fn an_error_after_output_wastes_the_tokens_already_reported() {
 #[tokio::test]
 async fn a_client_gone_mid_stream_wastes_the_attempt() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), MODELS)).await;
+    let rebound = with_models(&provider).start().await;
     let url = format!("{}/fake/v1/messages", rebound.url);
     let h = [
         ("x-fake-key", "gone"),
@@ -104,14 +110,8 @@ async fn a_client_gone_mid_stream_wastes_the_attempt() {
     ];
     let resp = send_streaming("POST", &url, &h, r#"{"model":"claude-x","stream":true}"#.to_string()).await;
     drop(resp); // after the head (message_start came with it): the client goes away
-    let mut page = String::new();
-    for _ in 0..100 {
-        page = rebound.metrics().await;
-        if tokens(&page, "claude-x", "input", "wasted") == 12.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_metric(&rebound, &tokens_series("claude-x", "input", "wasted"), |v| v == 12.0).await;
+    let page = rebound.metrics().await;
     assert_eq!(tokens(&page, "claude-x", "input", "wasted"), 12.0, "{page}");
     assert_eq!(tokens(&page, "claude-x", "input", "delivered"), 0.0);
 }
@@ -119,11 +119,17 @@ async fn a_client_gone_mid_stream_wastes_the_attempt() {
 #[tokio::test]
 async fn pacing_waits_are_exported_from_startup() {
     let provider = FakeProvider::start().await;
-    let toml = config_for(
-        &provider.url(),
-        "\n[upstreams.quiet]\nurl = \"http://127.0.0.1:1\"\npacing = \"off\"\n",
-    );
-    let rebound = Rebound::start(&toml).await;
+    let rebound = TestConfig::new(&provider.url())
+        .with_upstream(
+            "quiet",
+            RawUpstream {
+                url: some("http://127.0.0.1:1"),
+                pacing: some("off"),
+                ..RawUpstream::default()
+            },
+        )
+        .start()
+        .await;
     let page = rebound.metrics().await;
     assert!(
         page.lines()
@@ -142,12 +148,13 @@ async fn two_replicas(pacing: &str, per_replica: usize) -> (usize, f64) {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
     provider.rate_limit(5, Duration::from_secs(2));
-    let extra = format!("\n[redis]\nurl = \"{}\"\nsync_interval = \"100ms\"\n", redis.url());
-    let toml = crate::support::Edit::new(&config_for(&provider.url(), &extra))
-        .set("upstreams.fake", "pacing", pacing)
-        .set("upstreams.fake", "pacing_reserve", 1)
-        .to_string();
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = TestConfig::new(&provider.url())
+        .redis_with(&redis.url(), |r| r.sync_interval = some("100ms"))
+        .upstream(|u| {
+            u.pacing = some(pacing);
+            u.pacing_reserve = Some(1);
+        });
+    let (a, b) = (config.start().await, config.start().await);
     let run = |base: String| async move {
         let mut statuses = Vec::new();
         for _ in 0..per_replica {
@@ -187,17 +194,15 @@ async fn a_credential_paced_on_one_replica_waits_on_the_other() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
     provider.rate_limit(1, Duration::from_secs(2));
-    let extra = format!("\n[redis]\nurl = \"{}\"\nsync_interval = \"100ms\"\n", redis.url());
-    let toml = config_for(&provider.url(), &extra);
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = TestConfig::new(&provider.url()).redis_with(&redis.url(), |r| r.sync_interval = some("100ms"));
+    let (a, b) = (config.start().await, config.start().await);
     let first = call(&a.url, "/v1/chat/completions", "fleet", "{}").await;
     assert_eq!(first.status, 200);
     assert_eq!(first.header("x-ratelimit-remaining-requests"), Some("0"));
     // A's hold reaches Redis, then B (pub/sub, or B's next sync at the latest).
     let handle = redis_handle(&redis.url()).await;
     let key = handle.key("cooldown:{fake}");
-    let mut shared = false;
-    for _ in 0..100 {
+    until("the pacing hold reached Redis", Duration::from_secs(10), || async {
         let fields: Vec<String> = handle
             .run("test", |mut c| {
                 let key = key.clone();
@@ -205,13 +210,12 @@ async fn a_credential_paced_on_one_replica_waits_on_the_other() {
             })
             .await
             .unwrap_or_default();
-        if fields.iter().any(|f| f.starts_with("p:")) {
-            shared = true;
-            break;
+        match fields.iter().any(|f| f.starts_with("p:")) {
+            true => Ok(()),
+            false => Err(format!("{fields:?}")),
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(shared, "the pacing hold reached Redis");
+    })
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await; // past B's sync interval
     let second = call(&b.url, "/v1/chat/completions", "fleet", "{}").await;
     assert_eq!(second.status, 200, "B waited for the window instead of meeting a 429");

@@ -14,9 +14,10 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
+use rebound::config::raw::{RawRetry, RawTelemetry};
 use tokio::net::TcpListener;
 
-use crate::support::sidecar::config_for;
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::*;
 
 /// An OTLP/HTTP trace receiver: every span posted to `/v1/traces`, decoded.
@@ -95,13 +96,27 @@ fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn config(provider: &str, telemetry: &str) -> String {
-    let extra = format!(
-        "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"20ms\"\nmax_delay = \"20ms\"\njitter = \"none\"\n\n[telemetry]\n{telemetry}\n"
-    );
-    Edit::new(&config_for(provider, &extra))
-        .route_set("fake", "retry", "fast")
-        .to_string()
+/// The `fake` route with a fast retry policy (two attempts), and `[telemetry]` exporting to
+/// `endpoint` with `edit` applied.
+fn config(provider: &str, endpoint: &str, edit: impl FnOnce(&mut RawTelemetry)) -> TestConfig {
+    let mut telemetry = RawTelemetry {
+        otlp_endpoint: some(endpoint),
+        ..RawTelemetry::default()
+    };
+    edit(&mut telemetry);
+    TestConfig::new(provider)
+        .retry(
+            "fast",
+            RawRetry {
+                max_attempts: Some(2),
+                base_delay: some("20ms"),
+                max_delay: some("20ms"),
+                jitter: some("none"),
+                ..RawRetry::default()
+            },
+        )
+        .telemetry(telemetry)
+        .route(|r| r.retry = some("fast"))
 }
 
 #[tokio::test]
@@ -109,10 +124,10 @@ async fn a_retried_request_is_one_server_span_with_a_client_span_per_attempt() {
     let collector = Collector::start().await;
     let provider = FakeProvider::start().await;
     provider.script("traced", vec![Step::status(503)]);
-    let rebound = Rebound::start(&config(
-        &provider.url(),
-        &format!("otlp_endpoint = \"{}\"\nservice_name = \"rebound-test\"", collector.url),
-    ))
+    let rebound = config(&provider.url(), &collector.url, |t| {
+        t.service_name = some("rebound-test")
+    })
+    .start()
     .await;
     let (trace, parent) = ("4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7");
     let traceparent = format!("00-{trace}-{parent}-01");
@@ -162,29 +177,18 @@ async fn a_retried_request_is_one_server_span_with_a_client_span_per_attempt() {
         assert_eq!(sent, format!("00-{trace}-{}-01", hex(&span.span_id)));
     }
     // Counted once the collector has answered.
-    let mut exported = 0.0;
-    for _ in 0..100 {
-        exported = metric(
-            &rebound.metrics().await,
-            r#"rebound_trace_spans_total{result="exported"}"#,
-        );
-        if exported >= 3.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert_eq!(exported, 3.0);
+    let exported = r#"rebound_trace_spans_total{result="exported"}"#;
+    until_metric(&rebound, exported, |v| v >= 3.0).await;
+    assert_eq!(metric(&rebound.metrics().await, exported), 3.0);
 }
 
 #[tokio::test]
 async fn sampling_and_an_unreachable_collector() {
     let collector = Collector::start().await;
     let provider = FakeProvider::start().await;
-    let none = Rebound::start(&config(
-        &provider.url(),
-        &format!("otlp_endpoint = \"{}\"\nsample_ratio = 0.0", collector.url),
-    ))
-    .await;
+    let none = config(&provider.url(), &collector.url, |t| t.sample_ratio = Some(0.0))
+        .start()
+        .await;
     let url = format!("{}/fake/v1/chat/completions", none.url);
     for _ in 0..5 {
         assert_eq!(
@@ -222,7 +226,7 @@ async fn sampling_and_an_unreachable_collector() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap()
     };
-    let rebound = Rebound::start(&config(&provider.url(), &format!("otlp_endpoint = \"http://{gone}\""))).await;
+    let rebound = config(&provider.url(), &format!("http://{gone}"), |_| {}).start().await;
     let url = format!("{}/fake/v1/chat/completions", rebound.url);
     for _ in 0..3 {
         assert_eq!(
@@ -230,17 +234,7 @@ async fn sampling_and_an_unreachable_collector() {
             200
         );
     }
-    let mut failed = 0.0;
-    for _ in 0..100 {
-        let page = rebound.metrics().await;
-        failed = metric(&page, r#"rebound_trace_spans_total{result="failed"}"#);
-        if failed >= 6.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(
-        failed >= 6.0,
-        "server and attempt spans of 3 requests, counted failed: {failed}"
-    );
+    // The server and attempt spans of 3 requests, counted failed (each export waits up to 5 s).
+    let failed = r#"rebound_trace_spans_total{result="failed"}"#;
+    until_metric_within(&rebound, Duration::from_secs(20), failed, |v| v >= 6.0).await;
 }

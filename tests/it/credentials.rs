@@ -12,11 +12,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use rebound::config::raw::{RawCache, RawIdempotency, RawJobs, RawRetry, RawRoute, RawTelemetry};
 use tokio::net::TcpListener;
 use tokio::process::Command;
 
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::{config_for, ReboundProcess};
+use crate::support::sidecar::ReboundProcess;
 use crate::support::*;
 
 const TOKEN: &str = "admin-token-creds";
@@ -163,26 +165,54 @@ async fn no_credential_form_is_kept_or_printed_anywhere() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
     let collector = RawCollector::start().await;
-    let tables = format!(
-        "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n\
-         [idempotency.idem]\nlease = \"2s\"\n\n[cache.c]\nttl = \"1m\"\n\n\
-         [jobs]\nsecret = \"jobs-secret-0123456789\"\nvisibility_timeout = \"1s\"\n\n\
-         [telemetry]\notlp_endpoint = \"{}\"\nsample_ratio = 1.0\n\n[redis]\nurl = \"{}\"\n\n\
-         [[routes]]\nname = \"async\"\npath_prefix = \"/async/\"\nupstream = \"fake\"\nstrip_prefix = true\n\
-         async = true\nidempotency = \"idem\"\ndead_letters = true\n",
-        collector.url,
-        redis.url()
-    );
-    let toml = Edit::new(&config_for(&provider.url(), &tables))
-        .set("server", "credential_headers", toml_edit::Array::from_iter([EXTRA]))
-        .route_set("fake", "retry", "fast")
-        .route_set("fake", "idempotency", "idem")
-        .route_set("fake", "cache", "c")
-        .route_set("fake", "dead_letters", true)
-        .route_set("fake", "dead_letter_bodies", true)
-        .set("admin", "token", TOKEN)
-        .to_string();
-    let rebound = ReboundProcess::start(&toml, &[]).await;
+    let config = TestConfig::new(&provider.url())
+        .server(|s| s.credential_headers = Some(vec![EXTRA.to_string()]))
+        .retry(
+            "fast",
+            RawRetry {
+                max_attempts: Some(2),
+                base_delay: some("10ms"),
+                max_delay: some("20ms"),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency("idem", lease_2s())
+        .cache(
+            "c",
+            RawCache {
+                ttl: some("1m"),
+                ..RawCache::default()
+            },
+        )
+        .jobs(RawJobs {
+            secret: some("jobs-secret-0123456789"),
+            visibility_timeout: some("1s"),
+            ..RawJobs::default()
+        })
+        .telemetry(RawTelemetry {
+            otlp_endpoint: some(&collector.url),
+            sample_ratio: Some(1.0),
+            ..RawTelemetry::default()
+        })
+        .redis(&redis.url())
+        .with_route(RawRoute {
+            name: some("async"),
+            path_prefix: some("/async/"),
+            upstream: some("fake"),
+            strip_prefix: Some(true),
+            async_jobs: Some(true),
+            idempotency: some("idem"),
+            dead_letters: Some(true),
+            ..RawRoute::default()
+        })
+        .route(|r| {
+            r.retry = some("fast");
+            r.idempotency = some("idem");
+            r.dead_letters = Some(true);
+            r.dead_letter_bodies = Some(true);
+        })
+        .admin_token(TOKEN);
+    let rebound = ReboundProcess::start(&config.toml(), &[]).await;
     let (creds, query) = canaries();
     let chat = |base: &str, prefix: &str| format!("{base}/{prefix}/v1/chat/completions?{query}");
 
@@ -306,22 +336,51 @@ async fn no_credential_form_is_kept_or_printed_anywhere() {
     }
 }
 
+/// `[idempotency.idem]` with a 2 s lease.
+fn lease_2s() -> RawIdempotency {
+    RawIdempotency {
+        lease: some("2s"),
+        ..RawIdempotency::default()
+    }
+}
+
 /// A route on one fake provider with idempotency, a cache and rejecting cooldowns; Redis when
 /// given.
-fn isolation_config(provider: &str, redis: Option<&str>) -> String {
-    let mut tables = "\n[retry.once]\nmax_attempts = 1\n\n[idempotency.idem]\nlease = \"2s\"\n\n[cache.c]\nttl = \"1m\"\n\n\
-                      [[routes]]\nname = \"cached\"\npath_prefix = \"/cached/\"\nupstream = \"fake\"\nstrip_prefix = true\n\
-                      cache = \"c\"\n"
-        .to_string();
-    if let Some(url) = redis {
-        tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\n"));
+fn isolation_config(provider: &str, redis: Option<&str>) -> TestConfig {
+    let c = TestConfig::new(provider)
+        .server(|s| s.credential_headers = Some(vec![EXTRA.to_string()]))
+        .retry(
+            "once",
+            RawRetry {
+                max_attempts: Some(1),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency("idem", lease_2s())
+        .with_cache(
+            "c",
+            RawCache {
+                ttl: some("1m"),
+                ..RawCache::default()
+            },
+        )
+        .with_route(RawRoute {
+            name: some("cached"),
+            path_prefix: some("/cached/"),
+            upstream: some("fake"),
+            strip_prefix: Some(true),
+            cache: some("c"),
+            ..RawRoute::default()
+        })
+        .upstream(|u| u.cooldown = some("reject"))
+        .route(|r| {
+            r.retry = some("once");
+            r.idempotency = some("idem");
+        });
+    match redis {
+        Some(url) => c.redis(url),
+        None => c,
     }
-    Edit::new(&config_for(provider, &tables))
-        .set("server", "credential_headers", toml_edit::Array::from_iter([EXTRA]))
-        .set("upstreams.fake", "cooldown", "reject")
-        .route_set("fake", "retry", "once")
-        .route_set("fake", "idempotency", "idem")
-        .to_string()
 }
 
 /// Two credentials of each form: one `Idempotency-Key` never replays across them, one cached
@@ -329,7 +388,9 @@ fn isolation_config(provider: &str, redis: Option<&str>) -> String {
 /// credential again replays, hits and is held (so the isolation is not an accident).
 async fn credentials_of_each_form_are_isolated(redis: Option<&RedisServer>) {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&isolation_config(&provider.url(), redis.map(|r| r.url()).as_deref())).await;
+    let rebound = isolation_config(&provider.url(), redis.map(|r| r.url()).as_deref())
+        .start()
+        .await;
     for (i, form) in forms().iter().enumerate() {
         let url = |prefix: &str, creds: &(Vec<(String, String)>, String)| {
             let sep = if creds.1.is_empty() { "" } else { "?" };
@@ -400,14 +461,14 @@ async fn credentials_of_each_form_are_isolated_on_redis() {
 #[tokio::test]
 async fn an_upstream_that_sets_a_credential_replaces_the_apps() {
     let provider = FakeProvider::start().await;
-    let toml = Edit::new(&config_for(&provider.url(), ""))
-        .set("server", "credential_headers", toml_edit::Array::from_iter([EXTRA]))
-        .add_table(
-            "upstreams.fake.set_headers",
-            &[("x-goog-api-key", "sidecar-key".into())],
-        )
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = TestConfig::new(&provider.url())
+        .server(|s| s.credential_headers = Some(vec![EXTRA.to_string()]))
+        .upstream(|u| {
+            u.set_headers
+                .insert("x-goog-api-key".to_string(), "sidecar-key".to_string());
+        })
+        .start()
+        .await;
     let (creds, query) = canaries();
     let r = send_with(
         "POST",

@@ -2,30 +2,59 @@
 //! credential; capped.
 
 use std::time::Duration;
+
+use rebound::config::raw::{RawDeadLetters, RawIdempotency, RawJobs, RawRetry};
 use tokio::process::Command;
 
+use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
 const TOKEN: &str = "admin-token-123";
 
-fn config(provider: &str, redis: Option<&str>, bodies: bool, extra: &str) -> String {
-    let mut tables = format!(
-        "\n[retry.fast]\nmax_attempts = 3\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\njitter = \"none\"\n\n[idempotency.idem]\nlease = \"2s\"\n\n[dead_letters]\nmax_entries = 20\nsensitive_headers = [\"x-tenant-secret\"]\n{extra}"
-    );
-    if let Some(url) = redis {
-        tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\n"));
+/// `[dead_letters]`: 20 entries, `x-tenant-secret` sensitive.
+fn dead_letter_table() -> RawDeadLetters {
+    RawDeadLetters {
+        max_entries: Some(20),
+        sensitive_headers: list(&["x-tenant-secret"]),
+        ..RawDeadLetters::default()
     }
-    let edit = Edit::new(&config_for(provider, &tables))
-        .route_set("fake", "retry", "fast")
-        .route_set("fake", "idempotency", "idem")
-        .route_set("fake", "dead_letters", true)
-        .set("admin", "token", TOKEN);
-    if bodies {
-        edit.route_set("fake", "dead_letter_bodies", true).to_string()
-    } else {
-        edit.to_string()
+}
+
+/// The `fake` route with fast retries, idempotency and dead letters (with their bodies when
+/// `bodies`), the admin token; Redis when given.
+fn config(provider: &str, redis: Option<&str>, bodies: bool) -> TestConfig {
+    let c = TestConfig::new(provider)
+        .retry(
+            "fast",
+            RawRetry {
+                max_attempts: Some(3),
+                base_delay: some("10ms"),
+                max_delay: some("20ms"),
+                jitter: some("none"),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency(
+            "idem",
+            RawIdempotency {
+                lease: some("2s"),
+                ..RawIdempotency::default()
+            },
+        )
+        .dead_letters(dead_letter_table())
+        .route(|r| {
+            r.retry = some("fast");
+            r.idempotency = some("idem");
+            r.dead_letters = Some(true);
+            if bodies {
+                r.dead_letter_bodies = Some(true);
+            }
+        })
+        .admin_token(TOKEN);
+    match redis {
+        Some(url) => c.redis(url),
+        None => c,
     }
 }
 
@@ -69,7 +98,7 @@ async fn wait_for_entries(rebound: &Rebound, n: usize) -> serde_json::Value {
 async fn exhausted_request_is_recorded(redis: Option<&RedisServer>) {
     let provider = FakeProvider::start().await;
     let url = redis.map(RedisServer::url);
-    let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), true, "")).await;
+    let rebound = config(&provider.url(), url.as_deref(), true).start().await;
     provider.script("k", vec![Step::status(503), Step::status(502), Step::status(503)]);
     let a = failing_call(&rebound, "k", "dl-1", r#"{"model":"m"}"#).await;
     assert_eq!(a.status, 503);
@@ -145,7 +174,7 @@ async fn exhausted_requests_are_recorded_in_redis() {
 #[tokio::test]
 async fn bodies_are_kept_only_where_the_route_says_and_4xx_is_not_a_dead_letter() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, false, "")).await;
+    let rebound = config(&provider.url(), None, false).start().await;
     provider.script("k", vec![Step::status(503); 3]);
     failing_call(&rebound, "k", "nobody", r#"{"secret_prompt":1}"#).await;
     let page = wait_for_entries(&rebound, 1).await;
@@ -173,7 +202,7 @@ async fn bodies_are_kept_only_where_the_route_says_and_4xx_is_not_a_dead_letter(
 async fn replay_after_recovery_succeeds_and_never_duplicates() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), true, "")).await;
+    let rebound = config(&provider.url(), Some(&redis.url()), true).start().await;
     provider.script("a", vec![Step::status(503); 3]);
     provider.script("b", vec![Step::status(503); 3]);
     failing_call(&rebound, "a", "replay-a", r#"{"n":"a"}"#).await;
@@ -248,7 +277,7 @@ async fn replay_after_recovery_succeeds_and_never_duplicates() {
 #[tokio::test]
 async fn admin_api_needs_the_token_and_is_off_without_one() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, false, "")).await;
+    let rebound = config(&provider.url(), None, false).start().await;
     let none = send("GET", &format!("{}/admin/dead-letters", rebound.admin), &[], "").await;
     assert_eq!(none.status, 401);
     let wrong = send(
@@ -266,7 +295,7 @@ async fn admin_api_needs_the_token_and_is_off_without_one() {
     assert_eq!(wrong.header("content-type"), Some("application/json"));
     assert_eq!(admin(&rebound, "GET", "/admin/dead-letters").await.status, 200);
 
-    let off = Rebound::start(&config_for(&provider.url(), "")).await;
+    let off = TestConfig::new(&provider.url()).start().await;
     let a = send(
         "GET",
         &format!("{}/admin/dead-letters", off.admin),
@@ -282,7 +311,7 @@ async fn admin_api_needs_the_token_and_is_off_without_one() {
 #[tokio::test]
 async fn the_cli_prints_readable_tables() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, true, "")).await;
+    let rebound = config(&provider.url(), None, true).start().await;
     provider.script("k", vec![Step::status(503); 6]);
     failing_call(&rebound, "k", "cli-1", "{}").await;
     failing_call(&rebound, "k", "cli-2", "{}").await;
@@ -338,7 +367,7 @@ async fn ring_and_stream_stay_within_their_caps() {
     let provider = FakeProvider::start().await;
     for url in [None, Some(redis.url())] {
         // max_entries = 20; 200 failures.
-        let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), false, "")).await;
+        let rebound = config(&provider.url(), url.as_deref(), false).start().await;
         provider.script("cap", vec![Step::status(503); 1000]);
         for i in 0..200 {
             let a = send(
@@ -354,7 +383,12 @@ async fn ring_and_stream_stay_within_their_caps() {
             .await;
             assert_eq!(a.status, 503);
         }
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // All 200 are recorded: in memory before their responses, on Redis once each write
+        // (a task per entry) has been answered.
+        if url.is_some() {
+            let writes = r#"rebound_redis_command_duration_seconds_count{op="dead_letter_add"}"#;
+            until_metric(&rebound, writes, |v| v >= 200.0).await;
+        }
         let page = admin(&rebound, "GET", "/admin/dead-letters?limit=1000").await.json();
         let n = page["items"].as_array().unwrap().len();
         // Redis trims approximately (MAXLEN ~): within one macro node of the cap.
@@ -387,7 +421,7 @@ async fn the_cli_replay_reports_what_it_did_and_fails_when_nothing_was_replayed(
             .unwrap()
     };
     // Without bodies: nothing can be replayed.
-    let bare = Rebound::start(&config(&provider.url(), None, false, "")).await;
+    let bare = config(&provider.url(), None, false).start().await;
     provider.script("k", vec![Step::status(503); 6]);
     failing_call(&bare, "k", "cli-r1", "{}").await;
     failing_call(&bare, "k", "cli-r2", "{}").await;
@@ -400,7 +434,7 @@ async fn the_cli_replay_reports_what_it_did_and_fails_when_nothing_was_replayed(
         "{stderr}"
     );
     // With bodies, after the provider recovered: replayed and succeeded, exit 0.
-    let kept = Rebound::start(&config(&provider.url(), None, true, "")).await;
+    let kept = config(&provider.url(), None, true).start().await;
     provider.script("j", vec![Step::status(503); 3]);
     failing_call(&kept, "j", "cli-r3", "{}").await;
     wait_for_entries(&kept, 1).await;
@@ -416,8 +450,14 @@ async fn the_cli_replay_reports_what_it_did_and_fails_when_nothing_was_replayed(
 #[tokio::test]
 async fn bodies_over_max_body_are_not_kept_and_the_ring_holds_at_most_max_bytes() {
     let provider = FakeProvider::start().await;
-    let extra = "max_body = \"1KiB\"\nmax_bytes = \"8KiB\"\n";
-    let rebound = Rebound::start(&config(&provider.url(), None, true, extra)).await;
+    let rebound = config(&provider.url(), None, true)
+        .dead_letters(RawDeadLetters {
+            max_body: some("1KiB"),
+            max_bytes: some("8KiB"),
+            ..dead_letter_table()
+        })
+        .start()
+        .await;
     provider.script("k", vec![Step::status(503); 1000]);
     let big = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(2000));
     failing_call(&rebound, "k", "big", &big).await;
@@ -461,14 +501,12 @@ async fn bodies_on_redis_are_sealed_with_the_jobs_secret() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
     let with_secret = |secret: &str| {
-        config(
-            &provider.url(),
-            Some(&redis.url()),
-            true,
-            &format!("\n[jobs]\nsecret = \"{secret}\"\n"),
-        )
+        config(&provider.url(), Some(&redis.url()), true).jobs(RawJobs {
+            secret: some(secret),
+            ..RawJobs::default()
+        })
     };
-    let a = Rebound::start(&with_secret("fleet-secret-one-0123456789")).await;
+    let a = with_secret("fleet-secret-one-0123456789").start().await;
     provider.script("s", vec![Step::status(503); 3]);
     let body = r#"{"prompt":"CANARY-prompt-text"}"#;
     failing_call(&a, "s", "sealed-1", body).await;
@@ -496,7 +534,7 @@ async fn bodies_on_redis_are_sealed_with_the_jobs_secret() {
     assert_eq!(provider.requests("s").pop().unwrap().body, body.as_bytes());
 
     // Another secret: the body cannot be opened; the entry says why and is not replayed.
-    let b = Rebound::start(&with_secret("another-secret-0123456789")).await;
+    let b = with_secret("another-secret-0123456789").start().await;
     let e = admin(&b, "GET", &format!("/admin/dead-letters/{id}")).await.json();
     assert_eq!(e["body_kept"], false, "{e}");
     assert!(e["body_missing"].as_str().unwrap().contains("[jobs] secret"), "{e}");

@@ -7,24 +7,41 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use http_body_util::BodyExt;
+use rebound::config::raw::{RawIdempotency, RawRetry};
 
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::sse_stream_bytes;
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
-/// The `fake` route with `[idempotency.idem]` (follow, the default) and a fast retry policy.
-fn config(provider: &str, redis: Option<&str>, policy: &str) -> String {
-    let mut extra = format!(
-        "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n[idempotency.idem]\nlease = \"2s\"\n{policy}\n"
-    );
-    if let Some(url) = redis {
-        extra.push_str(&format!("\n[redis]\nurl = \"{url}\"\ncommand_timeout = \"500ms\"\n"));
+/// The `fake` route with `[idempotency.idem]` (follow, the default) and a fast retry policy;
+/// Redis when given.
+fn config(provider: &str, redis: Option<&str>) -> TestConfig {
+    let c = TestConfig::new(provider)
+        .retry(
+            "fast",
+            RawRetry {
+                max_attempts: Some(2),
+                base_delay: some("10ms"),
+                max_delay: some("20ms"),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency(
+            "idem",
+            RawIdempotency {
+                lease: some("2s"),
+                ..RawIdempotency::default()
+            },
+        )
+        .route(|r| {
+            r.retry = some("fast");
+            r.idempotency = some("idem");
+        });
+    match redis {
+        Some(url) => c.redis_with(url, |r| r.command_timeout = some("500ms")),
+        None => c,
     }
-    Edit::new(&config_for(provider, &extra))
-        .route_set("fake", "retry", "fast")
-        .route_set("fake", "idempotency", "idem")
-        .to_string()
 }
 
 /// A streamed chat completion of `chunks` events, `gap_ms` apart, under an idempotency key.
@@ -56,8 +73,8 @@ async fn read(resp: http::Response<hyper::body::Incoming>) -> BodyRead {
 async fn five_followers_on_two_replicas_receive_the_one_live_stream() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "");
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = config(&provider.url(), Some(&redis.url()));
+    let (a, b) = (config.start().await, config.start().await);
     // 12 events 250 ms apart: the original streams for ~2.75 s.
     let original = stream(&a.url, "live", "12", "250").await;
     assert!(original.headers().get("idempotent-replayed").is_none());
@@ -109,12 +126,12 @@ async fn five_followers_on_two_replicas_receive_the_one_live_stream() {
 #[tokio::test]
 async fn a_client_that_reconnects_mid_stream_gets_every_event() {
     let provider = FakeProvider::start().await;
-    let alone = Rebound::start(&config(&provider.url(), None, "")).await;
+    let alone = config(&provider.url(), None).start().await;
     reconnect_mid_stream(&provider, "again-local", &alone.url, &alone.url).await;
 
     let redis = RedisServer::start();
-    let toml = config(&provider.url(), Some(&redis.url()), "");
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = config(&provider.url(), Some(&redis.url()));
+    let (a, b) = (config.start().await, config.start().await);
     reconnect_mid_stream(&provider, "again-remote", &a.url, &b.url).await;
 }
 
@@ -145,8 +162,8 @@ async fn reconnect_mid_stream(provider: &FakeProvider, key: &str, first: &str, s
 async fn followers_end_as_the_original_ends() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "");
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = config(&provider.url(), Some(&redis.url()));
+    let (a, b) = (config.start().await, config.start().await);
 
     provider.script("cut", vec![Step::CutAfterFirstChunk]);
     let original = stream(&a.url, "cut", "8", "200").await;
@@ -179,7 +196,8 @@ async fn followers_end_as_the_original_ends() {
         .await
     };
     let original = tokio::spawn(post(a.url.clone()));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The original holds the key (it reached the provider) before its duplicate is sent.
+    assert!(eventually(Duration::from_secs(10), || provider.count("bad") == 1).await);
     let duplicate = post(b.url.clone()).await;
     assert_eq!(original.await.unwrap().status, 400);
     assert_eq!(duplicate.status, 200, "{}", duplicate.text());

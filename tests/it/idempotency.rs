@@ -4,27 +4,54 @@
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
+use rebound::config::raw::{RawIdempotency, RawRedis, RawRetry};
 
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes};
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::{config_for, ReboundProcess};
+use crate::support::sidecar::ReboundProcess;
 use crate::support::*;
 
-/// The `fake` route with `[idempotency.idem]` (`policy` appended) and a fast retry policy.
-fn config(provider: &str, redis: Option<&str>, policy: &str) -> String {
-    let mut extra = format!(
-        "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n[idempotency.idem]\nwait_timeout = \"5s\"\n{policy}\n"
-    );
-    if !policy.contains("lease") {
-        extra.push_str("lease = \"1s\"\n");
+/// The completions stored on the `fake` route.
+const STORED: &str = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
+
+/// `[redis]` at `url` with a 200 ms command timeout.
+fn store(url: &str) -> RawRedis {
+    RawRedis {
+        url: some(url),
+        command_timeout: some("200ms"),
+        ..RawRedis::default()
     }
-    if let Some(url) = redis {
-        extra.push_str(&format!("\n[redis]\nurl = \"{url}\"\ncommand_timeout = \"200ms\"\n"));
+}
+
+/// The `fake` route with `[idempotency.idem]` (a 1 s lease, then `policy`) and a fast retry
+/// policy; Redis when given.
+fn config(provider: &str, redis: Option<&str>, policy: impl FnOnce(&mut RawIdempotency)) -> TestConfig {
+    let mut idem = RawIdempotency {
+        wait_timeout: some("5s"),
+        lease: some("1s"),
+        ..RawIdempotency::default()
+    };
+    policy(&mut idem);
+    let c = TestConfig::new(provider)
+        .retry(
+            "fast",
+            RawRetry {
+                max_attempts: Some(2),
+                base_delay: some("10ms"),
+                max_delay: some("20ms"),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency("idem", idem)
+        .route(|r| {
+            r.retry = some("fast");
+            r.idempotency = some("idem");
+        });
+    match redis {
+        Some(url) => c.with_redis(store(url)),
+        None => c,
     }
-    Edit::new(&config_for(provider, &extra))
-        .route_set("fake", "retry", "fast")
-        .route_set("fake", "idempotency", "idem")
-        .to_string()
 }
 
 async fn call(url: &str, fake_key: &str, idem_key: Option<&str>, body: &str, extra: &[(&str, &str)]) -> Answer {
@@ -60,16 +87,15 @@ async fn redis_keys(url: &str) -> Vec<(String, Vec<u8>)> {
 async fn a_completed_key_is_replayed_by_another_instance_without_a_second_call() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "");
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = config(&provider.url(), Some(&redis.url()), |_| {});
+    let (a, b) = (config.start().await, config.start().await);
     let first = call(&a.url, "k", Some("key-1"), r#"{"model":"m"}"#, &[]).await;
     assert_eq!(first.status, 200);
     assert!(first.header("idempotent-replayed").is_none());
     assert!(eventually(Duration::from_secs(2), || !provider.requests("k").is_empty()).await);
     // The completion is written to Redis as the body ends, in the background: B asks once it
     // landed (before, B would follow the original instead of replaying it).
-    let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
-    until_metric(&a, stored, |n| n >= 1.0).await;
+    until_metric(&a, STORED, |n| n >= 1.0).await;
 
     let again = call(&b.url, "k", Some("key-1"), r#"{"model":"m"}"#, &[]).await;
     assert_eq!(again.status, 200);
@@ -135,8 +161,8 @@ fn all_got_the_original(answers: &[Answer]) {
 async fn fifty_concurrent_duplicates_make_one_call_and_all_get_the_original() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "on_concurrent = \"wait\"\n");
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = config(&provider.url(), Some(&redis.url()), |p| p.on_concurrent = some("wait"));
+    let (a, b) = (config.start().await, config.start().await);
     let answers = burst(&provider, [a.url.clone(), b.url.clone()], "burst-wait").await;
     assert_eq!(provider.count("burst-wait"), 1);
     all_got_the_original(&answers);
@@ -146,8 +172,10 @@ async fn fifty_concurrent_duplicates_make_one_call_and_all_get_the_original() {
 async fn fifty_concurrent_duplicates_in_conflict_mode_get_409() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "on_concurrent = \"conflict\"\n");
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = config(&provider.url(), Some(&redis.url()), |p| {
+        p.on_concurrent = some("conflict")
+    });
+    let (a, b) = (config.start().await, config.start().await);
     let answers = burst(&provider, [a.url.clone(), b.url.clone()], "burst-conflict").await;
     assert_eq!(provider.count("burst-conflict"), 1);
     let ok = answers.iter().filter(|a| a.status == 200).count();
@@ -166,12 +194,16 @@ async fn fifty_concurrent_duplicates_in_conflict_mode_get_409() {
 #[tokio::test]
 async fn concurrent_duplicates_on_the_in_memory_store_wait_or_get_409() {
     let provider = FakeProvider::start().await;
-    let waits = Rebound::start(&config(&provider.url(), None, "on_concurrent = \"wait\"\n")).await;
+    let waits = config(&provider.url(), None, |p| p.on_concurrent = some("wait"))
+        .start()
+        .await;
     let answers = burst(&provider, [waits.url.clone(), waits.url.clone()], "memory-wait").await;
     assert_eq!(provider.count("memory-wait"), 1);
     all_got_the_original(&answers);
 
-    let refuses = Rebound::start(&config(&provider.url(), None, "on_concurrent = \"conflict\"\n")).await;
+    let refuses = config(&provider.url(), None, |p| p.on_concurrent = some("conflict"))
+        .start()
+        .await;
     let answers = burst(&provider, [refuses.url.clone(), refuses.url.clone()], "memory-conflict").await;
     assert_eq!(provider.count("memory-conflict"), 1);
     let ok = answers.iter().filter(|a| a.status == 200).count();
@@ -191,7 +223,7 @@ async fn concurrent_duplicates_on_the_in_memory_store_wait_or_get_409() {
 #[tokio::test]
 async fn key_reuse_with_another_body_is_422_and_json_order_does_not_matter() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "")).await;
+    let rebound = config(&provider.url(), None, |_| {}).start().await;
     let a = call(
         &rebound.url,
         "k",
@@ -226,11 +258,10 @@ async fn key_reuse_with_another_body_is_422_and_json_order_does_not_matter() {
 async fn a_record_with_a_version_1_fingerprint_still_replays_its_duplicates() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let rebound = config(&provider.url(), Some(&redis.url()), |_| {}).start().await;
     let body = r#"{"model":"m","messages":[{"role":"user","content":"say \"hi\"\n"}]}"#;
     assert_eq!(call(&rebound.url, "k", Some("old"), body, &[]).await.status, 200);
-    let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
-    until_metric(&rebound, stored, |n| n >= 1.0).await;
+    until_metric(&rebound, STORED, |n| n >= 1.0).await;
 
     // Written by this version: marked as version 2. Rewritten as an older build wrote it.
     assert_eq!(redis.rewrite_fingerprints_as_v1(body).await, 1);
@@ -257,18 +288,23 @@ async fn a_record_with_a_version_1_fingerprint_still_replays_its_duplicates() {
 async fn replicas_on_both_sides_of_the_fingerprint_setting_answer_each_others_keys() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "");
-    let old = Rebound::start(&toml.replace("[redis]\n", "[redis]\nfingerprint = 1\n")).await;
-    let new = Rebound::start(&toml).await;
+    // One replica with `fingerprint = 1`, one without.
+    let old = config(&provider.url(), Some(&redis.url()), |_| {})
+        .with_redis(RawRedis {
+            fingerprint: Some(1),
+            ..store(&redis.url())
+        })
+        .start()
+        .await;
+    let new = config(&provider.url(), Some(&redis.url()), |_| {}).start().await;
     let stored = |n: f64| move |v: f64| v >= n;
-    let stored_on = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
     let body = r#"{"model":"m","input":"a\nb"}"#;
     let reordered = r#"{"input":"a\u000ab","model":"m"}"#;
 
     // Each side's record, replayed by the other (the new build's marked `2:`).
     for (writer, reader, key, marked) in [(&old, &new, "from-old", 0), (&new, &old, "from-new", 1)] {
         assert_eq!(call(&writer.url, "k", Some(key), body, &[]).await.status, 200);
-        until_metric(writer, stored_on, stored(1.0)).await;
+        until_metric(writer, STORED, stored(1.0)).await;
         let fps = redis.fingerprints().await;
         assert_eq!(
             fps.iter().filter(|(_, f)| f.starts_with("2:")).count(),
@@ -290,7 +326,7 @@ async fn replicas_on_both_sides_of_the_fingerprint_setting_answer_each_others_ke
 #[tokio::test]
 async fn a_failed_outcome_releases_the_key_and_the_retry_runs() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "")).await;
+    let rebound = config(&provider.url(), None, |_| {}).start().await;
     provider.script("k", vec![Step::status(503), Step::status(503)]);
     let a = call(&rebound.url, "k", Some("released"), "{}", &[]).await;
     assert_eq!(a.status, 503);
@@ -308,12 +344,11 @@ async fn a_failed_outcome_releases_the_key_and_the_retry_runs() {
 async fn a_killed_instance_frees_the_key_by_the_end_of_the_lease() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(
-        &provider.url(),
-        Some(&redis.url()),
-        "on_concurrent = \"conflict\"\nlease = \"2s\"\n",
-    );
-    let mut doomed = ReboundProcess::start(&toml, &[]).await;
+    let config = config(&provider.url(), Some(&redis.url()), |p| {
+        p.on_concurrent = some("conflict");
+        p.lease = some("2s");
+    });
+    let mut doomed = ReboundProcess::start(&config.toml(), &[]).await;
     provider.script("k", vec![Step::Delay { ms: 30_000 }]);
     let url = doomed.proxy.clone();
     let sent = Instant::now();
@@ -324,21 +359,22 @@ async fn a_killed_instance_frees_the_key_by_the_end_of_the_lease() {
     let killed_at = Instant::now();
     inflight.abort();
 
-    let survivor = Rebound::start(&toml).await;
+    let survivor = config.start().await;
     let during = call(&survivor.url, "k", Some("killed"), "{}", &[]).await;
     assert_eq!(during.status, 409, "the dead owner's lease still holds");
     // The lease is 2 s, the key's TTL 24 h: a 60 s guard tells the two apart.
-    let mut ran = None;
-    while killed_at.elapsed() < Duration::from_secs(60) {
-        let a = call(&survivor.url, "k", Some("killed"), "{}", &[]).await;
-        if a.status == 200 {
-            ran = Some((killed_at.elapsed(), sent.elapsed()));
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let ran = ran.expect("the key is claimable again after the lease at most, not the 24 h TTL");
-    let (after_kill, after_send) = ran;
+    let (after_kill, after_send) = until(
+        "the key is claimable again after the lease at most, not the 24 h TTL",
+        Duration::from_secs(60),
+        || async {
+            let a = call(&survivor.url, "k", Some("killed"), "{}", &[]).await;
+            match a.status.as_u16() {
+                200 => Ok((killed_at.elapsed(), sent.elapsed())),
+                _ => Err(format!("{} {}", a.status, a.text())),
+            }
+        },
+    )
+    .await;
     // Freed by the lease, or sooner by the owner's missing liveness record.
     eprintln!("freed {after_kill:?} after the kill, {after_send:?} after the claim");
     assert_eq!(provider.count("k"), 2);
@@ -351,7 +387,9 @@ async fn a_killed_instance_frees_the_key_by_the_end_of_the_lease() {
 #[tokio::test]
 async fn a_delivered_response_is_stored_without_complete_on_disconnect() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "complete_on_disconnect = false")).await;
+    let rebound = config(&provider.url(), None, |p| p.complete_on_disconnect = Some(false))
+        .start()
+        .await;
     for key in ["whole-1", "whole-2"] {
         let first = call(&rebound.url, key, Some(key), r#"{"model":"m"}"#, &[]).await;
         assert_eq!(first.status, 200);
@@ -392,7 +430,7 @@ async fn a_delivered_response_is_stored_without_complete_on_disconnect() {
 #[tokio::test]
 async fn streams_are_replayed_byte_for_byte_and_completed_after_a_disconnect() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "")).await;
+    let rebound = config(&provider.url(), None, |_| {}).start().await;
     let stream = |key: &'static str, url: String| async move {
         send_streaming(
             "POST",
@@ -415,7 +453,8 @@ async fn streams_are_replayed_byte_for_byte_and_completed_after_a_disconnect() {
         .unwrap()
         .to_bytes();
     assert_eq!(String::from_utf8_lossy(&first), sse_stream_bytes(8));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Stored: the event the replay depends on.
+    until_metric(&rebound, STORED, |n| n >= 1.0).await;
     let replay = stream("sse", rebound.url.clone()).await;
     assert_eq!(replay.headers()["idempotent-replayed"], "true");
     assert_eq!(replay.headers()["content-type"], "text/event-stream");
@@ -430,12 +469,7 @@ async fn streams_are_replayed_byte_for_byte_and_completed_after_a_disconnect() {
     drop(body);
     assert!(eventually(Duration::from_secs(5), || provider.streams_completed("gone") == 1).await);
     // Stored: the event the retry depends on (the "sse" record, then this one).
-    until_metric(
-        &rebound,
-        r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#,
-        |n| n >= 2.0,
-    )
-    .await;
+    until_metric(&rebound, STORED, |n| n >= 2.0).await;
     let retry = stream("gone", rebound.url.clone()).await;
     assert_eq!(retry.headers()["idempotent-replayed"], "true");
     let all = retry.into_body().collect().await.unwrap().to_bytes();
@@ -451,12 +485,11 @@ async fn streams_are_replayed_byte_for_byte_and_completed_after_a_disconnect() {
 async fn redis_outage_fails_closed_or_open_and_recovers_without_restart() {
     let mut redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let closed = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
-    let open = Rebound::start(&config(
-        &provider.url(),
-        Some(&redis.url()),
-        "on_store_error = \"fail_open\"\n",
-    ))
+    let closed = config(&provider.url(), Some(&redis.url()), |_| {}).start().await;
+    let open = config(&provider.url(), Some(&redis.url()), |p| {
+        p.on_store_error = some("fail_open")
+    })
+    .start()
     .await;
     assert!(eventually(Duration::from_secs(5), || true).await);
     let warm = call(&closed.url, "k", Some("warm"), "{}", &[]).await;
@@ -514,7 +547,7 @@ async fn redis_outage_fails_closed_or_open_and_recovers_without_restart() {
 async fn tenants_never_share_records_and_redis_holds_no_secret() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let rebound = config(&provider.url(), Some(&redis.url()), |_| {}).start().await;
     let key = "tenant-key-CANARY-3f9a";
     for tenant in ["Bearer sk-CANARY-tenant-one", "Bearer sk-CANARY-tenant-two"] {
         let a = call(&rebound.url, "t", Some(key), "{}", &[("authorization", tenant)]).await;
@@ -525,12 +558,7 @@ async fn tenants_never_share_records_and_redis_holds_no_secret() {
         );
     }
     assert_eq!(provider.count("t"), 2);
-    until_metric(
-        &rebound,
-        r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#,
-        |n| n >= 2.0,
-    )
-    .await;
+    until_metric(&rebound, STORED, |n| n >= 2.0).await;
     let keys = redis_keys(&redis.url()).await;
     let records: Vec<&String> = keys.iter().map(|(k, _)| k).filter(|k| k.contains("idem:")).collect();
     assert_eq!(records.len(), 2, "{keys:?}");
@@ -547,7 +575,7 @@ async fn tenants_never_share_records_and_redis_holds_no_secret() {
 #[tokio::test]
 async fn malformed_and_missing_keys() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "")).await;
+    let rebound = config(&provider.url(), None, |_| {}).start().await;
     for bad in ["", "has space", &"x".repeat(256)] {
         let a = call(&rebound.url, "bad", Some(bad), "{}", &[]).await;
         assert_eq!(a.status, 400, "{bad:?}");
@@ -569,11 +597,13 @@ async fn malformed_and_missing_keys() {
     // A quoted structured-field string is accepted and means the same key.
     let q = call(&rebound.url, "q", Some("\"quoted-1\""), "{}", &[]).await;
     assert_eq!(q.status, 200);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    until_metric(&rebound, STORED, |n| n >= 1.0).await;
     let plain = call(&rebound.url, "q", Some("quoted-1"), "{}", &[]).await;
     assert_eq!(plain.header("idempotent-replayed"), Some("true"));
 
-    let required = Rebound::start(&config(&provider.url(), None, "require_key = true\n")).await;
+    let required = config(&provider.url(), None, |p| p.require_key = Some(true))
+        .start()
+        .await;
     let a = call(&required.url, "req", None, "{}", &[]).await;
     assert_eq!(a.status, 400);
     assert_eq!(a.header("x-rebound-error"), Some("idempotency_key_required"));
@@ -592,11 +622,19 @@ async fn malformed_and_missing_keys() {
 #[tokio::test]
 async fn an_oversized_response_is_completed_but_not_kept() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "max_stored_body = \"100B\"\n")).await;
+    let rebound = config(&provider.url(), None, |p| p.max_stored_body = some("100B"))
+        .start()
+        .await;
     let a = call(&rebound.url, "big", Some("too-big"), "{}", &[]).await;
     assert_eq!(a.status, 200);
     assert_eq!(a.text(), chat_completion(), "the live client gets it all");
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // Completed without its body: the event the next try depends on.
+    until_metric(
+        &rebound,
+        r#"rebound_idempotency_requests_total{result="not_stored",route="fake"}"#,
+        |n| n >= 1.0,
+    )
+    .await;
     let b = call(&rebound.url, "big", Some("too-big"), "{}", &[]).await;
     assert_eq!(b.status, 409);
     assert_eq!(b.header("x-rebound-error"), Some("idempotency_response_not_kept"));
@@ -612,7 +650,7 @@ async fn a_replay_carries_exactly_the_kept_headers_of_the_original() {
     let provider = FakeProvider::start().await;
     let redis = RedisServer::start();
     for (n, store) in [None, Some(redis.url())].into_iter().enumerate() {
-        let rebound = Rebound::start(&config(&provider.url(), store.as_deref(), "")).await;
+        let rebound = config(&provider.url(), store.as_deref(), |_| {}).start().await;
         let fake_key = format!("kept-{n}");
         let headers = [
             ("content-language", "en"),
@@ -628,8 +666,7 @@ async fn a_replay_carries_exactly_the_kept_headers_of_the_original() {
         provider.script(&fake_key, vec![original]);
         let first = call(&rebound.url, &fake_key, Some("kept"), r#"{"model":"m"}"#, &[]).await;
         assert_eq!(first.status, 200);
-        let stored = r#"rebound_idempotency_requests_total{result="stored",route="fake"}"#;
-        until_metric(&rebound, stored, |v| v >= 1.0).await;
+        until_metric(&rebound, STORED, |v| v >= 1.0).await;
         let again = call(&rebound.url, &fake_key, Some("kept"), r#"{"model":"m"}"#, &[]).await;
         assert_eq!(again.header("idempotent-replayed"), Some("true"), "store {n}");
         assert_eq!(again.body, first.body);

@@ -5,28 +5,27 @@
 
 use std::time::Duration;
 
+use rebound::config::raw::RawIdempotency;
+
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
 /// Two replicas' config: the `fake` route with idempotency on Redis, no retries (so that a
 /// provider's 503 is the outcome), `command_timeout = 100ms`.
-fn config(provider: &str, redis: &str, lease: &str) -> String {
-    let extra = format!(
-        r#"
-[idempotency.idem]
-lease = "{lease}"
-wait_timeout = "8s"
-on_store_error = "fail_closed"
-
-[redis]
-url = "{redis}"
-command_timeout = "100ms"
-"#
-    );
-    Edit::new(&config_for(provider, &extra))
-        .route_set("fake", "idempotency", "idem")
-        .to_string()
+fn config(provider: &str, redis: &str, lease: &str) -> TestConfig {
+    TestConfig::new(provider)
+        .idempotency(
+            "idem",
+            RawIdempotency {
+                lease: some(lease),
+                wait_timeout: some("8s"),
+                on_store_error: some("fail_closed"),
+                ..RawIdempotency::default()
+            },
+        )
+        .redis_with(redis, |r| r.command_timeout = some("100ms"))
+        .route(|r| r.idempotency = some("idem"))
 }
 
 async fn call(url: &str, fake_key: &str, idem_key: &str) -> Answer {
@@ -47,22 +46,6 @@ async fn call(url: &str, fake_key: &str, idem_key: &str) -> Answer {
 
 async fn wait_for(what: &str, within: Duration, mut f: impl FnMut() -> bool) {
     assert!(eventually(within, &mut f).await, "{what} within {within:?}");
-}
-
-/// Waits until a metric sample of `rebound` reaches `value`.
-async fn wait_metric(rebound: &Rebound, sample: &str, value: f64) {
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let page = rebound.metrics().await;
-        if metric(&page, sample) == value {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "{sample} never reached {value}:\n{page}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Keys of idempotency records held in Redis, with their `st` field.
@@ -92,9 +75,9 @@ async fn a_completion_that_redis_did_not_answer_is_written_late_and_never_runs_t
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
     provider.script("done", vec![Step::Delay { ms: 1000 }]);
-    let toml = config(&provider.url(), &redis.url(), "10s");
-    let mut a = Rebound::start(&toml).await;
-    let b = Rebound::start(&toml).await;
+    let config = config(&provider.url(), &redis.url(), "10s");
+    let mut a = config.start().await;
+    let b = config.start().await;
 
     let first = tokio::spawn({
         let url = a.url.clone();
@@ -109,18 +92,26 @@ async fn a_completion_that_redis_did_not_answer_is_written_late_and_never_runs_t
     assert_eq!(original.status, 200, "{}", original.text());
 
     // The write failed (Redis frozen); replica a holds the response and answers duplicates with it.
-    wait_metric(&a, "rebound_idempotency_completions_pending", 1.0).await;
+    until_metric(&a, "rebound_idempotency_completions_pending", |v| v == 1.0).await;
     let dup = call(&a.url, "done", "k-done").await;
     assert_eq!(dup.status, 200, "{}", dup.text());
     assert_eq!(dup.header("idempotent-replayed"), Some("true"));
     assert_eq!(dup.body, original.body, "the same response, not a second generation");
 
     // A shutdown waits for the pending write (within shutdown_grace), which lands after the thaw.
+    let admin = a.admin.clone();
     let shutdown = tokio::spawn(async move {
         let exit = a.shutdown().await;
         (a, exit)
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    until("the drain started", Duration::from_secs(10), || async {
+        let ready = get(&format!("{admin}/readyz")).await;
+        match ready.status.as_u16() {
+            503 => Ok(()),
+            _ => Err(ready.text()),
+        }
+    })
+    .await;
     redis.thaw();
     let (_a, exit) = shutdown.await.unwrap();
     assert_eq!(exit, rebound::Exit::Drained);
@@ -141,8 +132,8 @@ async fn a_completion_that_redis_did_not_answer_is_written_late_and_never_runs_t
 async fn a_claim_that_ran_after_its_request_gave_up_does_not_hold_the_key() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), &redis.url(), "30s");
-    let a = Rebound::start(&toml).await;
+    let config = config(&provider.url(), &redis.url(), "30s");
+    let a = config.start().await;
     // Redis knows the scripts already (else the late EVALSHA would fail with NOSCRIPT).
     assert_eq!(call(&a.url, "warm", "k-warm").await.status, 200);
 
@@ -161,18 +152,14 @@ async fn a_claim_that_ran_after_its_request_gave_up_does_not_hold_the_key() {
     assert_eq!(retry.status, 200, "{}", retry.text());
     assert_eq!(provider.count("claim"), 1);
     // The retry's completion is written as its body ends (in the background): wait for it.
-    let end = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
+    until("both keys completed, none held", Duration::from_secs(5), || async {
         let held = records(&redis.url()).await;
-        if held.len() == 2 && held.iter().all(|(_, st)| st == "C") {
-            break;
+        match held.len() == 2 && held.iter().all(|(_, st)| st == "C") {
+            true => Ok(()),
+            false => Err(format!("{held:?}")),
         }
-        assert!(
-            tokio::time::Instant::now() < end,
-            "both keys completed, none held: {held:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await;
 }
 
 /// Renewal: Redis frozen for a while as the original runs (renewals time out, and the late ones
@@ -184,9 +171,9 @@ async fn renewals_that_redis_did_not_answer_keep_one_generation_per_key() {
     let provider = FakeProvider::start().await;
     provider.script("renew", vec![Step::Delay { ms: 2500 }]);
     // Renewed every second; frozen for 1.2 s, shorter than the lease.
-    let toml = config(&provider.url(), &redis.url(), "3s");
-    let a = Rebound::start(&toml).await;
-    let b = Rebound::start(&toml).await;
+    let config = config(&provider.url(), &redis.url(), "3s");
+    let a = config.start().await;
+    let b = config.start().await;
 
     let first = tokio::spawn({
         let url = a.url.clone();
@@ -216,8 +203,8 @@ async fn a_release_that_redis_did_not_answer_is_retried_until_it_lands() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
     provider.script("release", vec![Step::StatusAfter { ms: 500, status: 503 }]);
-    let toml = config(&provider.url(), &redis.url(), "10s");
-    let a = Rebound::start(&toml).await;
+    let config = config(&provider.url(), &redis.url(), "10s");
+    let a = config.start().await;
 
     let first = tokio::spawn({
         let url = a.url.clone();
@@ -235,7 +222,8 @@ async fn a_release_that_redis_did_not_answer_is_retried_until_it_lands() {
         "scripted 503",
         "the provider's own 503"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The release met the frozen Redis (timed out) before the thaw.
+    until_metric(&a, r#"rebound_redis_errors_total{op="idem_release"}"#, |v| v >= 1.0).await;
     redis.thaw();
 
     // Held for 10 s without the retried release; wait_timeout is 8 s (409 then).

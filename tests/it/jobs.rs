@@ -5,32 +5,55 @@
 use std::path::Path;
 use std::time::Duration;
 
+use rebound::config::raw::{RawIdempotency, RawJobs, RawRetry};
+
+use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes};
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::{config_for, ReboundProcess};
+use crate::support::sidecar::ReboundProcess;
 use crate::support::*;
 
 const TOKEN: &str = "admin-token-jobs";
 const SECRET: &str = "jobs-secret-0123456789";
 
 /// An async route `/fake/` with fast retries, idempotency and dead letters; `[jobs]` with a short
-/// visibility timeout plus `jobs`; Redis when given.
-fn config(provider: &str, redis: Option<&str>, jobs: &str) -> String {
-    let mut tables = format!(
-        "\n[retry.fast]\nmax_attempts = 3\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n\
-         [idempotency.idem]\nlease = \"2s\"\n\n\
-         [jobs]\nvisibility_timeout = \"1s\"\nsecret = \"{SECRET}\"\n{jobs}\n"
-    );
-    if let Some(url) = redis {
-        tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\n"));
+/// visibility timeout, then `jobs`; Redis when given.
+fn config(provider: &str, redis: Option<&str>, jobs: impl FnOnce(&mut RawJobs)) -> TestConfig {
+    let mut table = RawJobs {
+        visibility_timeout: some("1s"),
+        secret: some(SECRET),
+        ..RawJobs::default()
+    };
+    jobs(&mut table);
+    let c = TestConfig::new(provider)
+        .retry(
+            "fast",
+            RawRetry {
+                max_attempts: Some(3),
+                base_delay: some("10ms"),
+                max_delay: some("20ms"),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency(
+            "idem",
+            RawIdempotency {
+                lease: some("2s"),
+                ..RawIdempotency::default()
+            },
+        )
+        .jobs(table)
+        .route(|r| {
+            r.async_jobs = Some(true);
+            r.retry = some("fast");
+            r.idempotency = some("idem");
+            r.dead_letters = Some(true);
+        })
+        .admin_token(TOKEN);
+    match redis {
+        Some(url) => c.redis(url),
+        None => c,
     }
-    Edit::new(&config_for(provider, &tables))
-        .route_set("fake", "async", true)
-        .route_set("fake", "retry", "fast")
-        .route_set("fake", "idempotency", "idem")
-        .route_set("fake", "dead_letters", true)
-        .set("admin", "token", TOKEN)
-        .to_string()
 }
 
 async fn submit(base: &str, fake_key: &str, idem: Option<&str>, body: &str, extra: &[(&str, &str)]) -> Answer {
@@ -65,21 +88,20 @@ async fn status(base: &str, id: &str) -> serde_json::Value {
 
 /// Polls `GET /jobs/{id}` until the job is finished.
 async fn finished(base: &str, id: &str, within: Duration) -> serde_json::Value {
-    let end = tokio::time::Instant::now() + within;
-    loop {
+    until(&format!("job {id} finished"), within, || async {
         let s = status(base, id).await;
-        if s["status"] == "succeeded" || s["status"] == "failed" {
-            return s;
+        match s["status"] == "succeeded" || s["status"] == "failed" {
+            true => Ok(s),
+            false => Err(s.to_string()),
         }
-        assert!(tokio::time::Instant::now() < end, "job {id} not finished: {s}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 async fn submitted_then_polled_to_the_response(redis: Option<&RedisServer>) {
     let provider = FakeProvider::start().await;
     let url = redis.map(RedisServer::url);
-    let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), "")).await;
+    let rebound = config(&provider.url(), url.as_deref(), |_| {}).start().await;
     provider.script("slow", vec![Step::Delay { ms: 600 }]);
 
     let a = submit(&rebound.url, "slow", None, r#"{"model":"m"}"#, &[("prefer", "wait=5")]).await;
@@ -181,7 +203,7 @@ async fn submitted_then_polled_to_the_response_in_redis() {
 async fn one_job_per_idempotency_key(redis: Option<&RedisServer>) {
     let provider = FakeProvider::start().await;
     let url = redis.map(RedisServer::url);
-    let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), "")).await;
+    let rebound = config(&provider.url(), url.as_deref(), |_| {}).start().await;
     provider.script("k", vec![Step::Delay { ms: 400 }]);
     let body = r#"{"model":"m","n":1}"#;
     let tenant = [("authorization", "Bearer sk-tenant-a")];
@@ -225,16 +247,14 @@ async fn one_job_per_idempotency_key(redis: Option<&RedisServer>) {
     let poll = |id: String| {
         let base = rebound.url.clone();
         async move {
-            let end = tokio::time::Instant::now() + Duration::from_secs(10);
-            loop {
-                let a = send("GET", &format!("{base}/jobs/{id}"), &tenant, "").await;
-                let s = a.json();
-                if s["status"] == "succeeded" || s["status"] == "failed" {
-                    return s;
+            until(&format!("job {id} finished"), Duration::from_secs(10), || async {
+                let s = send("GET", &format!("{base}/jobs/{id}"), &tenant, "").await.json();
+                match s["status"] == "succeeded" || s["status"] == "failed" {
+                    true => Ok(s),
+                    false => Err(s.to_string()),
                 }
-                assert!(tokio::time::Instant::now() < end, "{s}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+            })
+            .await
         }
     };
     assert_eq!(poll(id.clone()).await["status"], "succeeded");
@@ -270,7 +290,7 @@ async fn one_job_per_idempotency_key_in_redis() {
 async fn a_job_with_a_version_1_fingerprint_still_answers_its_key() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let rebound = config(&provider.url(), Some(&redis.url()), |_| {}).start().await;
     let body = r#"{"model":"m","input":"line one\nline two"}"#;
     let id = job_id(&submit(&rebound.url, "k", Some("old-job"), body, &[]).await);
     assert_eq!(
@@ -301,7 +321,7 @@ async fn a_job_with_a_version_1_fingerprint_still_answers_its_key() {
 async fn a_job_whose_request_already_completed_is_answered_from_the_idempotency_store() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let rebound = config(&provider.url(), Some(&redis.url()), |_| {}).start().await;
     let sync = send(
         "POST",
         &format!("{}/fake/v1/chat/completions", rebound.url),
@@ -329,9 +349,9 @@ async fn a_job_whose_request_already_completed_is_answered_from_the_idempotency_
 async fn twenty_jobs_across_two_instances_complete_exactly_once() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "workers = 2\n");
-    let a = Rebound::start(&toml).await;
-    let b = Rebound::start(&toml).await;
+    let config = config(&provider.url(), Some(&redis.url()), |j| j.workers = Some(2));
+    let a = config.start().await;
+    let b = config.start().await;
     let mut ids = Vec::new();
     for i in 0..20 {
         let key = format!("job{i}");
@@ -363,10 +383,10 @@ async fn twenty_jobs_across_two_instances_complete_exactly_once() {
 async fn a_killed_worker_s_job_is_reclaimed_and_completed_once() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "workers = 1\n");
+    let config = config(&provider.url(), Some(&redis.url()), |j| j.workers = Some(1));
     provider.script("long", vec![Step::Delay { ms: 4000 }]);
 
-    let mut doomed = ReboundProcess::start(&toml, &[]).await;
+    let mut doomed = ReboundProcess::start(&config.toml(), &[]).await;
     let id = job_id(&submit(&doomed.proxy, "long", Some("reclaim-me"), r#"{"model":"m"}"#, &[]).await);
     assert!(
         eventually(Duration::from_secs(10), || provider.count("long") == 1).await,
@@ -376,7 +396,7 @@ async fn a_killed_worker_s_job_is_reclaimed_and_completed_once() {
     doomed.child.start_kill().unwrap();
     let _ = doomed.child.wait().await;
 
-    let survivor = Rebound::start(&toml).await;
+    let survivor = config.start().await;
     let s = finished(&survivor.url, &id, Duration::from_secs(20)).await;
     assert_eq!(s["status"], "succeeded", "{s}");
     assert_eq!(s["runs"], 2, "run once by the dead worker, once by the survivor: {s}");
@@ -398,9 +418,9 @@ async fn a_killed_worker_s_job_is_reclaimed_and_completed_once() {
 async fn a_job_whose_workers_keep_dying_is_failed_as_abandoned() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "workers = 1\n");
+    let config = config(&provider.url(), Some(&redis.url()), |j| j.workers = Some(1));
     provider.script("poison", vec![Step::Delay { ms: 4000 }]);
-    let mut doomed = ReboundProcess::start(&toml, &[]).await;
+    let mut doomed = ReboundProcess::start(&config.toml(), &[]).await;
     let id = job_id(&submit(&doomed.proxy, "poison", None, "{}", &[]).await);
     assert!(eventually(Duration::from_secs(10), || provider.count("poison") == 1).await);
     doomed.child.start_kill().unwrap();
@@ -416,7 +436,7 @@ async fn a_job_whose_workers_keep_dying_is_failed_as_abandoned() {
         .await
         .unwrap();
 
-    let survivor = Rebound::start(&toml).await;
+    let survivor = config.start().await;
     let s = finished(&survivor.url, &id, Duration::from_secs(10)).await;
     assert_eq!(s["status"], "failed", "{s}");
     assert!(s["error"].as_str().unwrap().starts_with("abandoned"), "{s}");
@@ -433,7 +453,7 @@ async fn a_job_whose_workers_keep_dying_is_failed_as_abandoned() {
 async fn a_permanently_failing_job_fails_and_lands_in_the_dead_letters() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let rebound = config(&provider.url(), Some(&redis.url()), |_| {}).start().await;
     provider.script("down", vec![Step::status(503); 3]);
     let id = job_id(&submit(&rebound.url, "down", Some("doomed-job"), "{}", &[]).await);
     let s = finished(&rebound.url, &id, Duration::from_secs(10)).await;
@@ -471,7 +491,12 @@ async fn a_permanently_failing_job_fails_and_lands_in_the_dead_letters() {
 async fn a_full_queue_refuses_with_503(redis: Option<&RedisServer>) {
     let provider = FakeProvider::start().await;
     let url = redis.map(RedisServer::url);
-    let rebound = Rebound::start(&config(&provider.url(), url.as_deref(), "workers = 1\nmax_queue = 2\n")).await;
+    let rebound = config(&provider.url(), url.as_deref(), |j| {
+        j.workers = Some(1);
+        j.max_queue = Some(2);
+    })
+    .start()
+    .await;
     for k in ["q1", "q2", "q3"] {
         provider.script(k, vec![Step::Delay { ms: 1500 }]);
     }
@@ -510,11 +535,10 @@ async fn callbacks_post_the_result_with_the_job_id_as_idempotency_key() {
     let provider = FakeProvider::start().await;
     let receiver = FakeProvider::start().await;
     let allowed = format!("{}/echo/", receiver.url());
-    let rebound = Rebound::start(&config(
-        &provider.url(),
-        Some(&redis.url()),
-        &format!("callback_allowed_prefixes = [\"{allowed}\"]\n"),
-    ))
+    let rebound = config(&provider.url(), Some(&redis.url()), |j| {
+        j.callback_allowed_prefixes = Some(vec![allowed.clone()])
+    })
+    .start()
     .await;
 
     // Outside the allowed prefixes: refused at submission, nothing queued.
@@ -529,15 +553,14 @@ async fn callbacks_post_the_result_with_the_job_id_as_idempotency_key() {
     receiver.script("default", vec![Step::status(503)]);
     let hook = format!("{allowed}hook");
     let id = job_id(&submit(&rebound.url, "cb", None, "{}", &[("x-rebound-callback", &hook)]).await);
-    let end = tokio::time::Instant::now() + Duration::from_secs(15);
-    let s = loop {
+    let s = until("the callback delivered or failed", Duration::from_secs(15), || async {
         let s = status(&rebound.url, &id).await;
-        if s["callback"]["state"] == "delivered" || s["callback"]["state"] == "failed" {
-            break s;
+        match s["callback"]["state"] == "delivered" || s["callback"]["state"] == "failed" {
+            true => Ok(s),
+            false => Err(s.to_string()),
         }
-        assert!(tokio::time::Instant::now() < end, "{s}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(s["callback"]["state"], "delivered", "{s}");
     assert_eq!(s["callback"]["attempts"], 2);
     assert_eq!(s["callback"]["last_status"], 200);
@@ -600,7 +623,7 @@ async fn credentials_of_queued_jobs_are_sealed_in_redis() {
     const CANARY: &str = "sk-CANARY-7f3a";
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), Some(&redis.url()), "")).await;
+    let rebound = config(&provider.url(), Some(&redis.url()), |_| {}).start().await;
     provider.script("sealed", vec![Step::Delay { ms: 1000 }]);
     let auth = format!("Bearer {CANARY}");
     let creds = [("authorization", auth.as_str()), ("x-api-key", CANARY)];
@@ -617,16 +640,15 @@ async fn credentials_of_queued_jobs_are_sealed_in_redis() {
 
     // Only the submitting credential reads the job.
     assert_eq!(get(&format!("{}/jobs/{id}", rebound.url)).await.status, 404);
-    let end = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
+    until("the job succeeded", Duration::from_secs(10), || async {
         let a = send("GET", &format!("{}/jobs/{id}", rebound.url), &creds, "").await;
         assert_eq!(a.status, 200);
-        if a.json()["status"] == "succeeded" {
-            break;
+        match a.json()["status"] == "succeeded" {
+            true => Ok(()),
+            false => Err(a.text()),
         }
-        assert!(tokio::time::Instant::now() < end);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
     // The provider got them, unsealed.
     let seen = provider.requests("sealed").pop().unwrap();
     assert_eq!(seen.header("authorization"), Some(auth.as_str()));
@@ -642,7 +664,7 @@ async fn credentials_of_queued_jobs_are_sealed_in_redis() {
 #[tokio::test]
 async fn without_an_async_route_nothing_changes() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config_for(&provider.url(), "")).await;
+    let rebound = TestConfig::new(&provider.url()).start().await;
     let a = send(
         "POST",
         &format!("{}/fake/v1/chat/completions", rebound.url),
@@ -669,8 +691,8 @@ fn config_errors(toml: &str) -> String {
 
 #[test]
 fn jobs_config_is_validated_and_located() {
-    let base = config("http://127.0.0.1:1", None, "");
-    let parsed = crate::support::sidecar::parse(&base);
+    let base = "http://127.0.0.1:1";
+    let parsed = config(base, None, |_| {}).config();
     assert!(parsed.routes[0].async_jobs);
     assert_eq!(parsed.jobs.visibility_timeout, Duration::from_secs(1));
     assert_eq!(parsed.jobs.workers, 4);
@@ -679,47 +701,48 @@ fn jobs_config_is_validated_and_located() {
         "the secret is never printed"
     );
 
-    let e = config_errors(&config("http://127.0.0.1:1", None, "wokers = 2\n"));
+    // A misspelt key does not compile in the typed config: it is added to the file as text.
+    let misspelt = Edit::new(&config(base, None, |_| {}).toml())
+        .set("jobs", "wokers", 2i64)
+        .to_string();
+    let e = config_errors(&misspelt);
     assert!(e.contains("jobs.wokers") && e.contains("unknown field"), "{e}");
-    let e = config_errors(&config("http://127.0.0.1:1", None, "workers = 0\nmax_queue = -1\n"));
+    let e = config_errors(
+        &config(base, None, |j| {
+            j.workers = Some(0);
+            j.max_queue = Some(-1);
+        })
+        .toml(),
+    );
     assert!(
         e.contains("jobs.workers: expected an integer from 1 to 256, found 0"),
         "{e}"
     );
     assert!(e.contains("jobs.max_queue"), "{e}");
-    let e = config_errors(
-        &Edit::new(&config("http://127.0.0.1:1", None, ""))
-            .change("jobs", "visibility_timeout", "200ms")
-            .to_string(),
-    );
+    let e = config_errors(&config(base, None, |j| j.visibility_timeout = some("200ms")).toml());
     assert!(e.contains("jobs.visibility_timeout: expected at least 1s"), "{e}");
-    let e = config_errors(&config(
-        "http://127.0.0.1:1",
-        None,
-        "callback_allowed_prefixes = [\"https://hooks.example.com\"]\n",
-    ));
+    let e = config_errors(
+        &config(base, None, |j| {
+            j.callback_allowed_prefixes = list(&["https://hooks.example.com"])
+        })
+        .toml(),
+    );
     assert!(
         e.contains("jobs.callback_allowed_prefixes[0]: expected an http:// or https:// URL prefix with a path"),
         "{e}"
     );
     // With Redis, an async route needs the secret its credentials are sealed with.
-    let no_secret = Edit::new(&config("http://127.0.0.1:1", Some("redis://127.0.0.1:1/0"), ""))
-        .remove("jobs", "secret")
-        .to_string();
-    let e = config_errors(&no_secret);
+    let no_secret = config(base, Some("redis://127.0.0.1:1/0"), |j| j.secret = None);
+    let e = config_errors(&no_secret.toml());
     assert!(e.contains("routes[0].async: expected [jobs] secret"), "{e}");
     assert!(e.contains("jobs.toml:"), "located: {e}");
-    let short = Edit::new(&config("http://127.0.0.1:1", None, ""))
-        .change("jobs", "secret", "short")
-        .to_string();
-    let e = config_errors(&short);
+    let short = config(base, None, |j| j.secret = some("short"));
+    let e = config_errors(&short.toml());
     assert!(e.contains("jobs.secret: expected at least 16 characters"), "{e}");
     assert!(!e.contains("short\""), "the value is never echoed: {e}");
     // The job API's paths stay free.
-    let shadowed = Edit::new(&config("http://127.0.0.1:1", None, ""))
-        .route_set("fake", "path_prefix", "/jobs/x/")
-        .to_string();
-    let e = config_errors(&shadowed);
+    let shadowed = config(base, None, |_| {}).route(|r| r.path_prefix = some("/jobs/x/"));
+    let e = config_errors(&shadowed.toml());
     assert!(
         e.contains("routes[0].path_prefix: expected a prefix outside /jobs/"),
         "{e}"

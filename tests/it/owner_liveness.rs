@@ -182,9 +182,17 @@ async fn a_waiting_duplicate_takes_a_dead_owners_key_over() {
         let replayed = resp.headers().get("idempotent-replayed").is_some();
         (status, replayed, head_at, read(resp.into_body(), BytesMut::new()).await)
     });
-    // Time for the duplicate to reach B; that it was held is shown below: its answer came after
-    // the kill, from the provider's second call.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The duplicate reached B; that it was held is shown below: its answer came after the kill,
+    // from the provider's second call.
+    let b_metrics = format!("{}/metrics", b.admin);
+    until("the duplicate is in flight on B", Duration::from_secs(10), || async {
+        let page = get(&b_metrics).await.text();
+        match metric(&page, "rebound_inflight_requests") {
+            n if n >= 1.0 => Ok(()),
+            n => Err(format!("{n} in flight")),
+        }
+    })
+    .await;
     assert_eq!(provider.count(key), 1);
 
     let killed_at = kill(&mut a).await;

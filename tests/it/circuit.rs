@@ -3,22 +3,34 @@
 
 use std::time::{Duration, Instant};
 
+use rebound::config::raw::{RawCircuit, RawUpstream};
+
+use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
-/// The `fake` route on an upstream with `[circuit.c]` (and `cooldown` mode), no retries.
-fn config(provider: &str, redis: Option<&str>, circuit: &str, cooldown: &str, extra: &str) -> String {
-    let mut tables = format!(
-        "\n[circuit.c]\nconsecutive_failures = 3\nopen_for = \"1s\"\nmax_open_for = \"4s\"\nhalf_open_probes = 1\n{circuit}\n{extra}"
-    );
-    if let Some(url) = redis {
-        tables.push_str(&format!("\n[redis]\nurl = \"{url}\"\nsync_interval = \"100ms\"\n"));
+/// `[circuit.c]`: open after 3 consecutive failures, for 1 s (4 s at most), one probe.
+fn breaker() -> RawCircuit {
+    RawCircuit {
+        consecutive_failures: Some(3),
+        open_for: some("1s"),
+        max_open_for: some("4s"),
+        half_open_probes: Some(1),
+        ..RawCircuit::default()
     }
-    Edit::new(&config_for(provider, &tables))
-        .set("upstreams.fake", "circuit", "c")
-        .set("upstreams.fake", "cooldown", cooldown)
-        .to_string()
+}
+
+/// The `fake` route on an upstream with `[circuit.c]` (and `cooldown` mode), no retries; Redis
+/// when given.
+fn config(provider: &str, redis: Option<&str>, cooldown: &str) -> TestConfig {
+    let c = TestConfig::new(provider).circuit("c", breaker()).upstream(|u| {
+        u.circuit = some("c");
+        u.cooldown = some(cooldown);
+    });
+    match redis {
+        Some(url) => c.redis_with(url, |r| r.sync_interval = some("100ms")),
+        None => c,
+    }
 }
 
 async fn call(url: &str, key: &str) -> Answer {
@@ -34,7 +46,7 @@ async fn call(url: &str, key: &str) -> Answer {
 #[tokio::test]
 async fn an_open_circuit_fails_fast_then_probes_once_and_recovers() {
     let provider = FakeProvider::start().await;
-    let rebound = Rebound::start(&config(&provider.url(), None, "", "off", "")).await;
+    let rebound = config(&provider.url(), None, "off").start().await;
     provider.script("down", vec![Step::status(503); 100]);
     for _ in 0..3 {
         assert_eq!(call(&rebound.url, "down").await.status, 503);
@@ -69,7 +81,8 @@ async fn an_open_circuit_fails_fast_then_probes_once_and_recovers() {
         let url = rebound.url.clone();
         async move { call(&url, "down").await }
     });
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    // The probe is running: it reached the provider.
+    assert!(eventually(Duration::from_secs(10), || provider.count("down") == 4).await);
     let during = call(&rebound.url, "down").await;
     assert_eq!(during.header("x-rebound-error"), Some("circuit_open"));
     assert_eq!(probe.await.unwrap().status, 200);
@@ -92,12 +105,21 @@ async fn an_open_circuit_fails_fast_then_probes_once_and_recovers() {
 #[tokio::test]
 async fn an_open_circuit_falls_back_and_says_so() {
     let (primary, backup) = (FakeProvider::start().await, FakeProvider::start().await);
-    let extra = format!("\n[upstreams.backup]\nurl = \"{}\"\ncircuit = \"c\"\n", backup.url());
-    let toml = Edit::new(&config(&primary.url(), None, "", "off", &extra))
-        .route_set("fake", "fallback", toml_edit::Array::from_iter(["backup"]))
-        .route_set("fake", "dead_letters", true)
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = config(&primary.url(), None, "off")
+        .with_upstream(
+            "backup",
+            RawUpstream {
+                url: Some(backup.url()),
+                circuit: some("c"),
+                ..RawUpstream::default()
+            },
+        )
+        .route(|r| {
+            r.fallback = list(&["backup"]);
+            r.dead_letters = Some(true);
+        })
+        .start()
+        .await;
     primary.script("k", vec![Step::status(503); 100]);
     // Each 503 (no retries on this route: its one attempt is used up) moves to the backup.
     for _ in 0..3 {
@@ -128,24 +150,30 @@ async fn an_open_circuit_falls_back_and_says_so() {
 #[tokio::test]
 async fn no_fallback_left_is_a_dead_letter() {
     let provider = FakeProvider::start().await;
-    let toml = Edit::new(&config(&provider.url(), None, "", "off", ""))
-        .set("admin", "token", "t")
-        .route_set("fake", "dead_letters", true)
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = config(&provider.url(), None, "off")
+        .admin_token("t")
+        .route(|r| r.dead_letters = Some(true))
+        .start()
+        .await;
     provider.script("k", vec![Step::status(503); 10]);
     for _ in 0..4 {
         call(&rebound.url, "k").await;
     }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let page = send(
-        "GET",
-        &format!("{}/admin/dead-letters?reason=circuit_open", rebound.admin),
-        &[("authorization", "Bearer t")],
-        "",
-    )
-    .await
-    .json();
+    let page = until("the circuit_open dead letter", Duration::from_secs(10), || async {
+        let page = send(
+            "GET",
+            &format!("{}/admin/dead-letters?reason=circuit_open", rebound.admin),
+            &[("authorization", "Bearer t")],
+            "",
+        )
+        .await
+        .json();
+        match page["items"].as_array().is_some_and(|i| !i.is_empty()) {
+            true => Ok(page),
+            false => Err(page.to_string()),
+        }
+    })
+    .await;
     let items = page["items"].as_array().unwrap();
     assert_eq!(items.len(), 1, "{page}");
     assert_eq!(items[0]["error_class"], "circuit_open");
@@ -156,12 +184,16 @@ async fn no_fallback_left_is_a_dead_letter() {
 async fn the_fleet_opens_together_and_probes_once() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = Edit::new(&config(&provider.url(), Some(&redis.url()), "", "off", ""))
-        .change("circuit.c", "open_for", "2s")
-        .to_string();
-    let a = Rebound::start(&toml).await;
-    let b = Rebound::start(&toml).await;
-    let c = Rebound::start(&toml).await;
+    let config = config(&provider.url(), Some(&redis.url()), "off").circuit(
+        "c",
+        RawCircuit {
+            open_for: some("2s"),
+            ..breaker()
+        },
+    );
+    let a = config.start().await;
+    let b = config.start().await;
+    let c = config.start().await;
     // The provider is down for everyone; each replica's calls carry their own key so that the
     // provider's counters tell whose calls reached it.
     for key in ["k", "kb", "kc"] {
@@ -174,16 +206,14 @@ async fn the_fleet_opens_together_and_probes_once() {
     // B and C follow through the fleet state (one sync interval, 100 ms, or the published event)
     // without a single failure of their own: nothing is sent to them while they follow.
     let open_on = |page: &str| metric(page, r#"rebound_circuit_state{upstream="fake"}"#) == 2.0;
-    let mut followed = None;
-    while opened.elapsed() < Duration::from_secs(10) {
-        if open_on(&b.metrics().await) && open_on(&c.metrics().await) {
-            followed = Some(opened.elapsed());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
     // B and C opened without a failure of their own (asserted below): only the fleet state did it.
-    let followed = followed.expect("B and C open too");
+    let followed = until("B and C open too", Duration::from_secs(10), || async {
+        match open_on(&b.metrics().await) && open_on(&c.metrics().await) {
+            true => Ok(opened.elapsed()),
+            false => Err("not both open".to_string()),
+        }
+    })
+    .await;
     eprintln!("B and C followed A {followed:?} after its failures");
     // Open on B and C: their calls fail fast, none reaches the provider.
     let (rb, rc) = (call(&b.url, "kb").await, call(&c.url, "kc").await);
@@ -223,13 +253,9 @@ async fn the_fleet_opens_together_and_probes_once() {
 async fn a_cooldown_on_one_replica_holds_or_rejects_that_credential_on_another() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let reject = config(&provider.url(), Some(&redis.url()), "", "reject", "");
-    let wait = config(&provider.url(), Some(&redis.url()), "", "wait", "");
-    let (a, b, w) = (
-        Rebound::start(&reject).await,
-        Rebound::start(&reject).await,
-        Rebound::start(&wait).await,
-    );
+    let reject = config(&provider.url(), Some(&redis.url()), "reject");
+    let wait = config(&provider.url(), Some(&redis.url()), "wait");
+    let (a, b, w) = (reject.start().await, reject.start().await, wait.start().await);
     provider.script("k", vec![Step::status_with(429, &[("retry-after", "3")])]);
     let first = call(&a.url, "k").await;
     assert_eq!(first.status, 429);
@@ -279,8 +305,8 @@ async fn a_cooldown_on_one_replica_holds_or_rejects_that_credential_on_another()
 async fn every_replica_keeps_its_local_breaker_without_redis() {
     let mut redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = config(&provider.url(), Some(&redis.url()), "", "off", "");
-    let (a, b) = (Rebound::start(&toml).await, Rebound::start(&toml).await);
+    let config = config(&provider.url(), Some(&redis.url()), "off");
+    let (a, b) = (config.start().await, config.start().await);
     redis.stop();
     provider.script("k", vec![Step::status(503); 100]);
     for _ in 0..3 {

@@ -9,8 +9,10 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use rebound::config::raw::RawCircuit;
+
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::redis::RedisServer;
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
 /// `redis-cli monitor`: every command the server runs, one line each, as it runs it.
@@ -107,15 +109,23 @@ fn request_commands(lines: &[String]) -> Vec<&String> {
 async fn the_hot_path_costs_two_one_or_no_redis_round_trips_and_idle_sync_stays_cheap() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let extra = format!(
-        "\n[circuit.c]\nshared = true\n\n[idempotency.idem]\n\n[redis]\nurl = \"{}\"\ncommand_timeout = \"500ms\"\nsync_interval = \"250ms\"\n",
-        redis.url()
-    );
-    let toml = Edit::new(&config_for(&provider.url(), &extra))
-        .set("upstreams.fake", "circuit", "c")
-        .route_set("fake", "idempotency", "idem")
-        .to_string();
-    let rebound = Rebound::start(&toml).await;
+    let rebound = TestConfig::new(&provider.url())
+        .circuit(
+            "c",
+            RawCircuit {
+                shared: Some(true),
+                ..RawCircuit::default()
+            },
+        )
+        .idempotency("idem", Default::default())
+        .redis_with(&redis.url(), |r| {
+            r.command_timeout = some("500ms");
+            r.sync_interval = some("250ms");
+        })
+        .upstream(|u| u.circuit = some("c"))
+        .route(|r| r.idempotency = some("idem"))
+        .start()
+        .await;
     let url = format!("{}/fake/v1/chat/completions", rebound.url);
     let call = |key: Option<&'static str>| {
         let url = url.clone();
@@ -187,7 +197,7 @@ fn cache_commands(lines: &[String]) -> Vec<&String> {
 async fn the_cache_costs_a_miss_two_round_trips_a_hit_one_and_a_bypass_none() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let rebound = crate::support::config_builder::TestConfig::new(&provider.url())
+    let rebound = TestConfig::new(&provider.url())
         .cache("c", Default::default())
         .redis(&redis.url())
         .start()

@@ -5,29 +5,37 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use rebound::config::raw::{RawIdempotency, RawRedis};
 use rebound::Config;
 
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::redis::RedisTls;
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
-fn tls_redis(redis: &RedisTls, credentials: &str, ca: bool) -> String {
-    let ca_file = if ca {
-        format!("ca_file = \"{}\"\n", redis.ca_file.display())
-    } else {
-        String::new()
-    };
-    format!(
-        "\n[redis]\nurl = \"rediss://127.0.0.1:{}/0\"\n{credentials}\n{ca_file}command_timeout = \"500ms\"\n",
-        redis.port
-    )
+/// `[redis]` on the TLS server as `user` (name and password) when given, trusting its CA when
+/// `ca`.
+fn tls_redis(redis: &RedisTls, user: Option<(&str, &str)>, ca: bool) -> RawRedis {
+    RawRedis {
+        url: Some(format!("rediss://127.0.0.1:{}/0", redis.port)),
+        username: user.map(|(name, _)| name.to_string()),
+        password: user.map(|(_, password)| password.to_string()),
+        ca_file: ca.then(|| redis.ca_file.display().to_string()),
+        command_timeout: some("500ms"),
+        ..RawRedis::default()
+    }
 }
 
-fn with_idempotency(provider: &str, redis: &str) -> String {
-    let extra = format!("\n[idempotency.idem]\nlease = \"2s\"\n{redis}");
-    Edit::new(&config_for(provider, &extra))
-        .route_set("fake", "idempotency", "idem")
-        .to_string()
+fn with_idempotency(provider: &str, redis: RawRedis) -> TestConfig {
+    TestConfig::new(provider)
+        .idempotency(
+            "idem",
+            RawIdempotency {
+                lease: some("2s"),
+                ..RawIdempotency::default()
+            },
+        )
+        .with_redis(redis)
+        .route(|r| r.idempotency = some("idem"))
 }
 
 async fn keyed(rebound: &Rebound, key: &str) -> Answer {
@@ -48,11 +56,9 @@ async fn keyed(rebound: &Rebound, key: &str) -> Answer {
 async fn tls_with_an_acl_user_and_the_default_user_off() {
     let redis = RedisTls::start();
     let provider = FakeProvider::start().await;
-    let toml = with_idempotency(
-        &provider.url(),
-        &tls_redis(&redis, "username = \"rebound\"\npassword = \"s3cret\"", true),
-    );
-    let rebound = Rebound::start(&toml).await;
+    let rebound = with_idempotency(&provider.url(), tls_redis(&redis, Some(("rebound", "s3cret")), true))
+        .start()
+        .await;
     until_metric(&rebound, "rebound_redis_up", |v| v == 1.0).await;
     let ready = get(&format!("{}/readyz", rebound.admin)).await;
     assert_eq!(ready.text(), "ready (redis: up)\n");
@@ -85,14 +91,11 @@ async fn tls_with_an_acl_user_and_the_default_user_off() {
 }
 
 /// Starts rebound and expects a refusal naming Redis, quickly.
-async fn refused(toml: &str) -> String {
+async fn refused(config: TestConfig) -> String {
     let started = Instant::now();
-    let result = tokio::time::timeout(
-        Duration::from_secs(20),
-        rebound::start(crate::support::sidecar::parse(toml)),
-    )
-    .await
-    .expect("start never hangs");
+    let result = tokio::time::timeout(Duration::from_secs(20), rebound::start(config.config()))
+        .await
+        .expect("start never hangs");
     let took = started.elapsed();
     let err = match result {
         Ok(_) => panic!("rebound started although Redis refuses it"),
@@ -112,31 +115,32 @@ async fn a_wrong_password_or_an_untrusted_certificate_stops_the_start_naming_red
     let redis = RedisTls::start();
     let provider = FakeProvider::start().await;
 
-    let err = refused(&with_idempotency(
+    let err = refused(with_idempotency(
         &provider.url(),
-        &tls_redis(&redis, "username = \"rebound\"\npassword = \"wrong-pass\"", true),
+        tls_redis(&redis, Some(("rebound", "wrong-pass")), true),
     ))
     .await;
     assert!(err.contains("authentication") && err.contains("password"), "{err}");
 
     // The default user is off: no credentials at all is refused the same way.
-    let err = refused(&with_idempotency(&provider.url(), &tls_redis(&redis, "", true))).await;
+    let err = refused(with_idempotency(&provider.url(), tls_redis(&redis, None, true))).await;
     assert!(err.contains("authentication"), "{err}");
 
     // The public roots do not trust the test CA.
-    let err = refused(&with_idempotency(
+    let err = refused(with_idempotency(
         &provider.url(),
-        &tls_redis(&redis, "username = \"rebound\"\npassword = \"s3cret\"", false),
+        tls_redis(&redis, Some(("rebound", "s3cret")), false),
     ))
     .await;
     assert!(err.contains("certificate") && err.contains("ca_file"), "{err}");
 
     // An unreachable Redis is an outage, not a refusal: rebound starts and serves without it.
-    let down = format!(
-        "\n[redis]\nurl = \"{}\"\ncommand_timeout = \"200ms\"\n",
-        crate::support::redis::RedisServer::unused_url()
-    );
-    let rebound = Rebound::start(&with_idempotency(&provider.url(), &down)).await;
+    let down = RawRedis {
+        url: Some(crate::support::redis::RedisServer::unused_url()),
+        command_timeout: some("200ms"),
+        ..RawRedis::default()
+    };
+    let rebound = with_idempotency(&provider.url(), down).start().await;
     assert_eq!(
         get(&format!("{}/readyz", rebound.admin)).await.text(),
         "ready (redis: unreachable)\n"

@@ -6,12 +6,14 @@
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName};
+use rebound::config::raw::{RawCircuit, RawIdempotency, RawJobs, RawRedis, RawRetry, RawRoute, RawUpstream};
+
+use crate::support::config_builder::{some, TestConfig};
 
 use crate::support::fake_provider::Step;
 use crate::support::redis::{query, spawn_server, wait_listening, RedisServer};
 use crate::support::redis_cluster::RedisCluster;
 use crate::support::redis_sentinel::{RedisSentinel, MASTER_NAME};
-use crate::support::sidecar::config_for;
 use crate::support::*;
 
 const TOKEN: &str = "admin-token-123";
@@ -19,23 +21,82 @@ const COMMAND_TIMEOUT: Duration = Duration::from_millis(300);
 
 /// A fleet config: the `fake` route with idempotency, retries, dead letters and a shared circuit;
 /// an async route `/queued/`; `[redis]` given as its topology keys.
-fn fleet(provider: &str, redis: &str) -> String {
-    let tables = format!(
-        "\n[retry.fast]\nmax_attempts = 2\nbase_delay = \"10ms\"\nmax_delay = \"20ms\"\n\n\
-         [idempotency.idem]\nlease = \"2s\"\n\n\
-         [circuit.c]\nconsecutive_failures = 1\nopen_for = \"60s\"\nmax_open_for = \"60s\"\n\n\
-         [jobs]\nvisibility_timeout = \"1s\"\nsecret = \"jobs-secret-0123456789\"\n\n\
-         [redis]\n{redis}\ncommand_timeout = \"{}ms\"\nsync_interval = \"100ms\"\n\n\
-         [upstreams.flaky]\nurl = \"{provider}\"\ncircuit = \"c\"\n\n\
-         [[routes]]\nname = \"flaky\"\npath_prefix = \"/flaky/\"\nupstream = \"flaky\"\nstrip_prefix = true\nretry = \"fast\"\ndead_letters = true\n\n\
-         [[routes]]\nname = \"queued\"\npath_prefix = \"/queued/\"\nupstream = \"fake\"\nstrip_prefix = true\nasync = true\nidempotency = \"idem\"\n",
-        COMMAND_TIMEOUT.as_millis()
-    );
-    Edit::new(&config_for(provider, &tables))
-        .route_set("fake", "retry", "fast")
-        .route_set("fake", "idempotency", "idem")
-        .set("admin", "token", TOKEN)
-        .to_string()
+fn fleet(provider: &str, redis: RawRedis) -> TestConfig {
+    TestConfig::new(provider)
+        .retry(
+            "fast",
+            RawRetry {
+                max_attempts: Some(2),
+                base_delay: some("10ms"),
+                max_delay: some("20ms"),
+                ..RawRetry::default()
+            },
+        )
+        .idempotency(
+            "idem",
+            RawIdempotency {
+                lease: some("2s"),
+                ..RawIdempotency::default()
+            },
+        )
+        .circuit(
+            "c",
+            RawCircuit {
+                consecutive_failures: Some(1),
+                open_for: some("60s"),
+                max_open_for: some("60s"),
+                ..RawCircuit::default()
+            },
+        )
+        .jobs(RawJobs {
+            visibility_timeout: some("1s"),
+            secret: some("jobs-secret-0123456789"),
+            ..RawJobs::default()
+        })
+        .with_upstream(
+            "flaky",
+            RawUpstream {
+                url: some(provider),
+                circuit: some("c"),
+                ..RawUpstream::default()
+            },
+        )
+        .with_route(RawRoute {
+            name: some("flaky"),
+            path_prefix: some("/flaky/"),
+            upstream: some("flaky"),
+            strip_prefix: Some(true),
+            retry: some("fast"),
+            dead_letters: Some(true),
+            ..RawRoute::default()
+        })
+        .with_route(RawRoute {
+            name: some("queued"),
+            path_prefix: some("/queued/"),
+            upstream: some("fake"),
+            strip_prefix: Some(true),
+            async_jobs: Some(true),
+            idempotency: some("idem"),
+            ..RawRoute::default()
+        })
+        .route(|r| {
+            r.retry = some("fast");
+            r.idempotency = some("idem");
+        })
+        .admin_token(TOKEN)
+        .with_redis(RawRedis {
+            command_timeout: Some(format!("{}ms", COMMAND_TIMEOUT.as_millis())),
+            sync_interval: some("100ms"),
+            ..redis
+        })
+}
+
+/// `[redis] url`, for [`fleet`].
+fn standalone(url: &str) -> RawRedis {
+    RawRedis {
+        url: some(url),
+        ..RawRedis::default()
+    }
 }
 
 async fn keyed(rebound: &Rebound, key: &str, extra: &[(&str, &str)]) -> Answer {
@@ -105,7 +166,8 @@ async fn every_feature(a: &Rebound, b: &Rebound, provider: &FakeProvider, tag: &
         let h = headers(key);
         async move { send_within(Duration::from_secs(20), "POST", &url, &h, body).await }
     });
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    // The original holds the key (it reached the provider) before its duplicate is sent.
+    assert!(eventually(Duration::from_secs(10), || provider.count(key) == 1).await);
     let follower = send_within(
         Duration::from_secs(20),
         "POST",
@@ -179,28 +241,28 @@ async fn every_feature(a: &Rebound, b: &Rebound, provider: &FakeProvider, tag: &
     )
     .await;
     assert_eq!(purged.status, 200, "{}", purged.text());
-    let mut open = false;
-    for _ in 0..200 {
-        if metric(&b.metrics().await, "rebound_circuit_state{upstream=\"flaky\"}") == 2.0 {
-            open = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let page_a = a.metrics().await;
-    let page_b = b.metrics().await;
     let circuit = |p: &str| {
         p.lines()
             .filter(|l| l.contains("circuit") || l.contains("redis_errors"))
             .collect::<Vec<_>>()
             .join("\n")
     };
-    assert!(
-        open,
-        "B follows the fleet's open circuit\nA:\n{}\nB:\n{}",
-        circuit(&page_a),
-        circuit(&page_b)
-    );
+    until(
+        "B follows the fleet's open circuit",
+        Duration::from_secs(15),
+        || async {
+            let page_b = b.metrics().await;
+            match metric(&page_b, "rebound_circuit_state{upstream=\"flaky\"}") == 2.0 {
+                true => Ok(()),
+                false => Err(format!(
+                    "\nA:\n{}\nB:\n{}",
+                    circuit(&a.metrics().await),
+                    circuit(&page_b)
+                )),
+            }
+        },
+    )
+    .await;
 }
 
 /// The record key of `idempotency_key` on the `fake` route (no tenant headers), as rebound makes it.
@@ -280,9 +342,15 @@ async fn every_feature_on_redis_cluster_and_a_master_failover() {
     let _one_at_a_time = crate::support::redis_cluster::TOPOLOGY.lock().await;
     let mut cluster = RedisCluster::start(3, 1);
     let provider = FakeProvider::start().await;
-    let toml = fleet(&provider.url(), &format!("cluster = {}", cluster.toml_seeds()));
-    let a = Rebound::start(&toml).await;
-    let b = Rebound::start(&toml).await;
+    let config = fleet(
+        &provider.url(),
+        RawRedis {
+            cluster: Some(cluster.seeds()),
+            ..RawRedis::default()
+        },
+    );
+    let a = config.start().await;
+    let b = config.start().await;
     every_feature(&a, &b, &provider, "cluster").await;
     assert_eq!(
         get(&format!("{}/readyz", a.admin)).await.text(),
@@ -341,15 +409,16 @@ async fn every_feature_on_sentinel_and_a_master_failover() {
     let _one_at_a_time = crate::support::redis_cluster::TOPOLOGY.lock().await;
     let mut sentinel = RedisSentinel::start();
     let provider = FakeProvider::start().await;
-    let toml = fleet(
+    let config = fleet(
         &provider.url(),
-        &format!(
-            "sentinels = {}\nmaster_name = \"{MASTER_NAME}\"",
-            sentinel.toml_sentinels()
-        ),
+        RawRedis {
+            sentinels: Some(sentinel.sentinel_urls()),
+            master_name: some(MASTER_NAME),
+            ..RawRedis::default()
+        },
     );
-    let a = Rebound::start(&toml).await;
-    let b = Rebound::start(&toml).await;
+    let a = config.start().await;
+    let b = config.start().await;
     every_feature(&a, &b, &provider, "sentinel").await;
     let ready = get(&format!("{}/readyz", a.admin)).await.text();
     assert_eq!(
@@ -423,9 +492,16 @@ async fn wait_replicas_holds_a_response_until_replicas_have_its_record() {
         .await
     );
     let provider = FakeProvider::start().await;
-    let base = format!("url = \"{}\"", master.url());
-    let plain = Rebound::start(&fleet(&provider.url(), &base)).await;
-    let waited = Rebound::start(&fleet(&provider.url(), &format!("{base}\nwait_replicas = 1"))).await;
+    let plain = fleet(&provider.url(), standalone(&master.url())).start().await;
+    let waited = fleet(
+        &provider.url(),
+        RawRedis {
+            wait_replicas: Some(1),
+            ..standalone(&master.url())
+        },
+    )
+    .start()
+    .await;
     wait_up(&plain).await;
     wait_up(&waited).await;
 
@@ -473,8 +549,8 @@ async fn wait_replicas_holds_a_response_until_replicas_have_its_record() {
 async fn every_feature_on_a_standalone_server() {
     let redis = RedisServer::start();
     let provider = FakeProvider::start().await;
-    let toml = fleet(&provider.url(), &format!("url = \"{}\"", redis.url()));
-    let a = Rebound::start(&toml).await;
-    let b = Rebound::start(&toml).await;
+    let config = fleet(&provider.url(), standalone(&redis.url()));
+    let a = config.start().await;
+    let b = config.start().await;
     every_feature(&a, &b, &provider, "standalone").await;
 }

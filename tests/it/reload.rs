@@ -4,15 +4,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::support::sidecar::{config_for, ReboundProcess};
+use crate::support::config_builder::{some, TestConfig};
+use crate::support::sidecar::ReboundProcess;
 use crate::support::*;
 
-fn versioned(provider: &str, version: &str) -> String {
-    let mut headers = toml_edit::InlineTable::new();
-    headers.insert("x-config-version", version.into());
-    Edit::new(&config_for(provider, ""))
-        .set("upstreams.fake", "set_headers", headers)
-        .to_string()
+/// The `fake` route, its upstream setting `x-config-version: VERSION`.
+fn versioned(provider: &str, version: &str) -> TestConfig {
+    TestConfig::new(provider).upstream(|u| {
+        u.set_headers
+            .insert("x-config-version".to_string(), version.to_string());
+    })
 }
 
 #[tokio::test]
@@ -20,7 +21,7 @@ async fn reload_under_load_loses_nothing_and_refuses_an_invalid_config() {
     let provider = FakeProvider::start().await;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("rebound.toml");
-    std::fs::write(&path, versioned(&provider.url(), "1")).unwrap();
+    std::fs::write(&path, versioned(&provider.url(), "1").toml()).unwrap();
     let config = rebound::Config::load_with_env(&path, &|_| None).unwrap();
     let rebound = Rebound::start_config(config).await;
 
@@ -50,35 +51,26 @@ async fn reload_under_load_loses_nothing_and_refuses_an_invalid_config() {
     assert!(eventually(Duration::from_secs(5), || version_seen("1")).await);
 
     // A valid change: picked up from the file, no signal needed.
-    std::fs::write(&path, versioned(&provider.url(), "2")).unwrap();
+    std::fs::write(&path, versioned(&provider.url(), "2").toml()).unwrap();
     assert!(
         eventually(Duration::from_secs(5), || version_seen("2")).await,
         "the new config is in force"
     );
 
     // An invalid change: refused, counted, the running config stays.
+    // A misspelt key does not compile in the typed config: it is added to the file as text.
     std::fs::write(
         &path,
-        Edit::new(&versioned(&provider.url(), "3"))
+        Edit::new(&versioned(&provider.url(), "3").toml())
             .set("server", "max_attemps", 1)
             .to_string(),
     )
     .unwrap();
-    let failures = || async {
-        metric(
-            &rebound.metrics().await,
-            r#"rebound_config_reloads_total{result="failure"}"#,
-        )
-    };
-    let mut refused = false;
-    for _ in 0..50 {
-        if failures().await == 1.0 {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    assert!(refused, "the invalid config is refused and counted");
+    // The invalid config is refused and counted.
+    until_metric(&rebound, r#"rebound_config_reloads_total{result="failure"}"#, |v| {
+        v == 1.0
+    })
+    .await;
     // Counted as refused: the reload is over, what is in force now stays.
     assert!(version_seen("2"), "the last valid config stays in force");
 
@@ -94,14 +86,14 @@ async fn reload_under_load_loses_nothing_and_refuses_an_invalid_config() {
 async fn sighup_reloads_and_a_bad_file_is_logged_precisely() {
     let provider = FakeProvider::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let rebound = ReboundProcess::start(&versioned(&provider.url(), "1"), &[]).await;
+    let rebound = ReboundProcess::start(&versioned(&provider.url(), "1").toml(), &[]).await;
     let _ = dir;
     let path = rebound.config_path();
     std::fs::write(
         &path,
-        Edit::new(&versioned(&provider.url(), "2"))
-            .route_set("fake", "upstream", "typo")
-            .to_string(),
+        versioned(&provider.url(), "2")
+            .route(|r| r.upstream = some("typo"))
+            .toml(),
     )
     .unwrap();
     rebound.signal("HUP");

@@ -97,12 +97,6 @@ impl RedisCluster {
         self.ports.iter().map(|p| format!("redis://127.0.0.1:{p}")).collect()
     }
 
-    /// `cluster = [...]` for a config.
-    pub fn toml_seeds(&self) -> String {
-        let seeds: Vec<String> = self.seeds().iter().map(|s| format!("\"{s}\"")).collect();
-        format!("[{}]", seeds.join(", "))
-    }
-
     /// Waits until every running node reports `cluster_state:ok` and sees every slot served.
     pub fn wait_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);

@@ -91,14 +91,12 @@ impl RedisSentinel {
         panic!("sentinel fixture not ready");
     }
 
-    /// `sentinels = [...]` for a config.
-    pub fn toml_sentinels(&self) -> String {
-        let urls: Vec<String> = self
-            .sentinels
+    /// `sentinels` for a config: each sentinel's `redis://` URL.
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels
             .iter()
-            .map(|p| format!("\"redis://127.0.0.1:{p}\""))
-            .collect();
-        format!("[{}]", urls.join(", "))
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
     }
 
     /// SIGKILLs the master.

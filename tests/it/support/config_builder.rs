@@ -23,8 +23,8 @@ pub fn list(items: &[&str]) -> Option<Vec<String>> {
 pub struct TestConfig(pub RawConfig);
 
 impl TestConfig {
-    /// What `config_for(url, "")` writes: `/fake/` forwarded to `upstream_url` (prefix stripped),
-    /// both listeners on port 0, a 5 s shutdown grace, debug logs.
+    /// `/fake/` forwarded to `upstream_url` (prefix stripped, connect timeout 1 s), both listeners
+    /// on port 0, a 5 s shutdown grace, debug logs.
     pub fn new(upstream_url: &str) -> TestConfig {
         let mut raw = RawConfig {
             server: Some(RawServer {
@@ -208,9 +208,31 @@ impl TestConfig {
 }
 
 #[test]
-fn the_typed_config_is_what_config_for_writes() {
+fn the_typed_config_is_the_file_it_stands_for() {
     let typed = TestConfig::new("http://127.0.0.1:9").config();
-    let text = parse(&super::sidecar::config_for("http://127.0.0.1:9", ""));
+    let text = parse(
+        r#"
+[server]
+listen = "127.0.0.1:0"
+shutdown_grace = "5s"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[log]
+level = "debug"
+
+[upstreams.fake]
+url = "http://127.0.0.1:9"
+connect_timeout = "1s"
+
+[[routes]]
+name = "fake"
+path_prefix = "/fake/"
+upstream = "fake"
+strip_prefix = true
+"#,
+    );
     assert_eq!(format!("{typed:?}"), format!("{text:?}"));
     // An edit lands where it names (and a key the mirror lacks does not compile).
     let c = TestConfig::new("http://127.0.0.1:9")

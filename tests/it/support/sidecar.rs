@@ -9,35 +9,6 @@ use tokio::process::{Child, Command};
 
 use rebound::{Config, Exit, Server};
 
-/// A minimal config forwarding `/fake/` to `upstream_url` (stripped), with `extra` TOML appended
-/// (more upstreams, routes, policies). Both listeners on port 0.
-pub fn config_for(upstream_url: &str, extra: &str) -> String {
-    format!(
-        r#"
-[server]
-listen = "127.0.0.1:0"
-shutdown_grace = "5s"
-
-[admin]
-listen = "127.0.0.1:0"
-
-[log]
-level = "debug"
-
-[upstreams.fake]
-url = "{upstream_url}"
-connect_timeout = "1s"
-
-[[routes]]
-name = "fake"
-path_prefix = "/fake/"
-upstream = "fake"
-strip_prefix = true
-{extra}
-"#
-    )
-}
-
 /// Parses a config from text (no environment).
 pub fn parse(toml: &str) -> Config {
     Config::parse(toml, Path::new("test.toml"), &|_| None).unwrap_or_else(|e| panic!("test config invalid:\n{e}"))

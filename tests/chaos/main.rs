@@ -31,7 +31,7 @@ use rand::SeedableRng;
 use load::{Clients, Flow, Spec};
 use support::redis::RedisServer;
 use support::sidecar::ReboundProcess;
-use support::{send, FakeProvider, Step};
+use support::{send, try_until, FakeProvider, Step};
 
 const SEED: u64 = 0x5EED_C4A0;
 const ADMIN_TOKEN: &str = "chaos-admin-token";
@@ -198,16 +198,15 @@ impl Replica {
     async fn metrics(&self) -> String {
         send("GET", &format!("{}/metrics", self.admin), &[], "").await.text()
     }
-    /// Waits until it has requests in flight (at most 5 s).
+    /// Waits until it has requests in flight (at most 5 s): how many it has.
     async fn busy(&self) -> f64 {
-        let end = Instant::now() + Duration::from_secs(5);
-        loop {
-            let n = support::metric(&self.metrics().await, "rebound_inflight_requests");
-            if n >= 2.0 || Instant::now() > end {
-                return n;
+        let inflight = || async {
+            match support::metric(&self.metrics().await, "rebound_inflight_requests") {
+                n if n >= 2.0 => Ok(n),
+                n => Err(n),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        };
+        try_until(Duration::from_secs(5), inflight).await.unwrap_or_else(|n| n)
     }
 }
 
@@ -721,26 +720,24 @@ async fn invalid_reload(replica: &Replica, inj: &mut Injections) {
     )
     .unwrap();
     replica.process().signal("HUP");
-    let mut refused = false;
-    for _ in 0..100 {
-        if failures(&replica.metrics().await) > failures(&before) {
-            refused = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let refused = try_until(Duration::from_secs(10), || async {
+        (failures(&replica.metrics().await) > failures(&before))
+            .then_some(())
+            .ok_or(())
+    })
+    .await
+    .is_ok();
     let serving = replica.process.as_ref().and_then(|p| p.child.id()).is_some()
         && send("GET", &format!("{}/readyz", replica.admin), &[], "").await.status == 200;
     std::fs::write(&path, &replica.toml).unwrap();
     replica.process().signal("HUP");
-    let mut restored = false;
-    for _ in 0..100 {
-        if successes(&replica.metrics().await) > successes(&before) {
-            restored = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let restored = try_until(Duration::from_secs(10), || async {
+        (successes(&replica.metrics().await) > successes(&before))
+            .then_some(())
+            .ok_or(())
+    })
+    .await
+    .is_ok();
     let ok = refused && serving && restored;
     say(
         inj,
@@ -802,8 +799,7 @@ async fn recovered(
             if r.status != 503 {
                 continue;
             }
-            let poll_end = Instant::now() + Duration::from_millis(1500);
-            while Instant::now() < poll_end {
+            let listed = try_until(Duration::from_millis(1500), || async {
                 let list = send(
                     "GET",
                     &format!("{}/admin/dead-letters?route=cd&limit=200", b.admin),
@@ -811,10 +807,12 @@ async fn recovered(
                     "",
                 )
                 .await;
-                if list.status == 200 && list.text().contains(&key) {
-                    return Some(back.elapsed());
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
+                (list.status == 200 && list.text().contains(&key))
+                    .then_some(())
+                    .ok_or(())
+            });
+            if listed.await.is_ok() {
+                return Some(back.elapsed());
             }
         }
         None
@@ -832,15 +830,16 @@ async fn recovered(
             if r.status != 429 {
                 continue;
             }
-            let poll_end = Instant::now() + Duration::from_millis(1500);
-            while Instant::now() < poll_end {
+            let held = try_until(Duration::from_millis(1500), || async {
                 let other = format!("{key}-b");
                 let h = [("x-fake-key", other.as_str()), ("authorization", cred.as_str())];
                 let r = send("POST", &format!("{}/cd/v1/chat/completions", b.url), &h, "{}").await;
-                if r.status == 429 && r.header("x-rebound-error") == Some("cooldown") {
-                    return Some(back.elapsed());
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
+                (r.status == 429 && r.header("x-rebound-error") == Some("cooldown"))
+                    .then_some(())
+                    .ok_or(())
+            });
+            if held.await.is_ok() {
+                return Some(back.elapsed());
             }
         }
         None
@@ -873,12 +872,11 @@ async fn recovered(
                 )
                 .await;
             }
-            let poll_end = Instant::now() + Duration::from_millis(1500);
-            while Instant::now() < poll_end {
-                if opened(&b.metrics().await) > before {
-                    return Some(back.elapsed());
-                }
-                tokio::time::sleep(Duration::from_millis(25)).await;
+            let followed = try_until(Duration::from_millis(1500), || async {
+                (opened(&b.metrics().await) > before).then_some(()).ok_or(())
+            });
+            if followed.await.is_ok() {
+                return Some(back.elapsed());
             }
         }
         None

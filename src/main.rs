@@ -243,6 +243,10 @@ fn serve(path: PathBuf) -> ExitCode {
     };
     runtime.block_on(async move {
         let source = config.source.display().to_string();
+        // Watched before the listeners open: a signal that comes as they do is handled (a drain,
+        // a reload), never the default action, which kills the process.
+        let mut stop = StopSignals::watch();
+        let mut hup = hangups();
         let server = match rebound::start(config).await {
             Ok(s) => s,
             Err(e) => {
@@ -258,14 +262,14 @@ fn serve(path: PathBuf) -> ExitCode {
             "rebound listening"
         );
         let signal = tokio::select! {
-            signal = shutdown_signal() => signal,
-            () = reload_on_sighup(&server) => "SIGHUP",
+            signal = stop.next() => signal,
+            () = reload_on_sighup(&server, &mut hup) => "SIGHUP",
         };
         tracing::info!(signal, "shutting down");
         server.shutdown();
         let exit = tokio::select! {
             exit = server.wait() => exit,
-            second = shutdown_signal() => {
+            second = stop.next() => {
                 tracing::warn!(signal = second, "second signal: exiting without waiting");
                 Exit::GraceExpired { closed: 0 }
             }
@@ -311,14 +315,22 @@ fn raise_fd_limit(max_connections: u32) {
     }
 }
 
+/// SIGHUP, watched from now on (`None` where it cannot be).
+#[cfg(unix)]
+fn hangups() -> Option<tokio::signal::unix::Signal> {
+    use tokio::signal::unix::{signal, SignalKind};
+    signal(SignalKind::hangup()).ok()
+}
+
+#[cfg(not(unix))]
+fn hangups() -> Option<()> {
+    None
+}
+
 /// Reloads the configuration on every SIGHUP (never returns, unless SIGHUP cannot be watched).
-async fn reload_on_sighup(server: &rebound::Server) {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let Ok(mut hup) = signal(SignalKind::hangup()) else {
-            return std::future::pending().await;
-        };
+#[cfg(unix)]
+async fn reload_on_sighup(server: &rebound::Server, hup: &mut Option<tokio::signal::unix::Signal>) {
+    if let Some(hup) = hup {
         while hup.recv().await.is_some() {
             // The outcome is logged and counted by the reloader.
             let _ = server.reload();
@@ -327,22 +339,41 @@ async fn reload_on_sighup(server: &rebound::Server) {
     std::future::pending().await
 }
 
-/// Waits for SIGTERM or SIGINT and names it.
-async fn shutdown_signal() -> &'static str {
+#[cfg(not(unix))]
+async fn reload_on_sighup(_: &rebound::Server, _: &mut Option<()>) {
+    std::future::pending().await
+}
+
+/// SIGTERM and SIGINT, watched from when they are made.
+struct StopSignals {
     #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        let (Ok(mut term), Ok(mut int)) = (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) else {
-            let _ = tokio::signal::ctrl_c().await;
-            return "SIGINT";
-        };
-        tokio::select! {
-            _ = term.recv() => "SIGTERM",
-            _ = int.recv() => "SIGINT",
+    watched: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl StopSignals {
+    fn watch() -> StopSignals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let watched = match (signal(SignalKind::terminate()), signal(SignalKind::interrupt())) {
+                (Ok(term), Ok(int)) => Some((term, int)),
+                _ => None,
+            };
+            StopSignals { watched }
         }
+        #[cfg(not(unix))]
+        StopSignals {}
     }
-    #[cfg(not(unix))]
-    {
+
+    /// The next SIGTERM or SIGINT, named.
+    async fn next(&mut self) -> &'static str {
+        #[cfg(unix)]
+        if let Some((term, int)) = &mut self.watched {
+            return tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            };
+        }
         let _ = tokio::signal::ctrl_c().await;
         "SIGINT"
     }

@@ -6,13 +6,13 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use divan::{black_box, Bencher};
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
-use rebound::circuit::breaker::{Admission, Attempt, Breaker, BreakerConfig};
-use rebound::config::FailureOn;
-use rebound::idempotency::fingerprint::{fingerprint, fingerprint_v1};
-use rebound::retry::policy::Outcome;
-use rebound::retry::retry_after::parse_hint;
-use rebound::routing::RouteTable;
-use rebound::wire::headers::strip_hop_by_hop;
+use rebound::hooks::circuit::breaker::{Admission, Attempt, Breaker, BreakerConfig};
+use rebound::hooks::config::FailureOn;
+use rebound::hooks::idempotency::fingerprint::{fingerprint, fingerprint_v1};
+use rebound::hooks::retry::policy::Outcome;
+use rebound::hooks::retry::retry_after::parse_hint;
+use rebound::hooks::routing::RouteTable;
+use rebound::hooks::wire::headers::strip_hop_by_hop;
 
 fn main() {
     divan::main();
@@ -133,7 +133,7 @@ fn breaker_admit_and_record(b: Bencher) {
         failure_on: vec![FailureOn::AnyServerError],
         probe_lease: Duration::from_secs(90),
     };
-    let now = rebound::time::now();
+    let now = rebound::hooks::time::now();
     let mut breaker = Breaker::new(cfg, now);
     let mut rng = rand::rng();
     let ok = Outcome::Status(http::StatusCode::OK);

@@ -1,5 +1,7 @@
-//! What the benchmarks drive inside the library, behind one hidden module (as `fuzzing` is for the
-//! fuzz targets): not API, and not for the app.
+//! What the integration tests and the benchmarks drive inside the library, behind one hidden
+//! module (as `fuzzing` is for the fuzz targets): not API, and not for the app. The library's
+//! modules are private; each is reachable here under its own name (`rebound::hooks::config::raw`,
+//! `rebound::hooks::idempotency::MemoryStore`), so that what the tests use is one list.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -8,6 +10,31 @@ use http::Request;
 use http_body_util::Full;
 
 use crate::cloud::sigv4;
+
+macro_rules! reach {
+    ($($module:ident),+ $(,)?) => {
+        $(
+            pub mod $module {
+                pub use crate::$module::*;
+            }
+        )+
+    };
+}
+
+reach!(
+    circuit,
+    config,
+    credentials,
+    error,
+    idempotency,
+    jobs,
+    metrics,
+    redis,
+    retry,
+    routing,
+    time,
+    wire
+);
 
 /// SigV4 as an attempt to Bedrock gets it: the body hashed, then the request signed with session
 /// keys. The length of the `authorization` header it got (0: not signed).

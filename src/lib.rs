@@ -6,30 +6,30 @@
 
 pub(crate) mod admin;
 pub(crate) mod cache;
-pub mod circuit;
+pub(crate) mod circuit;
 pub mod cli;
 pub(crate) mod cloud;
-pub mod config;
-pub mod credentials;
+pub(crate) mod config;
+pub(crate) mod credentials;
 pub(crate) mod dead_letters;
-pub mod error;
-pub mod idempotency;
-pub mod jobs;
-pub mod metrics;
+pub(crate) mod error;
+pub(crate) mod idempotency;
+pub(crate) mod jobs;
+pub(crate) mod metrics;
 pub(crate) mod proxy;
-pub mod redis;
+pub(crate) mod redis;
 pub(crate) mod reload;
-pub mod retry;
-pub mod routing;
+pub(crate) mod retry;
+pub(crate) mod routing;
 pub(crate) mod server;
 pub(crate) mod shutdown;
 pub(crate) mod targets;
 pub(crate) mod tasks;
 pub mod telemetry;
-pub mod time;
+pub(crate) mod time;
 pub(crate) mod traces;
 pub(crate) mod upstream;
-pub mod wire;
+pub(crate) mod wire;
 pub(crate) mod words;
 
 /// Entry points for the cargo-fuzz targets under `fuzz/` (decoders that are private otherwise).

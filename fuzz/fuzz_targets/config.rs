@@ -1,7 +1,7 @@
 //! The config loader, durations and sizes: a config or errors, never a panic.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use rebound::config::units::{parse_duration, parse_size};
+use rebound::hooks::config::units::{parse_duration, parse_size};
 use rebound::Config;
 
 fuzz_target!(|data: &[u8]| {

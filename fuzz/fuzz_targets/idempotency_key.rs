@@ -1,7 +1,7 @@
 //! The idempotency key validator and the request fingerprint (JSON and multipart canonicalised).
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use rebound::idempotency::fingerprint::{fingerprint, request_key};
+use rebound::hooks::idempotency::fingerprint::{fingerprint, request_key};
 
 fuzz_target!(|data: &[u8]| {
     let name = http::HeaderName::from_static("idempotency-key");
@@ -15,5 +15,5 @@ fuzz_target!(|data: &[u8]| {
         h.insert("content-type", http::HeaderValue::from_static(ct));
         let _ = fingerprint(&http::Method::POST, "/v1/x", Some("a=1&b=2"), &h, data);
     }
-    let _ = rebound::jobs::prefer::prefers_async(&headers);
+    let _ = rebound::hooks::jobs::prefer::prefers_async(&headers);
 });

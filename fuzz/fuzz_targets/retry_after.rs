@@ -1,7 +1,7 @@
 //! Retry-After and the providers' reset hints, as values and as whole header maps.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use rebound::retry::retry_after::{parse_go_duration, parse_hint, parse_retry_after_ms, parse_retry_after_value};
+use rebound::hooks::retry::retry_after::{parse_go_duration, parse_hint, parse_retry_after_ms, parse_retry_after_value};
 use std::time::{Duration, UNIX_EPOCH};
 
 const NAMES: [&str; 6] = [

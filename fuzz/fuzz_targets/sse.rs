@@ -2,7 +2,7 @@
 //! mid-stream scanner, the classifiers; whatever the bytes and however they are split.
 #![no_main]
 use libfuzzer_sys::fuzz_target;
-use rebound::wire::sse::{classify_event, classify_json, ErrorScan, EventEnd};
+use rebound::hooks::wire::sse::{classify_event, classify_json, ErrorScan, EventEnd};
 
 fuzz_target!(|data: &[u8]| {
     let _ = classify_json(data);

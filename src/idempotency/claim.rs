@@ -252,7 +252,7 @@ impl ClaimInner {
 
 impl Claim {
     /// Whether a response with this status is stored (per `store_statuses`).
-    pub fn stores(&self, status: u16) -> bool {
+    pub(crate) fn stores(&self, status: u16) -> bool {
         self.inner
             .as_ref()
             .is_some_and(|c| c.policy.store_statuses.iter().any(|p| p.matches(status)))

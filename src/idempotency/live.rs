@@ -158,7 +158,7 @@ impl Live {
     }
 
     /// The original's response ended (the first end counts).
-    pub fn finish(&self, end: End) {
+    pub(crate) fn finish(&self, end: End) {
         let mut s = self.state.lock();
         if s.end.is_none() {
             s.end = Some(end);

@@ -28,7 +28,7 @@ pub mod liveness;
 mod recorder;
 pub(crate) mod redis_store;
 mod relay;
-pub mod renewal;
+pub(crate) mod renewal;
 pub mod store;
 
 use std::sync::Arc;

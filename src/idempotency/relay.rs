@@ -87,7 +87,7 @@ impl Relay {
 
     /// The mirror of the response `owner` produces for `record` on another replica (one per
     /// response on this replica, shared by its followers here).
-    pub fn mirror(self: &Arc<Self>, record: &str, owner: &str, fingerprint: &str, cap: usize) -> Arc<Live> {
+    pub(crate) fn mirror(self: &Arc<Self>, record: &str, owner: &str, fingerprint: &str, cap: usize) -> Arc<Live> {
         let key = stream_key(&self.redis, record, owner);
         let mut mirrors = self.mirrors.lock();
         if let Some(live) = mirrors.get(&key) {

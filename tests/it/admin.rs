@@ -1,6 +1,6 @@
 //! The admin listener: health, readiness, metrics.
 
-use rebound::config::raw::RawRetry;
+use rebound::hooks::config::raw::RawRetry;
 
 use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::*;

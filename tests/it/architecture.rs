@@ -185,7 +185,7 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     (
         "process",
         &["shutdown", "reload", "admin", "server", "cli", "fuzzing", "hooks"],
-        "listeners, the drain, reloads, the admin API, the command line, fuzz and benchmark entry points",
+        "listeners, the drain, reloads, the admin API, the command line, the entry points of fuzz targets, tests and benchmarks",
     ),
 ];
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rebound::config::raw::RawCache;
+use rebound::hooks::config::raw::RawCache;
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::redis::RedisServer;
@@ -375,7 +375,7 @@ async fn an_async_job_is_answered_from_the_cache() {
 /// the next), the answer is stored; a hit calls no target at all.
 #[tokio::test]
 async fn a_hit_calls_no_target_of_a_route_with_several() {
-    use rebound::config::raw::RawTarget;
+    use rebound::hooks::config::raw::RawTarget;
     let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
     let target = |upstream: &str| RawTarget {
         upstream: some(upstream),

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use rebound::config::raw::{RawCircuit, RawUpstream};
+use rebound::hooks::config::raw::{RawCircuit, RawUpstream};
 
 use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::redis::RedisServer;

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use rebound::circuit::{Admission, Attempt, CircuitState, Circuits, CredentialHash, LimitKey, Permit};
-use rebound::metrics::Metrics;
-use rebound::redis::RedisHandle;
-use rebound::retry::policy::Outcome;
-use rebound::time::{self, Instant};
+use rebound::hooks::circuit::{Admission, Attempt, CircuitState, Circuits, CredentialHash, LimitKey, Permit};
+use rebound::hooks::metrics::Metrics;
+use rebound::hooks::redis::RedisHandle;
+use rebound::hooks::retry::policy::Outcome;
+use rebound::hooks::time::{self, Instant};
 use rebound::Config;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;

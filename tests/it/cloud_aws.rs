@@ -212,11 +212,11 @@ async fn no_credential_is_503_credential_unavailable_and_a_route_with_targets_fa
         c.upstream_named("other", &other.url(), |_| {}).route(|route| {
             route.upstream = None;
             route.targets = Some(vec![
-                rebound::config::raw::RawTarget {
+                rebound::hooks::config::raw::RawTarget {
                     upstream: some("fake"),
                     ..Default::default()
                 },
-                rebound::config::raw::RawTarget {
+                rebound::hooks::config::raw::RawTarget {
                     upstream: some("other"),
                     ..Default::default()
                 },

@@ -58,7 +58,7 @@ fn default_config_has_the_documented_shape() {
     assert_eq!(c.upstreams["openai"].url(), "https://api.openai.com");
     assert!(c.retry["anthropic"]
         .retry_on
-        .contains(&rebound::config::RetryOn::Status(529)));
+        .contains(&rebound::hooks::config::RetryOn::Status(529)));
 }
 
 fn errors(src: &str) -> Vec<String> {

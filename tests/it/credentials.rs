@@ -12,7 +12,7 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use rebound::config::raw::{RawCache, RawIdempotency, RawJobs, RawRetry, RawRoute, RawTelemetry};
+use rebound::hooks::config::raw::{RawCache, RawIdempotency, RawJobs, RawRetry, RawRoute, RawTelemetry};
 use tokio::net::TcpListener;
 use tokio::process::Command;
 
@@ -26,12 +26,16 @@ const EXTRA: &str = "x-tenant-key";
 
 /// Every credential form: `(header name, None)` or `(query parameter, Some(()))`.
 fn forms() -> Vec<(String, bool)> {
-    let mut out: Vec<(String, bool)> = rebound::credentials::HEADERS
+    let mut out: Vec<(String, bool)> = rebound::hooks::credentials::HEADERS
         .iter()
         .map(|h| (h.as_str().to_string(), false))
         .collect();
     out.push((EXTRA.to_string(), false));
-    out.extend(rebound::credentials::QUERY_PARAMS.iter().map(|p| (p.to_string(), true)));
+    out.extend(
+        rebound::hooks::credentials::QUERY_PARAMS
+            .iter()
+            .map(|p| (p.to_string(), true)),
+    );
     out
 }
 
@@ -265,7 +269,7 @@ async fn no_credential_form_is_kept_or_printed_anywhere() {
     // The job ran with its credentials: the sealed query parameters were put back.
     let job_run = &provider.requests("job")[0];
     let sent_query = job_run.query.clone().unwrap_or_default();
-    for p in rebound::credentials::QUERY_PARAMS {
+    for p in rebound::hooks::credentials::QUERY_PARAMS {
         assert!(sent_query.contains(&format!("{p}=CANARY")), "{sent_query}");
     }
     assert!(job_run

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use rebound::config::raw::{RawDeadLetters, RawIdempotency, RawJobs, RawRetry};
+use rebound::hooks::config::raw::{RawDeadLetters, RawIdempotency, RawJobs, RawRetry};
 use tokio::process::Command;
 
 use crate::support::config_builder::{list, some, TestConfig};

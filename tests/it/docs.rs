@@ -7,12 +7,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
-use rebound::config::raw::{
+use rebound::hooks::config::raw::{
     RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLog, RawMetrics, RawRedis,
     RawRetry, RawRoute, RawServer, RawTarget, RawTelemetry, RawUpstream,
 };
-use rebound::error::ErrorKind;
-use rebound::metrics::Metrics;
+use rebound::hooks::error::ErrorKind;
+use rebound::hooks::metrics::Metrics;
 use serde::Serialize;
 
 fn root() -> PathBuf {

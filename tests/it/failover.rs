@@ -2,7 +2,7 @@
 //! and says what happened. Two (or three) fake providers over TCP play the targets; each counts
 //! the calls it got.
 
-use rebound::config::raw::{RawRetry, RawTarget};
+use rebound::hooks::config::raw::{RawRetry, RawTarget};
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::*;
@@ -257,7 +257,7 @@ async fn an_upstream_with_fallback_is_the_ordered_case() {
 
 #[test]
 fn bad_target_configs_are_refused_with_the_key_and_what_was_expected() {
-    let errors = |edit: &dyn Fn(&mut rebound::config::raw::RawRoute)| -> String {
+    let errors = |edit: &dyn Fn(&mut rebound::hooks::config::raw::RawRoute)| -> String {
         let c = TestConfig::new("http://127.0.0.1:9")
             .upstream_named("b", "http://127.0.0.1:9", |_| {})
             .upstream_named("claude", "https://api.anthropic.com", |_| {})
@@ -269,7 +269,7 @@ fn bad_target_configs_are_refused_with_the_key_and_what_was_expected() {
         }
     };
     // The route with `targets` instead of its `upstream`.
-    let only = |r: &mut rebound::config::raw::RawRoute, list: Vec<RawTarget>| {
+    let only = |r: &mut rebound::hooks::config::raw::RawRoute, list: Vec<RawTarget>| {
         r.upstream = None;
         r.targets = Some(list);
     };
@@ -472,7 +472,7 @@ async fn a_key_exhausted_on_one_replica_is_avoided_by_the_fleet() {
     let redis = crate::support::redis::RedisServer::start();
     let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
     let mut config = two_targets(&a, &b, "ordered", target("a", |_| {}), target("b", |_| {}));
-    config.0.redis = Some(rebound::config::raw::RawRedis {
+    config.0.redis = Some(rebound::hooks::config::raw::RawRedis {
         url: some(&redis.url()),
         sync_interval: some("100ms"),
         ..Default::default()
@@ -531,7 +531,7 @@ async fn traffic_returns_to_the_first_target_once_it_recovers() {
             .upstream_named("a", &a.url(), |u| u.circuit = some("c"));
     config.0.circuit.insert(
         "c".into(),
-        rebound::config::raw::RawCircuit {
+        rebound::hooks::config::raw::RawCircuit {
             open_for: some("500ms"),
             max_open_for: some("1s"),
             ..Default::default()

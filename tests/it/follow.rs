@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 use http_body_util::BodyExt;
-use rebound::config::raw::{RawIdempotency, RawRetry};
+use rebound::hooks::config::raw::{RawIdempotency, RawRetry};
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::sse_stream_bytes;

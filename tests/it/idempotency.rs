@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use http_body_util::BodyExt;
-use rebound::config::raw::{RawIdempotency, RawRedis, RawRetry};
+use rebound::hooks::config::raw::{RawIdempotency, RawRedis, RawRetry};
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes};

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rebound::config::raw::RawIdempotency;
+use rebound::hooks::config::raw::RawIdempotency;
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::redis::RedisServer;

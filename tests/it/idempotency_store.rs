@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rebound::idempotency::{Begin, Completion, MemoryLimits, MemoryStore, RedisStore, Store, StoredResponse};
+use rebound::hooks::idempotency::{Begin, Completion, MemoryLimits, MemoryStore, RedisStore, Store, StoredResponse};
 
 use crate::support::redis::RedisServer;
 
@@ -277,11 +277,11 @@ async fn redis_store_contract_on_a_cluster() {
     let _one_at_a_time = crate::support::redis_cluster::TOPOLOGY.lock().await;
     let cluster = crate::support::redis_cluster::RedisCluster::start(3, 0);
     let handle = crate::support::sidecar::redis_handle_for(
-        rebound::config::RedisConfig {
+        rebound::hooks::config::RedisConfig {
             command_timeout: Duration::from_millis(500),
-            ..rebound::config::RedisConfig::standalone("")
+            ..rebound::hooks::config::RedisConfig::standalone("")
         }
-        .with_topology(rebound::config::RedisTopology::Cluster { seeds: cluster.seeds() }),
+        .with_topology(rebound::hooks::config::RedisTopology::Cluster { seeds: cluster.seeds() }),
     )
     .await;
     let s = RedisStore::new(handle);
@@ -297,7 +297,7 @@ async fn redis_store_contract_on_a_cluster() {
 /// may land before its first heartbeat: chaos found another replica taking them over).
 #[tokio::test]
 async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() {
-    use rebound::idempotency::TakenOver;
+    use rebound::hooks::idempotency::TakenOver;
     let redis = RedisServer::start();
     let handle = crate::support::sidecar::redis_handle(&redis.url()).await;
     let s = RedisStore::new(handle);

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use rebound::config::raw::{RawIdempotency, RawRetry};
+use rebound::hooks::config::raw::{RawIdempotency, RawRetry};
 
 use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::fake_provider::{anthropic_message, error_event, error_object, sse_stream_bytes};

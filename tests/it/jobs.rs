@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use rebound::config::raw::{RawIdempotency, RawJobs, RawRetry};
+use rebound::hooks::config::raw::{RawIdempotency, RawJobs, RawRetry};
 
 use crate::support::config_builder::{list, some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes};

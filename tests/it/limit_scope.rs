@@ -4,7 +4,7 @@
 //! request is never kept longer than `max_retry_after` allows; `failover_wait` both ways;
 //! `rate_limit_scope = "credential"` as before.
 
-use rebound::config::raw::{RawRetry, RawTarget};
+use rebound::hooks::config::raw::{RawRetry, RawTarget};
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::chat_completion;

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use rebound::config::raw::{RawRetry, RawRoute, RawUpstream};
+use rebound::hooks::config::raw::{RawRetry, RawRoute, RawUpstream};
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_stream_bytes};

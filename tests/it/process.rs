@@ -4,7 +4,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use http_body_util::BodyExt;
-use rebound::config::raw::{RawRetry, RawRoute, RawUpstream};
+use rebound::hooks::config::raw::{RawRetry, RawRoute, RawUpstream};
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::sse_stream_bytes;

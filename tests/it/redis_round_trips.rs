@@ -9,7 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use rebound::config::raw::RawCircuit;
+use rebound::hooks::config::raw::RawCircuit;
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::redis::RedisServer;

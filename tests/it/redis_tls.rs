@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use rebound::config::raw::{RawIdempotency, RawRedis};
+use rebound::hooks::config::raw::{RawIdempotency, RawRedis};
 use rebound::Config;
 
 use crate::support::config_builder::{some, TestConfig};

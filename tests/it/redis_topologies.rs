@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use http::{HeaderMap, HeaderName};
-use rebound::config::raw::{RawCircuit, RawIdempotency, RawJobs, RawRedis, RawRetry, RawRoute, RawUpstream};
+use rebound::hooks::config::raw::{RawCircuit, RawIdempotency, RawJobs, RawRedis, RawRetry, RawRoute, RawUpstream};
 
 use crate::support::config_builder::{some, TestConfig};
 
@@ -271,8 +271,8 @@ fn record_key(idempotency_key: &str) -> String {
         .iter()
         .map(|h| HeaderName::from_static(h))
         .collect();
-    let scope = rebound::idempotency::fingerprint::scope_hash(&HeaderMap::new(), None, &scope_headers);
-    let key_hash = &rebound::idempotency::fingerprint::digest(&[idempotency_key.as_bytes()])[..32];
+    let scope = rebound::hooks::idempotency::fingerprint::scope_hash(&HeaderMap::new(), None, &scope_headers);
+    let key_hash = &rebound::hooks::idempotency::fingerprint::digest(&[idempotency_key.as_bytes()])[..32];
     format!("rebound:idem:{{fake:{scope}:{key_hash}}}")
 }
 
@@ -360,7 +360,7 @@ async fn every_feature_on_redis_cluster_and_a_master_failover() {
     // The master of the first probe key's slot dies; probes go to keys of that slot only.
     let table = cluster.slot_table();
     let owner = |k: &str| {
-        let slot = rebound::redis::key_slot(record_key(k).as_bytes());
+        let slot = rebound::hooks::redis::key_slot(record_key(k).as_bytes());
         let (_, _, m, r) = table.iter().find(|(a, b, _, _)| (*a..=*b).contains(&slot)).unwrap();
         (*m, r.clone())
     };

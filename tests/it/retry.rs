@@ -7,7 +7,7 @@ use http_body_util::BodyExt;
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{chat_completion, sse_chunk};
 use crate::support::*;
-use rebound::config::raw::RawRetry;
+use rebound::hooks::config::raw::RawRetry;
 
 /// A rebound whose `fake` route uses `[retry.p]`: fast defaults for tests, then `edit`.
 async fn with_policy(edit: impl FnOnce(&mut RawRetry)) -> (FakeProvider, Rebound) {

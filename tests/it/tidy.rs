@@ -161,7 +161,8 @@ fn public_name(line: &str) -> Option<&str> {
     let end = name
         .find(|c: char| !(c.is_alphanumeric() || c == '_'))
         .unwrap_or(name.len());
-    Some(&name[..end])
+    // A macro's `pub mod $name` declares no name of its own.
+    (end > 0).then(|| &name[..end])
 }
 
 /// The text of a declaration starting at `lines[0]`: a function's signature (to its `{` or `;`),
@@ -212,10 +213,56 @@ fn identifiers(text: &str) -> Vec<&str> {
         .collect()
 }
 
+/// The identifiers a Rust text names in its code: comments, string literals (raw ones too) and
+/// character literals left out, so that a word in a doc comment or in a test's TOML keeps
+/// nothing `pub`.
+fn names(text: &str) -> Vec<&str> {
+    let b = text.as_bytes();
+    let (mut out, mut i) = (Vec::new(), 0);
+    while i < b.len() {
+        let rest = &text[i..];
+        if rest.starts_with("//") {
+            i += rest.find('\n').unwrap_or(rest.len());
+        } else if rest.starts_with("/*") {
+            i += rest.find("*/").map_or(rest.len(), |e| e + 2);
+        } else if let Some(hashes) = raw_string_start(rest) {
+            let close = format!("\"{}", "#".repeat(hashes));
+            let body = 2 + hashes + usize::from(rest.starts_with("br"));
+            i += body + rest[body..].find(&close).map_or(rest.len() - body, |e| e + close.len());
+        } else if b[i] == b'"' {
+            i += 1;
+            while i < b.len() && b[i] != b'"' {
+                i += if b[i] == b'\\' { 2 } else { 1 };
+            }
+            i += 1;
+        } else if b[i] == b'\'' && (rest.get(2..3) == Some("'") || rest.starts_with("'\\")) {
+            // A character literal ('x', '\n', '\''); a lifetime has no closing quote there.
+            i += 1 + rest[1..].find('\'').map_or(0, |e| e + 1) + usize::from(rest.starts_with("'\\'"));
+        } else if b[i].is_ascii_alphanumeric() || b[i] == b'_' {
+            let len = rest
+                .find(|c: char| !(c.is_alphanumeric() || c == '_'))
+                .unwrap_or(rest.len());
+            out.push(&rest[..len]);
+            i += len;
+        } else {
+            i += rest.chars().next().map_or(1, char::len_utf8);
+        }
+    }
+    out
+}
+
+/// The number of `#` of a raw string literal starting `text` (`r"`, `r#"`, `br##"`), if one does.
+fn raw_string_start(text: &str) -> Option<usize> {
+    let rest = text.strip_prefix("br").or_else(|| text.strip_prefix('r'))?;
+    let hashes = rest.len() - rest.trim_start_matches('#').len();
+    rest[hashes..].starts_with('"').then_some(hashes)
+}
+
 /// An item of the library is `pub` only when something outside it needs it (the
 /// binary, the tests, the benchmarks, the fuzz targets); everything else is `pub(crate)` or
-/// narrower, so that the compiler finds what nothing uses. Names are compared as words: a name
-/// that some outside file uses for anything keeps its item `pub` (the check errs that way).
+/// narrower, so that the compiler finds what nothing uses. Outside code is read for the names
+/// it uses ([`names`]: not its comments or strings); a name that some outside file uses for
+/// anything keeps its item `pub` (the check errs that way).
 #[test]
 fn every_pub_item_is_used_outside_the_library() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -227,10 +274,7 @@ fn every_pub_item_is_used_outside_the_library() {
         root.join("src/main.rs"),
         std::fs::read_to_string(root.join("src/main.rs")).expect("main"),
     ));
-    let words: std::collections::HashSet<&str> = outside
-        .iter()
-        .flat_map(|(_, t)| t.split(|c: char| !(c.is_alphanumeric() || c == '_')))
-        .collect();
+    let words: std::collections::HashSet<&str> = outside.iter().flat_map(|(_, t)| names(t)).collect();
     let mut library = Vec::new();
     rust_texts(&root.join("src"), &mut library);
     // The declarations: (file, line, name, the identifiers its signature or body names).
@@ -278,6 +322,33 @@ fn every_pub_item_is_used_outside_the_library() {
         "pub, but nothing outside the library names it (make it pub(crate)):\n{}",
         unused.join("\n")
     );
+}
+
+#[test]
+fn the_name_scan_reads_code_and_skips_comments_strings_and_characters() {
+    let text = r####"use rebound::hooks::config::raw; // raw_only_in_comment
+/// doc_word
+let s = "in_string \" still_string";
+let t = r#"toml_key = "x" "#;
+let c = ('"', '\'', '\\');
+fn f<'a>(x: &'a Kept) -> Also { Also::new() } /* block_word */
+"####;
+    let found = names(text);
+    for kept in [
+        "rebound", "config", "raw", "s", "t", "c", "f", "a", "x", "Kept", "Also", "new",
+    ] {
+        assert!(found.contains(&kept), "{kept} not in {found:?}");
+    }
+    for gone in [
+        "raw_only_in_comment",
+        "doc_word",
+        "in_string",
+        "still_string",
+        "toml_key",
+        "block_word",
+    ] {
+        assert!(!found.contains(&gone), "{gone} in {found:?}");
+    }
 }
 
 #[test]

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use rebound::config::raw::RawUpstream;
+use rebound::hooks::config::raw::RawUpstream;
 
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::Step;

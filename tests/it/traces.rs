@@ -14,7 +14,7 @@ use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
 use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use opentelemetry_proto::tonic::trace::v1::Span;
 use prost::Message as _;
-use rebound::config::raw::{RawRetry, RawTelemetry};
+use rebound::hooks::config::raw::{RawRetry, RawTelemetry};
 use tokio::net::TcpListener;
 
 use crate::support::config_builder::{some, TestConfig};

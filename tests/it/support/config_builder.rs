@@ -1,8 +1,8 @@
 //! A typed builder for test configurations: the config file's own serde mirror
-//! (`rebound::config::raw`), so a misspelt key does not compile; serialised to TOML and loaded by
+//! (`rebound::hooks::config::raw`), so a misspelt key does not compile; serialised to TOML and loaded by
 //! the real parser and validator, as a file would be.
 
-use rebound::config::raw::{
+use rebound::hooks::config::raw::{
     RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLog, RawMetrics, RawRedis,
     RawRetry, RawRoute, RawServer, RawTelemetry, RawUpstream,
 };

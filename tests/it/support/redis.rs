@@ -49,7 +49,7 @@ impl RedisServer {
     /// wrote it: the version-1 fingerprint of a JSON `POST /fake/v1/chat/completions` of `body`.
     /// How many were rewritten.
     pub async fn rewrite_fingerprints_as_v1(&self, body: &str) -> usize {
-        use rebound::idempotency::fingerprint::{fingerprint_v1, V2};
+        use rebound::hooks::idempotency::fingerprint::{fingerprint_v1, V2};
         let mut headers = http::HeaderMap::new();
         headers.insert("content-type", http::HeaderValue::from_static("application/json"));
         let path = "/fake/v1/chat/completions";

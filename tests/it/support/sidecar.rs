@@ -165,21 +165,21 @@ impl ReboundProcess {
 }
 
 /// A connected `RedisHandle` on `url` (for store tests), once it answers.
-pub async fn redis_handle(url: &str) -> rebound::redis::RedisHandle {
-    redis_handle_for(rebound::config::RedisConfig {
+pub async fn redis_handle(url: &str) -> rebound::hooks::redis::RedisHandle {
+    redis_handle_for(rebound::hooks::config::RedisConfig {
         command_timeout: Duration::from_millis(500),
-        ..rebound::config::RedisConfig::standalone(url)
+        ..rebound::hooks::config::RedisConfig::standalone(url)
     })
     .await
 }
 
 /// A connected `RedisHandle` on any topology, once it answers.
-pub async fn redis_handle_for(config: rebound::config::RedisConfig) -> rebound::redis::RedisHandle {
+pub async fn redis_handle_for(config: rebound::hooks::config::RedisConfig) -> rebound::hooks::redis::RedisHandle {
     let url = config.topology.describe();
-    let metrics = std::sync::Arc::new(rebound::metrics::Metrics::new().unwrap());
+    let metrics = std::sync::Arc::new(rebound::hooks::metrics::Metrics::new().unwrap());
     let tasks = tokio_util::task::TaskTracker::new();
     let handle =
-        rebound::redis::RedisHandle::start(config, metrics, &tasks, tokio_util::sync::CancellationToken::new());
+        rebound::hooks::redis::RedisHandle::start(config, metrics, &tasks, tokio_util::sync::CancellationToken::new());
     assert!(
         super::eventually(Duration::from_secs(10), || handle.is_up()).await,
         "redis at {url} did not answer"

@@ -10,7 +10,7 @@ use http::{HeaderMap, Method};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::fingerprint;
+use super::fingerprint::{self, Fingerprint, RecordKey};
 use super::store::{Begin, StoreError};
 use super::{AnyStore, Check, Counters, Idempotency, Pending, Records, Shared, Start};
 use crate::config::{CachePolicy, IdempotencyPolicy, OnConcurrent, OnStoreError};
@@ -44,8 +44,8 @@ impl AnyStore {
     /// Claims `key` over a stored entry (a refresh).
     pub(crate) async fn reclaim(
         &self,
-        key: &Arc<str>,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
@@ -185,8 +185,9 @@ mod tests {
 
     #[test]
     fn cache_records_are_apart_from_idempotency_records() {
-        let cache = fingerprint::cache_record_key("r", "s", "fp");
-        assert!(cache.starts_with("cache:{r:s:"), "{cache}");
-        assert_ne!(cache, fingerprint::record_key("r", "s", "fp"));
+        let scope = fingerprint::Scope::new("s");
+        let cache = fingerprint::cache_record_key("r", &scope, &Fingerprint::new("fp"));
+        assert!(cache.as_str().starts_with("cache:{r:s:"), "{cache}");
+        assert_ne!(cache, fingerprint::record_key("r", &scope, "fp"));
     }
 }

@@ -2,6 +2,7 @@
 //! runs, and at the end its completion (the response kept, or not) or its release, written to the
 //! store and retried until the store answers ([`Writer`]).
 
+use super::fingerprint::RecordKey;
 use super::held::{Held, HeldCompletion};
 use super::live::{self, End, Head, Live};
 use super::renewal::Renewal;
@@ -104,7 +105,7 @@ impl Writer {
     /// claim has lapsed anyway).
     pub(super) async fn release_until_answered(
         &self,
-        record: &str,
+        record: &RecordKey,
         owner: &str,
         lease: Duration,
         failed: bool,

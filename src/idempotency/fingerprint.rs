@@ -3,13 +3,115 @@
 //! key or credential is stored; the fingerprint (version 2) is BLAKE3, the fastest to hash a large
 //! body with, and [`fingerprint_v1`] is the SHA-256 one of records written before it.
 
-use std::borrow::Cow;
+use std::borrow::{Borrow, Cow};
+use std::fmt;
 use std::sync::Arc;
 
 use http::{HeaderMap, HeaderName, Method};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::credentials;
+
+/// A record's key in the store ([`record_key`], [`cache_record_key`]): who asked and under which
+/// key. Its own type so that it cannot be passed where a fingerprint or an owner is asked for.
+/// Shared, not copied: the claim, its live response and the in-memory store's record hold the
+/// one block.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct RecordKey(Arc<str>);
+
+impl RecordKey {
+    /// A key from its text, as the store holds it (one read back, or a test's).
+    pub fn new(text: impl Into<Arc<str>>) -> RecordKey {
+        RecordKey(text.into())
+    }
+
+    /// The text, for Redis and logs.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The in-memory store's maps look keys up by their text (a key is its text).
+impl Borrow<str> for RecordKey {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RecordKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for RecordKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RecordKey({:?})", &*self.0)
+    }
+}
+
+/// What a request asked ([`fingerprint`], [`fingerprint_v1`]): the same key with another
+/// fingerprint is another request. Kept with the record, and in dead letters and job records as
+/// the text it always was (serialized as a plain string).
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Fingerprint(String);
+
+impl Fingerprint {
+    /// A fingerprint from its text, as a record holds it (one read back, or a test's).
+    pub fn new(text: impl Into<String>) -> Fingerprint {
+        Fingerprint(text.into())
+    }
+
+    /// The text, for Redis, logs and hashes.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Fingerprint({:?})", self.0)
+    }
+}
+
+/// A tenant's scope ([`scope_hash`]): the hash of its `scope_headers` values and credential query
+/// parameters, 32 hex digits. Part of its records' keys; kept in dead letters and job records as
+/// the text it always was (serialized as a plain string).
+#[derive(Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Scope(String);
+
+impl Scope {
+    #[cfg(test)]
+    pub(crate) fn new(text: &str) -> Scope {
+        Scope(text.to_string())
+    }
+
+    /// The text, for hashes and logs.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scope({:?})", self.0)
+    }
+}
 
 /// A hash fed in pieces.
 trait Feed {
@@ -150,7 +252,12 @@ fn hex_into(bytes: &[u8], out: &mut [u8]) {
 /// names are hashed, present or not), so a request that carries no other form keeps the scope its
 /// records were written under; a form added since counts only when present, and so makes a scope
 /// of its own. Query parameters are hashed as `?name`, which no header name can be.
-pub fn scope_hash(headers: &HeaderMap, query: Option<&str>, scope_headers: &[HeaderName]) -> String {
+pub fn scope_hash(headers: &HeaderMap, query: Option<&str>, scope_headers: &[HeaderName]) -> Scope {
+    Scope(hex(&scope_digest(headers, query, scope_headers)))
+}
+
+/// The 128 bits [`scope_hash`] shows in hex.
+pub(crate) fn scope_digest(headers: &HeaderMap, query: Option<&str>, scope_headers: &[HeaderName]) -> [u8; 16] {
     // One pass over the request's headers (a lookup by name would hash each listed name).
     let mut found: smallvec::SmallVec<[(usize, &http::HeaderValue); 2]> = smallvec::SmallVec::new();
     for (key, value) in headers {
@@ -177,25 +284,27 @@ pub fn scope_hash(headers: &HeaderMap, query: Option<&str>, scope_headers: &[Hea
         h.part(credentials::QUERY_PARAMS.get(i).map_or(&b""[..], |p| p.as_bytes()));
         h.part(value.as_bytes());
     }
-    hex(&h.finish()[..16])
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&h.finish()[..16]);
+    out
 }
 
 /// The store key of `key` sent to `route` by the tenant `scope`: `idem:{route:scope:hash}`,
 /// the hash the first 128 bits of the key's. One hash tag per record: every script touches
 /// one Redis Cluster slot.
-pub fn record_key(route: &str, scope: &str, key: &str) -> Arc<str> {
+pub fn record_key(route: &str, scope: &Scope, key: &str) -> RecordKey {
     keyed("idem:", route, scope, key)
 }
 
 /// The store key of a response-cache entry: `cache:{route:scope:hash}`, the hash the first 128
 /// bits of the request fingerprint's (apart from every idempotency record).
-pub(crate) fn cache_record_key(route: &str, scope: &str, fingerprint: &str) -> Arc<str> {
-    keyed("cache:", route, scope, fingerprint)
+pub(crate) fn cache_record_key(route: &str, scope: &Scope, fingerprint: &Fingerprint) -> RecordKey {
+    keyed("cache:", route, scope, fingerprint.as_str())
 }
 
 /// A store key, shared (not copied) by the claim, its live response and the in-memory store's
 /// record; written on the stack first, so that the shared block is its only allocation.
-fn keyed(prefix: &str, route: &str, scope: &str, key: &str) -> Arc<str> {
+fn keyed(prefix: &str, route: &str, scope: &Scope, key: &str) -> RecordKey {
     let hash = Parts::of(&[key.as_bytes()]);
     let mut hex = [0u8; 32];
     hex_into(&hash[..16], &mut hex);
@@ -204,13 +313,14 @@ fn keyed(prefix: &str, route: &str, scope: &str, key: &str) -> Arc<str> {
         b"{",
         route.as_bytes(),
         b":",
-        scope.as_bytes(),
+        scope.as_str().as_bytes(),
         b":",
         &hex,
         b"}",
     ];
     // A route or scope too long for the stack is joined on the heap instead.
-    shared_text(pieces).unwrap_or_else(|| Arc::from(String::from_utf8_lossy(&pieces.concat()).as_ref()))
+    let text = shared_text(pieces).unwrap_or_else(|| Arc::from(String::from_utf8_lossy(&pieces.concat()).as_ref()));
+    RecordKey(text)
 }
 
 /// The longest text [`shared_text`] joins.
@@ -329,7 +439,7 @@ pub const V2: &str = "2:";
 /// are taken as documents (key order, whitespace and escapes do not matter: `json_digest`),
 /// multipart bodies part by part (the boundary does not matter), anything else byte for byte.
 /// BLAKE3, marked [`V2`].
-pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> String {
+pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> Fingerprint {
     let mut h = Parts::with(blake3::Hasher::new());
     h.part(b"rebound-fingerprint-v2");
     let content_type = request_line(&mut h, method, path, query, headers);
@@ -355,7 +465,7 @@ pub fn fingerprint(method: &Method, path: &str, query: Option<&str>, headers: &H
     let mut out = String::with_capacity(V2.len() + 64);
     out.push_str(V2);
     push_hex(&mut out, &h.finish());
-    out
+    Fingerprint(out)
 }
 
 /// Which fingerprint: this version's, or that of records written before it.
@@ -384,7 +494,7 @@ pub(crate) fn fingerprint_as(
     query: Option<&str>,
     headers: &HeaderMap,
     body: &[u8],
-) -> String {
+) -> Fingerprint {
     match version {
         Version::V1 => fingerprint_v1(method, path, query, headers, body),
         Version::V2 => fingerprint(method, path, query, headers, body),
@@ -394,11 +504,17 @@ pub(crate) fn fingerprint_as(
 /// The fingerprint of version 1: SHA-256 over the same request line and the body's canonical
 /// JSON text (`canonical`). Records written before [`V2`] hold it; a request whose version-2
 /// fingerprint does not match a record is checked again with this one.
-pub fn fingerprint_v1(method: &Method, path: &str, query: Option<&str>, headers: &HeaderMap, body: &[u8]) -> String {
+pub fn fingerprint_v1(
+    method: &Method,
+    path: &str,
+    query: Option<&str>,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Fingerprint {
     let mut h = Parts::new();
     let content_type = request_line(&mut h, method, path, query, headers);
     body_part_v1(&mut h, content_type, body);
-    hex(&h.finish())
+    Fingerprint(hex(&h.finish()))
 }
 
 /// Method, path and query (parameters sorted) into `h`; the request's content type.
@@ -535,9 +651,13 @@ mod tests {
         let hash = |key: &str| hex(&Parts::of(&[key.as_bytes()])[..16]);
         for route in ["llm".to_string(), "r".repeat(300)] {
             let want = format!("idem:{{{route}:scope:{}}}", hash("key-1"));
-            assert_eq!(&*record_key(&route, "scope", "key-1"), want);
+            let scope = Scope::new("scope");
+            assert_eq!(record_key(&route, &scope, "key-1").as_str(), want);
             let want = format!("cache:{{{route}:scope:{}}}", hash("2:ab"));
-            assert_eq!(&*cache_record_key(&route, "scope", "2:ab"), want);
+            assert_eq!(
+                cache_record_key(&route, &scope, &Fingerprint::new("2:ab")).as_str(),
+                want
+            );
         }
     }
 
@@ -591,7 +711,7 @@ mod tests {
             let h = headers(&[("content-type", ct)]);
             let h = if ct.is_empty() { HeaderMap::new() } else { h };
             assert_eq!(
-                fingerprint_v1(&Method::POST, "/v1/x", Some("b=2&a=1"), &h, body.as_bytes()),
+                fingerprint_v1(&Method::POST, "/v1/x", Some("b=2&a=1"), &h, body.as_bytes()).as_str(),
                 as_before(&Method::POST, "/v1/x", "a=1&b=2", ct, body.as_bytes()),
                 "{ct}: {}",
                 &body[..body.len().min(60)]
@@ -690,8 +810,8 @@ mod tests {
         assert_ne!(a, b);
         assert_ne!(a, none);
         assert_eq!(a, scope_hash(&headers(&[("authorization", "Bearer a")]), None, &names));
-        assert!(!a.contains("Bearer"));
-        assert_eq!(a.len(), 32);
+        assert!(!a.as_str().contains("Bearer"));
+        assert_eq!(a.as_str().len(), 32);
     }
 
     #[test]
@@ -703,14 +823,14 @@ mod tests {
             for v in ["k-one", "k-two"] {
                 let s = scope_hash(&headers(&[(name.as_str(), v)]), None, &all);
                 assert_ne!(s, none, "{name}");
-                assert!(seen.insert(s), "{name} {v}");
+                assert!(seen.insert(s.as_str().to_owned()), "{name} {v}");
             }
         }
         for p in credentials::QUERY_PARAMS {
             for v in ["k-one", "k-two"] {
                 let q = format!("alt=sse&{p}={v}");
                 let s = scope_hash(&headers(&[]), Some(&q), &all);
-                assert!(seen.insert(s), "{p} {v}");
+                assert!(seen.insert(s.as_str().to_owned()), "{p} {v}");
                 // Even with a scope list that names no header.
                 assert_ne!(
                     scope_hash(&headers(&[]), Some(&q), &[]),
@@ -740,7 +860,7 @@ mod tests {
         // Pinned: the three-header default scope of earlier versions (Python's hashlib over
         // the length-prefixed parts "authorization", "Bearer a", "x-api-key", "api-key").
         assert_eq!(
-            scope_hash(&headers(&[("authorization", "Bearer a")]), None, &all),
+            scope_hash(&headers(&[("authorization", "Bearer a")]), None, &all).as_str(),
             "7c2d2dc7c87047c5c53619808b47be6b"
         );
         // A newer form present: another scope.
@@ -759,34 +879,34 @@ mod tests {
         );
         let auth = [HeaderName::from_static("authorization")];
         let scope = scope_hash(&headers(&[("authorization", "Bearer a")]), None, &auth);
-        assert_eq!(scope, "b705347cb1e5eb2e49692dcab1e4bbdd");
+        assert_eq!(scope.as_str(), "b705347cb1e5eb2e49692dcab1e4bbdd");
         assert_eq!(
-            scope_hash(&headers(&[]), None, &auth),
+            scope_hash(&headers(&[]), None, &auth).as_str(),
             "77d02fe21ac9e3d671949929c9a3d40c"
         );
         let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#;
         let json = headers(&[("content-type", "Application/JSON; charset=utf-8")]);
         assert_eq!(
-            fingerprint_v1(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body),
+            fingerprint_v1(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body).as_str(),
             "83295de5c405c63e76911946e5259272a83a3d56fb61fb830d8e21064acb8700"
         );
         let text = headers(&[("content-type", "text/plain")]);
         assert_eq!(
-            fingerprint_v1(&Method::PATCH, "/x", None, &text, b"not json"),
+            fingerprint_v1(&Method::PATCH, "/x", None, &text, b"not json").as_str(),
             "32d3adf35198ff56ab1fb7fb01beceb042e33034c28bc32970f5501f66a9ddbe"
         );
         // Version 2, computed independently (Python's `blake3` package over the form
         // `json_digest` documents): a change to it changes every stored fingerprint.
         assert_eq!(
-            fingerprint(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body),
+            fingerprint(&Method::POST, "/v1/chat/completions", Some("b=2&a=1"), &json, body).as_str(),
             "2:4f3861f05b0d86a3309daf0dc7079f3d2c96101113076db2a378669bf240da26"
         );
         assert_eq!(
-            fingerprint(&Method::PATCH, "/x", None, &text, b"not json"),
+            fingerprint(&Method::PATCH, "/x", None, &text, b"not json").as_str(),
             "2:f8c9d203190c9bf68163f9b64ceb678ccbcd6e245aedaa46c623e045c489716d"
         );
         assert_eq!(
-            &*record_key("llm", &scope, "key-1"),
+            record_key("llm", &scope, "key-1").as_str(),
             "idem:{llm:b705347cb1e5eb2e49692dcab1e4bbdd:de9f9efc94bf445902a9690d5c49225d}"
         );
     }
@@ -836,7 +956,7 @@ mod tests {
                 let mut headers = HeaderMap::new();
                 headers.insert("content-type", http::HeaderValue::from_static(ct));
                 let fp = fingerprint(&Method::POST, "/v1/x", Some("b=2&a=1"), &headers, &body);
-                prop_assert!(!fp.is_empty());
+                prop_assert!(!fp.as_str().is_empty());
             }
 
             /// A JSON object's fingerprint does not depend on its key order or whitespace.

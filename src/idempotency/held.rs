@@ -11,6 +11,7 @@ use parking_lot::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::fingerprint::{Fingerprint, RecordKey};
 use super::store::Completion;
 
 /// The most completions held at once.
@@ -21,7 +22,7 @@ pub(crate) const MAX_BYTES: usize = 64 << 20;
 /// A delivered response waiting for its write.
 #[derive(Debug)]
 pub struct HeldCompletion {
-    pub fingerprint: String,
+    pub fingerprint: Fingerprint,
     pub completion: Completion,
 }
 
@@ -31,7 +32,7 @@ impl HeldCompletion {
             Completion::Kept(r) => r.size(),
             Completion::NotKept => 0,
         };
-        response + self.fingerprint.len() + 128
+        response + self.fingerprint.as_str().len() + 128
     }
 }
 
@@ -45,13 +46,13 @@ pub struct Held {
 
 #[derive(Default)]
 struct HeldMap {
-    map: HashMap<String, Arc<HeldCompletion>>,
+    map: HashMap<RecordKey, Arc<HeldCompletion>>,
     bytes: usize,
 }
 
 impl Held {
     /// The completion held for `record`, if any.
-    pub fn get(&self, record: &str) -> Option<Arc<HeldCompletion>> {
+    pub fn get(&self, record: &RecordKey) -> Option<Arc<HeldCompletion>> {
         if self.len.load(Ordering::Acquire) == 0 {
             return None;
         }
@@ -60,13 +61,14 @@ impl Held {
     }
 
     /// Holds `completion` for `record`; false (nothing held) when the bounds are reached.
-    pub fn hold(&self, record: &str, completion: Arc<HeldCompletion>) -> bool {
+    pub fn hold(&self, record: &RecordKey, completion: Arc<HeldCompletion>) -> bool {
         let size = completion.size();
         let mut m = self.map.lock();
         if m.map.len() >= MAX_ENTRIES || m.bytes + size > MAX_BYTES {
             return false;
         }
-        if let Some(old) = m.map.insert(record.to_string(), completion) {
+        // The key's block is shared, not copied.
+        if let Some(old) = m.map.insert(record.clone(), completion) {
             m.bytes = m.bytes.saturating_sub(old.size());
         }
         m.bytes += size;
@@ -75,7 +77,7 @@ impl Held {
     }
 
     /// Lets go of `record`'s completion (written, or given up).
-    pub(crate) fn forget(&self, record: &str) {
+    pub(crate) fn forget(&self, record: &RecordKey) {
         let mut m = self.map.lock();
         if let Some(old) = m.map.remove(record) {
             m.bytes = m.bytes.saturating_sub(old.size());
@@ -97,12 +99,13 @@ impl Held {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idempotency::test_ids::{fp, k};
     use crate::idempotency::StoredResponse;
     use bytes::Bytes;
 
     fn held(body: usize) -> Arc<HeldCompletion> {
         Arc::new(HeldCompletion {
-            fingerprint: "fp".into(),
+            fingerprint: fp("fp"),
             completion: Completion::Kept(StoredResponse {
                 status: 200,
                 headers: Vec::new().into(),
@@ -115,33 +118,33 @@ mod tests {
     #[test]
     fn holds_until_forgotten() {
         let h = Held::default();
-        assert!(h.get("a").is_none());
-        assert!(h.hold("a", held(10)));
+        assert!(h.get(&k("a")).is_none());
+        assert!(h.hold(&k("a"), held(10)));
         assert_eq!(h.len(), 1);
-        assert!(h.get("a").is_some());
-        assert!(h.get("b").is_none());
-        h.forget("a");
-        assert!(h.get("a").is_none());
+        assert!(h.get(&k("a")).is_some());
+        assert!(h.get(&k("b")).is_none());
+        h.forget(&k("a"));
+        assert!(h.get(&k("a")).is_none());
         assert!(h.is_empty());
     }
 
     #[test]
     fn refuses_past_its_bytes() {
         let h = Held::default();
-        assert!(h.hold("a", held(MAX_BYTES / 2)));
-        assert!(!h.hold("b", held(MAX_BYTES / 2 + 1)), "over the byte bound");
-        assert!(h.get("b").is_none());
-        h.forget("a");
-        assert!(h.hold("b", held(MAX_BYTES / 2 + 1)), "room again");
+        assert!(h.hold(&k("a"), held(MAX_BYTES / 2)));
+        assert!(!h.hold(&k("b"), held(MAX_BYTES / 2 + 1)), "over the byte bound");
+        assert!(h.get(&k("b")).is_none());
+        h.forget(&k("a"));
+        assert!(h.hold(&k("b"), held(MAX_BYTES / 2 + 1)), "room again");
     }
 
     #[test]
     fn refuses_past_its_entries() {
         let h = Held::default();
         for i in 0..MAX_ENTRIES {
-            assert!(h.hold(&i.to_string(), held(1)));
+            assert!(h.hold(&k(&i.to_string()), held(1)));
         }
-        assert!(!h.hold("one more", held(1)));
+        assert!(!h.hold(&k("one more"), held(1)));
         assert_eq!(h.len(), MAX_ENTRIES);
     }
 }

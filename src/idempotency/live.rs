@@ -23,6 +23,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
+use super::fingerprint::{Fingerprint, RecordKey};
 use super::store::KeptHeaders;
 use crate::wire::body::BoxError;
 
@@ -58,10 +59,10 @@ pub enum HeadOrEnd {
 
 /// One in-flight original's response, as produced.
 pub struct Live {
-    /// The request's fingerprint (a duplicate with another one is 422, not a follower).
     /// The record key of the claim it is the response of.
-    pub record: Arc<str>,
-    pub fingerprint: String,
+    pub record: RecordKey,
+    /// The request's fingerprint (a duplicate with another one is 422, not a follower).
+    pub fingerprint: Fingerprint,
     /// The claim's owner token (names its relay through Redis).
     pub owner: String,
     /// Whether it is being relayed to other replicas already.
@@ -108,7 +109,7 @@ pub(crate) struct FollowerCut;
 pub(crate) struct OriginalAborted;
 
 impl Live {
-    pub fn new(record: Arc<str>, fingerprint: String, owner: String, cap: usize) -> Live {
+    pub fn new(record: RecordKey, fingerprint: Fingerprint, owner: String, cap: usize) -> Live {
         Live {
             record,
             fingerprint,
@@ -406,12 +407,12 @@ impl Drop for Follower {
 /// The live responses of this replica's in-flight claims, by record key.
 #[derive(Default)]
 pub(crate) struct Lives {
-    map: Mutex<HashMap<Arc<str>, Arc<Live>>>,
+    map: Mutex<HashMap<RecordKey, Arc<Live>>>,
 }
 
 impl Lives {
     /// The live response of an in-flight claim of `record` on this replica.
-    pub fn get(&self, record: &str) -> Option<Arc<Live>> {
+    pub fn get(&self, record: &RecordKey) -> Option<Arc<Live>> {
         self.map.lock().get(record).cloned()
     }
 
@@ -458,6 +459,7 @@ impl Drop for Registered {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idempotency::test_ids::{fp, k};
     use http_body_util::BodyExt;
 
     fn head() -> Head {
@@ -469,7 +471,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_follower_gets_every_byte_from_the_first_and_ends_with_the_original() {
-        let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 1024));
+        let live = Arc::new(Live::new(k("rec"), fp("fp"), "me".into(), 1024));
         live.set_head(head());
         live.push(b"one ");
         let follower = live.follower();
@@ -485,7 +487,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_aborted_original_aborts_its_followers_after_the_bytes_they_had() {
-        let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 1024));
+        let live = Arc::new(Live::new(k("rec"), fp("fp"), "me".into(), 1024));
         live.set_head(head());
         live.push(b"partial");
         let mut follower = live.follower();
@@ -498,7 +500,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_original_has_no_head_to_share() {
-        let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 1024));
+        let live = Arc::new(Live::new(k("rec"), fp("fp"), "me".into(), 1024));
         let waiting = {
             let live = live.clone();
             crate::tasks::spawn("test", async move { live.head().await })
@@ -509,7 +511,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_cap_the_response_is_not_whole_and_a_late_follower_is_cut() {
-        let live = Arc::new(Live::new("rec".into(), "fp".into(), "me".into(), 8));
+        let live = Arc::new(Live::new(k("rec"), fp("fp"), "me".into(), 8));
         live.set_head(head());
         let mut early = live.follower();
         live.push(b"12345");
@@ -531,12 +533,12 @@ mod tests {
     #[test]
     fn a_registration_ends_and_unregisters_only_its_own_response() {
         let lives = Arc::new(Lives::default());
-        let first = Arc::new(Live::new("k".into(), "fp".into(), "me".into(), 8));
+        let first = Arc::new(Live::new(k("k"), fp("fp"), "me".into(), 8));
         let reg = lives.register(first.clone());
-        let second = Arc::new(Live::new("k".into(), "fp".into(), "me".into(), 8));
+        let second = Arc::new(Live::new(k("k"), fp("fp"), "me".into(), 8));
         let reg2 = lives.register(second.clone());
         drop(reg);
-        assert!(Arc::ptr_eq(&lives.get("k").unwrap(), &second));
+        assert!(Arc::ptr_eq(&lives.get(&k("k")).unwrap(), &second));
         assert!(matches!(first.state.lock().end, Some(End::Released)));
         drop(reg2);
         assert!(lives.is_empty());

@@ -48,6 +48,7 @@ use crate::redis::RedisHandle;
 pub use cached::Freshness;
 pub use claim::Claim;
 use claim::{ClaimInner, Writer};
+pub use fingerprint::{Fingerprint, RecordKey, Scope};
 pub use held::Held;
 pub use held::HeldCompletion;
 pub use live::End;
@@ -175,13 +176,19 @@ impl AnyStore {
 }
 
 impl Store for AnyStore {
-    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Begin, StoreError> {
         match self {
             AnyStore::Memory(s) => s.begin(key, fingerprint, owner, lease).await,
             AnyStore::Redis(s) => s.begin(key, fingerprint, owner, lease).await,
         }
     }
-    async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(&self, key: &RecordKey, owner: &str, lease: Duration) -> Result<bool, StoreError> {
         match self {
             AnyStore::Memory(s) => s.renew(key, owner, lease).await,
             AnyStore::Redis(s) => s.renew(key, owner, lease).await,
@@ -189,8 +196,8 @@ impl Store for AnyStore {
     }
     async fn complete(
         &self,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         completion: &Completion,
         ttl: Duration,
@@ -200,7 +207,7 @@ impl Store for AnyStore {
             AnyStore::Redis(s) => s.complete(key, fingerprint, owner, completion, ttl).await,
         }
     }
-    async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
+    async fn release(&self, key: &RecordKey, owner: &str) -> Result<bool, StoreError> {
         match self {
             AnyStore::Memory(s) => s.release(key, owner).await,
             AnyStore::Redis(s) => s.release(key, owner).await,
@@ -259,8 +266,8 @@ impl Counters {
 /// may have been redacted, so both are taken from the original instead of recomputed.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReplayIdentity {
-    pub scope: String,
-    pub fingerprint: String,
+    pub scope: Scope,
+    pub fingerprint: Fingerprint,
 }
 
 /// What to do with a request after the idempotency check.
@@ -293,8 +300,8 @@ pub enum Check {
 
 /// A check still to be decided: the record, and this request's claim on it.
 pub struct Pending {
-    record: Arc<str>,
-    fingerprint: String,
+    record: RecordKey,
+    fingerprint: Fingerprint,
     owner: String,
     /// The store's answer so far, when it said "in progress" (lease left, holder).
     first: Option<(Duration, String)>,
@@ -410,7 +417,7 @@ impl Idempotency {
 
     /// The tenant scope of a request (a hash of its `scope_headers` values and credential query
     /// parameters).
-    pub(crate) fn scope_of(&self, headers: &HeaderMap, query: Option<&str>) -> String {
+    pub(crate) fn scope_of(&self, headers: &HeaderMap, query: Option<&str>) -> Scope {
         fingerprint::scope_hash(headers, query, &self.policy.scope_headers)
     }
 
@@ -685,8 +692,8 @@ impl Idempotency {
     }
 
     /// Answers a duplicate of a key whose delivered response this replica still holds.
-    fn answer_held(&self, held: &HeldCompletion, fingerprint: &str) -> Start {
-        if held.fingerprint != fingerprint {
+    fn answer_held(&self, held: &HeldCompletion, fingerprint: &Fingerprint) -> Start {
+        if held.fingerprint != *fingerprint {
             self.count("mismatch");
             return Start::Refuse(ProxyError::IdempotencyKeyReused);
         }
@@ -704,7 +711,7 @@ impl Idempotency {
 
     /// Releases a claim whose reply never came (it may have run late, or its reply was lost), as
     /// soon as the store answers again, so that it cannot hold the key for its whole lease.
-    fn release_orphan(&self, record: Arc<str>, owner: String) {
+    fn release_orphan(&self, record: RecordKey, owner: String) {
         let pending = self.records.orphan_releases.clone();
         if pending.fetch_add(1, Ordering::AcqRel) >= MAX_ORPHAN_RELEASES {
             pending.fetch_sub(1, Ordering::AcqRel);
@@ -727,7 +734,7 @@ impl Idempotency {
     }
 
     /// Takes ownership of a fresh claim: renews its lease until it is recorded or released.
-    fn claim(&self, record: Arc<str>, owner: String, fingerprint: String, follow: bool) -> Claim {
+    fn claim(&self, record: RecordKey, owner: String, fingerprint: Fingerprint, follow: bool) -> Claim {
         let cap = usize::try_from(self.policy.max_stored_body).unwrap_or(usize::MAX);
         let live = Arc::new(Live::new(record, fingerprint, owner, cap));
         let registered = follow.then(|| self.records.lives.register(live.clone()));
@@ -750,6 +757,20 @@ impl Idempotency {
                 _renewal: renewal,
             }),
         }
+    }
+}
+
+/// Identities from text, for the unit tests of this module's files.
+#[cfg(test)]
+mod test_ids {
+    use super::{Fingerprint, RecordKey};
+
+    pub(super) fn k(text: &str) -> RecordKey {
+        RecordKey::new(text)
+    }
+
+    pub(super) fn fp(text: &str) -> Fingerprint {
+        Fingerprint::new(text)
     }
 }
 

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 
+use super::fingerprint::{Fingerprint, RecordKey};
 use super::store::{Begin, Completion, KeptHeaders, Store, StoreError, StoredResponse};
 use crate::redis::RedisHandle;
 
@@ -63,8 +64,8 @@ impl RedisStore {
         }
     }
 
-    fn full_key(&self, key: &str) -> String {
-        self.redis.key(key)
+    fn full_key(&self, key: &RecordKey) -> String {
+        self.redis.key(key.as_str())
     }
 }
 
@@ -150,7 +151,7 @@ pub enum TakenOver {
 }
 
 /// A completion's arguments (`idem_complete_v2`'s ARGV).
-type CompleteArgs<'a> = (&'a str, &'a str, &'a str, &'a Bytes, u64, &'a str);
+type CompleteArgs<'a> = (&'a str, &'a str, &'a str, &'a Bytes, u64, &'a Fingerprint);
 
 impl RedisStore {
     /// Claims `key`, in progress under `dead` (a claim of a replica that stopped heartbeating),
@@ -158,8 +159,8 @@ impl RedisStore {
     /// written its liveness record yet).
     pub async fn take_over(
         &self,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         dead: &str,
         owner: &str,
         lease: Duration,
@@ -173,7 +174,7 @@ impl RedisStore {
             .run("idem_takeover", |mut c| async move {
                 script
                     .key(&key)
-                    .arg(fingerprint)
+                    .arg(fingerprint.as_str())
                     .arg(dead)
                     .arg(owner)
                     .arg(ms(lease))
@@ -217,7 +218,7 @@ impl RedisStore {
             .arg(meta)
             .arg(body.as_ref())
             .arg(ttl_ms)
-            .arg(fingerprint);
+            .arg(fingerprint.as_str());
         let mut pipe = redis::pipe();
         pipe.add_command(evalsha).cmd("WAIT").arg(replicas).arg(wait_ms);
         let pipe = &pipe;
@@ -251,8 +252,8 @@ impl RedisStore {
     /// replaced by the claim.
     pub(crate) async fn reclaim(
         &self,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
@@ -264,8 +265,8 @@ impl RedisStore {
         &self,
         script: &Script,
         op: &'static str,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
@@ -276,7 +277,7 @@ impl RedisStore {
             .run(op, |mut c| async move {
                 script
                     .key(&key)
-                    .arg(fingerprint)
+                    .arg(fingerprint.as_str())
                     .arg(owner)
                     .arg(ms(lease))
                     .arg(give_up_at)
@@ -290,12 +291,18 @@ impl RedisStore {
 }
 
 impl Store for RedisStore {
-    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Begin, StoreError> {
         self.claim_with(&self.scripts.begin, "idem_begin", key, fingerprint, owner, lease)
             .await
     }
 
-    async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(&self, key: &RecordKey, owner: &str, lease: Duration) -> Result<bool, StoreError> {
         let key = self.full_key(key);
         let script = &self.scripts.renew;
         let give_up_at = self.redis.give_up_at_ms();
@@ -320,8 +327,8 @@ impl Store for RedisStore {
 
     async fn complete(
         &self,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         completion: &Completion,
         ttl: Duration,
@@ -355,7 +362,7 @@ impl Store for RedisStore {
                     .arg(meta)
                     .arg(body.as_ref())
                     .arg(ms(ttl))
-                    .arg(fingerprint)
+                    .arg(fingerprint.as_str())
                     .invoke_async(&mut c)
                     .await
             })
@@ -364,7 +371,7 @@ impl Store for RedisStore {
         Ok(n >= 1)
     }
 
-    async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
+    async fn release(&self, key: &RecordKey, owner: &str) -> Result<bool, StoreError> {
         let key = self.full_key(key);
         let script = &self.scripts.release;
         let n: i64 = self

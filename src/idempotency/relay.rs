@@ -28,6 +28,7 @@ use redis::Value;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use super::fingerprint::{Fingerprint, RecordKey};
 use super::live::{concat, End, Head, HeadOrEnd, Live, Lives};
 use super::liveness::Liveness;
 use crate::redis::RedisHandle;
@@ -55,7 +56,7 @@ pub(crate) struct Relay {
 }
 
 /// The relay stream of the claim `owner` holds on `record` (a store key, without the prefix).
-fn stream_key(redis: &RedisHandle, record: &str, owner: &str) -> String {
+fn stream_key(redis: &RedisHandle, record: &RecordKey, owner: &str) -> String {
     redis.key(&format!("{record}:live:{owner}"))
 }
 
@@ -87,22 +88,23 @@ impl Relay {
 
     /// The mirror of the response `owner` produces for `record` on another replica (one per
     /// response on this replica, shared by its followers here).
-    pub(crate) fn mirror(self: &Arc<Self>, record: &str, owner: &str, fingerprint: &str, cap: usize) -> Arc<Live> {
+    pub(crate) fn mirror(
+        self: &Arc<Self>,
+        record: &RecordKey,
+        owner: &str,
+        fingerprint: &Fingerprint,
+        cap: usize,
+    ) -> Arc<Live> {
         let key = stream_key(&self.redis, record, owner);
         let mut mirrors = self.mirrors.lock();
         if let Some(live) = mirrors.get(&key) {
             return live.clone();
         }
-        let live = Arc::new(Live::new(
-            Arc::from(record),
-            fingerprint.to_string(),
-            owner.to_string(),
-            cap,
-        ));
+        let live = Arc::new(Live::new(record.clone(), fingerprint.clone(), owner.to_string(), cap));
         mirrors.insert(key.clone(), live.clone());
         let reader = Reader {
             relay: self.clone(),
-            record: self.redis.key(record),
+            record: self.redis.key(record.as_str()),
             ask: format!("{record} {owner}"),
             owner: owner.to_string(),
             key,
@@ -156,14 +158,15 @@ impl Relay {
         let Some((record, owner)) = request.split_once(' ') else {
             return;
         };
-        let Some(live) = self.lives.get(record).filter(|l| l.owner == owner) else {
+        let record = RecordKey::new(record);
+        let Some(live) = self.lives.get(&record).filter(|l| l.owner == owner) else {
             return;
         };
         if !live.start_relay() {
             return;
         }
         let relay = self.clone();
-        let key = stream_key(&self.redis, record, owner);
+        let key = stream_key(&self.redis, &record, owner);
         let cap = live.cap();
         self.tasks.spawn(async move {
             tokio::select! {

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::fingerprint::{Fingerprint, RecordKey};
 use crate::time::{self, Instant};
 
 pub(crate) use super::kept::KeptHeaders;
@@ -92,27 +93,32 @@ pub trait Store: Send + Sync + 'static {
     /// Claims `key` for `owner` with a lease, or reports its state.
     fn begin(
         &self,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
     /// Extends `owner`'s lease; false when `owner` no longer holds the key.
-    fn renew(&self, key: &str, owner: &str, lease: Duration) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn renew(
+        &self,
+        key: &RecordKey,
+        owner: &str,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Records the outcome of a delivered response, kept for `ttl`. True when it is recorded: now,
     /// by an earlier call of the same owner (safe to repeat), or because the record had gone
     /// (lapsed or lost: nobody holds it, so the delivered response is what a retry must replay).
     /// False when another owner holds or completed the key: nothing is overwritten.
     fn complete(
         &self,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         completion: &Completion,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Frees the key so that a retry can run; false when `owner` did not hold it.
-    fn release(&self, key: &str, owner: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn release(&self, key: &RecordKey, owner: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// Bounds of the in-memory store.
@@ -159,11 +165,11 @@ pub(crate) const PURGE_PER_CALL: usize = 64;
 type Slot = (Instant, u64);
 
 struct Memory {
-    map: HashMap<Arc<str>, Entry>,
+    map: HashMap<RecordKey, Entry>,
     /// Completed records (kept or not kept), soonest-expiring first: the eviction order.
-    completed: BTreeMap<Slot, Arc<str>>,
+    completed: BTreeMap<Slot, RecordKey>,
     /// In-progress leases, soonest-expiring first: only ever purged once lapsed, never evicted.
-    leases: BTreeMap<Slot, Arc<str>>,
+    leases: BTreeMap<Slot, RecordKey>,
     /// The sum of the records' sizes (an estimate of the memory they hold).
     bytes: usize,
     /// Response-cache entries (completed `cache:` records) and their body bytes.
@@ -193,7 +199,8 @@ struct Ids {
 }
 
 impl Ids {
-    fn new(fingerprint: &str, owner: &str) -> Ids {
+    fn new(fingerprint: &Fingerprint, owner: &str) -> Ids {
+        let fingerprint = fingerprint.as_str();
         let mut text = String::with_capacity(fingerprint.len() + owner.len());
         text.push_str(fingerprint);
         text.push_str(owner);
@@ -301,7 +308,7 @@ impl Memory {
         self.map.get(key)
     }
 
-    fn index(&mut self, lease: bool) -> &mut BTreeMap<Slot, Arc<str>> {
+    fn index(&mut self, lease: bool) -> &mut BTreeMap<Slot, RecordKey> {
         if lease {
             &mut self.leases
         } else {
@@ -310,7 +317,7 @@ impl Memory {
     }
 
     /// Removes `key`'s record and its index slot; the key's shared name is handed back.
-    fn remove(&mut self, key: &str) -> Option<Arc<str>> {
+    fn remove(&mut self, key: &str) -> Option<RecordKey> {
         let (name, e) = self.map.remove_entry(key)?;
         self.index(e.is_lease()).remove(&e.slot());
         self.bytes = self.bytes.saturating_sub(e.size());
@@ -324,7 +331,7 @@ impl Memory {
     #[allow(clippy::too_many_arguments)]
     fn insert(
         &mut self,
-        key: &Arc<str>,
+        key: &RecordKey,
         ids: Ids,
         state: MemState,
         expires: Instant,
@@ -332,7 +339,7 @@ impl Memory {
         now: Instant,
     ) {
         // The caller's key is shared, not copied (the claim and its live response hold it too).
-        self.remove(key);
+        self.remove(key.as_str());
         let name = key.clone();
         self.seq += 1;
         let entry = Entry {
@@ -343,7 +350,7 @@ impl Memory {
             seq: self.seq,
         };
         self.bytes += entry.size();
-        if let Some(body) = entry.cached_body(key) {
+        if let Some(body) = entry.cached_body(key.as_str()) {
             self.cache = (self.cache.0 + 1, self.cache.1 + body);
         }
         self.index(entry.is_lease()).insert(entry.slot(), name.clone());
@@ -354,8 +361,8 @@ impl Memory {
     /// Inserts a claim: `owner`'s lease on `key` until `expires`.
     fn insert_lease(
         &mut self,
-        key: &Arc<str>,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         expires: Instant,
         limits: MemoryLimits,
@@ -383,7 +390,7 @@ impl Memory {
             self.cache = (self.cache.0 + 1, self.cache.1 + body);
         }
         let slot = (e.expires, e.seq);
-        let name = name.unwrap_or_else(|| Arc::from(key));
+        let name = name.unwrap_or_else(|| RecordKey::new(key));
         self.completed.insert(slot, name);
         self.evict(limits, now);
     }
@@ -413,7 +420,7 @@ impl Memory {
                     Some(((expires, _), name)) if *expires <= now => name.clone(),
                     _ => break,
                 };
-                self.remove(&name);
+                self.remove(name.as_str());
             }
         }
     }
@@ -434,7 +441,7 @@ impl Memory {
                     None => return,
                 },
             };
-            self.remove(&name);
+            self.remove(name.as_str());
         }
     }
 }
@@ -442,12 +449,12 @@ impl Memory {
 /// The in-memory store answers at once: its operations are synchronous, and the [`Store`] impl
 /// wraps them (a caller that knows the store is in memory saves the future).
 impl MemoryStore {
-    pub(crate) fn begin_now(&self, key: &Arc<str>, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
+    pub(crate) fn begin_now(&self, key: &RecordKey, fingerprint: &Fingerprint, owner: &str, lease: Duration) -> Begin {
         let limits = self.limits;
         self.with(|m, now| {
-            let found = match m.live(key, now) {
+            let found = match m.live(key.as_str(), now) {
                 None => None,
-                Some(e) if e.ids.fingerprint() != fingerprint => Some(Begin::Mismatch),
+                Some(e) if e.ids.fingerprint() != fingerprint.as_str() => Some(Begin::Mismatch),
                 Some(e) => Some(match &e.state {
                     MemState::InProgress if e.ids.owner() == owner => Begin::Claimed,
                     MemState::InProgress => Begin::InProgress {
@@ -468,7 +475,7 @@ impl MemoryStore {
                 }
                 Some(Begin::Claimed) => {
                     // The same owner again: its lease starts over.
-                    m.set_expiry(key, now + lease);
+                    m.set_expiry(key.as_str(), now + lease);
                     Begin::Claimed
                 }
                 Some(other) => other,
@@ -478,11 +485,17 @@ impl MemoryStore {
 
     /// Claims `key` for a refresh: as [`MemoryStore::begin_now`], except that a completed record
     /// is replaced by the claim (a cache entry too old for the request, or `no-cache`).
-    pub(crate) fn reclaim_now(&self, key: &Arc<str>, fingerprint: &str, owner: &str, lease: Duration) -> Begin {
+    pub(crate) fn reclaim_now(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        owner: &str,
+        lease: Duration,
+    ) -> Begin {
         let limits = self.limits;
         self.with(|m, now| {
-            match m.live(key, now) {
-                Some(e) if e.ids.fingerprint() != fingerprint => return Begin::Mismatch,
+            match m.live(key.as_str(), now) {
+                Some(e) if e.ids.fingerprint() != fingerprint.as_str() => return Begin::Mismatch,
                 Some(e) if e.is_lease() && e.ids.owner() != owner => {
                     return Begin::InProgress {
                         lease_left: e.expires - now,
@@ -496,7 +509,8 @@ impl MemoryStore {
         })
     }
 
-    pub(crate) fn renew_now(&self, key: &str, owner: &str, lease: Duration) -> bool {
+    pub(crate) fn renew_now(&self, key: &RecordKey, owner: &str, lease: Duration) -> bool {
+        let key = key.as_str();
         self.with(|m, now| {
             if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
                 return false;
@@ -508,15 +522,15 @@ impl MemoryStore {
 
     pub(crate) fn complete_now(
         &self,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         completion: Completion,
         ttl: Duration,
     ) -> bool {
         let limits = self.limits;
         self.with(|m, now| {
-            match m.live(key, now) {
+            match m.live(key.as_str(), now) {
                 Some(e) if e.ids.owner() != owner => return false,
                 Some(e) if !e.is_lease() => return true,
                 // Ours, or gone (nobody holds it): record the delivered response.
@@ -526,23 +540,17 @@ impl MemoryStore {
                 Completion::Kept(r) => MemState::Completed(r),
                 Completion::NotKept => MemState::NotKept,
             };
-            if m.map.get(key).is_some_and(Entry::is_lease) {
-                m.complete_lease(key, state, now + ttl, limits, now);
+            if m.map.get(key.as_str()).is_some_and(Entry::is_lease) {
+                m.complete_lease(key.as_str(), state, now + ttl, limits, now);
             } else {
-                m.insert(
-                    &Arc::from(key),
-                    Ids::new(fingerprint, owner),
-                    state,
-                    now + ttl,
-                    limits,
-                    now,
-                );
+                m.insert(key, Ids::new(fingerprint, owner), state, now + ttl, limits, now);
             }
             true
         })
     }
 
-    pub(crate) fn release_now(&self, key: &str, owner: &str) -> bool {
+    pub(crate) fn release_now(&self, key: &RecordKey, owner: &str) -> bool {
+        let key = key.as_str();
         self.with(|m, now| {
             if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
                 return false;
@@ -554,18 +562,24 @@ impl MemoryStore {
 }
 
 impl Store for MemoryStore {
-    async fn begin(&self, key: &str, fingerprint: &str, owner: &str, lease: Duration) -> Result<Begin, StoreError> {
-        Ok(self.begin_now(&Arc::from(key), fingerprint, owner, lease))
+    async fn begin(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        owner: &str,
+        lease: Duration,
+    ) -> Result<Begin, StoreError> {
+        Ok(self.begin_now(key, fingerprint, owner, lease))
     }
 
-    async fn renew(&self, key: &str, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(&self, key: &RecordKey, owner: &str, lease: Duration) -> Result<bool, StoreError> {
         Ok(self.renew_now(key, owner, lease))
     }
 
     async fn complete(
         &self,
-        key: &str,
-        fingerprint: &str,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
         owner: &str,
         completion: &Completion,
         ttl: Duration,
@@ -573,7 +587,7 @@ impl Store for MemoryStore {
         Ok(self.complete_now(key, fingerprint, owner, completion.clone(), ttl))
     }
 
-    async fn release(&self, key: &str, owner: &str) -> Result<bool, StoreError> {
+    async fn release(&self, key: &RecordKey, owner: &str) -> Result<bool, StoreError> {
         Ok(self.release_now(key, owner))
     }
 }
@@ -581,6 +595,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::idempotency::test_ids::{fp, k};
 
     const TTL: Duration = Duration::from_secs(3600);
     const LEASE: Duration = Duration::from_secs(30);
@@ -613,15 +628,15 @@ mod tests {
         assert_eq!(m.map.len(), m.completed.len() + m.leases.len());
         for (name, e) in &m.map {
             let index = if e.is_lease() { &m.leases } else { &m.completed };
-            assert_eq!(index.get(&e.slot()).map(|n| &**n), Some(&**name));
+            assert_eq!(index.get(&e.slot()), Some(name));
         }
         assert_eq!(m.bytes, m.map.values().map(Entry::size).sum::<usize>());
     }
 
     async fn put(s: &MemoryStore, key: &str, ttl: Duration) {
-        assert_eq!(s.begin(key, "fp", "o", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.begin(&k(key), &fp("fp"), "o", LEASE).await.unwrap(), Begin::Claimed);
         assert!(s
-            .complete(key, "fp", "o", &Completion::Kept(response(key)), ttl)
+            .complete(&k(key), &fp("fp"), "o", &Completion::Kept(response(key)), ttl)
             .await
             .unwrap());
     }
@@ -672,15 +687,27 @@ mod tests {
             put(&s, &format!("cache:{{r:s:{i}}}"), Duration::from_secs(60 + i)).await;
             let (entries, bytes) = s.cache_usage();
             assert!(entries <= 50, "{entries}");
-            let held: usize = s.inner.lock().map.iter().filter_map(|(k, e)| e.cached_body(k)).sum();
+            let held: usize = s
+                .inner
+                .lock()
+                .map
+                .iter()
+                .filter_map(|(k, e)| e.cached_body(k.as_str()))
+                .sum();
             assert_eq!(bytes, held);
         }
         assert_eq!(s.cache_usage().0, 50);
         // A refresh: the entry is claimed over (no longer counted), then completed again.
         let key = "cache:{r:s:199}";
-        assert_eq!(s.reclaim_now(&Arc::from(key), "fp", "o2", LEASE), Begin::Claimed);
+        assert_eq!(s.reclaim_now(&k(key), &fp("fp"), "o2", LEASE), Begin::Claimed);
         assert_eq!(s.cache_usage().0, 49);
-        assert!(s.complete_now(key, "fp", "o2", Completion::Kept(response(key)), Duration::from_secs(1)));
+        assert!(s.complete_now(
+            &k(key),
+            &fp("fp"),
+            "o2",
+            Completion::Kept(response(key)),
+            Duration::from_secs(1)
+        ));
         assert_eq!(s.cache_usage().0, 50);
         // Idempotency records are not cache entries.
         put(&s, "idem:{r:s:k}", Duration::from_secs(3600)).await;
@@ -701,9 +728,9 @@ mod tests {
         let s = store(10_000, 10 * size);
         for i in 0..50 {
             let key = format!("k{i}");
-            assert_eq!(s.begin(&key, "fp", "o", LEASE).await.unwrap(), Begin::Claimed);
+            assert_eq!(s.begin(&k(&key), &fp("fp"), "o", LEASE).await.unwrap(), Begin::Claimed);
             assert!(s
-                .complete(&key, "fp", "o", &Completion::Kept(response(&body)), TTL)
+                .complete(&k(&key), &fp("fp"), "o", &Completion::Kept(response(&body)), TTL)
                 .await
                 .unwrap());
             assert!(bytes(&s) <= 10 * size, "{}", bytes(&s));
@@ -722,7 +749,9 @@ mod tests {
         let s = store(100, 1 << 30);
         for i in 0..40 {
             assert_eq!(
-                s.begin(&format!("lease{i}"), "fp", "holder", LEASE).await.unwrap(),
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), "holder", LEASE)
+                    .await
+                    .unwrap(),
                 Begin::Claimed
             );
         }
@@ -733,11 +762,13 @@ mod tests {
         check_consistent(&s);
         for i in 0..40 {
             assert!(matches!(
-                s.begin(&format!("lease{i}"), "fp", "other", LEASE).await.unwrap(),
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), "other", LEASE)
+                    .await
+                    .unwrap(),
                 Begin::InProgress { .. }
             ));
             // The owner still holds it: it can complete it.
-            assert!(s.renew(&format!("lease{i}"), "holder", LEASE).await.unwrap());
+            assert!(s.renew(&k(&format!("lease{i}")), "holder", LEASE).await.unwrap());
         }
         // The completed records that are left are the newest 60.
         assert!(kept(&s, "k499").await);
@@ -751,24 +782,29 @@ mod tests {
         put(&s, "done", TTL).await;
         for i in 0..10 {
             assert_eq!(
-                s.begin(&format!("lease{i}"), "fp", "o", LEASE).await.unwrap(),
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), "o", LEASE).await.unwrap(),
                 Begin::Claimed
             );
         }
         // The completed record made room for the tenth lease; then only leases are left.
         assert!(!kept(&s, "done").await);
-        assert_eq!(s.begin("one-more", "fp", "o", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k("one-more"), &fp("fp"), "o", LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         assert_eq!(s.len(), 11, "over the bound by the leases in flight, as documented");
         for i in 0..10 {
             assert!(matches!(
-                s.begin(&format!("lease{i}"), "fp", "other", LEASE).await.unwrap(),
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), "other", LEASE)
+                    .await
+                    .unwrap(),
                 Begin::InProgress { .. }
             ));
         }
         // Completing one puts a completed record back in the eviction order: the bound is
         // restored by evicting it, never a lease.
         assert!(s
-            .complete("lease0", "fp", "o", &Completion::NotKept, TTL)
+            .complete(&k("lease0"), &fp("fp"), "o", &Completion::NotKept, TTL)
             .await
             .unwrap());
         assert_eq!(s.len(), 10);
@@ -787,19 +823,28 @@ mod tests {
         }
         for i in 0..300 {
             assert_eq!(
-                s.begin(&format!("lease{i}"), "fp", "o", LEASE).await.unwrap(),
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), "o", LEASE).await.unwrap(),
                 Begin::Claimed
             );
         }
         assert_eq!(held(&s), 1300);
         tokio::time::advance(Duration::from_secs(61)).await;
         // One call purges at most PURGE_PER_CALL of each kind (and here adds one record).
-        assert_eq!(s.begin("fresh", "fp", "o", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k("fresh"), &fp("fp"), "o", LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         assert_eq!(held(&s), 1300 - 2 * PURGE_PER_CALL + 1);
         check_consistent(&s);
         // An expired record is never answered, purged yet or not.
-        assert_eq!(s.begin("k999", "fp", "new", LEASE).await.unwrap(), Begin::Claimed);
-        assert_eq!(s.begin("lease299", "fp", "new", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k("k999"), &fp("fp"), "new", LEASE).await.unwrap(),
+            Begin::Claimed
+        );
+        assert_eq!(
+            s.begin(&k("lease299"), &fp("fp"), "new", LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         // len() counts live records only.
         assert_eq!(s.len(), 3);
         assert_eq!(held(&s), 3);
@@ -807,7 +852,7 @@ mod tests {
         // Calls keep purging until nothing expired is left.
         tokio::time::advance(TTL).await;
         for _ in 0..2 {
-            let _ = s.renew("nothing", "o", LEASE).await.unwrap();
+            let _ = s.renew(&k("nothing"), "o", LEASE).await.unwrap();
         }
         assert_eq!(held(&s), 0);
         assert!(s.is_empty());
@@ -824,7 +869,7 @@ mod tests {
         }
         for i in 0..5 {
             assert_eq!(
-                s.begin(&format!("lapsing{i}"), "fp", "o", Duration::from_secs(5))
+                s.begin(&k(&format!("lapsing{i}")), &fp("fp"), "o", Duration::from_secs(5))
                     .await
                     .unwrap(),
                 Begin::Claimed
@@ -847,66 +892,81 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn ownership_is_checked_on_every_transition() {
         let s = store(100, 1 << 30);
-        assert_eq!(s.begin("k", "fp", "a", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.begin(&k("k"), &fp("fp"), "a", LEASE).await.unwrap(), Begin::Claimed);
         // Another owner sees it in progress with the lease left; a mismatch wins over that.
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(
-            s.begin("k", "fp", "b", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("fp"), "b", LEASE).await.unwrap(),
             Begin::InProgress {
                 lease_left: Duration::from_secs(20),
                 owner: "a".into(),
             }
         );
-        assert_eq!(s.begin("k", "other", "b", LEASE).await.unwrap(), Begin::Mismatch);
-        assert!(!s.renew("k", "b", LEASE).await.unwrap());
-        assert!(!s.complete("k", "fp", "b", &Completion::NotKept, TTL).await.unwrap());
-        assert!(!s.release("k", "b").await.unwrap());
+        assert_eq!(
+            s.begin(&k("k"), &fp("other"), "b", LEASE).await.unwrap(),
+            Begin::Mismatch
+        );
+        assert!(!s.renew(&k("k"), "b", LEASE).await.unwrap());
+        assert!(!s
+            .complete(&k("k"), &fp("fp"), "b", &Completion::NotKept, TTL)
+            .await
+            .unwrap());
+        assert!(!s.release(&k("k"), "b").await.unwrap());
         // The same owner again renews its lease (re-indexed: it does not lapse at the old time).
-        assert_eq!(s.begin("k", "fp", "a", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.begin(&k("k"), &fp("fp"), "a", LEASE).await.unwrap(), Begin::Claimed);
         tokio::time::advance(Duration::from_secs(25)).await;
-        assert!(s.renew("k", "a", LEASE).await.unwrap());
+        assert!(s.renew(&k("k"), "a", LEASE).await.unwrap());
         tokio::time::advance(Duration::from_secs(25)).await;
         assert!(matches!(
-            s.begin("k", "fp", "b", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("fp"), "b", LEASE).await.unwrap(),
             Begin::InProgress { .. }
         ));
         check_consistent(&s);
         // Lapsed: the next owner takes it, and the stale owner can no longer write.
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert_eq!(s.begin("k", "fp", "b", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.begin(&k("k"), &fp("fp"), "b", LEASE).await.unwrap(), Begin::Claimed);
         assert!(!s
-            .complete("k", "fp", "a", &Completion::Kept(response("stale")), TTL)
+            .complete(&k("k"), &fp("fp"), "a", &Completion::Kept(response("stale")), TTL)
             .await
             .unwrap());
-        assert!(!s.release("k", "a").await.unwrap());
+        assert!(!s.release(&k("k"), "a").await.unwrap());
         assert!(s
-            .complete("k", "fp", "b", &Completion::Kept(response("new")), TTL)
+            .complete(&k("k"), &fp("fp"), "b", &Completion::Kept(response("new")), TTL)
             .await
             .unwrap());
         assert_eq!(
-            s.begin("k", "fp", "c", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("fp"), "c", LEASE).await.unwrap(),
             Begin::Completed(response("new"))
         );
         // Completed records are not leases: no renew or release by anyone; completing again is
         // acknowledged for the owner whose completion landed (a retried write) and overwrites
         // nothing; another owner is refused.
-        assert!(!s.renew("k", "b", LEASE).await.unwrap());
-        assert!(!s.release("k", "b").await.unwrap());
-        assert!(s.complete("k", "fp", "b", &Completion::NotKept, TTL).await.unwrap());
-        assert!(!s.complete("k", "fp", "c", &Completion::NotKept, TTL).await.unwrap());
+        assert!(!s.renew(&k("k"), "b", LEASE).await.unwrap());
+        assert!(!s.release(&k("k"), "b").await.unwrap());
+        assert!(s
+            .complete(&k("k"), &fp("fp"), "b", &Completion::NotKept, TTL)
+            .await
+            .unwrap());
+        assert!(!s
+            .complete(&k("k"), &fp("fp"), "c", &Completion::NotKept, TTL)
+            .await
+            .unwrap());
         assert_eq!(
-            s.begin("k", "fp", "c", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("fp"), "c", LEASE).await.unwrap(),
             Begin::Completed(response("new"))
         );
         // A released key is free again.
-        assert_eq!(s.begin("r", "fp", "a", LEASE).await.unwrap(), Begin::Claimed);
-        assert!(s.release("r", "a").await.unwrap());
-        assert_eq!(s.begin("r", "fp", "b", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.begin(&k("r"), &fp("fp"), "a", LEASE).await.unwrap(), Begin::Claimed);
+        assert!(s.release(&k("r"), "a").await.unwrap());
+        assert_eq!(s.begin(&k("r"), &fp("fp"), "b", LEASE).await.unwrap(), Begin::Claimed);
         // Not kept stays not kept until its ttl ends.
-        assert!(s.complete("r", "fp", "b", &Completion::NotKept, TTL).await.unwrap());
-        assert_eq!(s.begin("r", "fp", "c", LEASE).await.unwrap(), Begin::NotKept);
+        assert!(s
+            .complete(&k("r"), &fp("fp"), "b", &Completion::NotKept, TTL)
+            .await
+            .unwrap());
+        assert_eq!(s.begin(&k("r"), &fp("fp"), "c", LEASE).await.unwrap(), Begin::NotKept);
         tokio::time::advance(TTL).await;
-        assert_eq!(s.begin("r", "fp", "c", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.begin(&k("r"), &fp("fp"), "c", LEASE).await.unwrap(), Begin::Claimed);
         check_consistent(&s);
     }
 }

@@ -229,6 +229,8 @@ impl Jobs {
     /// The hash a job's access is checked against: the request's credential, in every form.
     fn access_of(&self, headers: &HeaderMap, query: Option<&str>) -> String {
         fingerprint::scope_hash(headers, query, self.inner.credentials.headers())
+            .as_str()
+            .to_owned()
     }
 }
 

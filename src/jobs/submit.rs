@@ -231,13 +231,13 @@ fn identity_of(
     let id = digest(&[
         b"rebound-job-v1",
         route.as_bytes(),
-        replay.scope.as_bytes(),
+        replay.scope.as_str().as_bytes(),
         key.as_bytes(),
     ])[..32]
         .to_string();
     Ok(Identity {
         id,
-        fingerprint: replay.fingerprint.clone(),
+        fingerprint: replay.fingerprint.as_str().to_owned(),
         replay: Some(replay),
     })
 }

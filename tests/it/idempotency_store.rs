@@ -4,7 +4,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use rebound::hooks::idempotency::{Begin, Completion, MemoryLimits, MemoryStore, RedisStore, Store, StoredResponse};
+use rebound::hooks::idempotency::{
+    Begin, Completion, Fingerprint, MemoryLimits, MemoryStore, RecordKey, RedisStore, Store, StoredResponse,
+};
 
 use crate::support::redis::RedisServer;
 
@@ -20,43 +22,65 @@ fn response(body: &str) -> StoredResponse {
 const LEASE: Duration = Duration::from_millis(300);
 const TTL: Duration = Duration::from_secs(60);
 
+fn fp(text: &str) -> Fingerprint {
+    Fingerprint::new(text)
+}
+
 async fn contract<S: Store>(s: &S, ns: &str) {
-    let k = |name: &str| format!("{ns}:{name}");
+    let k = |name: &str| RecordKey::new(format!("{ns}:{name}"));
     // Absent → claimed; the same owner may claim again (an ambiguous timeout is safe).
-    assert_eq!(s.begin(&k("a"), "fp1", "owner1", LEASE).await.unwrap(), Begin::Claimed);
-    assert_eq!(s.begin(&k("a"), "fp1", "owner1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(
+        s.begin(&k("a"), &fp("fp1"), "owner1", LEASE).await.unwrap(),
+        Begin::Claimed
+    );
+    assert_eq!(
+        s.begin(&k("a"), &fp("fp1"), "owner1", LEASE).await.unwrap(),
+        Begin::Claimed
+    );
     // Another owner sees it in progress, and whose it is (followers on other replicas ask that
     // owner for its response); another fingerprint is a mismatch, whatever the state.
     assert!(
-        matches!(s.begin(&k("a"), "fp1", "owner2", LEASE).await.unwrap(), Begin::InProgress { lease_left, owner } if lease_left <= LEASE && owner == "owner1")
+        matches!(s.begin(&k("a"), &fp("fp1"), "owner2", LEASE).await.unwrap(), Begin::InProgress { lease_left, owner } if lease_left <= LEASE && owner == "owner1")
     );
-    assert_eq!(s.begin(&k("a"), "fp2", "owner2", LEASE).await.unwrap(), Begin::Mismatch);
+    assert_eq!(
+        s.begin(&k("a"), &fp("fp2"), "owner2", LEASE).await.unwrap(),
+        Begin::Mismatch
+    );
     // Only the owner completes.
     assert!(!s
-        .complete(&k("a"), "fp1", "owner2", &Completion::Kept(response("x")), TTL)
+        .complete(&k("a"), &fp("fp1"), "owner2", &Completion::Kept(response("x")), TTL)
         .await
         .unwrap());
     assert!(s
-        .complete(&k("a"), "fp1", "owner1", &Completion::Kept(response("{\"ok\":1}")), TTL)
+        .complete(
+            &k("a"),
+            &fp("fp1"),
+            "owner1",
+            &Completion::Kept(response("{\"ok\":1}")),
+            TTL
+        )
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("a"), "fp1", "owner3", LEASE).await.unwrap(),
+        s.begin(&k("a"), &fp("fp1"), "owner3", LEASE).await.unwrap(),
         Begin::Completed(response("{\"ok\":1}"))
     );
-    assert_eq!(s.begin(&k("a"), "fp2", "owner3", LEASE).await.unwrap(), Begin::Mismatch);
+    assert_eq!(
+        s.begin(&k("a"), &fp("fp2"), "owner3", LEASE).await.unwrap(),
+        Begin::Mismatch
+    );
     // Completing again is acknowledged for the owner whose completion landed (a retried write
     // whose first reply was lost) but overwrites nothing; a completed record is never released.
     assert!(s
-        .complete(&k("a"), "fp1", "owner1", &Completion::NotKept, TTL)
+        .complete(&k("a"), &fp("fp1"), "owner1", &Completion::NotKept, TTL)
         .await
         .unwrap());
     assert!(!s
-        .complete(&k("a"), "fp1", "owner2", &Completion::NotKept, TTL)
+        .complete(&k("a"), &fp("fp1"), "owner2", &Completion::NotKept, TTL)
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("a"), "fp1", "owner3", LEASE).await.unwrap(),
+        s.begin(&k("a"), &fp("fp1"), "owner3", LEASE).await.unwrap(),
         Begin::Completed(response("{\"ok\":1}"))
     );
     assert!(!s.release(&k("a"), "owner1").await.unwrap());
@@ -64,63 +88,69 @@ async fn contract<S: Store>(s: &S, ns: &str) {
     // A delivered response whose claim is gone (lapsed while the store was unreachable, or the
     // store restarted empty) is recorded: nobody holds the key, and a retry must replay it.
     assert!(s
-        .complete(&k("gone"), "fpg", "o1", &Completion::Kept(response("delivered")), TTL)
+        .complete(
+            &k("gone"),
+            &fp("fpg"),
+            "o1",
+            &Completion::Kept(response("delivered")),
+            TTL
+        )
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("gone"), "fpg", "o2", LEASE).await.unwrap(),
+        s.begin(&k("gone"), &fp("fpg"), "o2", LEASE).await.unwrap(),
         Begin::Completed(response("delivered"))
     );
     assert_eq!(
-        s.begin(&k("gone"), "other", "o2", LEASE).await.unwrap(),
+        s.begin(&k("gone"), &fp("other"), "o2", LEASE).await.unwrap(),
         Begin::Mismatch
     );
 
     // Release frees the key for the next claim; only the owner releases.
-    assert_eq!(s.begin(&k("b"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&k("b"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
     assert!(!s.release(&k("b"), "o2").await.unwrap());
     assert!(s.release(&k("b"), "o1").await.unwrap());
-    assert_eq!(s.begin(&k("b"), "fp", "o2", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&k("b"), &fp("fp"), "o2", LEASE).await.unwrap(), Begin::Claimed);
 
     // Not kept.
-    assert_eq!(s.begin(&k("c"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&k("c"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
     assert!(s
-        .complete(&k("c"), "fp", "o1", &Completion::NotKept, TTL)
+        .complete(&k("c"), &fp("fp"), "o1", &Completion::NotKept, TTL)
         .await
         .unwrap());
-    assert_eq!(s.begin(&k("c"), "fp", "o2", LEASE).await.unwrap(), Begin::NotKept);
+    assert_eq!(s.begin(&k("c"), &fp("fp"), "o2", LEASE).await.unwrap(), Begin::NotKept);
 
     // A lease that is not renewed lapses; a renewed one holds; a stale owner cannot renew.
-    assert_eq!(s.begin(&k("d"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
-    assert_eq!(s.begin(&k("e"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&k("d"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&k("e"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
     for _ in 0..4 {
         tokio::time::sleep(LEASE / 3).await;
         assert!(s.renew(&k("e"), "o1", LEASE).await.unwrap());
         assert!(!s.renew(&k("e"), "o2", LEASE).await.unwrap());
     }
     assert_eq!(
-        s.begin(&k("d"), "fp", "o2", LEASE).await.unwrap(),
+        s.begin(&k("d"), &fp("fp"), "o2", LEASE).await.unwrap(),
         Begin::Claimed,
         "lapsed"
     );
     assert!(
         matches!(
-            s.begin(&k("e"), "fp", "o2", LEASE).await.unwrap(),
+            s.begin(&k("e"), &fp("fp"), "o2", LEASE).await.unwrap(),
             Begin::InProgress { .. }
         ),
         "renewed"
     );
     // The stale owner of d cannot complete over the new owner.
     assert!(!s
-        .complete(&k("d"), "fp", "o1", &Completion::Kept(response("stale")), TTL)
+        .complete(&k("d"), &fp("fp"), "o1", &Completion::Kept(response("stale")), TTL)
         .await
         .unwrap());
     assert!(s
-        .complete(&k("d"), "fp", "o2", &Completion::Kept(response("fresh")), TTL)
+        .complete(&k("d"), &fp("fp"), "o2", &Completion::Kept(response("fresh")), TTL)
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("d"), "fp", "o3", LEASE).await.unwrap(),
+        s.begin(&k("d"), &fp("fp"), "o3", LEASE).await.unwrap(),
         Begin::Completed(response("fresh"))
     );
 
@@ -131,13 +161,13 @@ async fn contract<S: Store>(s: &S, ns: &str) {
         body: Bytes::from(vec![0u8, 159, 146, 150, 255]),
         age: Duration::ZERO,
     };
-    assert_eq!(s.begin(&k("f"), "fp", "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&k("f"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
     assert!(s
-        .complete(&k("f"), "fp", "o1", &Completion::Kept(bin.clone()), TTL)
+        .complete(&k("f"), &fp("fp"), "o1", &Completion::Kept(bin.clone()), TTL)
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("f"), "fp", "o2", LEASE).await.unwrap(),
+        s.begin(&k("f"), &fp("fp"), "o2", LEASE).await.unwrap(),
         Begin::Completed(bin)
     );
 }
@@ -146,9 +176,9 @@ async fn concurrent_claims<S: Store>(s: Arc<S>, ns: &str) {
     let mut set = tokio::task::JoinSet::new();
     for i in 0..50 {
         let s = s.clone();
-        let key = format!("{ns}:race");
+        let key = RecordKey::new(format!("{ns}:race"));
         set.spawn(async move {
-            s.begin(&key, "fp", &format!("owner{i}"), Duration::from_secs(5))
+            s.begin(&key, &fp("fp"), &format!("owner{i}"), Duration::from_secs(5))
                 .await
                 .unwrap()
         });
@@ -185,17 +215,17 @@ async fn memory_store_stays_within_its_bounds() {
         max_bytes: 1 << 20,
     });
     for i in 0..1000 {
-        let key = format!("k{i}");
-        assert_eq!(s.begin(&key, "fp", "o", TTL).await.unwrap(), Begin::Claimed);
+        let key = RecordKey::new(format!("k{i}"));
+        assert_eq!(s.begin(&key, &fp("fp"), "o", TTL).await.unwrap(), Begin::Claimed);
         assert!(s
-            .complete(&key, "fp", "o", &Completion::Kept(response("body")), TTL)
+            .complete(&key, &fp("fp"), "o", &Completion::Kept(response("body")), TTL)
             .await
             .unwrap());
     }
     assert!(s.len() <= 100, "{}", s.len());
     // The newest records survive eviction.
     assert!(matches!(
-        s.begin("k999", "fp", "o2", TTL).await.unwrap(),
+        s.begin(&RecordKey::new("k999"), &fp("fp"), "o2", TTL).await.unwrap(),
         Begin::Completed(_)
     ));
 }
@@ -301,12 +331,15 @@ async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() 
     let redis = RedisServer::start();
     let handle = crate::support::sidecar::redis_handle(&redis.url()).await;
     let s = RedisStore::new(handle);
+    let key = RecordKey::new("t:a");
     let dead = "0123456789abcdef.0000000000000001";
     let liveness = Duration::from_millis(1500);
-    assert_eq!(s.begin("t:a", "fp", dead, TTL).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&key, &fp("fp"), dead, TTL).await.unwrap(), Begin::Claimed);
     // Just claimed: too young, whoever asks.
     assert_eq!(
-        s.take_over("t:a", "fp", dead, "new.1", TTL, liveness).await.unwrap(),
+        s.take_over(&key, &fp("fp"), dead, "new.1", TTL, liveness)
+            .await
+            .unwrap(),
         TakenOver::TooYoung
     );
     // Aged past liveness (its claim time moved back on Redis's clock).
@@ -327,35 +360,43 @@ async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() 
         .unwrap();
     // Another fingerprint, or an owner that no longer holds it: changed, nothing written.
     assert_eq!(
-        s.take_over("t:a", "other", dead, "new.1", TTL, liveness).await.unwrap(),
-        TakenOver::Changed
-    );
-    assert_eq!(
-        s.take_over("t:a", "fp", "fedcba9876543210.1", "new.1", TTL, liveness)
+        s.take_over(&key, &fp("other"), dead, "new.1", TTL, liveness)
             .await
             .unwrap(),
         TakenOver::Changed
     );
-    assert!(matches!(s.begin("t:a", "fp", "x", TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == dead));
-    // The dead owner's claim, old enough: taken over once; the new owner holds it, young again.
     assert_eq!(
-        s.take_over("t:a", "fp", dead, "new.1", TTL, liveness).await.unwrap(),
-        TakenOver::Yes
-    );
-    assert_eq!(
-        s.take_over("t:a", "fp", dead, "new.2", TTL, liveness).await.unwrap(),
+        s.take_over(&key, &fp("fp"), "fedcba9876543210.1", "new.1", TTL, liveness)
+            .await
+            .unwrap(),
         TakenOver::Changed
     );
     assert!(
-        matches!(s.begin("t:a", "fp", "x", TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == "new.1")
+        matches!(s.begin(&key, &fp("fp"), "x", TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == dead)
+    );
+    // The dead owner's claim, old enough: taken over once; the new owner holds it, young again.
+    assert_eq!(
+        s.take_over(&key, &fp("fp"), dead, "new.1", TTL, liveness)
+            .await
+            .unwrap(),
+        TakenOver::Yes
+    );
+    assert_eq!(
+        s.take_over(&key, &fp("fp"), dead, "new.2", TTL, liveness)
+            .await
+            .unwrap(),
+        TakenOver::Changed
+    );
+    assert!(
+        matches!(s.begin(&key, &fp("fp"), "x", TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == "new.1")
     );
     // The dead owner can no longer complete or renew it; the new one can.
     let done = Completion::Kept(response("{}"));
-    assert!(!s.complete("t:a", "fp", dead, &done, TTL).await.unwrap());
-    assert!(!s.renew("t:a", dead, TTL).await.unwrap());
-    assert!(s.complete("t:a", "fp", "new.1", &done, TTL).await.unwrap());
+    assert!(!s.complete(&key, &fp("fp"), dead, &done, TTL).await.unwrap());
+    assert!(!s.renew(&key, dead, TTL).await.unwrap());
+    assert!(s.complete(&key, &fp("fp"), "new.1", &done, TTL).await.unwrap());
     assert!(matches!(
-        s.begin("t:a", "fp", "x", TTL).await.unwrap(),
+        s.begin(&key, &fp("fp"), "x", TTL).await.unwrap(),
         Begin::Completed(_)
     ));
 }

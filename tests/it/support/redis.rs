@@ -66,7 +66,7 @@ impl RedisServer {
             let () = ::redis::cmd("HSET")
                 .arg(&k)
                 .arg("fp")
-                .arg(&v1)
+                .arg(v1.as_str())
                 .query_async(&mut c)
                 .await
                 .unwrap();

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::fingerprint::{self, Fingerprint, RecordKey};
+use super::liveness::Owner;
 use super::store::{Begin, StoreError};
 use super::{AnyStore, Check, Counters, Idempotency, Pending, Records, Shared, Start};
 use crate::config::{CachePolicy, IdempotencyPolicy, OnConcurrent, OnStoreError};
@@ -46,7 +47,7 @@ impl AnyStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         match self {
@@ -116,7 +117,7 @@ impl Idempotency {
         let mut pending = Pending {
             record: fingerprint::cache_record_key(&self.route, &scope, &fingerprint),
             fingerprint,
-            owner: self.records.owner_token(),
+            owner: Owner::mint(&self.records.replica),
             first: None,
             freshness,
             refresh: freshness == Freshness::Refresh,

@@ -5,6 +5,7 @@
 use super::fingerprint::RecordKey;
 use super::held::{Held, HeldCompletion};
 use super::live::{self, End, Head, Live};
+use super::liveness::Owner;
 use super::renewal::Renewal;
 use super::store::StoreError;
 use super::store::{Completion, KeptHeaders, Store};
@@ -106,7 +107,7 @@ impl Writer {
     pub(super) async fn release_until_answered(
         &self,
         record: &RecordKey,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
         failed: bool,
     ) -> Written {

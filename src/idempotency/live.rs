@@ -24,6 +24,7 @@ use bytes::{Bytes, BytesMut};
 use http_body::{Body, Frame, SizeHint};
 
 use super::fingerprint::{Fingerprint, RecordKey};
+use super::liveness::Owner;
 use super::store::KeptHeaders;
 use crate::wire::body::BoxError;
 
@@ -64,7 +65,7 @@ pub struct Live {
     /// The request's fingerprint (a duplicate with another one is 422, not a follower).
     pub fingerprint: Fingerprint,
     /// The claim's owner token (names its relay through Redis).
-    pub owner: String,
+    pub owner: Owner,
     /// Whether it is being relayed to other replicas already.
     relaying: AtomicBool,
     state: Mutex<State>,
@@ -109,7 +110,7 @@ pub(crate) struct FollowerCut;
 pub(crate) struct OriginalAborted;
 
 impl Live {
-    pub fn new(record: RecordKey, fingerprint: Fingerprint, owner: String, cap: usize) -> Live {
+    pub fn new(record: RecordKey, fingerprint: Fingerprint, owner: Owner, cap: usize) -> Live {
         Live {
             record,
             fingerprint,
@@ -459,7 +460,7 @@ impl Drop for Registered {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idempotency::test_ids::{fp, k};
+    use crate::idempotency::test_ids::{fp, k, own};
     use http_body_util::BodyExt;
 
     fn head() -> Head {
@@ -471,7 +472,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_follower_gets_every_byte_from_the_first_and_ends_with_the_original() {
-        let live = Arc::new(Live::new(k("rec"), fp("fp"), "me".into(), 1024));
+        let live = Arc::new(Live::new(k("rec"), fp("fp"), own("me"), 1024));
         live.set_head(head());
         live.push(b"one ");
         let follower = live.follower();
@@ -487,7 +488,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_aborted_original_aborts_its_followers_after_the_bytes_they_had() {
-        let live = Arc::new(Live::new(k("rec"), fp("fp"), "me".into(), 1024));
+        let live = Arc::new(Live::new(k("rec"), fp("fp"), own("me"), 1024));
         live.set_head(head());
         live.push(b"partial");
         let mut follower = live.follower();
@@ -500,7 +501,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_released_original_has_no_head_to_share() {
-        let live = Arc::new(Live::new(k("rec"), fp("fp"), "me".into(), 1024));
+        let live = Arc::new(Live::new(k("rec"), fp("fp"), own("me"), 1024));
         let waiting = {
             let live = live.clone();
             crate::tasks::spawn("test", async move { live.head().await })
@@ -511,7 +512,7 @@ mod tests {
 
     #[tokio::test]
     async fn past_the_cap_the_response_is_not_whole_and_a_late_follower_is_cut() {
-        let live = Arc::new(Live::new(k("rec"), fp("fp"), "me".into(), 8));
+        let live = Arc::new(Live::new(k("rec"), fp("fp"), own("me"), 8));
         live.set_head(head());
         let mut early = live.follower();
         live.push(b"12345");
@@ -533,9 +534,9 @@ mod tests {
     #[test]
     fn a_registration_ends_and_unregisters_only_its_own_response() {
         let lives = Arc::new(Lives::default());
-        let first = Arc::new(Live::new(k("k"), fp("fp"), "me".into(), 8));
+        let first = Arc::new(Live::new(k("k"), fp("fp"), own("me"), 8));
         let reg = lives.register(first.clone());
-        let second = Arc::new(Live::new(k("k"), fp("fp"), "me".into(), 8));
+        let second = Arc::new(Live::new(k("k"), fp("fp"), own("me"), 8));
         let reg2 = lives.register(second.clone());
         drop(reg);
         assert!(Arc::ptr_eq(&lives.get(&k("k")).unwrap(), &second));

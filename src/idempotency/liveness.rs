@@ -20,6 +20,7 @@
 //! as they always did, when their lease ends.
 
 use parking_lot::Mutex;
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +32,62 @@ use crate::time::{self, Instant};
 
 /// Hex digits of a replica id (64 bits).
 const REPLICA_HEX: usize = 16;
+
+/// A claim's owner token, `{replica}.{claim}` (tokens of builds before owner liveness have
+/// another form): every write after the claim checks it. Its own type so that it cannot be passed
+/// where a record key or a fingerprint is asked for.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Owner(String);
+
+impl Owner {
+    /// A token from its text, as a record holds it (one read back, or a test's).
+    pub fn new(text: impl Into<String>) -> Owner {
+        Owner(text.into())
+    }
+
+    /// A new claim's token on `replica`: its id, then 64 random bits (`{replica}.{claim}`).
+    pub(crate) fn mint(replica: &str) -> Owner {
+        let n: u64 = rand::random();
+        let mut token = String::with_capacity(replica.len() + 17);
+        token.push_str(replica);
+        token.push('.');
+        super::fingerprint::push_hex(&mut token, &n.to_be_bytes());
+        Owner(token)
+    }
+
+    /// The text, for Redis and logs.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The replica that made the claim ([`replica_of`]).
+    pub(crate) fn replica(&self) -> Option<&str> {
+        replica_of(&self.0)
+    }
+
+    /// Whether the token is unknown (a record that named no owner).
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Owner({:?})", self.0)
+    }
+}
+
+/// The owner of a claim whose replica is dead, as a takeover names it
+/// ([`super::RedisStore::take_over`]): a type of its own, so that it cannot be swapped with the
+/// owner taking the claim over.
+#[derive(Debug, Clone, Copy)]
+pub struct DeadOwner<'a>(pub &'a Owner);
 
 /// This replica's id: 64 random bits in hex.
 pub(crate) fn new_replica_id() -> String {
@@ -165,8 +222,8 @@ impl Liveness {
     /// Whether the replica that made the claim `owner` is dead: another replica's, its liveness
     /// record gone, while this replica's own heartbeats are trusted. One `EXISTS`; an error, an
     /// untrusted view, this replica's own claims and tokens of another form all count as alive.
-    pub(crate) async fn is_dead(&self, owner: &str) -> bool {
-        let Some(replica) = replica_of(owner) else {
+    pub(crate) async fn is_dead(&self, owner: &Owner) -> bool {
+        let Some(replica) = owner.replica() else {
             return false;
         };
         if replica == self.replica || !self.trust.lock().trusted(time::now(), self.ttl) {

@@ -36,7 +36,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderMap, Method};
-use rand::Rng;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -58,6 +57,7 @@ pub use live::HeadOrEnd;
 pub use live::Live;
 pub(crate) use live::Lives;
 use liveness::Liveness;
+pub use liveness::{DeadOwner, Owner};
 pub use recorder::Recorder;
 pub use redis_store::{RedisStore, TakenOver};
 use relay::Relay;
@@ -148,16 +148,6 @@ impl Records {
         records.liveness = Some(liveness);
         records
     }
-
-    /// A new claim's owner token: this replica's id, then 64 random bits (`{replica}.{claim}`).
-    fn owner_token(&self) -> String {
-        let n: u64 = rand::rng().random();
-        let mut token = String::with_capacity(self.replica.len() + 17);
-        token.push_str(&self.replica);
-        token.push('.');
-        fingerprint::push_hex(&mut token, &n.to_be_bytes());
-        token
-    }
 }
 
 /// One store for the whole process: in memory, or Redis when `[redis]` is configured.
@@ -180,7 +170,7 @@ impl Store for AnyStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         match self {
@@ -188,7 +178,7 @@ impl Store for AnyStore {
             AnyStore::Redis(s) => s.begin(key, fingerprint, owner, lease).await,
         }
     }
-    async fn renew(&self, key: &RecordKey, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(&self, key: &RecordKey, owner: &Owner, lease: Duration) -> Result<bool, StoreError> {
         match self {
             AnyStore::Memory(s) => s.renew(key, owner, lease).await,
             AnyStore::Redis(s) => s.renew(key, owner, lease).await,
@@ -198,7 +188,7 @@ impl Store for AnyStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         completion: &Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
@@ -207,7 +197,7 @@ impl Store for AnyStore {
             AnyStore::Redis(s) => s.complete(key, fingerprint, owner, completion, ttl).await,
         }
     }
-    async fn release(&self, key: &RecordKey, owner: &str) -> Result<bool, StoreError> {
+    async fn release(&self, key: &RecordKey, owner: &Owner) -> Result<bool, StoreError> {
         match self {
             AnyStore::Memory(s) => s.release(key, owner).await,
             AnyStore::Redis(s) => s.release(key, owner).await,
@@ -302,9 +292,9 @@ pub enum Check {
 pub struct Pending {
     record: RecordKey,
     fingerprint: Fingerprint,
-    owner: String,
+    owner: Owner,
     /// The store's answer so far, when it said "in progress" (lease left, holder).
-    first: Option<(Duration, String)>,
+    first: Option<(Duration, Owner)>,
     /// What a cache lookup accepts of a stored entry (`Any` for idempotency).
     freshness: Freshness,
     /// Claim over a stored entry (a cache refresh) instead of replaying it.
@@ -321,7 +311,7 @@ enum Decision {
     /// Another request holds the key (lease left, its owner): wait, follow, or refuse.
     InProgress {
         lease_left: Duration,
-        theirs: String,
+        theirs: Owner,
         pending: Pending,
     },
 }
@@ -465,7 +455,7 @@ impl Idempotency {
         let mut pending = Pending {
             record,
             fingerprint,
-            owner: self.records.owner_token(),
+            owner: Owner::mint(&self.records.replica),
             first: None,
             freshness: Freshness::Any,
             refresh: false,
@@ -621,7 +611,7 @@ impl Idempotency {
 
     /// A key in progress under `theirs`: taken over by this request when that claim's replica is
     /// dead (Redis only; one `EXISTS`, and the takeover when it is dead).
-    async fn take_over_dead(&self, mut pending: Pending, theirs: &str) -> TakeOver {
+    async fn take_over_dead(&self, mut pending: Pending, theirs: &Owner) -> TakeOver {
         let (Some(liveness), AnyStore::Redis(store)) = (self.records.liveness.as_ref(), &self.records.store) else {
             return TakeOver::Alive(pending);
         };
@@ -633,7 +623,7 @@ impl Idempotency {
             .take_over(
                 &pending.record,
                 &pending.fingerprint,
-                theirs,
+                DeadOwner(theirs),
                 &pending.owner,
                 p.lease,
                 liveness.ttl(),
@@ -661,7 +651,7 @@ impl Idempotency {
                 if e.maybe_applied {
                     // It may still run: this request's claim is then released once the store answers.
                     self.release_orphan(pending.record.clone(), pending.owner.clone());
-                    pending.owner = self.records.owner_token();
+                    pending.owner = Owner::mint(&self.records.replica);
                 }
                 TakeOver::Alive(pending)
             }
@@ -711,7 +701,7 @@ impl Idempotency {
 
     /// Releases a claim whose reply never came (it may have run late, or its reply was lost), as
     /// soon as the store answers again, so that it cannot hold the key for its whole lease.
-    fn release_orphan(&self, record: RecordKey, owner: String) {
+    fn release_orphan(&self, record: RecordKey, owner: Owner) {
         let pending = self.records.orphan_releases.clone();
         if pending.fetch_add(1, Ordering::AcqRel) >= MAX_ORPHAN_RELEASES {
             pending.fetch_sub(1, Ordering::AcqRel);
@@ -734,7 +724,7 @@ impl Idempotency {
     }
 
     /// Takes ownership of a fresh claim: renews its lease until it is recorded or released.
-    fn claim(&self, record: RecordKey, owner: String, fingerprint: Fingerprint, follow: bool) -> Claim {
+    fn claim(&self, record: RecordKey, owner: Owner, fingerprint: Fingerprint, follow: bool) -> Claim {
         let cap = usize::try_from(self.policy.max_stored_body).unwrap_or(usize::MAX);
         let live = Arc::new(Live::new(record, fingerprint, owner, cap));
         let registered = follow.then(|| self.records.lives.register(live.clone()));
@@ -763,7 +753,7 @@ impl Idempotency {
 /// Identities from text, for the unit tests of this module's files.
 #[cfg(test)]
 mod test_ids {
-    use super::{Fingerprint, RecordKey};
+    use super::{Fingerprint, Owner, RecordKey};
 
     pub(super) fn k(text: &str) -> RecordKey {
         RecordKey::new(text)
@@ -771,6 +761,10 @@ mod test_ids {
 
     pub(super) fn fp(text: &str) -> Fingerprint {
         Fingerprint::new(text)
+    }
+
+    pub(super) fn own(text: &str) -> Owner {
+        Owner::new(text)
     }
 }
 

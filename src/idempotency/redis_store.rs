@@ -11,6 +11,7 @@ use redis::{Script, Value};
 use serde::{Deserialize, Serialize};
 
 use super::fingerprint::{Fingerprint, RecordKey};
+use super::liveness::{DeadOwner, Owner};
 use super::store::{Begin, Completion, KeptHeaders, Store, StoreError, StoredResponse};
 use crate::redis::RedisHandle;
 
@@ -113,7 +114,7 @@ fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
             };
             Ok(Begin::InProgress {
                 lease_left: Duration::from_millis(pttl),
-                owner: text(reply.get(2)).unwrap_or_default(),
+                owner: Owner::new(text(reply.get(2)).unwrap_or_default()),
             })
         }
         Some("completed") => {
@@ -151,7 +152,7 @@ pub enum TakenOver {
 }
 
 /// A completion's arguments (`idem_complete_v2`'s ARGV).
-type CompleteArgs<'a> = (&'a str, &'a str, &'a str, &'a Bytes, u64, &'a Fingerprint);
+type CompleteArgs<'a> = (&'a Owner, &'a str, &'a str, &'a Bytes, u64, &'a Fingerprint);
 
 impl RedisStore {
     /// Claims `key`, in progress under `dead` (a claim of a replica that stopped heartbeating),
@@ -161,8 +162,8 @@ impl RedisStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        dead: &str,
-        owner: &str,
+        dead: DeadOwner<'_>,
+        owner: &Owner,
         lease: Duration,
         liveness: Duration,
     ) -> Result<TakenOver, StoreError> {
@@ -175,8 +176,8 @@ impl RedisStore {
                 script
                     .key(&key)
                     .arg(fingerprint.as_str())
-                    .arg(dead)
-                    .arg(owner)
+                    .arg(dead.0.as_str())
+                    .arg(owner.as_str())
                     .arg(ms(lease))
                     .arg(give_up_at)
                     .arg(ms(liveness))
@@ -213,7 +214,7 @@ impl RedisStore {
             .arg(script.get_hash())
             .arg(1)
             .arg(key)
-            .arg(owner)
+            .arg(owner.as_str())
             .arg(state)
             .arg(meta)
             .arg(body.as_ref())
@@ -254,7 +255,7 @@ impl RedisStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         self.claim_with(&self.scripts.reclaim, "cache_reclaim", key, fingerprint, owner, lease)
@@ -267,7 +268,7 @@ impl RedisStore {
         op: &'static str,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         let key = self.full_key(key);
@@ -278,7 +279,7 @@ impl RedisStore {
                 script
                     .key(&key)
                     .arg(fingerprint.as_str())
-                    .arg(owner)
+                    .arg(owner.as_str())
                     .arg(ms(lease))
                     .arg(give_up_at)
                     .invoke_async(&mut c)
@@ -295,14 +296,14 @@ impl Store for RedisStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         self.claim_with(&self.scripts.begin, "idem_begin", key, fingerprint, owner, lease)
             .await
     }
 
-    async fn renew(&self, key: &RecordKey, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(&self, key: &RecordKey, owner: &Owner, lease: Duration) -> Result<bool, StoreError> {
         let key = self.full_key(key);
         let script = &self.scripts.renew;
         let give_up_at = self.redis.give_up_at_ms();
@@ -311,7 +312,7 @@ impl Store for RedisStore {
             .run("idem_renew", |mut c| async move {
                 script
                     .key(&key)
-                    .arg(owner)
+                    .arg(owner.as_str())
                     .arg(ms(lease))
                     .arg(give_up_at)
                     .invoke_async(&mut c)
@@ -329,7 +330,7 @@ impl Store for RedisStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         completion: &Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
@@ -357,7 +358,7 @@ impl Store for RedisStore {
             .run("idem_complete", |mut c| async move {
                 script
                     .key(&key)
-                    .arg(owner)
+                    .arg(owner.as_str())
                     .arg(state)
                     .arg(meta)
                     .arg(body.as_ref())
@@ -371,13 +372,13 @@ impl Store for RedisStore {
         Ok(n >= 1)
     }
 
-    async fn release(&self, key: &RecordKey, owner: &str) -> Result<bool, StoreError> {
+    async fn release(&self, key: &RecordKey, owner: &Owner) -> Result<bool, StoreError> {
         let key = self.full_key(key);
         let script = &self.scripts.release;
         let n: i64 = self
             .redis
             .run("idem_release", |mut c| async move {
-                script.key(&key).arg(owner).invoke_async(&mut c).await
+                script.key(&key).arg(owner.as_str()).invoke_async(&mut c).await
             })
             .await
             .map_err(err)?;

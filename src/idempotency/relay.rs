@@ -30,7 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use super::fingerprint::{Fingerprint, RecordKey};
 use super::live::{concat, End, Head, HeadOrEnd, Live, Lives};
-use super::liveness::Liveness;
+use super::liveness::{Liveness, Owner};
 use crate::redis::RedisHandle;
 
 /// The most data per stream entry.
@@ -56,7 +56,7 @@ pub(crate) struct Relay {
 }
 
 /// The relay stream of the claim `owner` holds on `record` (a store key, without the prefix).
-fn stream_key(redis: &RedisHandle, record: &RecordKey, owner: &str) -> String {
+fn stream_key(redis: &RedisHandle, record: &RecordKey, owner: &Owner) -> String {
     redis.key(&format!("{record}:live:{owner}"))
 }
 
@@ -91,7 +91,7 @@ impl Relay {
     pub(crate) fn mirror(
         self: &Arc<Self>,
         record: &RecordKey,
-        owner: &str,
+        owner: &Owner,
         fingerprint: &Fingerprint,
         cap: usize,
     ) -> Arc<Live> {
@@ -100,13 +100,13 @@ impl Relay {
         if let Some(live) = mirrors.get(&key) {
             return live.clone();
         }
-        let live = Arc::new(Live::new(record.clone(), fingerprint.clone(), owner.to_string(), cap));
+        let live = Arc::new(Live::new(record.clone(), fingerprint.clone(), owner.clone(), cap));
         mirrors.insert(key.clone(), live.clone());
         let reader = Reader {
             relay: self.clone(),
             record: self.redis.key(record.as_str()),
             ask: format!("{record} {owner}"),
-            owner: owner.to_string(),
+            owner: owner.clone(),
             key,
             live: live.clone(),
         };
@@ -159,14 +159,14 @@ impl Relay {
             return;
         };
         let record = RecordKey::new(record);
-        let Some(live) = self.lives.get(&record).filter(|l| l.owner == owner) else {
+        let Some(live) = self.lives.get(&record).filter(|l| l.owner.as_str() == owner) else {
             return;
         };
         if !live.start_relay() {
             return;
         }
         let relay = self.clone();
-        let key = stream_key(&self.redis, &record, owner);
+        let key = stream_key(&self.redis, &record, &live.owner);
         let cap = live.cap();
         self.tasks.spawn(async move {
             tokio::select! {
@@ -273,7 +273,7 @@ struct Reader {
     record: String,
     /// The follow request to publish.
     ask: String,
-    owner: String,
+    owner: Owner,
     key: String,
     live: Arc<Live>,
 }
@@ -375,7 +375,7 @@ impl Reader {
             })
             .await;
         match found {
-            Ok((Some(st), Some(own), at)) if st == "P" && own == self.owner => {
+            Ok((Some(st), Some(own), at)) if st == "P" && own == self.owner.as_str() => {
                 // A claim younger than `liveness` may be its replica's first, before its first
                 // heartbeat landed: never taken for dead (as idem_takeover_v1 refuses it).
                 let liveness = &self.relay.liveness;

@@ -190,7 +190,7 @@ async fn tick(renewals: Weak<Renewals>, wake: Arc<Notify>) {
 mod tests {
     use super::*;
     use crate::idempotency::store::{Begin, MemoryLimits, MemoryStore};
-    use crate::idempotency::test_ids::{fp, k};
+    use crate::idempotency::test_ids::{fp, k, own};
 
     const LEASE: Duration = Duration::from_secs(3);
 
@@ -201,10 +201,10 @@ mod tests {
 
     async fn claim(store: &AnyStore, renewals: &Arc<Renewals>, key: &str, owner: &str) -> Renewal {
         assert_eq!(
-            store.begin(&k(key), &fp("fp"), owner, LEASE).await.unwrap(),
+            store.begin(&k(key), &fp("fp"), &own(owner), LEASE).await.unwrap(),
             Begin::Claimed
         );
-        let live = Arc::new(Live::new(k(key), fp("fp"), owner.into(), 1024));
+        let live = Arc::new(Live::new(k(key), fp("fp"), own(owner), 1024));
         renewals.renew(live, LEASE, "r".into())
     }
 
@@ -225,7 +225,7 @@ mod tests {
         // Ten leases later the key is still held: renewed every lease / 3.
         tokio::time::sleep(LEASE * 10).await;
         assert!(held_by_another(
-            &store.begin(&k("k"), &fp("fp"), "o2", LEASE).await.unwrap()
+            &store.begin(&k("k"), &fp("fp"), &own("o2"), LEASE).await.unwrap()
         ));
         assert_eq!(renewals.len(), 1);
         // The claim ends without a release (a crash of its request): the lease lapses.
@@ -233,11 +233,11 @@ mod tests {
         assert!(renewals.is_empty());
         tokio::time::sleep(LEASE / 2).await;
         assert!(held_by_another(
-            &store.begin(&k("k"), &fp("fp"), "o2", LEASE).await.unwrap()
+            &store.begin(&k("k"), &fp("fp"), &own("o2"), LEASE).await.unwrap()
         ));
         tokio::time::sleep(LEASE).await;
         assert_eq!(
-            store.begin(&k("k"), &fp("fp"), "o2", LEASE).await.unwrap(),
+            store.begin(&k("k"), &fp("fp"), &own("o2"), LEASE).await.unwrap(),
             Begin::Claimed
         );
     }
@@ -254,7 +254,10 @@ mod tests {
         }
         tokio::time::sleep(LEASE * 4).await;
         for i in 0..8 {
-            let b = store.begin(&k(&format!("k{i}")), &fp("fp"), "o2", LEASE).await.unwrap();
+            let b = store
+                .begin(&k(&format!("k{i}")), &fp("fp"), &own("o2"), LEASE)
+                .await
+                .unwrap();
             assert!(held_by_another(&b), "k{i} lapsed: {b:?}");
         }
     }
@@ -265,17 +268,17 @@ mod tests {
         // A route with a 30 s lease: the ticker plans to wake in 10 s.
         let long = Duration::from_secs(30);
         assert_eq!(
-            store.begin(&k("slow"), &fp("fp"), "o1", long).await.unwrap(),
+            store.begin(&k("slow"), &fp("fp"), &own("o1"), long).await.unwrap(),
             Begin::Claimed
         );
-        let live = Arc::new(Live::new(k("slow"), fp("fp"), "o1".into(), 1024));
+        let live = Arc::new(Live::new(k("slow"), fp("fp"), own("o1"), 1024));
         let _slow = renewals.renew(live, long, "slow".into());
         tokio::time::sleep(Duration::from_millis(100)).await;
         // Another route's 3 s lease: due in 1 s, long before the ticker's plan.
         let _fast = claim(&store, &renewals, "fast", "o1").await;
         tokio::time::sleep(LEASE * 2).await;
         assert!(held_by_another(
-            &store.begin(&k("fast"), &fp("fp"), "o2", LEASE).await.unwrap()
+            &store.begin(&k("fast"), &fp("fp"), &own("o2"), LEASE).await.unwrap()
         ));
     }
 
@@ -284,15 +287,15 @@ mod tests {
         let (store, renewals) = setup();
         let _renewal = claim(&store, &renewals, "k", "o1").await;
         // The store lost it (evicted, or it lapsed while the store was away) and another took it.
-        assert!(store.release(&k("k"), "o1").await.unwrap());
+        assert!(store.release(&k("k"), &own("o1")).await.unwrap());
         assert_eq!(
-            store.begin(&k("k"), &fp("fp"), "o2", LEASE).await.unwrap(),
+            store.begin(&k("k"), &fp("fp"), &own("o2"), LEASE).await.unwrap(),
             Begin::Claimed
         );
         tokio::time::sleep(LEASE / 3 + Duration::from_millis(10)).await;
         assert!(renewals.is_empty(), "a refused renewal stops its claim's renewals");
         assert!(held_by_another(
-            &store.begin(&k("k"), &fp("fp"), "o1", LEASE).await.unwrap()
+            &store.begin(&k("k"), &fp("fp"), &own("o1"), LEASE).await.unwrap()
         ));
     }
 
@@ -308,7 +311,7 @@ mod tests {
         assert!(!renewals.quiet());
         tokio::time::sleep(LEASE * 3).await;
         assert!(held_by_another(
-            &store.begin(&k("k2"), &fp("fp"), "o2", LEASE).await.unwrap()
+            &store.begin(&k("k2"), &fp("fp"), &own("o2"), LEASE).await.unwrap()
         ));
     }
 

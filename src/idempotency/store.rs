@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use super::fingerprint::{Fingerprint, RecordKey};
+use super::liveness::Owner;
 use crate::time::{self, Instant};
 
 pub(crate) use super::kept::KeptHeaders;
@@ -53,7 +54,7 @@ pub enum Begin {
     Claimed,
     /// Another request holds the key; its lease has this long left. `owner`: its owner token
     /// (names the relay of its response to followers on other replicas; empty if unknown).
-    InProgress { lease_left: Duration, owner: String },
+    InProgress { lease_left: Duration, owner: Owner },
     /// The original completed: replay this.
     Completed(StoredResponse),
     /// The original completed but its response was too large to keep.
@@ -95,14 +96,14 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> impl Future<Output = Result<Begin, StoreError>> + Send;
     /// Extends `owner`'s lease; false when `owner` no longer holds the key.
     fn renew(
         &self,
         key: &RecordKey,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Records the outcome of a delivered response, kept for `ttl`. True when it is recorded: now,
@@ -113,12 +114,12 @@ pub trait Store: Send + Sync + 'static {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         completion: &Completion,
         ttl: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
     /// Frees the key so that a retry can run; false when `owner` did not hold it.
-    fn release(&self, key: &RecordKey, owner: &str) -> impl Future<Output = Result<bool, StoreError>> + Send;
+    fn release(&self, key: &RecordKey, owner: &Owner) -> impl Future<Output = Result<bool, StoreError>> + Send;
 }
 
 /// Bounds of the in-memory store.
@@ -199,8 +200,8 @@ struct Ids {
 }
 
 impl Ids {
-    fn new(fingerprint: &Fingerprint, owner: &str) -> Ids {
-        let fingerprint = fingerprint.as_str();
+    fn new(fingerprint: &Fingerprint, owner: &Owner) -> Ids {
+        let (fingerprint, owner) = (fingerprint.as_str(), owner.as_str());
         let mut text = String::with_capacity(fingerprint.len() + owner.len());
         text.push_str(fingerprint);
         text.push_str(owner);
@@ -237,8 +238,8 @@ impl Entry {
         matches!(self.state, MemState::InProgress)
     }
 
-    fn held_by(&self, owner: &str) -> bool {
-        self.is_lease() && self.ids.owner() == owner
+    fn held_by(&self, owner: &Owner) -> bool {
+        self.is_lease() && self.ids.owner() == owner.as_str()
     }
 
     fn slot(&self) -> Slot {
@@ -363,7 +364,7 @@ impl Memory {
         &mut self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         expires: Instant,
         limits: MemoryLimits,
         now: Instant,
@@ -449,17 +450,23 @@ impl Memory {
 /// The in-memory store answers at once: its operations are synchronous, and the [`Store`] impl
 /// wraps them (a caller that knows the store is in memory saves the future).
 impl MemoryStore {
-    pub(crate) fn begin_now(&self, key: &RecordKey, fingerprint: &Fingerprint, owner: &str, lease: Duration) -> Begin {
+    pub(crate) fn begin_now(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        owner: &Owner,
+        lease: Duration,
+    ) -> Begin {
         let limits = self.limits;
         self.with(|m, now| {
             let found = match m.live(key.as_str(), now) {
                 None => None,
                 Some(e) if e.ids.fingerprint() != fingerprint.as_str() => Some(Begin::Mismatch),
                 Some(e) => Some(match &e.state {
-                    MemState::InProgress if e.ids.owner() == owner => Begin::Claimed,
+                    MemState::InProgress if e.ids.owner() == owner.as_str() => Begin::Claimed,
                     MemState::InProgress => Begin::InProgress {
                         lease_left: e.expires - now,
-                        owner: e.ids.owner().to_string(),
+                        owner: Owner::new(e.ids.owner()),
                     },
                     MemState::Completed(r) => Begin::Completed(StoredResponse {
                         age: now.saturating_duration_since(e.stored),
@@ -489,17 +496,17 @@ impl MemoryStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> Begin {
         let limits = self.limits;
         self.with(|m, now| {
             match m.live(key.as_str(), now) {
                 Some(e) if e.ids.fingerprint() != fingerprint.as_str() => return Begin::Mismatch,
-                Some(e) if e.is_lease() && e.ids.owner() != owner => {
+                Some(e) if e.is_lease() && e.ids.owner() != owner.as_str() => {
                     return Begin::InProgress {
                         lease_left: e.expires - now,
-                        owner: e.ids.owner().to_string(),
+                        owner: Owner::new(e.ids.owner()),
                     }
                 }
                 _ => {}
@@ -509,7 +516,7 @@ impl MemoryStore {
         })
     }
 
-    pub(crate) fn renew_now(&self, key: &RecordKey, owner: &str, lease: Duration) -> bool {
+    pub(crate) fn renew_now(&self, key: &RecordKey, owner: &Owner, lease: Duration) -> bool {
         let key = key.as_str();
         self.with(|m, now| {
             if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
@@ -524,14 +531,14 @@ impl MemoryStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         completion: Completion,
         ttl: Duration,
     ) -> bool {
         let limits = self.limits;
         self.with(|m, now| {
             match m.live(key.as_str(), now) {
-                Some(e) if e.ids.owner() != owner => return false,
+                Some(e) if e.ids.owner() != owner.as_str() => return false,
                 Some(e) if !e.is_lease() => return true,
                 // Ours, or gone (nobody holds it): record the delivered response.
                 _ => {}
@@ -549,7 +556,7 @@ impl MemoryStore {
         })
     }
 
-    pub(crate) fn release_now(&self, key: &RecordKey, owner: &str) -> bool {
+    pub(crate) fn release_now(&self, key: &RecordKey, owner: &Owner) -> bool {
         let key = key.as_str();
         self.with(|m, now| {
             if !m.live(key, now).is_some_and(|e| e.held_by(owner)) {
@@ -566,13 +573,13 @@ impl Store for MemoryStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
         Ok(self.begin_now(key, fingerprint, owner, lease))
     }
 
-    async fn renew(&self, key: &RecordKey, owner: &str, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(&self, key: &RecordKey, owner: &Owner, lease: Duration) -> Result<bool, StoreError> {
         Ok(self.renew_now(key, owner, lease))
     }
 
@@ -580,14 +587,14 @@ impl Store for MemoryStore {
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        owner: &str,
+        owner: &Owner,
         completion: &Completion,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         Ok(self.complete_now(key, fingerprint, owner, completion.clone(), ttl))
     }
 
-    async fn release(&self, key: &RecordKey, owner: &str) -> Result<bool, StoreError> {
+    async fn release(&self, key: &RecordKey, owner: &Owner) -> Result<bool, StoreError> {
         Ok(self.release_now(key, owner))
     }
 }
@@ -595,7 +602,7 @@ impl Store for MemoryStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::idempotency::test_ids::{fp, k};
+    use crate::idempotency::test_ids::{fp, k, own};
 
     const TTL: Duration = Duration::from_secs(3600);
     const LEASE: Duration = Duration::from_secs(30);
@@ -634,9 +641,12 @@ mod tests {
     }
 
     async fn put(s: &MemoryStore, key: &str, ttl: Duration) {
-        assert_eq!(s.begin(&k(key), &fp("fp"), "o", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k(key), &fp("fp"), &own("o"), LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         assert!(s
-            .complete(&k(key), &fp("fp"), "o", &Completion::Kept(response(key)), ttl)
+            .complete(&k(key), &fp("fp"), &own("o"), &Completion::Kept(response(key)), ttl)
             .await
             .unwrap());
     }
@@ -699,12 +709,12 @@ mod tests {
         assert_eq!(s.cache_usage().0, 50);
         // A refresh: the entry is claimed over (no longer counted), then completed again.
         let key = "cache:{r:s:199}";
-        assert_eq!(s.reclaim_now(&k(key), &fp("fp"), "o2", LEASE), Begin::Claimed);
+        assert_eq!(s.reclaim_now(&k(key), &fp("fp"), &own("o2"), LEASE), Begin::Claimed);
         assert_eq!(s.cache_usage().0, 49);
         assert!(s.complete_now(
             &k(key),
             &fp("fp"),
-            "o2",
+            &own("o2"),
             Completion::Kept(response(key)),
             Duration::from_secs(1)
         ));
@@ -728,9 +738,12 @@ mod tests {
         let s = store(10_000, 10 * size);
         for i in 0..50 {
             let key = format!("k{i}");
-            assert_eq!(s.begin(&k(&key), &fp("fp"), "o", LEASE).await.unwrap(), Begin::Claimed);
+            assert_eq!(
+                s.begin(&k(&key), &fp("fp"), &own("o"), LEASE).await.unwrap(),
+                Begin::Claimed
+            );
             assert!(s
-                .complete(&k(&key), &fp("fp"), "o", &Completion::Kept(response(&body)), TTL)
+                .complete(&k(&key), &fp("fp"), &own("o"), &Completion::Kept(response(&body)), TTL)
                 .await
                 .unwrap());
             assert!(bytes(&s) <= 10 * size, "{}", bytes(&s));
@@ -749,7 +762,7 @@ mod tests {
         let s = store(100, 1 << 30);
         for i in 0..40 {
             assert_eq!(
-                s.begin(&k(&format!("lease{i}")), &fp("fp"), "holder", LEASE)
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), &own("holder"), LEASE)
                     .await
                     .unwrap(),
                 Begin::Claimed
@@ -762,13 +775,13 @@ mod tests {
         check_consistent(&s);
         for i in 0..40 {
             assert!(matches!(
-                s.begin(&k(&format!("lease{i}")), &fp("fp"), "other", LEASE)
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), &own("other"), LEASE)
                     .await
                     .unwrap(),
                 Begin::InProgress { .. }
             ));
             // The owner still holds it: it can complete it.
-            assert!(s.renew(&k(&format!("lease{i}")), "holder", LEASE).await.unwrap());
+            assert!(s.renew(&k(&format!("lease{i}")), &own("holder"), LEASE).await.unwrap());
         }
         // The completed records that are left are the newest 60.
         assert!(kept(&s, "k499").await);
@@ -782,20 +795,22 @@ mod tests {
         put(&s, "done", TTL).await;
         for i in 0..10 {
             assert_eq!(
-                s.begin(&k(&format!("lease{i}")), &fp("fp"), "o", LEASE).await.unwrap(),
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), &own("o"), LEASE)
+                    .await
+                    .unwrap(),
                 Begin::Claimed
             );
         }
         // The completed record made room for the tenth lease; then only leases are left.
         assert!(!kept(&s, "done").await);
         assert_eq!(
-            s.begin(&k("one-more"), &fp("fp"), "o", LEASE).await.unwrap(),
+            s.begin(&k("one-more"), &fp("fp"), &own("o"), LEASE).await.unwrap(),
             Begin::Claimed
         );
         assert_eq!(s.len(), 11, "over the bound by the leases in flight, as documented");
         for i in 0..10 {
             assert!(matches!(
-                s.begin(&k(&format!("lease{i}")), &fp("fp"), "other", LEASE)
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), &own("other"), LEASE)
                     .await
                     .unwrap(),
                 Begin::InProgress { .. }
@@ -804,7 +819,7 @@ mod tests {
         // Completing one puts a completed record back in the eviction order: the bound is
         // restored by evicting it, never a lease.
         assert!(s
-            .complete(&k("lease0"), &fp("fp"), "o", &Completion::NotKept, TTL)
+            .complete(&k("lease0"), &fp("fp"), &own("o"), &Completion::NotKept, TTL)
             .await
             .unwrap());
         assert_eq!(s.len(), 10);
@@ -823,7 +838,9 @@ mod tests {
         }
         for i in 0..300 {
             assert_eq!(
-                s.begin(&k(&format!("lease{i}")), &fp("fp"), "o", LEASE).await.unwrap(),
+                s.begin(&k(&format!("lease{i}")), &fp("fp"), &own("o"), LEASE)
+                    .await
+                    .unwrap(),
                 Begin::Claimed
             );
         }
@@ -831,18 +848,18 @@ mod tests {
         tokio::time::advance(Duration::from_secs(61)).await;
         // One call purges at most PURGE_PER_CALL of each kind (and here adds one record).
         assert_eq!(
-            s.begin(&k("fresh"), &fp("fp"), "o", LEASE).await.unwrap(),
+            s.begin(&k("fresh"), &fp("fp"), &own("o"), LEASE).await.unwrap(),
             Begin::Claimed
         );
         assert_eq!(held(&s), 1300 - 2 * PURGE_PER_CALL + 1);
         check_consistent(&s);
         // An expired record is never answered, purged yet or not.
         assert_eq!(
-            s.begin(&k("k999"), &fp("fp"), "new", LEASE).await.unwrap(),
+            s.begin(&k("k999"), &fp("fp"), &own("new"), LEASE).await.unwrap(),
             Begin::Claimed
         );
         assert_eq!(
-            s.begin(&k("lease299"), &fp("fp"), "new", LEASE).await.unwrap(),
+            s.begin(&k("lease299"), &fp("fp"), &own("new"), LEASE).await.unwrap(),
             Begin::Claimed
         );
         // len() counts live records only.
@@ -852,7 +869,7 @@ mod tests {
         // Calls keep purging until nothing expired is left.
         tokio::time::advance(TTL).await;
         for _ in 0..2 {
-            let _ = s.renew(&k("nothing"), "o", LEASE).await.unwrap();
+            let _ = s.renew(&k("nothing"), &own("o"), LEASE).await.unwrap();
         }
         assert_eq!(held(&s), 0);
         assert!(s.is_empty());
@@ -869,7 +886,7 @@ mod tests {
         }
         for i in 0..5 {
             assert_eq!(
-                s.begin(&k(&format!("lapsing{i}")), &fp("fp"), "o", Duration::from_secs(5))
+                s.begin(&k(&format!("lapsing{i}")), &fp("fp"), &own("o"), Duration::from_secs(5))
                     .await
                     .unwrap(),
                 Begin::Claimed
@@ -892,81 +909,102 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn ownership_is_checked_on_every_transition() {
         let s = store(100, 1 << 30);
-        assert_eq!(s.begin(&k("k"), &fp("fp"), "a", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k("k"), &fp("fp"), &own("a"), LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         // Another owner sees it in progress with the lease left; a mismatch wins over that.
         tokio::time::advance(Duration::from_secs(10)).await;
         assert_eq!(
-            s.begin(&k("k"), &fp("fp"), "b", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("fp"), &own("b"), LEASE).await.unwrap(),
             Begin::InProgress {
                 lease_left: Duration::from_secs(20),
-                owner: "a".into(),
+                owner: own("a"),
             }
         );
         assert_eq!(
-            s.begin(&k("k"), &fp("other"), "b", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("other"), &own("b"), LEASE).await.unwrap(),
             Begin::Mismatch
         );
-        assert!(!s.renew(&k("k"), "b", LEASE).await.unwrap());
+        assert!(!s.renew(&k("k"), &own("b"), LEASE).await.unwrap());
         assert!(!s
-            .complete(&k("k"), &fp("fp"), "b", &Completion::NotKept, TTL)
+            .complete(&k("k"), &fp("fp"), &own("b"), &Completion::NotKept, TTL)
             .await
             .unwrap());
-        assert!(!s.release(&k("k"), "b").await.unwrap());
+        assert!(!s.release(&k("k"), &own("b")).await.unwrap());
         // The same owner again renews its lease (re-indexed: it does not lapse at the old time).
-        assert_eq!(s.begin(&k("k"), &fp("fp"), "a", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k("k"), &fp("fp"), &own("a"), LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         tokio::time::advance(Duration::from_secs(25)).await;
-        assert!(s.renew(&k("k"), "a", LEASE).await.unwrap());
+        assert!(s.renew(&k("k"), &own("a"), LEASE).await.unwrap());
         tokio::time::advance(Duration::from_secs(25)).await;
         assert!(matches!(
-            s.begin(&k("k"), &fp("fp"), "b", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("fp"), &own("b"), LEASE).await.unwrap(),
             Begin::InProgress { .. }
         ));
         check_consistent(&s);
         // Lapsed: the next owner takes it, and the stale owner can no longer write.
         tokio::time::advance(Duration::from_secs(6)).await;
-        assert_eq!(s.begin(&k("k"), &fp("fp"), "b", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k("k"), &fp("fp"), &own("b"), LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         assert!(!s
-            .complete(&k("k"), &fp("fp"), "a", &Completion::Kept(response("stale")), TTL)
+            .complete(&k("k"), &fp("fp"), &own("a"), &Completion::Kept(response("stale")), TTL)
             .await
             .unwrap());
-        assert!(!s.release(&k("k"), "a").await.unwrap());
+        assert!(!s.release(&k("k"), &own("a")).await.unwrap());
         assert!(s
-            .complete(&k("k"), &fp("fp"), "b", &Completion::Kept(response("new")), TTL)
+            .complete(&k("k"), &fp("fp"), &own("b"), &Completion::Kept(response("new")), TTL)
             .await
             .unwrap());
         assert_eq!(
-            s.begin(&k("k"), &fp("fp"), "c", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("fp"), &own("c"), LEASE).await.unwrap(),
             Begin::Completed(response("new"))
         );
         // Completed records are not leases: no renew or release by anyone; completing again is
         // acknowledged for the owner whose completion landed (a retried write) and overwrites
         // nothing; another owner is refused.
-        assert!(!s.renew(&k("k"), "b", LEASE).await.unwrap());
-        assert!(!s.release(&k("k"), "b").await.unwrap());
+        assert!(!s.renew(&k("k"), &own("b"), LEASE).await.unwrap());
+        assert!(!s.release(&k("k"), &own("b")).await.unwrap());
         assert!(s
-            .complete(&k("k"), &fp("fp"), "b", &Completion::NotKept, TTL)
+            .complete(&k("k"), &fp("fp"), &own("b"), &Completion::NotKept, TTL)
             .await
             .unwrap());
         assert!(!s
-            .complete(&k("k"), &fp("fp"), "c", &Completion::NotKept, TTL)
+            .complete(&k("k"), &fp("fp"), &own("c"), &Completion::NotKept, TTL)
             .await
             .unwrap());
         assert_eq!(
-            s.begin(&k("k"), &fp("fp"), "c", LEASE).await.unwrap(),
+            s.begin(&k("k"), &fp("fp"), &own("c"), LEASE).await.unwrap(),
             Begin::Completed(response("new"))
         );
         // A released key is free again.
-        assert_eq!(s.begin(&k("r"), &fp("fp"), "a", LEASE).await.unwrap(), Begin::Claimed);
-        assert!(s.release(&k("r"), "a").await.unwrap());
-        assert_eq!(s.begin(&k("r"), &fp("fp"), "b", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k("r"), &fp("fp"), &own("a"), LEASE).await.unwrap(),
+            Begin::Claimed
+        );
+        assert!(s.release(&k("r"), &own("a")).await.unwrap());
+        assert_eq!(
+            s.begin(&k("r"), &fp("fp"), &own("b"), LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         // Not kept stays not kept until its ttl ends.
         assert!(s
-            .complete(&k("r"), &fp("fp"), "b", &Completion::NotKept, TTL)
+            .complete(&k("r"), &fp("fp"), &own("b"), &Completion::NotKept, TTL)
             .await
             .unwrap());
-        assert_eq!(s.begin(&k("r"), &fp("fp"), "c", LEASE).await.unwrap(), Begin::NotKept);
+        assert_eq!(
+            s.begin(&k("r"), &fp("fp"), &own("c"), LEASE).await.unwrap(),
+            Begin::NotKept
+        );
         tokio::time::advance(TTL).await;
-        assert_eq!(s.begin(&k("r"), &fp("fp"), "c", LEASE).await.unwrap(), Begin::Claimed);
+        assert_eq!(
+            s.begin(&k("r"), &fp("fp"), &own("c"), LEASE).await.unwrap(),
+            Begin::Claimed
+        );
         check_consistent(&s);
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use rebound::hooks::idempotency::{
-    Begin, Completion, Fingerprint, MemoryLimits, MemoryStore, RecordKey, RedisStore, Store, StoredResponse,
+    Begin, Completion, Fingerprint, MemoryLimits, MemoryStore, Owner, RecordKey, RedisStore, Store, StoredResponse,
 };
 
 use crate::support::redis::RedisServer;
@@ -26,64 +26,74 @@ fn fp(text: &str) -> Fingerprint {
     Fingerprint::new(text)
 }
 
+fn own(text: &str) -> Owner {
+    Owner::new(text)
+}
+
 async fn contract<S: Store>(s: &S, ns: &str) {
     let k = |name: &str| RecordKey::new(format!("{ns}:{name}"));
     // Absent → claimed; the same owner may claim again (an ambiguous timeout is safe).
     assert_eq!(
-        s.begin(&k("a"), &fp("fp1"), "owner1", LEASE).await.unwrap(),
+        s.begin(&k("a"), &fp("fp1"), &own("owner1"), LEASE).await.unwrap(),
         Begin::Claimed
     );
     assert_eq!(
-        s.begin(&k("a"), &fp("fp1"), "owner1", LEASE).await.unwrap(),
+        s.begin(&k("a"), &fp("fp1"), &own("owner1"), LEASE).await.unwrap(),
         Begin::Claimed
     );
     // Another owner sees it in progress, and whose it is (followers on other replicas ask that
     // owner for its response); another fingerprint is a mismatch, whatever the state.
     assert!(
-        matches!(s.begin(&k("a"), &fp("fp1"), "owner2", LEASE).await.unwrap(), Begin::InProgress { lease_left, owner } if lease_left <= LEASE && owner == "owner1")
+        matches!(s.begin(&k("a"), &fp("fp1"), &own("owner2"), LEASE).await.unwrap(), Begin::InProgress { lease_left, owner } if lease_left <= LEASE && owner.as_str() == "owner1")
     );
     assert_eq!(
-        s.begin(&k("a"), &fp("fp2"), "owner2", LEASE).await.unwrap(),
+        s.begin(&k("a"), &fp("fp2"), &own("owner2"), LEASE).await.unwrap(),
         Begin::Mismatch
     );
     // Only the owner completes.
     assert!(!s
-        .complete(&k("a"), &fp("fp1"), "owner2", &Completion::Kept(response("x")), TTL)
+        .complete(
+            &k("a"),
+            &fp("fp1"),
+            &own("owner2"),
+            &Completion::Kept(response("x")),
+            TTL
+        )
         .await
         .unwrap());
     assert!(s
         .complete(
             &k("a"),
             &fp("fp1"),
-            "owner1",
+            &own("owner1"),
             &Completion::Kept(response("{\"ok\":1}")),
             TTL
         )
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("a"), &fp("fp1"), "owner3", LEASE).await.unwrap(),
+        s.begin(&k("a"), &fp("fp1"), &own("owner3"), LEASE).await.unwrap(),
         Begin::Completed(response("{\"ok\":1}"))
     );
     assert_eq!(
-        s.begin(&k("a"), &fp("fp2"), "owner3", LEASE).await.unwrap(),
+        s.begin(&k("a"), &fp("fp2"), &own("owner3"), LEASE).await.unwrap(),
         Begin::Mismatch
     );
     // Completing again is acknowledged for the owner whose completion landed (a retried write
     // whose first reply was lost) but overwrites nothing; a completed record is never released.
     assert!(s
-        .complete(&k("a"), &fp("fp1"), "owner1", &Completion::NotKept, TTL)
+        .complete(&k("a"), &fp("fp1"), &own("owner1"), &Completion::NotKept, TTL)
         .await
         .unwrap());
     assert!(!s
-        .complete(&k("a"), &fp("fp1"), "owner2", &Completion::NotKept, TTL)
+        .complete(&k("a"), &fp("fp1"), &own("owner2"), &Completion::NotKept, TTL)
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("a"), &fp("fp1"), "owner3", LEASE).await.unwrap(),
+        s.begin(&k("a"), &fp("fp1"), &own("owner3"), LEASE).await.unwrap(),
         Begin::Completed(response("{\"ok\":1}"))
     );
-    assert!(!s.release(&k("a"), "owner1").await.unwrap());
+    assert!(!s.release(&k("a"), &own("owner1")).await.unwrap());
 
     // A delivered response whose claim is gone (lapsed while the store was unreachable, or the
     // store restarted empty) is recorded: nobody holds the key, and a retry must replay it.
@@ -91,66 +101,96 @@ async fn contract<S: Store>(s: &S, ns: &str) {
         .complete(
             &k("gone"),
             &fp("fpg"),
-            "o1",
+            &own("o1"),
             &Completion::Kept(response("delivered")),
             TTL
         )
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("gone"), &fp("fpg"), "o2", LEASE).await.unwrap(),
+        s.begin(&k("gone"), &fp("fpg"), &own("o2"), LEASE).await.unwrap(),
         Begin::Completed(response("delivered"))
     );
     assert_eq!(
-        s.begin(&k("gone"), &fp("other"), "o2", LEASE).await.unwrap(),
+        s.begin(&k("gone"), &fp("other"), &own("o2"), LEASE).await.unwrap(),
         Begin::Mismatch
     );
 
     // Release frees the key for the next claim; only the owner releases.
-    assert_eq!(s.begin(&k("b"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
-    assert!(!s.release(&k("b"), "o2").await.unwrap());
-    assert!(s.release(&k("b"), "o1").await.unwrap());
-    assert_eq!(s.begin(&k("b"), &fp("fp"), "o2", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(
+        s.begin(&k("b"), &fp("fp"), &own("o1"), LEASE).await.unwrap(),
+        Begin::Claimed
+    );
+    assert!(!s.release(&k("b"), &own("o2")).await.unwrap());
+    assert!(s.release(&k("b"), &own("o1")).await.unwrap());
+    assert_eq!(
+        s.begin(&k("b"), &fp("fp"), &own("o2"), LEASE).await.unwrap(),
+        Begin::Claimed
+    );
 
     // Not kept.
-    assert_eq!(s.begin(&k("c"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(
+        s.begin(&k("c"), &fp("fp"), &own("o1"), LEASE).await.unwrap(),
+        Begin::Claimed
+    );
     assert!(s
-        .complete(&k("c"), &fp("fp"), "o1", &Completion::NotKept, TTL)
+        .complete(&k("c"), &fp("fp"), &own("o1"), &Completion::NotKept, TTL)
         .await
         .unwrap());
-    assert_eq!(s.begin(&k("c"), &fp("fp"), "o2", LEASE).await.unwrap(), Begin::NotKept);
+    assert_eq!(
+        s.begin(&k("c"), &fp("fp"), &own("o2"), LEASE).await.unwrap(),
+        Begin::NotKept
+    );
 
     // A lease that is not renewed lapses; a renewed one holds; a stale owner cannot renew.
-    assert_eq!(s.begin(&k("d"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
-    assert_eq!(s.begin(&k("e"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(
+        s.begin(&k("d"), &fp("fp"), &own("o1"), LEASE).await.unwrap(),
+        Begin::Claimed
+    );
+    assert_eq!(
+        s.begin(&k("e"), &fp("fp"), &own("o1"), LEASE).await.unwrap(),
+        Begin::Claimed
+    );
     for _ in 0..4 {
         tokio::time::sleep(LEASE / 3).await;
-        assert!(s.renew(&k("e"), "o1", LEASE).await.unwrap());
-        assert!(!s.renew(&k("e"), "o2", LEASE).await.unwrap());
+        assert!(s.renew(&k("e"), &own("o1"), LEASE).await.unwrap());
+        assert!(!s.renew(&k("e"), &own("o2"), LEASE).await.unwrap());
     }
     assert_eq!(
-        s.begin(&k("d"), &fp("fp"), "o2", LEASE).await.unwrap(),
+        s.begin(&k("d"), &fp("fp"), &own("o2"), LEASE).await.unwrap(),
         Begin::Claimed,
         "lapsed"
     );
     assert!(
         matches!(
-            s.begin(&k("e"), &fp("fp"), "o2", LEASE).await.unwrap(),
+            s.begin(&k("e"), &fp("fp"), &own("o2"), LEASE).await.unwrap(),
             Begin::InProgress { .. }
         ),
         "renewed"
     );
     // The stale owner of d cannot complete over the new owner.
     assert!(!s
-        .complete(&k("d"), &fp("fp"), "o1", &Completion::Kept(response("stale")), TTL)
+        .complete(
+            &k("d"),
+            &fp("fp"),
+            &own("o1"),
+            &Completion::Kept(response("stale")),
+            TTL
+        )
         .await
         .unwrap());
     assert!(s
-        .complete(&k("d"), &fp("fp"), "o2", &Completion::Kept(response("fresh")), TTL)
+        .complete(
+            &k("d"),
+            &fp("fp"),
+            &own("o2"),
+            &Completion::Kept(response("fresh")),
+            TTL
+        )
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("d"), &fp("fp"), "o3", LEASE).await.unwrap(),
+        s.begin(&k("d"), &fp("fp"), &own("o3"), LEASE).await.unwrap(),
         Begin::Completed(response("fresh"))
     );
 
@@ -161,13 +201,16 @@ async fn contract<S: Store>(s: &S, ns: &str) {
         body: Bytes::from(vec![0u8, 159, 146, 150, 255]),
         age: Duration::ZERO,
     };
-    assert_eq!(s.begin(&k("f"), &fp("fp"), "o1", LEASE).await.unwrap(), Begin::Claimed);
+    assert_eq!(
+        s.begin(&k("f"), &fp("fp"), &own("o1"), LEASE).await.unwrap(),
+        Begin::Claimed
+    );
     assert!(s
-        .complete(&k("f"), &fp("fp"), "o1", &Completion::Kept(bin.clone()), TTL)
+        .complete(&k("f"), &fp("fp"), &own("o1"), &Completion::Kept(bin.clone()), TTL)
         .await
         .unwrap());
     assert_eq!(
-        s.begin(&k("f"), &fp("fp"), "o2", LEASE).await.unwrap(),
+        s.begin(&k("f"), &fp("fp"), &own("o2"), LEASE).await.unwrap(),
         Begin::Completed(bin)
     );
 }
@@ -178,7 +221,7 @@ async fn concurrent_claims<S: Store>(s: Arc<S>, ns: &str) {
         let s = s.clone();
         let key = RecordKey::new(format!("{ns}:race"));
         set.spawn(async move {
-            s.begin(&key, &fp("fp"), &format!("owner{i}"), Duration::from_secs(5))
+            s.begin(&key, &fp("fp"), &own(&format!("owner{i}")), Duration::from_secs(5))
                 .await
                 .unwrap()
         });
@@ -216,16 +259,18 @@ async fn memory_store_stays_within_its_bounds() {
     });
     for i in 0..1000 {
         let key = RecordKey::new(format!("k{i}"));
-        assert_eq!(s.begin(&key, &fp("fp"), "o", TTL).await.unwrap(), Begin::Claimed);
+        assert_eq!(s.begin(&key, &fp("fp"), &own("o"), TTL).await.unwrap(), Begin::Claimed);
         assert!(s
-            .complete(&key, &fp("fp"), "o", &Completion::Kept(response("body")), TTL)
+            .complete(&key, &fp("fp"), &own("o"), &Completion::Kept(response("body")), TTL)
             .await
             .unwrap());
     }
     assert!(s.len() <= 100, "{}", s.len());
     // The newest records survive eviction.
     assert!(matches!(
-        s.begin(&RecordKey::new("k999"), &fp("fp"), "o2", TTL).await.unwrap(),
+        s.begin(&RecordKey::new("k999"), &fp("fp"), &own("o2"), TTL)
+            .await
+            .unwrap(),
         Begin::Completed(_)
     ));
 }
@@ -327,17 +372,17 @@ async fn redis_store_contract_on_a_cluster() {
 /// may land before its first heartbeat: chaos found another replica taking them over).
 #[tokio::test]
 async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() {
-    use rebound::hooks::idempotency::TakenOver;
+    use rebound::hooks::idempotency::{DeadOwner, TakenOver};
     let redis = RedisServer::start();
     let handle = crate::support::sidecar::redis_handle(&redis.url()).await;
     let s = RedisStore::new(handle);
     let key = RecordKey::new("t:a");
-    let dead = "0123456789abcdef.0000000000000001";
+    let dead = own("0123456789abcdef.0000000000000001");
     let liveness = Duration::from_millis(1500);
-    assert_eq!(s.begin(&key, &fp("fp"), dead, TTL).await.unwrap(), Begin::Claimed);
+    assert_eq!(s.begin(&key, &fp("fp"), &dead, TTL).await.unwrap(), Begin::Claimed);
     // Just claimed: too young, whoever asks.
     assert_eq!(
-        s.take_over(&key, &fp("fp"), dead, "new.1", TTL, liveness)
+        s.take_over(&key, &fp("fp"), DeadOwner(&dead), &own("new.1"), TTL, liveness)
             .await
             .unwrap(),
         TakenOver::TooYoung
@@ -360,43 +405,50 @@ async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() 
         .unwrap();
     // Another fingerprint, or an owner that no longer holds it: changed, nothing written.
     assert_eq!(
-        s.take_over(&key, &fp("other"), dead, "new.1", TTL, liveness)
+        s.take_over(&key, &fp("other"), DeadOwner(&dead), &own("new.1"), TTL, liveness)
             .await
             .unwrap(),
         TakenOver::Changed
     );
     assert_eq!(
-        s.take_over(&key, &fp("fp"), "fedcba9876543210.1", "new.1", TTL, liveness)
-            .await
-            .unwrap(),
+        s.take_over(
+            &key,
+            &fp("fp"),
+            DeadOwner(&own("fedcba9876543210.1")),
+            &own("new.1"),
+            TTL,
+            liveness
+        )
+        .await
+        .unwrap(),
         TakenOver::Changed
     );
     assert!(
-        matches!(s.begin(&key, &fp("fp"), "x", TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == dead)
+        matches!(s.begin(&key, &fp("fp"), &own("x"), TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == dead)
     );
     // The dead owner's claim, old enough: taken over once; the new owner holds it, young again.
     assert_eq!(
-        s.take_over(&key, &fp("fp"), dead, "new.1", TTL, liveness)
+        s.take_over(&key, &fp("fp"), DeadOwner(&dead), &own("new.1"), TTL, liveness)
             .await
             .unwrap(),
         TakenOver::Yes
     );
     assert_eq!(
-        s.take_over(&key, &fp("fp"), dead, "new.2", TTL, liveness)
+        s.take_over(&key, &fp("fp"), DeadOwner(&dead), &own("new.2"), TTL, liveness)
             .await
             .unwrap(),
         TakenOver::Changed
     );
     assert!(
-        matches!(s.begin(&key, &fp("fp"), "x", TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner == "new.1")
+        matches!(s.begin(&key, &fp("fp"), &own("x"), TTL).await.unwrap(), Begin::InProgress { owner, .. } if owner.as_str() == "new.1")
     );
     // The dead owner can no longer complete or renew it; the new one can.
     let done = Completion::Kept(response("{}"));
-    assert!(!s.complete(&key, &fp("fp"), dead, &done, TTL).await.unwrap());
-    assert!(!s.renew(&key, dead, TTL).await.unwrap());
-    assert!(s.complete(&key, &fp("fp"), "new.1", &done, TTL).await.unwrap());
+    assert!(!s.complete(&key, &fp("fp"), &dead, &done, TTL).await.unwrap());
+    assert!(!s.renew(&key, &dead, TTL).await.unwrap());
+    assert!(s.complete(&key, &fp("fp"), &own("new.1"), &done, TTL).await.unwrap());
     assert!(matches!(
-        s.begin(&key, &fp("fp"), "x", TTL).await.unwrap(),
+        s.begin(&key, &fp("fp"), &own("x"), TTL).await.unwrap(),
         Begin::Completed(_)
     ));
 }

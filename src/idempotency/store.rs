@@ -92,6 +92,25 @@ impl StoreError {
 /// The operations the idempotency semantics need. Keys are already hashed; owners are random.
 pub trait Store: Send + Sync + 'static {
     /// Claims `key` for `owner` with a lease, or reports its state.
+    ///
+    /// The record key, the fingerprint and the owner are types of their own, so that one cannot
+    /// be passed in another's place:
+    ///
+    /// ```
+    /// # use rebound::idempotency::{Fingerprint, MemoryStore, Owner, RecordKey, Store};
+    /// # async fn claim(store: &MemoryStore, key: &RecordKey, fingerprint: &Fingerprint, owner: &Owner) {
+    /// let begun = store.begin(key, fingerprint, owner, std::time::Duration::from_secs(30)).await;
+    /// # }
+    /// ```
+    ///
+    /// while a key and a fingerprint swapped do not compile:
+    ///
+    /// ```compile_fail,E0308
+    /// # use rebound::idempotency::{Fingerprint, MemoryStore, Owner, RecordKey, Store};
+    /// # async fn claim(store: &MemoryStore, key: &RecordKey, fingerprint: &Fingerprint, owner: &Owner) {
+    /// let begun = store.begin(fingerprint, key, owner, std::time::Duration::from_secs(30)).await;
+    /// # }
+    /// ```
     fn begin(
         &self,
         key: &RecordKey,

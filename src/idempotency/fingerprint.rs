@@ -814,6 +814,18 @@ mod tests {
         assert_eq!(a.as_str().len(), 32);
     }
 
+    /// A job's access is kept as a `CredentialHash` of the scope's bits: its text, what Redis
+    /// holds, is the scope hash jobs were stored with before.
+    #[test]
+    fn a_scope_digest_shows_as_its_scope_hash() {
+        let all = credentials::HEADERS;
+        for h in [headers(&[("authorization", "Bearer a")]), headers(&[])] {
+            let access = credentials::CredentialHash(scope_digest(&h, Some("key=k"), &all));
+            assert_eq!(access.to_string(), scope_hash(&h, Some("key=k"), &all).as_str());
+            assert_eq!(access.to_string().parse(), Ok(access));
+        }
+    }
+
     #[test]
     fn every_credential_form_makes_a_scope_of_its_own() {
         let all = credentials::HEADERS;

@@ -42,7 +42,7 @@ impl Jobs {
             Ok(l) => l,
             Err(_) => return error_response(ProxyError::JobsUnavailable, log),
         };
-        let Some((view, result, _)) = loaded.filter(|(v, _, _)| v.access == self.access_of(headers, uri.query()))
+        let Some((view, result, _)) = loaded.filter(|(v, _, _)| v.access == Some(self.access_of(headers, uri.query())))
         else {
             return error_response(ProxyError::JobNotFound, log);
         };

@@ -96,7 +96,7 @@ impl MemoryQueue {
             id: job.id.clone(),
             state: JobState::Queued,
             route: job.route,
-            access: job.access,
+            access: Some(job.access),
             created_ms: job.created_ms,
             started_ms: None,
             finished_ms: None,
@@ -246,7 +246,7 @@ mod tests {
             id: id.into(),
             route: "r".into(),
             fingerprint: fp.into(),
-            access: "a".into(),
+            access: crate::credentials::CredentialHash([7; 16]),
             created_ms: 1,
             request: StoredRequest {
                 method: "POST".into(),

@@ -46,6 +46,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::config::{Config, JobsConfig};
+use crate::credentials::CredentialHash;
 use crate::idempotency::fingerprint;
 use crate::metrics::Metrics;
 use crate::redis::RedisHandle;
@@ -226,11 +227,14 @@ pub(crate) enum JobsError {
 }
 
 impl Jobs {
-    /// The hash a job's access is checked against: the request's credential, in every form.
-    fn access_of(&self, headers: &HeaderMap, query: Option<&str>) -> String {
-        fingerprint::scope_hash(headers, query, self.inner.credentials.headers())
-            .as_str()
-            .to_owned()
+    /// The hash a job's access is checked against: the request's credential, in every form (the
+    /// tenant scope over every credential form, the hash jobs have always been stored with).
+    fn access_of(&self, headers: &HeaderMap, query: Option<&str>) -> CredentialHash {
+        CredentialHash(fingerprint::scope_digest(
+            headers,
+            query,
+            self.inner.credentials.headers(),
+        ))
     }
 }
 

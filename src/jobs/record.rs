@@ -4,6 +4,7 @@ use crate::words::{spelled, Spelled};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use crate::credentials::CredentialHash;
 use crate::idempotency::ReplayIdentity;
 
 /// Where a job is in its life.
@@ -49,7 +50,7 @@ pub(crate) struct NewJob {
     /// The idempotency fingerprint when the job came with a key (`""` without).
     pub fingerprint: String,
     /// Hash of the submitter's credential headers: only the same credential reads the job.
-    pub access: String,
+    pub access: CredentialHash,
     pub(crate) created_ms: u64,
     pub request: StoredRequest,
     pub body: Bytes,
@@ -103,7 +104,8 @@ pub struct JobView {
     pub id: String,
     pub state: JobState,
     pub route: String,
-    pub access: String,
+    /// Whose job it is ([`NewJob::access`]); `None` when the stored hash cannot be read.
+    pub access: Option<CredentialHash>,
     pub(crate) created_ms: u64,
     pub(crate) started_ms: Option<u64>,
     pub(crate) finished_ms: Option<u64>,

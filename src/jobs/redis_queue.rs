@@ -175,7 +175,7 @@ impl RedisQueue {
         let req = serde_json::to_string(&job.request).unwrap_or_default();
         let mut fields: Vec<(&str, Vec<u8>)> = vec![
             ("route", job.route.clone().into_bytes()),
-            ("access", job.access.clone().into_bytes()),
+            ("access", job.access.to_string().into_bytes()),
             ("created", job.created_ms.to_string().into_bytes()),
             ("runs", b"0".to_vec()),
             ("req", req.into_bytes()),
@@ -608,7 +608,7 @@ fn decode(id: &str, reply: &[Value]) -> Option<Loaded> {
         id: id.to_string(),
         state,
         route: text(get("route")).unwrap_or_default(),
-        access: text(get("access")).unwrap_or_default(),
+        access: text(get("access")).and_then(|a| a.parse().ok()),
         created_ms: opt("created").unwrap_or(0),
         started_ms: opt("started"),
         finished_ms: opt("finished"),

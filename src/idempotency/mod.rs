@@ -493,7 +493,7 @@ impl Idempotency {
             Err(e) => {
                 self.count("store_error");
                 tracing::warn!(route = %self.route, error = %e, "idempotency store unavailable");
-                if e.maybe_applied {
+                if e.maybe_applied() {
                     // The claim may still run once the store answers: take it back then.
                     self.release_orphan(pending.record, pending.owner);
                 }
@@ -648,7 +648,7 @@ impl Idempotency {
             Ok(TakenOver::TooYoung) => TakeOver::Alive(pending),
             Err(e) => {
                 tracing::warn!(route = %self.route, error = %e, "idempotency takeover not written");
-                if e.maybe_applied {
+                if e.maybe_applied() {
                     // It may still run: this request's claim is then released once the store answers.
                     self.release_orphan(pending.record.clone(), pending.owner.clone());
                     pending.owner = Owner::mint(&self.records.replica);

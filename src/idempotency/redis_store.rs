@@ -74,17 +74,6 @@ fn ms(d: Duration) -> u64 {
     (d.as_millis() as u64).max(1)
 }
 
-fn err(e: crate::redis::RedisError) -> StoreError {
-    use crate::redis::RedisError as E;
-    // A command that timed out or lost its connection after it was sent may still run.
-    let maybe_applied = match &e {
-        E::NotConnected | E::Connect { .. } => false,
-        E::Timeout { .. } | E::NotReplicated { .. } => true,
-        E::Command { source, .. } => source.is_io_error() || source.is_timeout(),
-    };
-    StoreError::new(e.to_string(), maybe_applied)
-}
-
 fn text(v: Option<&Value>) -> Option<String> {
     match v? {
         Value::BulkString(b) => String::from_utf8(b.clone()).ok(),
@@ -100,10 +89,10 @@ pub(crate) fn fuzz_parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
 }
 
 fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
-    let bad = || StoreError::new("unexpected reply from idem_begin_v4", false);
+    let bad = || StoreError::UnexpectedReply("idem_begin_v4");
     match text(reply.first()).as_deref() {
         // Only when this replica's estimate of Redis's clock is off by more than the time left.
-        Some("late") => Err(StoreError::new("idem_begin_v4 ran after its caller gave up", false)),
+        Some("late") => Err(StoreError::Late("idem_begin_v4")),
         Some("claimed") => Ok(Begin::Claimed),
         Some("mismatch") => Ok(Begin::Mismatch),
         Some("not_kept") => Ok(Begin::NotKept),
@@ -184,11 +173,10 @@ impl RedisStore {
                     .invoke_async(&mut c)
                     .await
             })
-            .await
-            .map_err(err)?;
+            .await?;
         match n {
             1 => Ok(TakenOver::Yes),
-            -1 => Err(StoreError::new("idem_takeover_v1 ran after its caller gave up", false)),
+            -1 => Err(StoreError::Late("idem_takeover_v1")),
             -2 => Ok(TakenOver::TooYoung),
             _ => Ok(TakenOver::Changed),
         }
@@ -234,11 +222,10 @@ impl RedisStore {
                     other => other,
                 }
             })
-            .await
-            .map_err(err)?;
+            .await?;
         if n >= 1 && acked < i64::from(replicas) {
             self.redis.count("idem_complete");
-            return Err(err(crate::redis::RedisError::NotReplicated {
+            return Err(StoreError::Redis(crate::redis::RedisError::NotReplicated {
                 op: "idem_complete",
                 wanted: replicas,
                 acked,
@@ -285,8 +272,7 @@ impl RedisStore {
                     .invoke_async(&mut c)
                     .await
             })
-            .await
-            .map_err(err)?;
+            .await?;
         parse_begin(reply)
     }
 }
@@ -318,10 +304,9 @@ impl Store for RedisStore {
                     .invoke_async(&mut c)
                     .await
             })
-            .await
-            .map_err(err)?;
+            .await?;
         match n {
-            -1 => Err(StoreError::new("idem_renew_v2 ran after its caller gave up", false)),
+            -1 => Err(StoreError::Late("idem_renew_v2")),
             n => Ok(n == 1),
         }
     }
@@ -367,8 +352,7 @@ impl Store for RedisStore {
                     .invoke_async(&mut c)
                     .await
             })
-            .await
-            .map_err(err)?;
+            .await?;
         Ok(n >= 1)
     }
 
@@ -380,8 +364,7 @@ impl Store for RedisStore {
             .run("idem_release", |mut c| async move {
                 script.key(&key).arg(owner.as_str()).invoke_async(&mut c).await
             })
-            .await
-            .map_err(err)?;
+            .await?;
         Ok(n == 1)
     }
 }

@@ -16,6 +16,7 @@ use bytes::Bytes;
 
 use super::fingerprint::{Fingerprint, RecordKey};
 use super::liveness::Owner;
+use crate::redis::RedisError;
 use crate::time::{self, Instant};
 
 pub(crate) use super::kept::KeptHeaders;
@@ -70,21 +71,31 @@ pub enum Completion {
     NotKept,
 }
 
-/// The store could not answer (Redis down or slower than `command_timeout`).
+/// The store could not answer (Redis down or slower than `command_timeout`), or answered what
+/// cannot be read.
 #[derive(Debug, thiserror::Error)]
-#[error("idempotency store unavailable: {message}")]
-pub struct StoreError {
-    pub message: String,
-    /// The command was sent and may still run (it timed out, or its connection broke after it
-    /// was written): a claim made this way is released once the store answers again.
-    pub(crate) maybe_applied: bool,
+pub enum StoreError {
+    /// Redis did not answer, or refused the command: the cause is kept.
+    #[error("idempotency store unavailable: {0}")]
+    Redis(#[from] RedisError),
+    /// A script's reply this build cannot read (a corrupted record, another version's script).
+    #[error("idempotency store unavailable: unexpected reply from {0}")]
+    UnexpectedReply(&'static str),
+    /// A script ran after its caller gave up on it (Redis's clock past the caller's deadline):
+    /// it changed nothing.
+    #[error("idempotency store unavailable: {0} ran after its caller gave up")]
+    Late(&'static str),
 }
 
 impl StoreError {
-    pub fn new(message: impl Into<String>, maybe_applied: bool) -> StoreError {
-        StoreError {
-            message: message.into(),
-            maybe_applied,
+    /// Whether the command was sent and may still run (it timed out, or its connection broke
+    /// after it was written): a claim made this way is released once the store answers again.
+    pub(crate) fn maybe_applied(&self) -> bool {
+        match self {
+            StoreError::Redis(RedisError::NotConnected | RedisError::Connect { .. }) => false,
+            StoreError::Redis(RedisError::Timeout { .. } | RedisError::NotReplicated { .. }) => true,
+            StoreError::Redis(RedisError::Command { source, .. }) => source.is_io_error() || source.is_timeout(),
+            StoreError::UnexpectedReply(_) | StoreError::Late(_) => false,
         }
     }
 }
@@ -676,6 +687,29 @@ mod tests {
         m.map
             .get(key)
             .is_some_and(|e| e.expires > time::now() && matches!(e.state, MemState::Completed(_)))
+    }
+
+    /// A store error keeps Redis's error as its source (logs and error chains show the cause),
+    /// and says as before what failed.
+    #[test]
+    fn a_store_error_keeps_its_cause() {
+        let timeout = Duration::from_millis(5);
+        let e = StoreError::from(RedisError::Timeout {
+            op: "idem_begin",
+            timeout,
+        });
+        assert_eq!(
+            e.to_string(),
+            "idempotency store unavailable: redis command idem_begin timed out after 5ms"
+        );
+        assert!(e.maybe_applied(), "a command that timed out may still run");
+        let cause = std::error::Error::source(&e).and_then(|c| c.downcast_ref::<RedisError>());
+        assert!(matches!(cause, Some(RedisError::Timeout { .. })));
+        assert!(!StoreError::from(RedisError::NotConnected).maybe_applied());
+        assert_eq!(
+            StoreError::Late("idem_renew_v2").to_string(),
+            "idempotency store unavailable: idem_renew_v2 ran after its caller gave up"
+        );
     }
 
     #[tokio::test(start_paused = true)]

@@ -31,7 +31,7 @@ use tokio_util::task::TaskTracker;
 use super::fingerprint::{Fingerprint, RecordKey};
 use super::live::{concat, End, Head, HeadOrEnd, Live, Lives};
 use super::liveness::{Liveness, Owner};
-use crate::redis::RedisHandle;
+use crate::redis::{RedisError, RedisHandle};
 
 /// The most data per stream entry.
 const MAX_ENTRY: usize = 256 << 10;
@@ -120,14 +120,21 @@ impl Relay {
         let mut backoff = Duration::from_millis(100);
         loop {
             let connect = async {
-                let mut pubsub = self.redis.pubsub().await.map_err(|e| e.to_string())?;
-                pubsub.subscribe(&self.channel).await.map_err(|e| e.to_string())?;
-                Ok::<_, String>(pubsub)
+                let mut pubsub = self.redis.pubsub().await?;
+                let subscribed = pubsub.subscribe(&self.channel).await;
+                subscribed.map_err(|source| RedisError::Command {
+                    op: "subscribe",
+                    source,
+                })?;
+                Ok::<_, RedisError>(pubsub)
             };
             let subscribed = tokio::select! {
                 _ = self.stop.cancelled() => return,
                 r = tokio::time::timeout(connect_timeout, connect) => r,
             };
+            if let Ok(Err(e)) = &subscribed {
+                tracing::debug!(error = %e, "idempotency relay cannot subscribe to follow requests; retrying");
+            }
             if let Ok(Ok(pubsub)) = subscribed {
                 backoff = Duration::from_millis(100);
                 let mut messages = pubsub.into_on_message();

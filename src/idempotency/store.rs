@@ -92,7 +92,7 @@ impl StoreError {
     /// after it was written): a claim made this way is released once the store answers again.
     pub(crate) fn maybe_applied(&self) -> bool {
         match self {
-            StoreError::Redis(RedisError::NotConnected | RedisError::Connect { .. }) => false,
+            StoreError::Redis(RedisError::NotConnected | RedisError::Connect { .. } | RedisError::Sentinel(_)) => false,
             StoreError::Redis(RedisError::Timeout { .. } | RedisError::NotReplicated { .. }) => true,
             StoreError::Redis(RedisError::Command { source, .. }) => source.is_io_error() || source.is_timeout(),
             StoreError::UnexpectedReply(_) | StoreError::Late(_) => false,

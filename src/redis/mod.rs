@@ -29,7 +29,7 @@ use crate::config::{RedisConfig, RedisTopology};
 use crate::metrics::Metrics;
 use crate::time;
 pub use conn::Conn;
-pub use nodes::key_slot;
+pub use nodes::{key_slot, SentinelError};
 use nodes::{parse_slots, Nodes};
 
 /// How often the supervisor checks Redis.
@@ -53,6 +53,9 @@ pub enum RedisError {
     },
     #[error("redis {op}: {detail}")]
     Connect { op: &'static str, detail: String },
+    /// No sentinel named the master: what the last one asked answered, kept as the source.
+    #[error("redis sentinel: {0}")]
+    Sentinel(#[from] SentinelError),
     #[error("redis command {op} written, but acknowledged by {acked} of the {wanted} replicas it waited for")]
     NotReplicated { op: &'static str, wanted: u32, acked: i64 },
 }
@@ -97,7 +100,8 @@ impl RedisHandle {
         metrics.redis_up.set(0);
         let (nodes, refused) = match nodes::read_ca(&config) {
             Ok(ca) => (Some(Nodes::new(&config, ca)), None),
-            Err(e) => (None, Some(e)),
+            // Kept as the text readiness and startup show (what to fix).
+            Err(e) => (None, Some(e.to_string())),
         };
         let handle = RedisHandle {
             inner: Arc::new(Inner {
@@ -512,10 +516,7 @@ impl RedisHandle {
             }
             RedisTopology::Sentinel { sentinels, master_name } => {
                 let first = self.inner.first_sentinel.load(Ordering::Relaxed);
-                let (host, port, at) = nodes
-                    .sentinel_master(sentinels, master_name, first)
-                    .await
-                    .map_err(|detail| RedisError::Connect { op: "sentinel", detail })?;
+                let (host, port, at) = nodes.sentinel_master(sentinels, master_name, first).await?;
                 self.inner.first_sentinel.store(at, Ordering::Relaxed);
                 let unchanged = self.master() == Some((host.clone(), port)) && read(&self.inner.conn).is_some();
                 let client = nodes
@@ -664,7 +665,8 @@ async fn check_master(conn: &mut Conn, timeout: Duration) -> Result<(), RedisErr
 fn to_redis(e: RedisError) -> redis::RedisError {
     match e {
         RedisError::Command { source, .. } => source,
-        other => redis::RedisError::from((redis::ErrorKind::IoError, "health check", other.to_string())),
+        // Kept whole, as the source of an I/O error (redis's own error takes no other source).
+        other => redis::RedisError::from(std::io::Error::other(other)),
     }
 }
 
@@ -673,8 +675,9 @@ fn to_redis(e: RedisError) -> redis::RedisError {
 fn refusal(e: &RedisError) -> Option<&'static str> {
     let source = match e {
         RedisError::Command { source, .. } => source,
-        RedisError::Connect { detail, .. } => {
-            return (detail.contains("WRONGPASS") || detail.contains("NOAUTH") || detail.contains("certificate"))
+        RedisError::Sentinel(SentinelError::Failed { source, .. }) => {
+            let text = source.to_string();
+            return (text.contains("WRONGPASS") || text.contains("NOAUTH") || text.contains("certificate"))
                 .then_some("check [redis] username, password and ca_file");
         }
         _ => return None,

@@ -23,13 +23,39 @@ pub(super) struct Nodes {
 }
 
 /// Why `ca_file` cannot be used.
-pub(super) fn read_ca(config: &RedisConfig) -> Result<Option<Vec<u8>>, String> {
+#[derive(Debug, thiserror::Error)]
+pub(super) enum CaError {
+    #[error("cannot read redis.ca_file {path}: {source}")]
+    Read { path: String, source: std::io::Error },
+    #[error("redis.ca_file {path} holds no PEM certificate")]
+    NoCertificate { path: String },
+}
+
+/// The `ca_file` PEM, if one is configured.
+pub(super) fn read_ca(config: &RedisConfig) -> Result<Option<Vec<u8>>, CaError> {
     let Some(path) = &config.ca_file else { return Ok(None) };
-    let pem = std::fs::read(path).map_err(|e| format!("cannot read redis.ca_file {}: {e}", path.display()))?;
+    let shown = || path.display().to_string();
+    let pem = std::fs::read(path).map_err(|source| CaError::Read { path: shown(), source })?;
     if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
-        return Err(format!("redis.ca_file {} holds no PEM certificate", path.display()));
+        return Err(CaError::NoCertificate { path: shown() });
     }
     Ok(Some(pem))
+}
+
+/// Why no sentinel named the master: what the last one asked answered.
+#[derive(Debug, thiserror::Error)]
+pub enum SentinelError {
+    #[error("no sentinel configured")]
+    NoneConfigured,
+    #[error("sentinel {sentinel} knows no master named {name:?}")]
+    UnknownMaster { sentinel: String, name: String },
+    #[error("sentinel {sentinel}: {source}")]
+    Failed {
+        sentinel: String,
+        source: redis::RedisError,
+    },
+    #[error("sentinel {sentinel} did not answer within {timeout:?}")]
+    Timeout { sentinel: String, timeout: Duration },
 }
 
 impl Nodes {
@@ -132,8 +158,8 @@ impl Nodes {
         sentinels: &[String],
         name: &str,
         first: usize,
-    ) -> Result<(String, u16, usize), String> {
-        let mut last = String::from("no sentinel configured");
+    ) -> Result<(String, u16, usize), SentinelError> {
+        let mut last = SentinelError::NoneConfigured;
         for i in 0..sentinels.len() {
             let at = (first + i) % sentinels.len();
             let url = &sentinels[at];
@@ -147,12 +173,18 @@ impl Nodes {
                     .await
             };
             let sentinel = crate::config::redact_url(url);
-            match tokio::time::timeout(self.connect_timeout, ask).await {
+            last = match tokio::time::timeout(self.connect_timeout, ask).await {
                 Ok(Ok(Some((host, port)))) => return Ok((host, port, at)),
-                Ok(Ok(None)) => last = format!("sentinel {sentinel} knows no master named {name:?}"),
-                Ok(Err(e)) => last = format!("sentinel {sentinel}: {e}"),
-                Err(_) => last = format!("sentinel {sentinel} did not answer within {:?}", self.connect_timeout),
-            }
+                Ok(Ok(None)) => SentinelError::UnknownMaster {
+                    sentinel,
+                    name: name.to_string(),
+                },
+                Ok(Err(source)) => SentinelError::Failed { sentinel, source },
+                Err(_) => SentinelError::Timeout {
+                    sentinel,
+                    timeout: self.connect_timeout,
+                },
+            };
         }
         Err(last)
     }

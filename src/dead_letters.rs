@@ -22,7 +22,7 @@ use crate::config::DeadLettersConfig;
 use crate::idempotency::ReplayIdentity;
 use crate::jobs::seal::Sealer;
 use crate::metrics::Metrics;
-use crate::redis::RedisHandle;
+use crate::redis::{RedisError, RedisHandle};
 use crate::wire::usage::AttemptUsage;
 
 /// One attempt, as the entry shows it.
@@ -184,10 +184,10 @@ pub struct Summary {
     pub groups: Vec<Group>,
 }
 
-/// The dead-letter store could not answer.
+/// The dead-letter store could not answer: Redis's error, kept as the source.
 #[derive(Debug, thiserror::Error)]
 #[error("dead-letter store unavailable: {0}")]
-pub struct DeadLetterError(pub String);
+pub struct DeadLetterError(#[from] RedisError);
 
 /// The dead letters of this process (memory) or fleet (Redis).
 #[derive(Clone)]
@@ -450,8 +450,7 @@ impl DeadLetters {
                             .query_async(&mut c)
                             .await
                     })
-                    .await
-                    .map_err(|e| DeadLetterError(e.to_string()))?;
+                    .await?;
                 self.metrics.dead_letters_depth.set(depth);
                 Ok(id)
             }
@@ -552,8 +551,7 @@ impl DeadLetters {
                 r.run("dead_letter_replay", |mut c| async move {
                     script.key(&key).arg(&id).arg(record).invoke_async::<i64>(&mut c).await
                 })
-                .await
-                .map_err(|e| DeadLetterError(e.to_string()))?;
+                .await?;
                 Ok(())
             }
         }
@@ -588,16 +586,14 @@ impl DeadLetters {
                             .query_async::<()>(&mut c)
                             .await
                     })
-                    .await
-                    .map_err(|e| DeadLetterError(e.to_string()))?;
+                    .await?;
                 }
                 let key2 = key.clone();
                 let depth: i64 = r
                     .run("dead_letter_len", |mut c| async move {
                         redis::cmd("XLEN").arg(&key2).query_async(&mut c).await
                     })
-                    .await
-                    .map_err(|e| DeadLetterError(e.to_string()))?;
+                    .await?;
                 self.metrics.dead_letters_depth.set(depth);
                 Ok(ids.len() as u64)
             }
@@ -648,10 +644,8 @@ impl DeadLetters {
         op: &'static str,
         cmd: redis::Cmd,
     ) -> Result<Vec<DeadLetter>, DeadLetterError> {
-        let rows: Vec<(String, Vec<(String, String)>)> = r
-            .run(op, |mut c| async move { cmd.query_async(&mut c).await })
-            .await
-            .map_err(|e| DeadLetterError(e.to_string()))?;
+        let rows: Vec<(String, Vec<(String, String)>)> =
+            r.run(op, |mut c| async move { cmd.query_async(&mut c).await }).await?;
         let mut entries = self.decode(rows);
         self.attach_replays(r, &mut entries).await?;
         Ok(entries)
@@ -678,8 +672,7 @@ impl DeadLetters {
             .run("dead_letter_scan", |mut c| async move {
                 redis::cmd("HMGET").arg(&key).arg(&ids).query_async(&mut c).await
             })
-            .await
-            .map_err(|e| DeadLetterError(e.to_string()))?;
+            .await?;
         for (e, replays) in entries.iter_mut().zip(found) {
             if let Some(list) = replays.and_then(|s| serde_json::from_str(&s).ok()) {
                 e.replays = list;

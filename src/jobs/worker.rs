@@ -204,16 +204,16 @@ struct Reader {
 }
 
 impl Reader {
-    fn announce(&mut self, what: &str, error: &str) {
+    fn announce(&mut self, what: &str, error: &dyn std::error::Error) {
         if !self.announced {
             tracing::warn!(error = %error, "job workers: {what}; retrying every second");
             self.announced = true;
         }
     }
 
-    async fn ensure_group(&mut self) -> Result<(), String> {
+    async fn ensure_group(&mut self) -> Result<(), JobsError> {
         if !self.group_ready {
-            self.queue.ensure_group().await.map_err(|e| e.to_string())?;
+            self.queue.ensure_group().await?;
             self.group_ready = true;
         }
         Ok(())
@@ -268,7 +268,7 @@ impl Reader {
     }
 
     /// The reader's own connection (made when there is none).
-    async fn connection(&mut self) -> Result<redis::aio::MultiplexedConnection, String> {
+    async fn connection(&mut self) -> Result<redis::aio::MultiplexedConnection, JobsError> {
         if let Some(c) = self.conn.take() {
             return Ok(c);
         }
@@ -276,8 +276,7 @@ impl Reader {
         // On a Cluster, the master of the stream's slot; on Sentinel, the current master.
         let c = redis
             .dedicated_for(&self.queue.stream, Some(READ_BLOCK + Duration::from_secs(5)))
-            .await
-            .map_err(|e| e.to_string())?;
+            .await?;
         if self.announced {
             tracing::info!("job workers: reading the queue again");
             self.announced = false;
@@ -291,7 +290,7 @@ impl Reader {
         mut conn: redis::aio::MultiplexedConnection,
         permit: OwnedSemaphorePermit,
         draining: &CancellationToken,
-    ) -> Result<bool, (&'static str, String)> {
+    ) -> Result<bool, (&'static str, JobsError)> {
         let block = self
             .next_reclaim
             .saturating_duration_since(crate::time::now())
@@ -315,9 +314,9 @@ impl Reader {
                 self.group_ready = false;
                 Ok(true)
             }
-            Ok(Err(e)) => Err(("cannot read the queue", e.to_string())),
-            Err(_) => {
-                self.announce("a queue read timed out", "timeout");
+            Ok(Err(e)) => Err(("cannot read the queue", e)),
+            Err(elapsed) => {
+                self.announce("a queue read timed out", &elapsed);
                 Ok(true)
             }
         }

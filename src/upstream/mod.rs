@@ -40,8 +40,11 @@ pub(crate) struct Upstream {
 pub enum SetupError {
     #[error(transparent)]
     Tls(#[from] tls::TlsError),
+    /// The origin URI could not be built: http's error, kept as the source.
     #[error("invalid address: {0}")]
-    Address(String),
+    Address(#[source] http::Error),
+    #[error("invalid address: {0} is not a valid host header")]
+    HostHeader(http::uri::Authority),
 }
 
 /// Why an attempt produced no response head.
@@ -83,9 +86,9 @@ impl Upstream {
             .authority(config.authority.clone())
             .path_and_query("/")
             .build()
-            .map_err(|e| SetupError::Address(e.to_string()))?;
+            .map_err(SetupError::Address)?;
         let host = pool::host_header(&config.scheme, &config.authority)
-            .ok_or_else(|| SetupError::Address(format!("{} is not a valid host header", config.authority)))?;
+            .ok_or_else(|| SetupError::HostHeader(config.authority.clone()))?;
         let pool = Arc::new(pool::Pool::new(
             connector(&config, tls.clone(), true),
             origin,

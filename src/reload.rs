@@ -16,7 +16,7 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Config, ConfigErrors};
+use crate::config::{Config, LoadError};
 use crate::idempotency::fingerprint::digest;
 use crate::proxy::{BuildError, Proxy, Shared};
 
@@ -27,7 +27,7 @@ pub(crate) const WATCH_INTERVAL: Duration = Duration::from_secs(1);
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
     #[error("{0}")]
-    Invalid(#[from] ConfigErrors),
+    Invalid(#[from] LoadError),
     #[error("{0}")]
     Build(#[from] BuildError),
 }

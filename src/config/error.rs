@@ -50,6 +50,17 @@ impl std::fmt::Display for ConfigErrors {
 
 impl std::error::Error for ConfigErrors {}
 
+/// Why a configuration file could not be loaded ([`super::Config::load`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    /// The file could not be read: the I/O error is kept as the source.
+    #[error("{file}: cannot read the file: {source}")]
+    Read { file: String, source: std::io::Error },
+    /// It was read and is not valid: every problem found.
+    #[error(transparent)]
+    Invalid(#[from] ConfigErrors),
+}
+
 /// Finds where keys are in the source text, for error positions.
 pub(crate) struct Locator<'a> {
     src: &'a str,
@@ -241,6 +252,22 @@ fn segments(path: &str) -> Vec<Seg<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A file that cannot be read keeps its I/O error as the source, and reads as before.
+    #[test]
+    fn an_unreadable_file_keeps_its_io_error() {
+        let path = std::path::Path::new("/nonexistent/rebound.toml");
+        let Err(e) = crate::config::Config::load_with_env(path, &|_| None) else {
+            panic!("a missing file loads");
+        };
+        assert!(
+            e.to_string()
+                .starts_with("/nonexistent/rebound.toml: cannot read the file: "),
+            "{e}"
+        );
+        let source = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(source.map(std::io::Error::kind), Some(std::io::ErrorKind::NotFound));
+    }
 
     const SRC: &str = "[server]\nlisten = \"x\"\n\n[upstreams.openai]\nurl = \"https://a\"\nset_headers = { authorization = \"k\" }\n\n[[routes]]\nname = \"a\"\n\n[[routes]]\nname = \"b\"\nupstream = \"nope\"\nfallback = [\"x\", \"y\"]\n";
 

@@ -30,7 +30,7 @@ use http::{HeaderName, HeaderValue};
 
 pub use crate::credentials::Credentials;
 
-pub use error::ConfigErrors;
+pub use error::{ConfigErrors, LoadError};
 
 pub(crate) use cloud::{aws_region_of, aws_service_of};
 pub use cloud::{Auth, AwsAuth, CloudEnv};
@@ -585,22 +585,17 @@ pub struct IdempotencyPolicy {
 
 impl Config {
     /// Reads, interpolates from the process environment and validates `path`.
-    pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    pub fn load(path: &Path) -> Result<Config, LoadError> {
         Self::load_with_env(path, &|name| std::env::var(name).ok())
     }
 
     /// As [`Config::load`], with the environment given (tests never touch the process's).
-    pub fn load_with_env(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
-        let src = std::fs::read_to_string(path).map_err(|e| {
-            ConfigErrors(vec![ConfigError {
-                file: path.display().to_string(),
-                line: None,
-                column: None,
-                key: String::new(),
-                message: format!("cannot read the file: {e}"),
-            }])
+    pub fn load_with_env(path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, LoadError> {
+        let src = std::fs::read_to_string(path).map_err(|source| LoadError::Read {
+            file: path.display().to_string(),
+            source,
         })?;
-        Self::parse(&src, path, env)
+        Ok(Self::parse(&src, path, env)?)
     }
 
     /// Parses and validates `src`; `path` names it in errors.

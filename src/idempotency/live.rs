@@ -414,6 +414,11 @@ pub(crate) struct Lives {
 impl Lives {
     /// The live response of an in-flight claim of `record` on this replica.
     pub fn get(&self, record: &RecordKey) -> Option<Arc<Live>> {
+        self.by_text(record.as_str())
+    }
+
+    /// The same, by the key's text as a follow request names it (looked up without making a key).
+    pub(crate) fn by_text(&self, record: &str) -> Option<Arc<Live>> {
         self.map.lock().get(record).cloned()
     }
 

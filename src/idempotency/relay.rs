@@ -165,15 +165,14 @@ impl Relay {
         let Some((record, owner)) = request.split_once(' ') else {
             return;
         };
-        let record = RecordKey::new(record);
-        let Some(live) = self.lives.get(&record).filter(|l| l.owner.as_str() == owner) else {
+        let Some(live) = self.lives.by_text(record).filter(|l| l.owner.as_str() == owner) else {
             return;
         };
         if !live.start_relay() {
             return;
         }
         let relay = self.clone();
-        let key = stream_key(&self.redis, &record, &live.owner);
+        let key = stream_key(&self.redis, &live.record, &live.owner);
         let cap = live.cap();
         self.tasks.spawn(async move {
             tokio::select! {

@@ -108,7 +108,7 @@ pub trait Store: Send + Sync + 'static {
     /// be passed in another's place:
     ///
     /// ```
-    /// # use rebound::idempotency::{Fingerprint, MemoryStore, Owner, RecordKey, Store};
+    /// # use rebound::hooks::idempotency::{Fingerprint, MemoryStore, Owner, RecordKey, Store};
     /// # async fn claim(store: &MemoryStore, key: &RecordKey, fingerprint: &Fingerprint, owner: &Owner) {
     /// let begun = store.begin(key, fingerprint, owner, std::time::Duration::from_secs(30)).await;
     /// # }
@@ -117,7 +117,7 @@ pub trait Store: Send + Sync + 'static {
     /// while a key and a fingerprint swapped do not compile:
     ///
     /// ```compile_fail,E0308
-    /// # use rebound::idempotency::{Fingerprint, MemoryStore, Owner, RecordKey, Store};
+    /// # use rebound::hooks::idempotency::{Fingerprint, MemoryStore, Owner, RecordKey, Store};
     /// # async fn claim(store: &MemoryStore, key: &RecordKey, fingerprint: &Fingerprint, owner: &Owner) {
     /// let begun = store.begin(fingerprint, key, owner, std::time::Duration::from_secs(30)).await;
     /// # }

@@ -17,7 +17,7 @@ use serde::Deserialize;
 
 use super::fetch::{Call, Fetch};
 use super::sigv4::{self, Keys};
-use super::{Credential, Issued, Source, SourceError};
+use super::{invalid, read, rfc3339, secret, Credential, Issued, Source, SourceError};
 use crate::config::{AwsAuth, AwsSource, CloudEnv};
 
 /// The instance metadata service, where `AWS_EC2_METADATA_SERVICE_ENDPOINT` does not say.
@@ -283,7 +283,7 @@ fn sts_keys(what: &'static str, body: &[u8]) -> Result<Issued, SourceError> {
         .map_err(|_| invalid(what, "the answer holds no credentials"))?
         .result
         .credentials;
-    let expires = expiry(what, &c.expiration)?;
+    let expires = rfc3339(what, &c.expiration)?;
     let keys = Keys {
         access_key_id: c.access_key_id,
         secret_access_key: c.secret_access_key,
@@ -303,7 +303,7 @@ fn json_keys(what: &'static str, body: &[u8]) -> Result<Issued, SourceError> {
         expiration: Option<String>,
     }
     let a: Answer = serde_json::from_slice(body).map_err(|_| invalid(what, "the answer holds no credentials"))?;
-    let expires = a.expiration.as_deref().map(|e| expiry(what, e)).transpose()?;
+    let expires = a.expiration.as_deref().map(|e| rfc3339(what, e)).transpose()?;
     let keys = Keys {
         access_key_id: a.access_key_id,
         secret_access_key: a.secret_access_key,
@@ -312,39 +312,10 @@ fn json_keys(what: &'static str, body: &[u8]) -> Result<Issued, SourceError> {
     Ok(issued(keys, expires))
 }
 
-/// An RFC 3339 time (`2026-12-05T17:00:00Z`).
-fn expiry(what: &'static str, text: &str) -> Result<SystemTime, SourceError> {
-    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
-        .map(SystemTime::from)
-        .map_err(|_| invalid(what, "its expiration is not an RFC 3339 time"))
-}
-
 fn issued(keys: Keys, expires: Option<SystemTime>) -> Issued {
     Issued {
         credential: Credential::Aws(keys),
         expires,
-    }
-}
-
-/// A token file's content (re-read at each refresh: the platform rotates it).
-fn read(path: &str) -> Result<String, SourceError> {
-    std::fs::read_to_string(path).map_err(|source| SourceError::File {
-        path: path.to_string(),
-        source,
-    })
-}
-
-/// A secret as a header value, marked sensitive (never printed by `http`'s `Debug`).
-fn secret(value: &str, what: &'static str) -> Result<HeaderValue, SourceError> {
-    let mut v = HeaderValue::from_str(value).map_err(|_| invalid(what, "a token is not a header value"))?;
-    v.set_sensitive(true);
-    Ok(v)
-}
-
-fn invalid(what: &'static str, detail: &str) -> SourceError {
-    SourceError::Invalid {
-        what,
-        detail: detail.to_string(),
     }
 }
 

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use arc_swap::ArcSwapOption;
 use bytes::Bytes;
 use futures_util::future::BoxFuture;
-use http::Request;
+use http::{HeaderValue, Request};
 use http_body_util::Full;
 use parking_lot::Mutex;
 use prometheus::IntCounter;
@@ -245,6 +245,35 @@ fn retry_wait(failures: u32) -> Duration {
     RETRY_FIRST
         .saturating_mul(1 << failures.saturating_sub(1).min(6))
         .min(RETRY_MAX)
+}
+
+/// A token file's or key file's content (re-read at each refresh: the platform rotates it).
+pub(crate) fn read(path: &str) -> Result<String, SourceError> {
+    std::fs::read_to_string(path).map_err(|source| SourceError::File {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// A secret as a header value, marked sensitive (never printed by `http`'s `Debug`).
+pub(crate) fn secret(value: &str, what: &'static str) -> Result<HeaderValue, SourceError> {
+    let mut v = HeaderValue::from_str(value).map_err(|_| invalid(what, "a token is not a header value"))?;
+    v.set_sensitive(true);
+    Ok(v)
+}
+
+/// An RFC 3339 time (`2026-12-05T17:00:00Z`), as credential services send expiries.
+pub(crate) fn rfc3339(what: &'static str, text: &str) -> Result<SystemTime, SourceError> {
+    time::OffsetDateTime::parse(text, &time::format_description::well_known::Rfc3339)
+        .map(SystemTime::from)
+        .map_err(|_| invalid(what, "its expiration is not an RFC 3339 time"))
+}
+
+pub(crate) fn invalid(what: &'static str, detail: &str) -> SourceError {
+    SourceError::Invalid {
+        what,
+        detail: detail.to_string(),
+    }
 }
 
 /// Every upstream's cloud credential, across reloads: a reload that keeps an upstream's `auth`

@@ -137,10 +137,9 @@ impl Source for AssumeRole {
     fn fetch<'a>(&'a self, http: &'a Fetch) -> BoxFuture<'a, Result<Issued, SourceError>> {
         Box::pin(async move {
             const WHAT: &str = "STS AssumeRole";
-            let Issued {
-                credential: Credential::Aws(keys),
-                ..
-            } = self.base.keys(http).await?;
+            let Credential::Aws(keys) = self.base.keys(http).await?.credential else {
+                return Err(invalid(WHAT, "the chain gave no AWS keys"));
+            };
             let url = sts_url(&self.base.env, &self.region);
             let form = [
                 ("Action", "AssumeRole"),
@@ -339,7 +338,9 @@ mod tests {
     #[test]
     fn an_sts_answer_gives_temporary_keys_and_their_expiry() {
         let issued = sts_keys("STS", STS.as_bytes()).unwrap();
-        let Credential::Aws(keys) = issued.credential;
+        let Credential::Aws(keys) = issued.credential else {
+            panic!("not keys")
+        };
         assert_eq!(keys.access_key_id, "ASIAEXAMPLE");
         assert_eq!(keys.session_token.as_deref(), Some("FwoGZXIvYXdzEXAMPLE"));
         let expires = issued.expires.unwrap().duration_since(SystemTime::UNIX_EPOCH).unwrap();
@@ -378,7 +379,9 @@ mod tests {
             _ => None,
         });
         assert_eq!(env.aws_source(), AwsSource::Profile);
-        let Credential::Aws(keys) = profile(&env).unwrap().credential;
+        let Credential::Aws(keys) = profile(&env).unwrap().credential else {
+            panic!("not keys")
+        };
         assert_eq!(keys.access_key_id, "AKLLM");
         std::fs::remove_dir_all(&dir).unwrap();
     }

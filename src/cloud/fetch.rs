@@ -75,6 +75,17 @@ impl<'a> Call<'a> {
         }
     }
 
+    /// A JSON POST of `body`.
+    pub(crate) fn json(what: &'static str, uri: &'a str, body: String) -> Call<'a> {
+        Call {
+            what,
+            method: Method::POST,
+            uri,
+            headers: vec![(http::header::CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+            body: Bytes::from(body),
+        }
+    }
+
     pub(crate) fn header(mut self, name: HeaderName, value: HeaderValue) -> Call<'a> {
         self.headers.push((name, value));
         self

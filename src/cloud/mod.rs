@@ -10,6 +10,8 @@
 
 pub(crate) mod aws;
 pub(crate) mod fetch;
+pub(crate) mod gcp;
+pub(crate) mod oauth;
 pub(crate) mod sigv4;
 
 use std::collections::HashMap;
@@ -36,6 +38,9 @@ use sigv4::Keys;
 pub(crate) enum Credential {
     /// AWS keys, signed into each request.
     Aws(Keys),
+    /// `Bearer <token>` (Google's and Entra ID's access tokens), set as `authorization`; marked
+    /// sensitive, so that `http`'s `Debug` never prints it.
+    Bearer(HeaderValue),
 }
 
 /// A credential and when it expires (`None`: it does not, e.g. keys in the environment).
@@ -73,6 +78,8 @@ enum Signing {
         region: String,
         service: String,
     },
+    /// The token as `authorization: Bearer <token>`.
+    Bearer,
 }
 
 /// Why a request cannot carry the upstream's credential now.
@@ -144,6 +151,16 @@ impl CloudAuth {
                     tracing::warn!(upstream = %self.upstream, error = %e, "request not signed");
                     Unavailable::Failed
                 })
+            }
+            (Credential::Bearer(token), Signing::Bearer) => {
+                req.headers_mut().insert(http::header::AUTHORIZATION, token.clone());
+                Ok(())
+            }
+            // A source hands out its cloud's kind of credential: a mismatch is a bug, and no
+            // request goes out with the wrong one.
+            (Credential::Aws(_), Signing::Bearer) | (Credential::Bearer(_), Signing::Aws { .. }) => {
+                tracing::warn!(upstream = %self.upstream, "credential of another kind than the upstream's auth");
+                Err(Unavailable::Failed)
             }
         }
     }
@@ -326,8 +343,9 @@ impl Clouds {
                 },
                 aws::chain(aws, env),
             ),
-            // Refused by the config's validation until their chains are built.
-            Auth::Gcp | Auth::Azure => return None,
+            Auth::Gcp => (Signing::Bearer, gcp::source(env)),
+            // Refused by the config's validation until its chain is built.
+            Auth::Azure => return None,
         };
         let mut known = self.inner.by_upstream.lock();
         if let Some((c, e, weak)) = known.get(upstream) {

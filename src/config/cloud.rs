@@ -73,8 +73,9 @@ pub(crate) const CLOUD_ENV: &[&str] = &[
     "AWS_EC2_METADATA_DISABLED",
     "AWS_PROFILE",
     "AWS_SHARED_CREDENTIALS_FILE",
-    // Google Application Default Credentials.
+    // Google Application Default Credentials: a credentials file, gcloud's, the metadata server.
     "GOOGLE_APPLICATION_CREDENTIALS",
+    "CLOUDSDK_CONFIG",
     "GCE_METADATA_HOST",
     // Azure: workload identity, managed identity, a client secret.
     "AZURE_CLIENT_ID",
@@ -163,6 +164,70 @@ impl CloudEnv {
     }
 }
 
+/// Where Google's Application Default Credentials come from: the credentials file
+/// (`GOOGLE_APPLICATION_CREDENTIALS`, else gcloud's `application_default_credentials.json` when
+/// it exists), by the `type` it declares, else the metadata server (GKE Workload Identity, a
+/// VM's service account).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum GcpSource {
+    /// A service account key: a JWT signed with its key, exchanged for a token.
+    ServiceAccount,
+    /// Workload identity federation: a subject token file exchanged at STS.
+    ExternalAccount,
+    /// A user's refresh token (`gcloud auth application-default login`).
+    AuthorizedUser,
+    /// A credentials file that could not be read or declares no type rebound knows: each fetch
+    /// reads it again and says why it fails.
+    CredentialsFile,
+    MetadataServer,
+}
+
+spelled!(GcpSource {
+    "service_account" => ServiceAccount,
+    "external_account" => ExternalAccount,
+    "authorized_user" => AuthorizedUser,
+    "credentials_file" => CredentialsFile,
+    "metadata_server" => MetadataServer,
+});
+
+impl CloudEnv {
+    /// The credentials file of Google's chain: `GOOGLE_APPLICATION_CREDENTIALS`, else gcloud's
+    /// (`CLOUDSDK_CONFIG`, else `~/.config/gcloud`) when it exists; `None`: the metadata server.
+    pub(crate) fn gcp_credentials_file(&self) -> Option<std::path::PathBuf> {
+        if let Some(file) = self.get("GOOGLE_APPLICATION_CREDENTIALS") {
+            return Some(file.into());
+        }
+        let dir = match (self.get("CLOUDSDK_CONFIG"), self.get("HOME")) {
+            (Some(dir), _) => std::path::PathBuf::from(dir),
+            (None, Some(home)) => std::path::Path::new(home).join(".config/gcloud"),
+            (None, None) => return None,
+        };
+        Some(dir.join("application_default_credentials.json")).filter(|f| f.is_file())
+    }
+
+    /// Google's source for this environment (the credentials file's type is read from it; its
+    /// secrets are read when the credential is fetched).
+    pub(crate) fn gcp_source(&self) -> GcpSource {
+        #[derive(serde::Deserialize)]
+        struct Declared {
+            #[serde(rename = "type")]
+            kind: String,
+        }
+        let Some(file) = self.gcp_credentials_file() else {
+            return GcpSource::MetadataServer;
+        };
+        let declared = std::fs::read_to_string(file)
+            .ok()
+            .and_then(|text| serde_json::from_str::<Declared>(&text).ok());
+        match declared.as_ref().map(|d| d.kind.as_str()) {
+            Some("service_account") => GcpSource::ServiceAccount,
+            Some("external_account") => GcpSource::ExternalAccount,
+            Some("authorized_user") => GcpSource::AuthorizedUser,
+            _ => GcpSource::CredentialsFile,
+        }
+    }
+}
+
 /// The region of an AWS host (`bedrock-runtime.us-east-1.amazonaws.com`: `us-east-1`).
 pub(crate) fn aws_region_of(host: &str) -> Option<&str> {
     let rest = host.strip_suffix(".amazonaws.com")?;
@@ -198,9 +263,6 @@ mod tests {
 
     #[test]
     fn the_aws_chain_takes_the_first_source_the_environment_names() {
-        fn env(pairs: &[(&str, &str)]) -> CloudEnv {
-            CloudEnv::capture(&|name| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
-        }
         let irsa = [
             ("AWS_ROLE_ARN", "arn:aws:iam::1:role/r"),
             ("AWS_WEB_IDENTITY_TOKEN_FILE", "/t"),
@@ -219,6 +281,46 @@ mod tests {
         assert_eq!(env(&pod).aws_source(), AwsSource::Container);
         let none = [("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/credentials")];
         assert_eq!(env(&none).aws_source(), AwsSource::InstanceMetadata);
+    }
+
+    fn env(pairs: &[(&str, &str)]) -> CloudEnv {
+        CloudEnv::capture(&|name| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string()))
+    }
+
+    #[test]
+    fn googles_chain_reads_the_credentials_files_type_else_asks_the_metadata_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = |name: &str, text: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        };
+        let sa = file("sa.json", r#"{"type":"service_account","private_key":"-"}"#);
+        let ext = file("ext.json", r#"{"type":"external_account"}"#);
+        let other = file("other.json", r#"{"type":"impersonated_service_account"}"#);
+        let gac = |path: &str| env(&[("GOOGLE_APPLICATION_CREDENTIALS", path), ("HOME", "/nonexistent")]);
+        assert_eq!(gac(&sa).gcp_source(), GcpSource::ServiceAccount);
+        assert_eq!(gac(&ext).gcp_source(), GcpSource::ExternalAccount);
+        assert_eq!(gac(&other).gcp_source(), GcpSource::CredentialsFile);
+        assert_eq!(gac("/nonexistent/key.json").gcp_source(), GcpSource::CredentialsFile);
+        assert_eq!(env(&[("HOME", "/nonexistent")]).gcp_source(), GcpSource::MetadataServer);
+        // gcloud's file, when it exists.
+        let gcloud = dir.path().join("gcloud");
+        std::fs::create_dir_all(&gcloud).unwrap();
+        let config = gcloud.display().to_string();
+        assert_eq!(
+            env(&[("CLOUDSDK_CONFIG", &config)]).gcp_source(),
+            GcpSource::MetadataServer
+        );
+        std::fs::write(
+            gcloud.join("application_default_credentials.json"),
+            r#"{"type":"authorized_user"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            env(&[("CLOUDSDK_CONFIG", &config)]).gcp_source(),
+            GcpSource::AuthorizedUser
+        );
     }
 
     #[test]

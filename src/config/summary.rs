@@ -176,17 +176,24 @@ fn upstreams(out: &mut String, c: &Config) {
             let names: Vec<&str> = u.set_headers.iter().map(|(k, _)| k.as_str()).collect();
             let _ = write!(out, ", sets {} (values hidden)", names.join(", "));
         }
-        if let Auth::Aws(aws) = &u.auth {
-            let _ = write!(
-                out,
-                ", auth aws (SigV4 {} {}, credential from {}{})",
-                aws.region,
-                aws.service,
-                c.cloud_env.aws_source().as_str(),
-                aws.role_arn
-                    .as_deref()
-                    .map_or(String::new(), |r| format!(", then assumes {r}"))
-            );
+        match &u.auth {
+            Auth::Static | Auth::Azure => {}
+            Auth::Aws(aws) => {
+                let _ = write!(
+                    out,
+                    ", auth aws (SigV4 {} {}, credential from {}{})",
+                    aws.region,
+                    aws.service,
+                    c.cloud_env.aws_source().as_str(),
+                    aws.role_arn
+                        .as_deref()
+                        .map_or(String::new(), |r| format!(", then assumes {r}"))
+                );
+            }
+            Auth::Gcp => {
+                let source = c.cloud_env.gcp_source().as_str();
+                let _ = write!(out, ", auth gcp (bearer token, credential from {source})");
+            }
         }
         out.push('\n');
     }

@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::support::cloud::{sigv4_valid, sts_answer, sts_secret, StandIn};
+use crate::support::cloud::{sigv4_valid, sts_answer, sts_secret, StandIn, TokenFile};
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{FakeProvider, Step};
 use crate::support::sidecar::Rebound;
@@ -15,25 +15,6 @@ const ROLE: &str = "arn:aws:iam::123456789012:role/llm";
 /// A Bedrock path (under the fake provider's `/echo`), with the `:` a model id carries.
 const INVOKE: &str = "/fake/echo/model/anthropic.claude-sonnet-4-5-v1:0/invoke";
 const BODY: &str = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":16,"messages":[]}"#;
-
-/// A token file in a directory of its own (removed when dropped).
-struct TokenFile(tempfile::TempDir);
-
-impl TokenFile {
-    fn new(content: &str) -> TokenFile {
-        let dir = tempfile::tempdir().unwrap();
-        std::fs::write(dir.path().join("token"), content).unwrap();
-        TokenFile(dir)
-    }
-
-    fn path(&self) -> String {
-        self.0.path().join("token").display().to_string()
-    }
-
-    fn rotate(&self, content: &str) {
-        std::fs::write(self.0.path().join("token"), content).unwrap();
-    }
-}
 
 /// STS answering `AssumeRoleWithWebIdentity` with keys `ASIA{n}` valid for `life`.
 async fn sts(life: Duration) -> StandIn {

@@ -81,13 +81,10 @@ impl Validator<'_> {
     ) -> Auth {
         let key = |k: &str| format!("upstreams.{name}.{k}");
         let kind = self.choice(&key("auth"), &u.auth, AuthKind::Static, AuthKind::CHOICES);
-        if matches!(kind, AuthKind::Gcp | AuthKind::Azure) {
+        if kind == AuthKind::Azure {
             self.err(
                 &key("auth"),
-                format!(
-                    "expected \"static\" or \"aws\": auth = \"{}\" is not in this build yet",
-                    kind.as_str()
-                ),
+                "expected \"static\", \"aws\" or \"gcp\": auth = \"azure\" is not in this build yet",
             );
             return Auth::Static;
         }
@@ -111,6 +108,7 @@ impl Validator<'_> {
                     || h.as_str().starts_with("x-amz-")
                     || h == "x-api-key"
                     || h == "api-key"
+                    || h == "x-goog-api-key"
             });
             if let Some((h, _)) = own {
                 self.err(

@@ -1,6 +1,8 @@
 //! Local stand-ins for the clouds' credential services (STS, the container credentials endpoint,
-//! IMDSv2), over real sockets, reached through the clouds' standard environment variables; and a
-//! SigV4 verifier written from AWS's specification, independent of the signer rebound uses.
+//! IMDSv2, Google's and Entra ID's token endpoints, the metadata servers), over real sockets,
+//! reached through the clouds' standard environment variables; a SigV4 verifier written from
+//! AWS's specification, independent of the signer rebound uses; and an RS256 JWT verifier, with
+//! the throwaway RSA key of the tests' service account.
 
 #![allow(dead_code)]
 
@@ -123,6 +125,82 @@ impl StandIn {
     pub fn count(&self) -> usize {
         self.seen.lock().unwrap().len()
     }
+}
+
+/// A token file (or any credentials file) in a directory of its own (removed when dropped).
+pub struct TokenFile(tempfile::TempDir);
+
+impl TokenFile {
+    pub fn new(content: &str) -> TokenFile {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("token"), content).unwrap();
+        TokenFile(dir)
+    }
+
+    pub fn path(&self) -> String {
+        self.0.path().join("token").display().to_string()
+    }
+
+    pub fn rotate(&self, content: &str) {
+        std::fs::write(self.0.path().join("token"), content).unwrap();
+    }
+}
+
+/// An OAuth 2.0 token answer (Google's, Entra ID's): `token`, valid for `life`.
+pub fn bearer_answer(token: &str, life: Duration) -> String {
+    serde_json::json!({"access_token": token, "expires_in": life.as_secs(), "token_type": "Bearer"}).to_string()
+}
+
+/// The throwaway 2048-bit RSA key (PKCS#8 PEM) of the tests' Google service account, made once
+/// with `openssl genpkey` (neither ring nor rcgen's ring backend generates RSA keys). It signs
+/// nothing outside these tests.
+pub const TEST_RSA_KEY: &str = include_str!("rsa_test_key.pem");
+
+/// A base64 run of [`TEST_RSA_KEY`]'s body, to look for where no key may appear.
+pub fn test_key_fragment() -> &'static str {
+    &TEST_RSA_KEY.lines().nth(5).unwrap()[..40]
+}
+
+/// A Google `service_account` key file whose token endpoint is `token_uri`, signing with
+/// [`TEST_RSA_KEY`].
+pub fn service_account_json(token_uri: &str) -> String {
+    serde_json::json!({
+        "type": "service_account",
+        "project_id": "llm-project",
+        "private_key_id": "0123456789abcdef",
+        "private_key": TEST_RSA_KEY,
+        "client_email": "llm@llm-project.iam.gserviceaccount.com",
+        "client_id": "100000000000000000001",
+        "token_uri": token_uri,
+    })
+    .to_string()
+}
+
+/// The claims of `jwt` when it is RS256 and its signature verifies with [`TEST_RSA_KEY`]'s public
+/// key (ring's verifier).
+pub fn jwt_claims(jwt: &str) -> Result<serde_json::Value, String> {
+    use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+    use base64::Engine as _;
+    let decode = |part: &str| URL_SAFE_NO_PAD.decode(part).map_err(|e| format!("base64url: {e}"));
+    let [header, claims, signature] = jwt.split('.').collect::<Vec<_>>()[..] else {
+        return Err(format!("not three parts: {jwt}"));
+    };
+    let header_json: serde_json::Value = serde_json::from_slice(&decode(header)?).map_err(|e| e.to_string())?;
+    if header_json["alg"] != "RS256" {
+        return Err(format!("header {header_json}"));
+    }
+    let Some(rustls::pki_types::PrivateKeyDer::Pkcs8(der)) =
+        rustls_pemfile::private_key(&mut TEST_RSA_KEY.as_bytes()).unwrap()
+    else {
+        panic!("the test key is PKCS#8")
+    };
+    let pair = ring::signature::RsaKeyPair::from_pkcs8(der.secret_pkcs8_der()).unwrap();
+    let public =
+        ring::signature::UnparsedPublicKey::new(&ring::signature::RSA_PKCS1_2048_8192_SHA256, pair.public().as_ref());
+    public
+        .verify(format!("{header}.{claims}").as_bytes(), &decode(signature)?)
+        .map_err(|_| "the signature does not verify".to_string())?;
+    serde_json::from_slice(&decode(claims)?).map_err(|e| e.to_string())
 }
 
 /// An RFC 3339 time `after` from now.

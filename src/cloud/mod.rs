@@ -9,6 +9,7 @@
 //! and errors name the service that failed, not what it answered.
 
 pub(crate) mod aws;
+pub(crate) mod azure;
 pub(crate) mod fetch;
 pub(crate) mod gcp;
 pub(crate) mod oauth;
@@ -344,8 +345,7 @@ impl Clouds {
                 aws::chain(aws, env),
             ),
             Auth::Gcp => (Signing::Bearer, gcp::source(env)),
-            // Refused by the config's validation until its chain is built.
-            Auth::Azure => return None,
+            Auth::Azure => (Signing::Bearer, azure::source(env)),
         };
         let mut known = self.inner.by_upstream.lock();
         if let Some((c, e, weak)) = known.get(upstream) {

@@ -77,7 +77,8 @@ pub(crate) const CLOUD_ENV: &[&str] = &[
     "GOOGLE_APPLICATION_CREDENTIALS",
     "CLOUDSDK_CONFIG",
     "GCE_METADATA_HOST",
-    // Azure: workload identity, managed identity, a client secret.
+    // Azure: a client secret, workload identity, managed identity (App Service's endpoint, or
+    // the instance metadata service, which the SDKs let AZURE_POD_IDENTITY_AUTHORITY_HOST move).
     "AZURE_CLIENT_ID",
     "AZURE_TENANT_ID",
     "AZURE_FEDERATED_TOKEN_FILE",
@@ -85,6 +86,7 @@ pub(crate) const CLOUD_ENV: &[&str] = &[
     "AZURE_CLIENT_SECRET",
     "IDENTITY_ENDPOINT",
     "IDENTITY_HEADER",
+    "AZURE_POD_IDENTITY_AUTHORITY_HOST",
     "HOME",
 ];
 
@@ -190,6 +192,25 @@ spelled!(GcpSource {
     "metadata_server" => MetadataServer,
 });
 
+/// Where Entra ID tokens come from, in the order of the Azure SDKs' default chain: a client
+/// secret, workload identity (a federated token file), App Service's managed identity endpoint
+/// (App Service, Container Apps, Functions), else the instance metadata service (a VM's or a
+/// node's managed identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AzureSource {
+    ClientSecret,
+    WorkloadIdentity,
+    AppService,
+    InstanceMetadata,
+}
+
+spelled!(AzureSource {
+    "client_secret" => ClientSecret,
+    "workload_identity" => WorkloadIdentity,
+    "app_service" => AppService,
+    "instance_metadata" => InstanceMetadata,
+});
+
 impl CloudEnv {
     /// The credentials file of Google's chain: `GOOGLE_APPLICATION_CREDENTIALS`, else gcloud's
     /// (`CLOUDSDK_CONFIG`, else `~/.config/gcloud`) when it exists; `None`: the metadata server.
@@ -224,6 +245,20 @@ impl CloudEnv {
             Some("external_account") => GcpSource::ExternalAccount,
             Some("authorized_user") => GcpSource::AuthorizedUser,
             _ => GcpSource::CredentialsFile,
+        }
+    }
+
+    /// Azure's source for this environment (each needs all of its variables, as in the SDKs).
+    pub(crate) fn azure_source(&self) -> AzureSource {
+        let app = self.get("AZURE_CLIENT_ID").is_some() && self.get("AZURE_TENANT_ID").is_some();
+        if app && self.get("AZURE_CLIENT_SECRET").is_some() {
+            AzureSource::ClientSecret
+        } else if app && self.get("AZURE_FEDERATED_TOKEN_FILE").is_some() {
+            AzureSource::WorkloadIdentity
+        } else if self.get("IDENTITY_ENDPOINT").is_some() && self.get("IDENTITY_HEADER").is_some() {
+            AzureSource::AppService
+        } else {
+            AzureSource::InstanceMetadata
         }
     }
 }
@@ -320,6 +355,28 @@ mod tests {
         assert_eq!(
             env(&[("CLOUDSDK_CONFIG", &config)]).gcp_source(),
             GcpSource::AuthorizedUser
+        );
+    }
+
+    #[test]
+    fn azures_chain_takes_the_first_source_whose_variables_are_all_set() {
+        let app = [("AZURE_CLIENT_ID", "c"), ("AZURE_TENANT_ID", "t")];
+        let with = |more: &[(&'static str, &'static str)]| env(&[&app[..], more].concat()).azure_source();
+        assert_eq!(with(&[("AZURE_CLIENT_SECRET", "s")]), AzureSource::ClientSecret);
+        assert_eq!(
+            with(&[("AZURE_FEDERATED_TOKEN_FILE", "/t")]),
+            AzureSource::WorkloadIdentity
+        );
+        let secret_without_tenant = [("AZURE_CLIENT_ID", "c"), ("AZURE_CLIENT_SECRET", "s")];
+        assert_eq!(
+            env(&secret_without_tenant).azure_source(),
+            AzureSource::InstanceMetadata
+        );
+        let app_service = [("IDENTITY_ENDPOINT", "http://x"), ("IDENTITY_HEADER", "h")];
+        assert_eq!(env(&app_service).azure_source(), AzureSource::AppService);
+        assert_eq!(
+            env(&[("IDENTITY_ENDPOINT", "http://x")]).azure_source(),
+            AzureSource::InstanceMetadata
         );
     }
 

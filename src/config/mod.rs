@@ -34,7 +34,7 @@ pub use error::{ConfigErrors, LoadError};
 
 pub(crate) use cloud::{aws_region_of, aws_service_of};
 pub use cloud::{Auth, AwsAuth, CloudEnv};
-pub(crate) use cloud::{AuthKind, AwsSource};
+pub(crate) use cloud::{AuthKind, AwsSource, AzureSource};
 pub use error::ConfigError;
 
 pub(crate) use crate::words::Spelled;

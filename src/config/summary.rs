@@ -177,7 +177,7 @@ fn upstreams(out: &mut String, c: &Config) {
             let _ = write!(out, ", sets {} (values hidden)", names.join(", "));
         }
         match &u.auth {
-            Auth::Static | Auth::Azure => {}
+            Auth::Static => {}
             Auth::Aws(aws) => {
                 let _ = write!(
                     out,
@@ -193,6 +193,10 @@ fn upstreams(out: &mut String, c: &Config) {
             Auth::Gcp => {
                 let source = c.cloud_env.gcp_source().as_str();
                 let _ = write!(out, ", auth gcp (bearer token, credential from {source})");
+            }
+            Auth::Azure => {
+                let source = c.cloud_env.azure_source().as_str();
+                let _ = write!(out, ", auth azure (bearer token, credential from {source})");
             }
         }
         out.push('\n');

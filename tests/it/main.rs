@@ -11,6 +11,7 @@ mod cache;
 mod circuit;
 mod circuit_shared;
 mod cloud_aws;
+mod cloud_azure;
 mod cloud_gcp;
 mod config_files;
 mod credentials;

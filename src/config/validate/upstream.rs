@@ -81,13 +81,6 @@ impl Validator<'_> {
     ) -> Auth {
         let key = |k: &str| format!("upstreams.{name}.{k}");
         let kind = self.choice(&key("auth"), &u.auth, AuthKind::Static, AuthKind::CHOICES);
-        if kind == AuthKind::Azure {
-            self.err(
-                &key("auth"),
-                "expected \"static\", \"aws\" or \"gcp\": auth = \"azure\" is not in this build yet",
-            );
-            return Auth::Static;
-        }
         if kind != AuthKind::Aws {
             for (k, v) in [
                 ("aws_region", &u.aws_region),

@@ -252,10 +252,12 @@ pub(crate) fn says_rejected(status: u16, headers: &http::HeaderMap) -> bool {
     status == 401 || (status == 403 && aws())
 }
 
-/// When to refresh a credential fetched at `now` that expires at `expires`.
+/// When to refresh a credential fetched at `now` that expires at `expires`: never sooner than
+/// [`RETRY_FIRST`], so that a service handing out credentials that are already expired (or
+/// expire at once) is not called in a loop.
 fn refresh_after(now: SystemTime, expires: SystemTime) -> Duration {
     let life = expires.duration_since(now).unwrap_or_default();
-    life.saturating_sub(REFRESH_AHEAD.min(life / 2))
+    life.saturating_sub(REFRESH_AHEAD.min(life / 2)).max(RETRY_FIRST)
 }
 
 /// The wait after `failures` failed fetches in a row.
@@ -396,7 +398,8 @@ mod tests {
         assert_eq!(refresh_after(now, hour), Duration::from_secs(3300));
         let short = now + Duration::from_secs(60);
         assert_eq!(refresh_after(now, short), Duration::from_secs(30));
-        assert_eq!(refresh_after(now, now - Duration::from_secs(1)), Duration::ZERO);
+        assert_eq!(refresh_after(now, now - Duration::from_secs(1)), RETRY_FIRST);
+        assert_eq!(refresh_after(now, now), RETRY_FIRST, "expires_in 0 is not a loop");
     }
 
     #[test]

@@ -307,7 +307,7 @@ mod tests {
     use super::*;
 
     /// A throwaway 2048-bit RSA key (PKCS#8), made for the tests with `openssl genpkey`.
-    const TEST_KEY: &str = include_str!("../../tests/it/support/rsa_test_key.pem");
+    const TEST_KEY: &str = include_str!("testdata/rsa_test_key.pem");
 
     fn key() -> ServiceAccountKey {
         ServiceAccountKey {

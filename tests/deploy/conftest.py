@@ -45,6 +45,14 @@ def redis(tmp_path):
     r.stop()
 
 
+# Keys for the `signed` upstream (the AWS chain's first source), and no other AWS source.
+EXERCISE_AWS_ENV = {
+    "AWS_ACCESS_KEY_ID": "AKIDEXERCISE",
+    "AWS_SECRET_ACCESS_KEY": "exercise-secret",
+    "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent/credentials",
+}
+
+
 def exercise_config(fake_url: str, redis_url: str) -> str:
     return f"""
 [server]
@@ -71,6 +79,12 @@ circuit = "fast"
 [upstreams.limited]
 url = "{fake_url}"
 cooldown = "reject"
+
+# SigV4 with keys from the environment (EXERCISE_AWS_ENV): the credential metrics are exported.
+[upstreams.signed]
+url = "{fake_url}"
+auth = "aws"
+aws_region = "us-east-1"
 
 [[routes]]
 name = "llm"
@@ -107,6 +121,12 @@ name = "spread"
 path_prefix = "/spread/"
 targets = [{{ upstream = "fake", weight = 3 }}, {{ upstream = "limited" }}]
 balance = "weighted"
+strip_prefix = true
+
+[[routes]]
+name = "signed"
+path_prefix = "/signed/"
+upstream = "signed"
 strip_prefix = true
 
 [[routes]]
@@ -164,7 +184,7 @@ def exercised(rebound_bin, workdir, fake):
     rebound keeps running for the Prometheus test."""
     redis = Redis(workdir / "exercise-redis")
     try:
-        rebound = Rebound(workdir / "exercise-rebound", exercise_config(fake.url, redis.url))
+        rebound = Rebound(workdir / "exercise-rebound", exercise_config(fake.url, redis.url), env=EXERCISE_AWS_ENV)
     except BaseException:
         redis.stop()
         raise
@@ -192,6 +212,7 @@ def exercised(rebound_bin, workdir, fake):
         call("GET", "/limited/ratelimit", cred)  # 429 with retry-after: a cooldown for this credential
         call("GET", "/limited/ok", cred)  # refused by the cooldown
         call("GET", "/nowhere")  # no route
+        call("GET", "/signed/ok")  # signed with SigV4 (auth = "aws")
         # The same chat completion twice on the cached route: a miss (stored), then a hit (no
         # upstream call; the stored usage counts as tokens saved).
         chat = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": run}]}).encode()

@@ -181,13 +181,13 @@ def test_a_fresh_sidecar_gives_every_dashboard_metric_a_sample(rebound_bin, fake
     """Before any request, every rebound_* name the dashboard queries has a sample in a real
     Prometheus: the series the config determines are exported from startup at 0, so the panels
     (and rate(), increase(), absent()) have data on day one, not only after the first incident."""
-    from conftest import exercise_config
+    from conftest import EXERCISE_AWS_ENV, exercise_config
     from deploy_support import Rebound
 
     names: set[str] = set()
     for _, expr in dashboard_expressions(json.loads(DASHBOARD.read_text())):
         names |= promql_metric_names(expr)
-    rebound = Rebound(tmp_path / "fresh-rebound", exercise_config(fake.url, redis.url))
+    rebound = Rebound(tmp_path / "fresh-rebound", exercise_config(fake.url, redis.url), env=EXERCISE_AWS_ENV)
     prom = None
     try:
         prom = Prometheus(tmp_path / "prometheus-fresh", rebound.admin_addr)

@@ -154,7 +154,7 @@ pub fn bearer_answer(token: &str, life: Duration) -> String {
 /// The throwaway 2048-bit RSA key (PKCS#8 PEM) of the tests' Google service account, made once
 /// with `openssl genpkey` (neither ring nor rcgen's ring backend generates RSA keys). It signs
 /// nothing outside these tests.
-pub const TEST_RSA_KEY: &str = include_str!("rsa_test_key.pem");
+pub const TEST_RSA_KEY: &str = include_str!("../../../src/cloud/testdata/rsa_test_key.pem");
 
 /// A base64 run of [`TEST_RSA_KEY`]'s body, to look for where no key may appear.
 pub fn test_key_fragment() -> &'static str {

@@ -5,11 +5,13 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::support::cloud::{sigv4_valid, sts_answer, sts_secret, StandIn, TokenFile};
+use crate::support::cloud::{
+    assert_credential_unavailable, sigv4_valid, start_with_env, sts_answer, sts_secret, Env, StandIn, TokenFile,
+};
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{FakeProvider, Step};
 use crate::support::sidecar::Rebound;
-use crate::support::{metric, send, until, until_metric};
+use crate::support::{metric, send, until};
 
 const ROLE: &str = "arn:aws:iam::123456789012:role/llm";
 /// A Bedrock path (under the fake provider's `/echo`), with the `:` a model id carries.
@@ -23,21 +25,15 @@ async fn sts(life: Duration) -> StandIn {
 
 /// rebound with the fake route on `provider` signed for AWS (`us-east-1`, `bedrock`), with the
 /// environment `env` and `edit` applied.
-async fn rebound(
-    provider: &FakeProvider,
-    env: Vec<(&'static str, String)>,
-    edit: impl FnOnce(TestConfig) -> TestConfig,
-) -> Rebound {
+async fn rebound(provider: &FakeProvider, env: Env, edit: impl FnOnce(TestConfig) -> TestConfig) -> Rebound {
     let config = edit(TestConfig::new(&provider.url()).upstream(|u| {
         u.auth = some("aws");
         u.aws_region = some("us-east-1");
     }));
-    let lookup = move |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone());
-    let parsed = rebound::Config::parse(&config.toml(), Path::new("test.toml"), &lookup).unwrap();
-    Rebound::start_config(parsed).await
+    start_with_env(config, env).await
 }
 
-fn irsa(sts: &StandIn, token: &TokenFile) -> Vec<(&'static str, String)> {
+fn irsa(sts: &StandIn, token: &TokenFile) -> Env {
     vec![
         ("AWS_ROLE_ARN", ROLE.to_string()),
         ("AWS_WEB_IDENTITY_TOKEN_FILE", token.path()),
@@ -174,17 +170,7 @@ async fn no_credential_is_503_credential_unavailable_and_a_route_with_targets_fa
     let token = TokenFile::new("t");
     let mut r = rebound(&provider, irsa(&sts, &token), |c| c).await;
     let resp = invoke(&r, "k").await;
-    assert_eq!(resp.status, 503, "{}", resp.text());
-    assert_eq!(resp.header("x-rebound-error"), Some("credential_unavailable"));
-    assert_eq!(resp.header("x-should-retry"), Some("false"));
-    assert_eq!(provider.count("k"), 0, "nothing unsigned reaches AWS");
-    assert!(!resp.text().contains("ErrorResponse"));
-    until_metric(
-        &r,
-        r#"rebound_credential_refreshes_total{result="error",upstream="fake"}"#,
-        |v| v >= 1.0,
-    )
-    .await;
+    assert_credential_unavailable(&r, &resp, &provider, "k", "ErrorResponse").await;
     r.shutdown().await;
 
     // With a second target, the request goes there (failover reason `credential`).

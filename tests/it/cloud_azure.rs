@@ -7,11 +7,14 @@
 use std::path::Path;
 use std::time::Duration;
 
-use crate::support::cloud::{bearer_answer, Seen, StandIn, TokenFile};
+use crate::support::cloud::{
+    assert_credential_unavailable, bearer_answer, carried, send_with_app_keys, start_with_env, Env, Seen, StandIn,
+    TokenFile,
+};
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{FakeProvider, Step};
 use crate::support::sidecar::Rebound;
-use crate::support::{metric, send, until, until_metric};
+use crate::support::{metric, send, until};
 
 const SCOPE: &str = "https://cognitiveservices.azure.com/.default";
 const RESOURCE: &str = "https://cognitiveservices.azure.com";
@@ -21,38 +24,17 @@ const CHAT: &str = "/fake/openai/deployments/gpt-4o/chat/completions?api-version
 const BODY: &str = r#"{"messages":[]}"#;
 const ASSERTION_TYPE: &str = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer";
 
-type Env = Vec<(&'static str, String)>;
-
 /// rebound with the fake route on `provider` with `auth = "azure"`, in the environment `env`.
 async fn rebound(provider: &FakeProvider, env: Env) -> Rebound {
-    let config = TestConfig::new(&provider.url()).upstream(|u| u.auth = some("azure"));
-    let lookup = move |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone());
-    let parsed = rebound::Config::parse(&config.toml(), Path::new("test.toml"), &lookup).unwrap();
-    Rebound::start_config(parsed).await
+    start_with_env(
+        TestConfig::new(&provider.url()).upstream(|u| u.auth = some("azure")),
+        env,
+    )
+    .await
 }
 
 async fn chat(url: &str, key: &str) -> crate::support::Answer {
-    let headers = [
-        ("content-type", "application/json"),
-        ("api-key", "app-own-azure-key"),
-        ("authorization", "Bearer app-own-token"),
-        ("x-fake-key", key),
-    ];
-    send("POST", &format!("{url}{CHAT}"), &headers, BODY).await
-}
-
-/// The `n`th request the provider received under `key` carried `Bearer {token}`, and none of
-/// the app's own credentials.
-fn carried(provider: &FakeProvider, key: &str, n: usize, token: &str) {
-    let seen = &provider.requests(key)[n];
-    assert_eq!(seen.header("authorization"), Some(format!("Bearer {token}").as_str()));
-    assert_eq!(seen.header("api-key"), None);
-    assert!(
-        !seen.headers.iter().any(|(_, v)| v.contains("app-own")),
-        "{:?}",
-        seen.headers
-    );
-    assert_eq!(seen.query.as_deref(), Some("api-version=2024-10-21"));
+    send_with_app_keys(&format!("{url}{CHAT}"), BODY, key).await
 }
 
 /// Entra ID: the client credentials grant for the tenant, answered with `entra-token-{n}`,
@@ -291,17 +273,7 @@ async fn the_token_service_down_is_503_credential_unavailable_and_nothing_is_sen
     let entra = StandIn::start(|_, _| (503, vec![], r#"{"error":"temporarily_unavailable"}"#.into())).await;
     let mut r = rebound(&provider, workload_identity(&entra, &token)).await;
     let resp = chat(&r.url, "k").await;
-    assert_eq!(resp.status, 503, "{}", resp.text());
-    assert_eq!(resp.header("x-rebound-error"), Some("credential_unavailable"));
-    assert_eq!(resp.header("x-should-retry"), Some("false"));
-    assert_eq!(provider.count("k"), 0, "no request without a token reaches Azure");
-    assert!(!resp.text().contains("temporarily_unavailable"));
-    until_metric(
-        &r,
-        r#"rebound_credential_refreshes_total{result="error",upstream="fake"}"#,
-        |v| v >= 1.0,
-    )
-    .await;
+    assert_credential_unavailable(&r, &resp, &provider, "k", "temporarily_unavailable").await;
     r.shutdown().await;
 }
 

@@ -8,12 +8,13 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::support::cloud::{
-    bearer_answer, jwt_claims, rfc3339_in, service_account_json, test_key_fragment, StandIn, TokenFile,
+    assert_credential_unavailable, bearer_answer, carried, jwt_claims, rfc3339_in, send_with_app_keys,
+    service_account_json, start_with_env, test_key_fragment, Env, StandIn, TokenFile,
 };
 use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{FakeProvider, Step};
 use crate::support::sidecar::Rebound;
-use crate::support::{metric, send, until, until_metric};
+use crate::support::{metric, send, until};
 
 const SCOPE: &str = "https://www.googleapis.com/auth/cloud-platform";
 const CHAT: &str = "/fake/v1/chat/completions";
@@ -21,37 +22,13 @@ const BODY: &str = r#"{"model":"m","messages":[]}"#;
 const AUDIENCE: &str = "//iam.googleapis.com/projects/1/locations/global/workloadIdentityPools/pool/providers/gke";
 const SUBJECT_TYPE: &str = "urn:ietf:params:oauth:token-type:jwt";
 
-type Env = Vec<(&'static str, String)>;
-
 /// rebound with the fake route on `provider` with `auth = "gcp"`, in the environment `env`.
 async fn rebound(provider: &FakeProvider, env: Env) -> Rebound {
-    let config = TestConfig::new(&provider.url()).upstream(|u| u.auth = some("gcp"));
-    let lookup = move |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone());
-    let parsed = rebound::Config::parse(&config.toml(), Path::new("test.toml"), &lookup).unwrap();
-    Rebound::start_config(parsed).await
+    start_with_env(TestConfig::new(&provider.url()).upstream(|u| u.auth = some("gcp")), env).await
 }
 
 async fn chat(url: &str, key: &str) -> crate::support::Answer {
-    let headers = [
-        ("content-type", "application/json"),
-        ("authorization", "Bearer sk-app-own-key"),
-        ("x-goog-api-key", "app-own-goog-key"),
-        ("x-fake-key", key),
-    ];
-    send("POST", &format!("{url}{CHAT}"), &headers, BODY).await
-}
-
-/// The `n`th request the provider received under `key` carried `Bearer {token}`, and none of
-/// the app's own credentials.
-fn carried(provider: &FakeProvider, key: &str, n: usize, token: &str) {
-    let seen = &provider.requests(key)[n];
-    assert_eq!(seen.header("authorization"), Some(format!("Bearer {token}").as_str()));
-    assert_eq!(seen.header("x-goog-api-key"), None);
-    assert!(
-        !seen.headers.iter().any(|(_, v)| v.contains("app-own")),
-        "{:?}",
-        seen.headers
-    );
+    send_with_app_keys(&format!("{url}{CHAT}"), BODY, key).await
 }
 
 /// Google's token endpoint: answers a valid JWT bearer grant with `gcp-token-{n}`, valid `life`.
@@ -307,17 +284,7 @@ async fn the_token_service_down_is_503_credential_unavailable_and_nothing_is_sen
     let server = StandIn::start(|_, _| (503, vec![], "metadata server body".into())).await;
     let mut r = rebound(&provider, metadata_env(&server)).await;
     let resp = chat(&r.url, "k").await;
-    assert_eq!(resp.status, 503, "{}", resp.text());
-    assert_eq!(resp.header("x-rebound-error"), Some("credential_unavailable"));
-    assert_eq!(resp.header("x-should-retry"), Some("false"));
-    assert_eq!(provider.count("k"), 0, "no request without a token reaches Google");
-    assert!(!resp.text().contains("metadata server body"));
-    until_metric(
-        &r,
-        r#"rebound_credential_refreshes_total{result="error",upstream="fake"}"#,
-        |v| v >= 1.0,
-    )
-    .await;
+    assert_credential_unavailable(&r, &resp, &provider, "k", "metadata server body").await;
     r.shutdown().await;
 }
 

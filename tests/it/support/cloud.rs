@@ -18,6 +18,62 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpListener;
 
+use super::config_builder::TestConfig;
+use super::fake_provider::FakeProvider;
+use super::sidecar::Rebound;
+use super::{send, until_metric, Answer};
+
+/// The environment a test gives rebound's credential chains (never the process's own).
+pub type Env = Vec<(&'static str, String)>;
+
+/// rebound on `config`, its credential chains reading `env`.
+pub async fn start_with_env(config: TestConfig, env: Env) -> Rebound {
+    let lookup = move |name: &str| env.iter().find(|(k, _)| *k == name).map(|(_, v)| v.clone());
+    let parsed = rebound::Config::parse(&config.toml(), std::path::Path::new("test.toml"), &lookup).unwrap();
+    Rebound::start_config(parsed).await
+}
+
+/// A POST of `body` to `url` under the fake provider's `key`, carrying the app's own credentials
+/// (which an `auth` upstream must never receive).
+pub async fn send_with_app_keys(url: &str, body: &str, key: &str) -> Answer {
+    let headers = [
+        ("content-type", "application/json"),
+        ("authorization", "Bearer sk-app-own-key"),
+        ("x-goog-api-key", "app-own-goog-key"),
+        ("x-fake-key", key),
+    ];
+    send("POST", url, &headers, body.to_string()).await
+}
+
+/// The `n`th request the provider received under `key` carried `Bearer {token}`, and none of
+/// the app's own credentials.
+pub fn carried(provider: &FakeProvider, key: &str, n: usize, token: &str) {
+    let seen = &provider.requests(key)[n];
+    assert_eq!(seen.header("authorization"), Some(format!("Bearer {token}").as_str()));
+    assert_eq!(seen.header("x-goog-api-key"), None);
+    assert!(
+        !seen.headers.iter().any(|(_, v)| v.contains("app-own")),
+        "{:?}",
+        seen.headers
+    );
+}
+
+/// `resp` is rebound's 503 `credential_unavailable`, nothing reached the provider under `key`,
+/// the credential service's answer (`said`) is not in it, and the failed fetch is counted.
+pub async fn assert_credential_unavailable(r: &Rebound, resp: &Answer, provider: &FakeProvider, key: &str, said: &str) {
+    assert_eq!(resp.status, 503, "{}", resp.text());
+    assert_eq!(resp.header("x-rebound-error"), Some("credential_unavailable"));
+    assert_eq!(resp.header("x-should-retry"), Some("false"));
+    assert_eq!(provider.count(key), 0, "nothing without a credential reaches the cloud");
+    assert!(!resp.text().contains(said), "{}", resp.text());
+    until_metric(
+        r,
+        r#"rebound_credential_refreshes_total{result="error",upstream="fake"}"#,
+        |v| v >= 1.0,
+    )
+    .await;
+}
+
 /// A request a stand-in received.
 #[derive(Clone, Debug)]
 pub struct Seen {

@@ -303,9 +303,9 @@ pub(crate) struct Clouds {
     inner: Arc<CloudsInner>,
 }
 
-/// An upstream's credential as it was made: for the configuration and environment it was made
-/// from (a reload that changes either makes a new one).
-type Known = (UpstreamConfig, CloudEnv, Weak<CloudAuth>);
+/// An upstream's credential as it was made: for its `auth`, host and environment (a reload that
+/// changes any of them makes a new one).
+type Known = (Auth, http::uri::Authority, CloudEnv, Weak<CloudAuth>);
 
 struct CloudsInner {
     /// `None` when the HTTPS client could not be built (then no cloud credential can be had).
@@ -350,8 +350,8 @@ impl Clouds {
             Auth::Azure => (Signing::Bearer, azure::source(env)),
         };
         let mut known = self.inner.by_upstream.lock();
-        if let Some((c, e, weak)) = known.get(upstream) {
-            if (&c.auth, &c.authority) == (auth, &config.authority) && e == env {
+        if let Some((a, host, e, weak)) = known.get(upstream) {
+            if (a, host, e) == (auth, &config.authority, env) {
                 if let Some(held) = weak.upgrade() {
                     return Some(held);
                 }
@@ -372,7 +372,12 @@ impl Clouds {
         });
         known.insert(
             upstream.to_string(),
-            (config.clone(), env.clone(), Arc::downgrade(&auth_state)),
+            (
+                auth.clone(),
+                config.authority.clone(),
+                env.clone(),
+                Arc::downgrade(&auth_state),
+            ),
         );
         drop(known);
         match self.inner.http.clone() {

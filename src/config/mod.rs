@@ -8,6 +8,7 @@
 //! Policies (`[retry.*]`, `[circuit.*]`, `[idempotency.*]`) are validated here even where the
 //! pipeline does not use them yet, so that a config that loads today keeps loading.
 
+mod api;
 mod cloud;
 pub(crate) mod interpolate;
 pub mod jitter;
@@ -38,8 +39,9 @@ pub(crate) use cloud::{AuthKind, AwsSource, AzureSource};
 pub use error::ConfigError;
 
 pub(crate) use crate::words::Spelled;
+pub(crate) use api::vertex_location_of;
+pub use api::{Api, ApiOf, Family};
 pub use jitter::Jitter;
-pub(crate) use targets::{api_shape, known_provider};
 pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 
 /// The whole validated configuration.
@@ -377,6 +379,15 @@ pub struct UpstreamConfig {
     pub sets_credential: bool,
     /// Where the credential comes from (`static`: `set_headers`).
     pub auth: Auth,
+    /// The API it speaks: `api`, else its host's; a host rebound does not know speaks its route's.
+    pub api: ApiOf,
+    /// Where a Vertex AI host serves the model (its paths name them): `gcp_project`,
+    /// `gcp_location` (else the host's region, `global` for `aiplatform.googleapis.com`).
+    pub(crate) gcp_project: Option<String>,
+    pub(crate) gcp_location: Option<String>,
+    /// Azure OpenAI's `azure_api_version`: deployment paths with this `api-version`; `None`: the
+    /// v1 API (`/openai/v1/...`, the model in the body).
+    pub(crate) azure_api_version: Option<String>,
 }
 
 impl UpstreamConfig {
@@ -414,6 +425,8 @@ impl std::fmt::Debug for UpstreamConfig {
 pub struct RouteConfig {
     pub name: String,
     pub path_prefix: String,
+    /// The API its app speaks: its first target's.
+    pub api: Api,
     /// Where its requests go (never empty): `targets`, or `upstream` then its `fallback`s.
     pub targets: Vec<TargetConfig>,
     pub balance: Balance,

@@ -103,6 +103,10 @@ pub struct RawUpstream {
     pub aws_region: Option<String>,
     pub aws_service: Option<String>,
     pub aws_role_arn: Option<String>,
+    pub api: Option<String>,
+    pub gcp_project: Option<String>,
+    pub gcp_location: Option<String>,
+    pub azure_api_version: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]

@@ -1,6 +1,7 @@
 //! A route's targets: the upstreams it may send a request to, how it spreads requests over them
 //! (`balance`) and what moves a request from one to the next (`failover_on`).
 
+use super::Api;
 use crate::words::{self, spelled};
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -19,6 +20,8 @@ pub struct TargetConfig {
     pub first_byte_timeout: Option<Duration>,
     /// The largest prompt it takes, in tokens (for `context_length` failover); `None`: unknown.
     pub context_window: Option<u64>,
+    /// The API it speaks on this route (its upstream's `api`, resolved by the route's family).
+    pub api: Api,
 }
 
 impl TargetConfig {
@@ -30,6 +33,7 @@ impl TargetConfig {
             models: BTreeMap::new(),
             first_byte_timeout: None,
             context_window: None,
+            api: Api::OpenAi,
         }
     }
 }
@@ -118,30 +122,6 @@ impl Default for FailoverOn {
     }
 }
 
-/// The provider a host is known to be (its OpenTelemetry `gen_ai.provider.name`): `openai`,
-/// `azure.ai.openai` or `anthropic`; `None` for any other host.
-pub(crate) fn known_provider(host: &str) -> Option<&'static str> {
-    let host = host.to_ascii_lowercase();
-    if host.ends_with(".openai.azure.com") {
-        Some("azure.ai.openai")
-    } else if host == "api.openai.com" {
-        Some("openai")
-    } else if host == "api.anthropic.com" {
-        Some("anthropic")
-    } else {
-        None
-    }
-}
-
-/// The API a target's host speaks, where its name says so (for the mixed-shapes check): a route's
-/// targets must all speak one (translating between them is out of scope).
-pub(crate) fn api_shape(host: &str) -> Option<&'static str> {
-    match known_provider(host)? {
-        "anthropic" => Some("Anthropic Messages"),
-        _ => Some("OpenAI"),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -163,12 +143,5 @@ mod tests {
         assert!(!set.contains(FailoverReason::CircuitOpen));
         assert_eq!(set.iter().count(), 2);
         assert_eq!(FailoverOn::default().iter().count(), 8);
-    }
-
-    #[test]
-    fn shapes_are_told_apart_by_host_only_where_known() {
-        assert_eq!(api_shape("api.anthropic.com"), Some("Anthropic Messages"));
-        assert_eq!(api_shape("my-eu.openai.azure.com"), api_shape("api.openai.com"));
-        assert_eq!(api_shape("127.0.0.1"), None);
     }
 }

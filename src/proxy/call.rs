@@ -194,7 +194,7 @@ impl<'r> Call<'r> {
                     continue;
                 }
             };
-            let req = match request::build(target, parts, path, body.clone(), &self.cx.credentials) {
+            let (req, rewritten) = match request::build(target, parts, path, body.clone(), &self.cx.credentials) {
                 Ok(r) => r,
                 Err(e) => {
                     self.progress.forget();
@@ -227,9 +227,15 @@ impl<'r> Call<'r> {
             }
             let mut req = req;
             if let Some(auth) = &target.cloud {
-                let payload = match (auth.signs(), &self.payload) {
-                    (true, None) => self.payload.insert(crate::cloud::sigv4::payload_hash(body)),
-                    (_, p) => p.as_deref().unwrap_or_default(),
+                // A rewritten body is hashed for its own attempt; the app's once for them all.
+                let own;
+                let payload = match (auth.signs(), &rewritten, &self.payload) {
+                    (true, Some(sent), _) => {
+                        own = crate::cloud::sigv4::payload_hash(sent);
+                        &own
+                    }
+                    (true, None, None) => self.payload.insert(crate::cloud::sigv4::payload_hash(body)),
+                    (_, _, p) => p.as_deref().unwrap_or_default(),
                 };
                 match auth.apply(&mut req, payload, time::wall_now()) {
                     Ok(()) => {}

@@ -6,33 +6,48 @@ use http::{Method, Request};
 use http_body_util::Full;
 
 use super::routes::Target;
+use crate::config::Api;
 use crate::credentials::{self, Credentials};
 use crate::error::ProxyError;
 use crate::upstream::AttemptError;
+use crate::wire::envelope::{self, Adapted, Host};
 use crate::wire::headers;
 
 /// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
 /// `host` from the upstream URL, the upstream's `set_headers` in. An upstream that sets a
 /// credential replaces the app's: every credential header and query parameter of the request
-/// (`forms`) is left out.
+/// (`forms`) is left out. A target of another API than the route's gets the request's envelope
+/// in its own (path, query, where the model is named, `anthropic_version`), and an answer to
+/// re-frame is marked ([`envelope::Reframe`]). With the request, its body when it is not the
+/// app's (a model rewritten, an envelope adapted): what a signature must cover.
 pub(super) fn build(
     target: &Target,
     parts: &http::request::Parts,
     path: &str,
     body: Bytes,
     forms: &Credentials,
-) -> Result<Request<Full<Bytes>>, http::uri::InvalidUri> {
+) -> Result<(Request<Full<Bytes>>, Option<Bytes>), http::uri::InvalidUri> {
     let upstream = &target.upstream.config;
-    let uri = match (parts.uri.query(), upstream.sets_credential) {
+    let mut adapted = target
+        .adapt_from
+        .and_then(|from| adapt(target, from, parts, path, &body));
+    let rewritten = match adapted.as_mut() {
+        Some(a) => a.body.take(),
+        // The target's name for the requested model, when it has one (the rest of the body as sent).
+        None if target.config.models.is_empty() => None,
+        None => crate::wire::usage::rewrite_model(&body, &target.config.models),
+    };
+    let rewritten = rewritten.map(Bytes::from);
+    let body = rewritten.clone().unwrap_or(body);
+    let (path, query) = match &adapted {
+        Some(a) => (a.path.as_str(), a.query.as_deref()),
+        None => (path, parts.uri.query()),
+    };
+    let uri = match (query, upstream.sets_credential) {
         (Some(q), true) => target
             .upstream
             .target_for(path, credentials::strip_query(q).as_deref())?,
         (q, _) => target.upstream.target_for(path, q)?,
-    };
-    // The target's name for the requested model, when it has one (the rest of the body as sent).
-    let body = match target.config.models.is_empty() {
-        true => body,
-        false => crate::wire::usage::rewrite_model(&body, &target.config.models).map_or(body, Bytes::from),
     };
     let body_len = body.len();
     let mut req = Request::new(Full::new(body));
@@ -54,7 +69,36 @@ pub(super) fn build(
     for (name, value) in &upstream.set_headers {
         headers.insert(name.clone(), value.clone());
     }
-    Ok(req)
+    if let Some(a) = adapted {
+        for name in a.remove {
+            headers.remove(name);
+        }
+        if let Some((name, value)) = a.insert {
+            headers.insert(name, value);
+        }
+        if a.reframe {
+            req.extensions_mut().insert(envelope::Reframe);
+        }
+    }
+    Ok((req, rewritten))
+}
+
+/// The request's envelope for a target that speaks another API of the route's family than the
+/// route (`from`), naming the target's model; `None`: a request the envelope does not know, sent
+/// as it came (the host answers it).
+fn adapt(target: &Target, from: Api, parts: &http::request::Parts, path: &str, body: &[u8]) -> Option<Adapted> {
+    let asked = envelope::read(from, path, body)?;
+    let models = &target.config.models;
+    let model = asked.model.as_deref().map(|m| models.get(m).map_or(m, String::as_str));
+    let upstream = &target.upstream.config;
+    let host = Host {
+        api: target.config.api,
+        base_path: &upstream.base_path,
+        gcp_project: upstream.gcp_project.as_deref(),
+        gcp_location: upstream.gcp_location.as_deref(),
+        azure_api_version: upstream.azure_api_version.as_deref(),
+    };
+    envelope::adapt(&asked, from, &host, (parts.uri.query(), body, &parts.headers), model)
 }
 
 pub(super) fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {

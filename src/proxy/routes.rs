@@ -7,7 +7,7 @@ use super::shared::Shared;
 use super::tokens;
 use crate::cache::Cache;
 use crate::cloud::CloudAuth;
-use crate::config::{Balance, Config, FailoverOn, RetryPolicy, RouteConfig, TargetConfig};
+use crate::config::{Api, Balance, Config, FailoverOn, RetryPolicy, RouteConfig, TargetConfig};
 use crate::idempotency::Idempotency;
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
 use crate::retry::{Backoff, RetryBudget};
@@ -55,17 +55,21 @@ pub(crate) struct Target {
     pub load: Load,
     /// Its cloud credential (`auth = "aws" | "gcp" | "azure"`).
     pub cloud: Option<Arc<CloudAuth>>,
+    /// The route's API, when this target speaks another of its family: each request's envelope
+    /// is adapted (`wire::envelope`).
+    pub adapt_from: Option<Api>,
 }
 
 impl Target {
     fn new(
-        route: &str,
+        route: (&str, Api),
         (index, config): (usize, &TargetConfig),
         upstream: &Arc<Upstream>,
         metrics: &Metrics,
         cloud: Option<Arc<CloudAuth>>,
     ) -> Target {
         let name = config.upstream.as_str();
+        let (route, api) = route;
         Target {
             name: Arc::from(name),
             index,
@@ -81,6 +85,7 @@ impl Target {
             )),
             load: Load::default(),
             cloud,
+            adapt_from: (config.api != api).then_some(api),
         }
     }
 }
@@ -150,7 +155,7 @@ pub(super) fn build(config: &Config, shared: &Shared) -> Result<RouteTable<Arc<R
             match upstreams.get(&t.upstream) {
                 Some(upstream) => {
                     let cloud = shared.clouds.for_upstream(&upstream.config, &config.cloud_env);
-                    list.push(Target::new(&r.name, (index, t), upstream, metrics, cloud));
+                    list.push(Target::new((&r.name, r.api), (index, t), upstream, metrics, cloud));
                 }
                 None => {
                     tracing::error!(route = %r.name, upstream = %t.upstream, "route refers to an unknown upstream");

@@ -69,12 +69,11 @@ impl Models {
     }
 }
 
-/// `gen_ai_provider_name` for an upstream: the OpenTelemetry name of a provider known by its host
-/// (`openai`, `anthropic`, `azure.ai.openai`), else the upstream's name.
+/// `gen_ai_provider_name` for an upstream: the OpenTelemetry name of the provider its `api` or
+/// host says (`openai`, `anthropic`, `azure.ai.openai`, `aws.bedrock`, `gcp.vertex_ai`,
+/// `gcp.gemini`), else the upstream's name.
 pub(crate) fn provider_name(name: &str, config: &UpstreamConfig) -> String {
-    crate::config::known_provider(config.authority.host())
-        .unwrap_or(name)
-        .to_string()
+    config.api.provider().unwrap_or(name).to_string()
 }
 
 /// One attempt's usage, read as its body passes, counted once.

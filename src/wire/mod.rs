@@ -8,6 +8,7 @@
 //! and the retry policy all use it; it never uses them.
 
 pub mod body;
+pub(crate) mod envelope;
 pub mod headers;
 pub(crate) mod model;
 pub mod sse;

@@ -290,7 +290,7 @@ fn bad_target_configs_are_refused_with_the_key_and_what_was_expected() {
     );
     let mixed = errors(&|r| only(r, vec![target("gpt", |_| {}), target("claude", |_| {})]));
     assert!(
-        mixed.contains("routes[0].targets[1].upstream: expected targets that speak one API"),
+        mixed.contains("routes[0].targets[1].upstream: expected an upstream that serves the route's API (openai"),
         "{mixed}"
     );
     let twice = errors(&|r| only(r, vec![target("b", |_| {}), target("b", |_| {})]));

@@ -20,6 +20,7 @@ mod docs;
 mod edges;
 mod failover;
 mod follow;
+mod hosts;
 mod idempotency;
 mod idempotency_faults;
 mod idempotency_store;

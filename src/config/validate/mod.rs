@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use http::HeaderName;
 
+mod api;
 mod policy;
 mod redis;
 mod route;
@@ -267,7 +268,7 @@ impl Validator<'_> {
             .map(|(name, c)| (name.clone(), Arc::new(self.cache(name, c))))
             .collect();
         let has_cloud_auth = upstreams.values().any(|u| u.auth != Auth::Static);
-        let routes = self.routes(&raw.routes, &raw.upstreams, &retry, &idempotency);
+        let routes = self.routes(&raw.routes, (&raw.upstreams, &upstreams), &retry, &idempotency);
         self.route_caches(&raw.routes, &cache);
         self.async_routes(&routes, redis.is_some(), &jobs);
         Config {
@@ -454,7 +455,7 @@ impl Validator<'_> {
     fn routes(
         &mut self,
         raw_routes: &[RawRoute],
-        raw_upstreams: &BTreeMap<String, RawUpstream>,
+        (raw_upstreams, upstreams): (&BTreeMap<String, RawUpstream>, &BTreeMap<String, Arc<UpstreamConfig>>),
         retry: &BTreeMap<String, Arc<RetryPolicy>>,
         idempotency: &BTreeMap<String, Arc<IdempotencyPolicy>>,
     ) -> Vec<RouteConfig> {
@@ -462,7 +463,8 @@ impl Validator<'_> {
         let mut names = BTreeSet::new();
         let mut prefixes = BTreeSet::new();
         for (i, r) in raw_routes.iter().enumerate() {
-            if let Some(route) = self.route(i, r, raw_upstreams, retry, idempotency) {
+            if let Some(mut route) = self.route(i, r, raw_upstreams, retry, idempotency) {
+                self.route_api(i, r, &mut route, upstreams);
                 if !names.insert(route.name.clone()) {
                     self.err(
                         &format!("routes[{i}].name"),

@@ -97,6 +97,7 @@ impl Validator<'_> {
         Some(RouteConfig {
             name,
             path_prefix,
+            api: Api::OpenAi, // its first target's (`route_apis`)
             targets,
             balance,
             failover_on,
@@ -164,17 +165,15 @@ impl Validator<'_> {
             self.err(&key("targets"), "expected at least one target, found an empty list");
         }
         let mut targets: Vec<TargetConfig> = Vec::new();
-        let mut shapes: Vec<(String, &'static str)> = Vec::new();
         for (j, t) in raw.iter().enumerate() {
-            if let Some(target) = self.target(i, j, t, upstreams, &targets, &mut shapes) {
+            if let Some(target) = self.target(i, j, t, upstreams, &targets) {
                 targets.push(target);
             }
         }
         targets
     }
 
-    /// `routes[i].targets[j]`, given the targets before it (no upstream twice) and the API shapes
-    /// seen so far (one per route).
+    /// `routes[i].targets[j]`, given the targets before it (no upstream twice).
     fn target(
         &mut self,
         i: usize,
@@ -182,7 +181,6 @@ impl Validator<'_> {
         t: &RawTarget,
         upstreams: &BTreeMap<String, RawUpstream>,
         before: &[TargetConfig],
-        shapes: &mut Vec<(String, &'static str)>,
     ) -> Option<TargetConfig> {
         let known = |n: &str| upstreams.contains_key(n);
         let tkey = |k: &str| format!("routes[{i}].targets[{j}].{k}");
@@ -237,26 +235,13 @@ impl Validator<'_> {
                 );
             }
         }
-        if let Some(shape) = upstreams
-            .get(&upstream)
-            .and_then(|u| u.url.as_deref())
-            .and_then(|url| url.parse::<http::Uri>().ok())
-            .and_then(|uri| uri.host().and_then(api_shape))
-        {
-            if let Some((other, theirs)) = shapes.iter().find(|(_, s)| *s != shape) {
-                self.err(
-                    &tkey("upstream"),
-                    format!("expected targets that speak one API, found {upstream:?} ({shape}) beside {other:?} ({theirs}); rebound does not translate between them"),
-                );
-            }
-            shapes.push((upstream.clone(), shape));
-        }
         Some(TargetConfig {
             upstream,
             weight,
             models,
             first_byte_timeout,
             context_window,
+            api: Api::OpenAi, // resolved with the route's (`route_apis`)
         })
     }
 }

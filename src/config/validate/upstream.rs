@@ -11,6 +11,14 @@ use super::super::raw::*;
 use super::super::*;
 use super::{names, Validator};
 
+/// What `api` and the keys of its hosts say.
+struct HostApi {
+    api: ApiOf,
+    gcp_project: Option<String>,
+    gcp_location: Option<String>,
+    azure_api_version: Option<String>,
+}
+
 impl Validator<'_> {
     pub(super) fn upstream(
         &mut self,
@@ -46,6 +54,7 @@ impl Validator<'_> {
         let auth = self.auth(name, u, &authority, &set_headers);
         let sets_credential =
             auth != Auth::Static || set_headers.iter().any(|(h, _)| self.credentials.headers().contains(h));
+        let api = self.api(name, u, &authority);
         Some(UpstreamConfig {
             name: name.to_string(),
             scheme,
@@ -66,7 +75,75 @@ impl Validator<'_> {
             sets_credential,
             set_headers,
             auth,
+            api: api.api,
+            gcp_project: api.gcp_project,
+            gcp_location: api.gcp_location,
+            azure_api_version: api.azure_api_version,
         })
+    }
+
+    /// `api` (else the host's) and the keys of the hosts whose paths name the model:
+    /// `gcp_project` and `gcp_location` (Vertex AI; else `GOOGLE_CLOUD_PROJECT` and the host's
+    /// region), `azure_api_version` (Azure OpenAI).
+    fn api(&mut self, name: &str, u: &RawUpstream, authority: &http::uri::Authority) -> HostApi {
+        let key = |k: &str| format!("upstreams.{name}.{k}");
+        let api = match &u.api {
+            Some(_) => ApiOf::Known(self.choice(&key("api"), &u.api, Api::OpenAi, Api::CHOICES)),
+            None => ApiOf::of_host(authority.host()),
+        };
+        let vertex = matches!(
+            api,
+            ApiOf::Vertex | ApiOf::Known(Api::VertexAnthropic | Api::VertexGemini)
+        );
+        let azure = api == ApiOf::Known(Api::AzureOpenAi);
+        let only = |v: &mut Self, k: &str, set: bool, expected: &str| {
+            if set {
+                v.err(&key(k), format!("expected only with {expected}"));
+            }
+        };
+        let vertex_apis = "api = \"vertex-anthropic\" or \"vertex-gemini\" (or a Vertex AI host)";
+        only(self, "gcp_project", !vertex && u.gcp_project.is_some(), vertex_apis);
+        only(self, "gcp_location", !vertex && u.gcp_location.is_some(), vertex_apis);
+        only(
+            self,
+            "azure_api_version",
+            !azure && u.azure_api_version.is_some(),
+            "api = \"azure-openai\" (or an Azure OpenAI host)",
+        );
+        let segment = |v: &mut Self, k: &str, raw: Option<&str>, example: &str| {
+            let value = v.string(&key(k), raw)?;
+            let fits = !value.is_empty()
+                && value
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            if !fits {
+                v.err(
+                    &key(k),
+                    format!("expected letters, digits, '-', '_' or '.' (e.g. {example}), found {value:?}"),
+                );
+            }
+            fits.then_some(value)
+        };
+        let gcp_project = segment(self, "gcp_project", u.gcp_project.as_deref(), "\"my-project\"").or_else(|| {
+            vertex
+                .then(|| (self.env)("GOOGLE_CLOUD_PROJECT"))
+                .flatten()
+                .filter(|p| !p.is_empty())
+        });
+        let gcp_location = segment(self, "gcp_location", u.gcp_location.as_deref(), "\"us-east5\"")
+            .or_else(|| vertex_location_of(authority.host()).map(str::to_string));
+        let azure_api_version = segment(
+            self,
+            "azure_api_version",
+            u.azure_api_version.as_deref(),
+            "\"2024-10-21\"",
+        );
+        HostApi {
+            api,
+            gcp_project,
+            gcp_location,
+            azure_api_version,
+        }
     }
 
     /// `auth` and the keys of the cloud it names: `aws_region` (else the host's, else

@@ -36,6 +36,12 @@ reach!(
     wire
 );
 
+/// Bedrock's event stream as the fake provider and the tests write it: messages, `chunk`s of
+/// Anthropic events, exceptions.
+pub mod eventstream {
+    pub use crate::wire::eventstream::{chunk_frame, encode, exception_frame};
+}
+
 /// SigV4 as an attempt to Bedrock gets it: the body hashed, then the request signed with session
 /// keys. The length of the `authorization` header it got (0: not signed).
 pub fn sigv4_sign(body: &Bytes) -> usize {

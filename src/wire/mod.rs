@@ -1,7 +1,8 @@
 //! The HTTP vocabulary every layer shares, and nothing else: header names and header hygiene
 //! ([`headers`]), the body types and the per-request log that rides on a response body ([`body`]),
-//! the reading of errors that providers report inside a successful body ([`sse`]), and the model
-//! a request names ([`model`]).
+//! the reading of errors that providers report inside a successful body ([`sse`]), the model
+//! a request names ([`model`]), and Bedrock's binary event stream re-framed as Anthropic's
+//! server-sent events ([`eventstream`]).
 //!
 //! It imports only [`crate::metrics`] (the request log counts the response when its body ends)
 //! and [`crate::time`] (when the request started). The pipeline, jobs, dead letters, idempotency
@@ -9,6 +10,7 @@
 
 pub mod body;
 pub(crate) mod envelope;
+pub(crate) mod eventstream;
 pub mod headers;
 pub(crate) mod model;
 pub mod sse;

@@ -31,6 +31,7 @@ use super::routes::{Route, Target};
 use crate::retry::policy::Outcome;
 use crate::retry::provider_error::{self, ErrorSignal};
 use crate::upstream::{error_chain, AttemptError, UpstreamBody};
+use crate::wire::envelope::{Reframe, Reframed};
 use crate::wire::sse::{self, EventEnd, InBandError, Shape};
 
 /// The most rebound reads ahead of the commit point.
@@ -53,6 +54,7 @@ pub(super) fn attempt<'a>(
     // A target's own first_byte_timeout runs from sending the request: it bounds the head too.
     let own = target.config.first_byte_timeout;
     let head_limit = own.map_or(policy.per_try_timeout, |t| t.min(policy.per_try_timeout));
+    let reframe = req.extensions().get::<Reframe>().is_some();
     target.upstream.send(req, head_limit.min(remaining)).then(move |sent| {
         let head_at = crate::time::now();
         target.attempts.duration.observe((head_at - started).as_secs_f64());
@@ -64,11 +66,39 @@ pub(super) fn attempt<'a>(
                     None => policy.first_byte_timeout,
                 };
                 let left = remaining.saturating_sub(head_at - started);
+                let resp = match reframe {
+                    true => reframed(resp),
+                    false => resp,
+                };
                 Either::Right(read_to_commit(target, resp, head_at, wait.min(left), left))
             }
         }
     })
 }
+
+/// A successful Bedrock event stream, as the Anthropic SSE it carries (the app asked a host of
+/// another shape, `wire::envelope`): the body re-framed as it is read, the head saying so.
+fn reframed(mut resp: Response<UpstreamBody>) -> Response<UpstreamBody> {
+    let eventstream = resp
+        .headers()
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(EVENTSTREAM));
+    if resp.status().is_success() && eventstream {
+        let headers = resp.headers_mut();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/event-stream"),
+        );
+        headers.remove(http::header::CONTENT_LENGTH);
+        resp.extensions_mut().insert(Reframed);
+        resp.body_mut().reframe();
+    }
+    resp
+}
+
+/// Bedrock's stream framing.
+const EVENTSTREAM: &str = "application/vnd.amazon.eventstream";
 
 /// The response, read to its commit point: a successful one ahead within `wait` (the first
 /// byte's deadline), an error one's small body within [`ERROR_BODY_WAIT`] (and `left`, the

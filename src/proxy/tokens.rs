@@ -24,6 +24,7 @@ use super::primed::Primed;
 use crate::config::{MetricsConfig, UpstreamConfig};
 use crate::dead_letters::AttemptRecord;
 use crate::metrics::TokenMetrics;
+use crate::wire::envelope::Reframed;
 use crate::wire::sse::Shape;
 use crate::wire::usage::{request_model, Ledger, UsageScan};
 
@@ -124,7 +125,11 @@ impl Meter {
         if resp.extensions().get::<Counted>().is_some() {
             return None;
         }
-        Meter::for_response(resp.body().shape(), metrics, request, attempt, sent)
+        let mut meter = Meter::for_response(resp.body().shape(), metrics, request, attempt, sent)?;
+        if resp.extensions().get::<Reframed>().is_some() {
+            meter.scan = UsageScan::with_invocation_metrics();
+        }
+        Some(meter)
     }
 
     /// The response's error flag (an in-band or mid-stream error makes its tokens wasted).

@@ -36,6 +36,7 @@ use tokio::time::Instant;
 use tower_service::Service as _;
 
 use super::{error_chain, refused_stream, AttemptError};
+use crate::wire::eventstream::ToSse;
 
 type ReqBody = Full<Bytes>;
 type H1 = http1::SendRequest<ReqBody>;
@@ -254,19 +255,32 @@ fn ended(result: hyper::Result<()>) {
 
 /// An upstream response body. An HTTP/1.1 body returns its connection to the pool as soon as
 /// its last frame is in; a body dropped before its end takes the connection with it (hyper
-/// closes it: the rest of the response can never be read).
+/// closes it: the rest of the response can never be read). A Bedrock event stream the app reads
+/// as Anthropic's SSE is re-framed as it is read ([`UpstreamBody::reframe`]).
 pub struct UpstreamBody {
     inner: Incoming,
     give_back: Option<(Arc<Pool>, H1)>,
+    /// Boxed: rare, and every request in flight holds this body.
+    reframe: Option<Box<ToSse>>,
 }
 
 impl UpstreamBody {
     fn new(inner: Incoming, give_back: Option<(Arc<Pool>, H1)>) -> UpstreamBody {
-        let mut body = UpstreamBody { inner, give_back };
+        let mut body = UpstreamBody {
+            inner,
+            give_back,
+            reframe: None,
+        };
         if body.inner.is_end_stream() {
             body.done();
         }
         body
+    }
+
+    /// From now on the body is read as Bedrock's event stream and yields the Anthropic SSE it
+    /// carries (`wire::eventstream`).
+    pub(crate) fn reframe(&mut self) {
+        self.reframe = Some(Box::default());
     }
 
     fn done(&mut self) {
@@ -274,13 +288,9 @@ impl UpstreamBody {
             pool.checkin(sender);
         }
     }
-}
 
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    /// The inner body's next frame, with the connection given back at its end.
+    fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
             Poll::Ready(None) => self.done(),
@@ -290,13 +300,63 @@ impl Body for UpstreamBody {
         }
         polled
     }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        if this.reframe.is_none() {
+            return this.poll_inner(cx);
+        }
+        loop {
+            let Some(sse) = this.reframe.as_deref() else {
+                return Poll::Ready(None);
+            };
+            if sse.is_done() {
+                return Poll::Ready(None);
+            }
+            let polled = std::task::ready!(this.poll_inner(cx));
+            let Some(sse) = this.reframe.as_deref_mut() else {
+                return Poll::Ready(None);
+            };
+            let mut out = Vec::new();
+            match polled {
+                None => {
+                    sse.end(&mut out);
+                    // Ended: later polls read the (ended) inner body.
+                    this.reframe = None;
+                    return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(Bytes::from(out)))));
+                }
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        out.reserve(data.len() + data.len() / 2);
+                        sse.feed(&data, &mut out);
+                    }
+                    Err(_) => continue, // trailers: nothing the app reads
+                },
+                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
+            }
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+            }
+        }
+    }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.reframe {
+            Some(sse) => sse.is_done(),
+            None => self.inner.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match self.reframe {
+            Some(_) => SizeHint::default(),
+            None => self.inner.size_hint(),
+        }
     }
 }
 

@@ -56,6 +56,11 @@ const OPENAI_OPS: [&str; 4] = ["chat/completions", "completions", "embeddings", 
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Reframe;
 
+/// A response extension: its body is a re-framed Bedrock stream (whose last event carries
+/// Bedrock's invocation metrics).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Reframed;
+
 /// What a request asks, as its API names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Op<'a> {

@@ -7,7 +7,6 @@
 //! - [`ToSse`]: pure, the messages as Anthropic's events: a `chunk`'s base64 event is decoded into
 //!   `event: {type}\ndata: {json}\n\n` as it came (no JSON value is built); an exception, an error
 //!   message or a corrupt stream becomes Anthropic's `error` event, and nothing follows it;
-//! - [`BedrockSse`]: the response body adapter (what the upstream sends in, SSE out);
 //! - [`encode`], [`chunk_frame`], [`exception_frame`]: frames as Bedrock writes them, for the fake
 //!   provider and the tests (`hooks::eventstream`).
 //!
@@ -15,12 +14,8 @@
 //! bytes; headers (`[name len u8][name][type u8][value]`); payload; the CRC32 of everything before.
 
 use std::borrow::Cow;
-use std::pin::Pin;
-use std::task::{ready, Context, Poll};
 
 use base64::Engine as _;
-use bytes::Bytes;
-use http_body::{Body, Frame, SizeHint};
 use memchr::memchr2;
 use serde::{Deserialize, Serialize};
 
@@ -395,11 +390,6 @@ impl ToSse {
     pub(crate) fn is_done(&self) -> bool {
         self.done
     }
-
-    /// Whether the bytes so far end inside a frame.
-    pub(crate) fn in_frame(&self) -> bool {
-        self.decoder.in_frame()
-    }
 }
 
 /// One message as SSE, appended to `out`.
@@ -599,73 +589,6 @@ fn error_event(out: &mut Vec<u8>, kind: &str, message: &str) {
     out.extend_from_slice(b"\n\n");
 }
 
-/// A Bedrock response body (`application/vnd.amazon.eventstream`) as Anthropic's event stream:
-/// each data frame of `inner` is re-framed ([`ToSse`]) and what it completes goes out as one frame
-/// (none when it completes nothing). Trailers are dropped, an error of `inner` passes through as
-/// it is, and an end inside a frame goes out as an `api_error` event. Once the stream is over
-/// (an exception, corruption), `inner` is not polled again.
-pub(crate) struct BedrockSse<B> {
-    inner: B,
-    sse: ToSse,
-}
-
-impl<B> BedrockSse<B> {
-    #[cfg_attr(
-        not(test),
-        expect(dead_code, reason = "the proxy's Bedrock failover wraps responses with it")
-    )]
-    pub(crate) fn new(inner: B) -> BedrockSse<B> {
-        BedrockSse {
-            inner,
-            sse: ToSse::default(),
-        }
-    }
-}
-
-impl<B> Body for BedrockSse<B>
-where
-    B: Body<Data = Bytes> + Unpin,
-{
-    type Data = Bytes;
-    type Error = B::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        let this = &mut *self;
-        loop {
-            if this.sse.is_done() {
-                return Poll::Ready(None);
-            }
-            let mut out = Vec::new();
-            match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(Ok(frame)) => {
-                    if let Ok(data) = frame.into_data() {
-                        // SSE is smaller than the frames it comes from: usually one allocation.
-                        out.reserve(data.len());
-                        this.sse.feed(&data, &mut out);
-                    }
-                }
-                Some(Err(e)) => return Poll::Ready(Some(Err(e))),
-                None => this.sse.end(&mut out),
-            }
-            if !out.is_empty() {
-                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
-            }
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.sse.is_done() || (self.inner.is_end_stream() && !self.sse.in_frame())
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        if self.is_end_stream() {
-            SizeHint::with_exact(0)
-        } else {
-            SizeHint::default()
-        }
-    }
-}
-
 /// A message with string headers (names cut at 255 bytes, values at 65,535), as the fake provider
 /// and the tests send them.
 pub fn encode(headers: &[(&str, &str)], payload: &[u8]) -> Vec<u8> {
@@ -732,11 +655,7 @@ pub fn exception_frame(exception: &str, message: &str) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::body::BoxError;
-    use http_body_util::{BodyExt as _, StreamBody};
     use proptest::prelude::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
 
     // Recorded streams, as they came over the wire:
     // - `bedrock_stream.b64`: a Bedrock `invoke-with-response-stream` answer of Claude Sonnet 4.5
@@ -1379,108 +1298,6 @@ data: {"type":"message_stop","amazon-bedrock-invocationMetrics":{"inputTokenCoun
         }
         assert!(!decoder.in_frame());
         assert_eq!(decoder.frames, 19);
-    }
-
-    type Item = Result<Frame<Bytes>, BoxError>;
-
-    fn body(frames: Vec<Item>) -> StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Item>>> {
-        StreamBody::new(futures_util::stream::iter(frames))
-    }
-
-    fn data(bytes: &[u8]) -> Item {
-        Ok(Frame::data(Bytes::copy_from_slice(bytes)))
-    }
-
-    #[tokio::test]
-    async fn the_body_yields_what_each_frame_completes_and_drops_trailers() {
-        let reads = recorded();
-        let mut frames: Vec<_> = reads.iter().map(|r| data(r)).collect();
-        frames.insert(1, data(b""));
-        frames.push(Ok(Frame::trailers(http::HeaderMap::new())));
-        let mut sse_body = BedrockSse::new(body(frames));
-        assert!(!sse_body.is_end_stream());
-        assert_eq!(sse_body.size_hint().upper(), None);
-        let mut got = Vec::new();
-        while let Some(frame) = sse_body.frame().await {
-            let frame = frame.unwrap();
-            let data = frame.into_data().unwrap();
-            assert!(!data.is_empty());
-            got.push(data);
-        }
-        // One frame per network read (each completes at least one message).
-        assert_eq!(got.len(), 7);
-        assert_eq!(got.concat(), STREAM_SSE.as_bytes());
-        assert!(sse_body.is_end_stream());
-        assert_eq!(sse_body.size_hint().exact(), Some(0));
-    }
-
-    #[tokio::test]
-    async fn the_body_stops_reading_after_an_exception() {
-        let polled = Arc::new(AtomicUsize::new(0));
-        let frames = answer_frames();
-        let items = vec![
-            data(&frames[0]),
-            data(&exception_frame(
-                "serviceUnavailableException",
-                "Bedrock is unable to process your request.",
-            )),
-            data(&frames[1]),
-            data(&frames[2]),
-        ];
-        let counted = {
-            let polled = polled.clone();
-            futures_util::StreamExt::inspect(futures_util::stream::iter(items), move |_| {
-                polled.fetch_add(1, Ordering::Relaxed);
-            })
-        };
-        let mut sse_body = BedrockSse::new(StreamBody::new(counted));
-        let first = sse_body.frame().await.unwrap().unwrap().into_data().unwrap();
-        assert_eq!(first, ANSWER_SSE.split_inclusive("\n\n").next().unwrap());
-        let error = sse_body.frame().await.unwrap().unwrap().into_data().unwrap();
-        let overloaded = serde_json::from_slice::<serde_json::Value>(&error[19..error.len() - 2]).unwrap();
-        assert_eq!(overloaded["error"]["type"], "overloaded_error");
-        assert!(sse_body.is_end_stream());
-        assert_eq!(sse_body.size_hint().exact(), Some(0));
-        assert!(sse_body.frame().await.is_none());
-        assert_eq!(polled.load(Ordering::Relaxed), 2);
-    }
-
-    #[tokio::test]
-    async fn the_body_reports_an_end_inside_a_frame_and_passes_errors_through() {
-        let frames = answer_frames();
-        let mut sse_body = BedrockSse::new(body(vec![data(&frames[0]), data(&frames[1][..20])]));
-        let all = (&mut sse_body).collect().await.unwrap().to_bytes();
-        assert_eq!(
-            all,
-            format!(
-                "{}event: error\ndata: {{\"type\":\"error\",\"error\":{{\"type\":\"api_error\",\"message\":\"the event stream from Bedrock ended inside a frame\"}}}}\n\n",
-                ANSWER_SSE.split_inclusive("\n\n").next().unwrap()
-            )
-        );
-        assert!(sse_body.is_end_stream());
-
-        let mut sse_body = BedrockSse::new(body(vec![
-            data(&frames[0][..30]),
-            Err("connection reset".into()),
-            data(&frames[0][30..]),
-        ]));
-        let error = sse_body.frame().await.unwrap().unwrap_err();
-        assert_eq!(error.to_string(), "connection reset");
-        assert!(!sse_body.is_end_stream());
-        // Polled again anyway, it goes on where the inner body does.
-        let next = sse_body.frame().await.unwrap().unwrap().into_data().unwrap();
-        assert_eq!(next, ANSWER_SSE.split_inclusive("\n\n").next().unwrap());
-    }
-
-    #[tokio::test]
-    async fn an_empty_body_is_at_its_end_at_once() {
-        let empty = BedrockSse::new(http_body_util::Empty::<Bytes>::new());
-        assert!(empty.is_end_stream());
-        assert_eq!(empty.size_hint().exact(), Some(0));
-        let full = BedrockSse::new(http_body_util::Full::new(Bytes::from(chunk_frame(ANSWER[3]))));
-        assert!(!full.is_end_stream());
-        let all = full.collect().await.unwrap().to_bytes();
-        assert_eq!(all, ANSWER_SSE.split_inclusive("\n\n").nth(3).unwrap());
     }
 
     /// Anthropic-like events with arbitrary text.

@@ -46,6 +46,39 @@ const KEY: &[u8] = b"\"usage\"";
 /// The first byte of a JSON object.
 const OBJECT: u8 = 0x7b;
 
+/// Bedrock's invocation metrics, in the last event of a stream: `{"inputTokenCount": ..,
+/// "outputTokenCount": .., "cacheReadInputTokenCount": .., "cacheWriteInputTokenCount": ..}`.
+static INVOCATION_KEY: std::sync::LazyLock<memmem::Finder<'static>> =
+    std::sync::LazyLock::new(|| memmem::Finder::new(b"\"amazon-bedrock-invocationMetrics\""));
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Invocation {
+    #[serde(default)]
+    input_token_count: u64,
+    #[serde(default)]
+    output_token_count: u64,
+    #[serde(default)]
+    cache_read_input_token_count: u64,
+    #[serde(default)]
+    cache_write_input_token_count: u64,
+}
+
+/// The invocation metrics in `frame`, which holds whole events (a re-framed Bedrock stream).
+fn invocation_metrics(frame: &[u8]) -> Option<Usage> {
+    let at = INVOCATION_KEY.find(frame)?;
+    let rest = &frame[at..];
+    let colon = memchr::memchr(b':', rest)?;
+    let mut values = serde_json::Deserializer::from_slice(&rest[colon + 1..]).into_iter::<Invocation>();
+    let m = values.next()?.ok()?;
+    Some(Usage {
+        input: m.input_token_count,
+        output: m.output_token_count,
+        cache_read: m.cache_read_input_token_count,
+        cache_write: m.cache_write_input_token_count,
+    })
+}
+
 /// The token counts of one attempt's response.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct Usage {
@@ -219,6 +252,9 @@ pub(crate) struct UsageScan {
     /// Bytes carried from the previous frames: a usage value cut short (starting with the key),
     /// or the last bytes of a frame that may begin the key.
     carry: Vec<u8>,
+    /// Also read Bedrock's invocation metrics: the body is a re-framed Bedrock stream, whose
+    /// frames each hold whole events.
+    invocation: bool,
 }
 
 impl UsageScan {
@@ -232,8 +268,22 @@ impl UsageScan {
         self.found = true;
     }
 
+    /// A scan that also reads Bedrock's invocation metrics (`amazon-bedrock-invocationMetrics`),
+    /// for a re-framed Bedrock stream (whole events in each frame).
+    pub fn with_invocation_metrics() -> UsageScan {
+        UsageScan {
+            invocation: true,
+            ..UsageScan::default()
+        }
+    }
+
     /// Feeds the body's next bytes.
     pub fn feed(&mut self, chunk: &[u8]) {
+        if self.invocation {
+            if let Some(usage) = invocation_metrics(chunk) {
+                self.found(usage);
+            }
+        }
         let mut from = 0;
         if !self.carry.is_empty() {
             from = self.resume(chunk);
@@ -443,6 +493,29 @@ mod tests {
         assert_eq!(scan(&[ANTHROPIC_JSON.as_bytes()]), u(12, 96, 0, 0));
         let responses_json = r#"{"id":"r","object":"response","usage":{"input_tokens":5,"output_tokens":2}}"#;
         assert_eq!(scan(&[responses_json.as_bytes()]), u(5, 2, 0, 0));
+    }
+
+    #[test]
+    fn bedrock_invocation_metrics_are_read_where_asked() {
+        let stop = br#"event: message_stop
+data: {"type":"message_stop","amazon-bedrock-invocationMetrics":{"inputTokenCount":12,"outputTokenCount":40,"invocationLatency":900,"firstByteLatency":300,"cacheReadInputTokenCount":5}}
+
+"#;
+        let mut scan = UsageScan::with_invocation_metrics();
+        scan.feed(stop);
+        assert_eq!(scan.usage(), u(12, 40, 5, 0));
+        let mut plain = UsageScan::default();
+        plain.feed(stop);
+        assert_eq!(
+            plain.usage(),
+            None,
+            "only a re-framed Bedrock stream is searched for them"
+        );
+        // With the Anthropic events' own usage: the same counts, counted once.
+        let mut both = UsageScan::with_invocation_metrics();
+        both.feed(br#"data: {"type":"message_delta","usage":{"output_tokens":40}}"#);
+        both.feed(stop);
+        assert_eq!(both.usage(), u(12, 40, 5, 0));
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub enum Family {
 
 impl Family {
     /// Its APIs, for messages.
-    pub fn apis(self) -> &'static str {
+    pub(crate) fn apis(self) -> &'static str {
         match self {
             Family::OpenAi => "openai or azure-openai",
             Family::Anthropic => "anthropic, bedrock or vertex-anthropic",
@@ -60,14 +60,6 @@ impl Api {
             Api::Anthropic | Api::Bedrock | Api::VertexAnthropic => Family::Anthropic,
             Api::Gemini | Api::VertexGemini => Family::Gemini,
         }
-    }
-
-    /// Whether the model is named in the path rather than the body.
-    pub fn model_in_path(self) -> bool {
-        matches!(
-            self,
-            Api::Bedrock | Api::VertexAnthropic | Api::Gemini | Api::VertexGemini
-        )
     }
 }
 
@@ -88,7 +80,7 @@ pub enum ApiOf {
 
 impl ApiOf {
     /// By the host's name (lowercase or not).
-    pub fn of_host(host: &str) -> ApiOf {
+    pub(crate) fn of_host(host: &str) -> ApiOf {
         let host = host.to_ascii_lowercase();
         let under = |domain: &str| host.ends_with(domain);
         if host == "api.openai.com" {

@@ -57,7 +57,7 @@ pub(crate) struct Target {
     pub cloud: Option<Arc<CloudAuth>>,
     /// The route's API, when this target speaks another of its family: each request's envelope
     /// is adapted (`wire::envelope`).
-    pub adapt_from: Option<Api>,
+    pub(crate) adapt_from: Option<Api>,
 }
 
 impl Target {

@@ -169,6 +169,24 @@ pub(crate) struct Host<'a> {
     pub(crate) azure_api_version: Option<&'a str>,
 }
 
+impl Host<'_> {
+    /// An OpenAI or Anthropic path with its version (`/v1`), unless the base path holds it.
+    fn v1(&self, path: &str) -> String {
+        match self.base_path.ends_with("/v1") {
+            true => path.to_string(),
+            false => format!("/v1{path}"),
+        }
+    }
+
+    /// A Vertex AI model's path: `None` without the project and location.
+    fn vertex(&self, publisher: &str, model: &str, method: &str) -> Option<String> {
+        Some(format!(
+            "/v1/projects/{}/locations/{}/publishers/{publisher}/models/{model}:{method}",
+            self.gcp_project?, self.gcp_location?
+        ))
+    }
+}
+
 /// A request adapted for a host: what replaces the app's path, query, body and headers.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Adapted {
@@ -194,16 +212,6 @@ pub(crate) fn adapt(
     (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
     model: Option<&str>,
 ) -> Option<Adapted> {
-    let v1 = |path: &str| match to.base_path.ends_with("/v1") {
-        true => path.to_string(),
-        false => format!("/v1{path}"),
-    };
-    let vertex = |publisher: &str, model: &str, method: &str| -> Option<String> {
-        Some(format!(
-            "/v1/projects/{}/locations/{}/publishers/{publisher}/models/{model}:{method}",
-            to.gcp_project?, to.gcp_location?
-        ))
-    };
     let mut out = Adapted {
         path: String::new(),
         query: query.map(str::to_string),
@@ -212,9 +220,25 @@ pub(crate) fn adapt(
         insert: None,
         reframe: false,
     };
+    match asked.op {
+        Op::Messages { .. } | Op::CountTokens => to_claude(&mut out, asked, from, to, (query, body, headers), model)?,
+        Op::OpenAi(_) | Op::Gemini(_) => to_gpt_or_gemini(&mut out, asked, to, (query, body), model)?,
+    }
+    Some(out)
+}
+
+/// An Anthropic Messages request for a host of `to`'s shape.
+fn to_claude(
+    out: &mut Adapted,
+    asked: &Asked<'_>,
+    from: Api,
+    to: &Host<'_>,
+    (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
+    model: Option<&str>,
+) -> Option<()> {
     match (&asked.op, to.api) {
         (Op::Messages { stream }, Api::Anthropic) => {
-            out.path = v1("/messages");
+            out.path = to.v1("/messages");
             out.query = query.filter(|_| from == Api::Anthropic).map(str::to_string);
             let (remove, stream) = stream_from_path(from, *stream);
             out.body = edit(body, remove, model_entry(model)?.into_iter().chain(stream));
@@ -223,7 +247,7 @@ pub(crate) fn adapt(
             }
         }
         (Op::CountTokens, Api::Anthropic) => {
-            out.path = v1("/messages/count_tokens");
+            out.path = to.v1("/messages/count_tokens");
             out.query = None;
             out.body = edit(body, &["model", "anthropic_version"], model_entry(model)?);
             if !headers.contains_key(ANTHROPIC_VERSION_HEADER) {
@@ -246,7 +270,7 @@ pub(crate) fn adapt(
         }
         (Op::Messages { stream }, Api::VertexAnthropic) => {
             let method = if *stream { "streamRawPredict" } else { "rawPredict" };
-            out.path = vertex("anthropic", model?, method)?;
+            out.path = to.vertex("anthropic", model?, method)?;
             out.query = None;
             let version = ("anthropic_version", json_string(VERTEX_VERSION));
             let (remove, stream) = stream_from_path(from, *stream);
@@ -254,7 +278,7 @@ pub(crate) fn adapt(
             out.remove = &NOT_TO_VERTEX;
         }
         (Op::CountTokens, Api::VertexAnthropic) => {
-            out.path = vertex("anthropic", "count-tokens", "rawPredict")?;
+            out.path = to.vertex("anthropic", "count-tokens", "rawPredict")?;
             out.query = None;
             let version = ("anthropic_version", json_string(VERTEX_VERSION));
             out.body = edit(
@@ -264,8 +288,22 @@ pub(crate) fn adapt(
             );
             out.remove = &NOT_TO_VERTEX;
         }
+        _ => return None,
+    }
+    Some(())
+}
+
+/// An OpenAI or Gemini request for a host of `to`'s shape.
+fn to_gpt_or_gemini(
+    out: &mut Adapted,
+    asked: &Asked<'_>,
+    to: &Host<'_>,
+    (query, body): (Option<&str>, &[u8]),
+    model: Option<&str>,
+) -> Option<()> {
+    match (&asked.op, to.api) {
         (Op::OpenAi(op), Api::OpenAi) => {
-            out.path = v1(&format!("/{op}"));
+            out.path = to.v1(&format!("/{op}"));
             out.query = without(query, "api-version");
             out.body = edit(body, &["model"], model_entry(model)?);
         }
@@ -290,11 +328,11 @@ pub(crate) fn adapt(
             out.path = format!("/v1beta/models/{}:{method}", model?);
         }
         (Op::Gemini(method), Api::VertexGemini) => {
-            out.path = vertex("google", model?, method)?;
+            out.path = to.vertex("google", model?, method)?;
         }
         _ => return None,
     }
-    Some(out)
+    Some(())
 }
 
 /// What a Messages body keeps and gains for a host that reads `stream` from it: a Bedrock request

@@ -1,11 +1,12 @@
 //! The HTTP vocabulary every layer shares, and nothing else: header names and header hygiene
 //! ([`headers`]), the body types and the per-request log that rides on a response body ([`body`]),
 //! the reading of errors that providers report inside a successful body ([`sse`]), the model
-//! a request names ([`model`]), and Bedrock's binary event stream re-framed as Anthropic's
-//! server-sent events ([`eventstream`]).
+//! a request names ([`model`]), a request's envelope in each API of a model family
+//! ([`envelope`]), and Bedrock's binary event stream re-framed as Anthropic's server-sent events
+//! ([`eventstream`]).
 //!
-//! It imports only [`crate::metrics`] (the request log counts the response when its body ends)
-//! and [`crate::time`] (when the request started). The pipeline, jobs, dead letters, idempotency
+//! It imports only [`crate::metrics`] (the request log counts the response when its body ends),
+//! [`crate::time`] (when the request started) and [`crate::config`] (the API a host speaks). The pipeline, jobs, dead letters, idempotency
 //! and the retry policy all use it; it never uses them.
 
 pub mod body;

@@ -270,7 +270,7 @@ impl UsageScan {
 
     /// A scan that also reads Bedrock's invocation metrics (`amazon-bedrock-invocationMetrics`),
     /// for a re-framed Bedrock stream (whole events in each frame).
-    pub fn with_invocation_metrics() -> UsageScan {
+    pub(crate) fn with_invocation_metrics() -> UsageScan {
         UsageScan {
             invocation: true,
             ..UsageScan::default()

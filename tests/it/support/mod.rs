@@ -13,6 +13,7 @@ pub mod redis_cluster;
 pub mod redis_sentinel;
 pub mod shipped;
 pub mod sidecar;
+pub mod sigv4;
 
 use std::time::Duration;
 

@@ -18,6 +18,7 @@ mod credentials;
 mod dead_letters;
 mod docs;
 mod edges;
+mod event_stream;
 mod failover;
 mod follow;
 mod hosts;

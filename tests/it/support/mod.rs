@@ -7,6 +7,7 @@ pub mod certs;
 pub mod cloud;
 pub mod config_builder;
 pub mod config_edit;
+pub mod event_stream;
 pub mod fake_provider;
 pub mod redis;
 pub mod redis_cluster;

@@ -8,8 +8,14 @@
 
 #[path = "../tests/it/support/certs.rs"]
 mod certs;
+#[path = "../tests/it/support/event_stream.rs"]
+mod event_stream;
+#[path = "../tests/it/support/fake_hosts.rs"]
+mod fake_hosts;
 #[path = "../tests/it/support/fake_provider.rs"]
 mod fake_provider;
+#[path = "../tests/it/support/sigv4.rs"]
+mod sigv4;
 
 use std::time::Duration;
 

@@ -20,6 +20,7 @@ mod docs;
 mod edges;
 mod event_stream;
 mod failover;
+mod fake_hosts;
 mod follow;
 mod hosts;
 mod idempotency;

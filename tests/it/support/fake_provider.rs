@@ -19,6 +19,12 @@
 //!   `authorization` / `x-api-key` value; every answer carries the quota (OpenAI's
 //!   `x-ratelimit-*-requests`, Anthropic's `anthropic-ratelimit-requests-*` on `/messages`), and a
 //!   request over the limit gets 429 ([`FakeProvider::rate_limited`] counts them);
+//! - `POST .../embeddings`, `POST .../responses`: OpenAI's embeddings (floats, or base64 as the
+//!   OpenAI SDK asks by default) and a Responses API answer (its event stream with `"stream": true`);
+//! - the paths of the models' cloud hosts (Amazon Bedrock, Vertex AI, Azure OpenAI, the Gemini API):
+//!   what those hosts check, answer and refuse, Bedrock's binary event stream included, in
+//!   `fake_hosts.rs` (its module docs); `POST /_fake/aws` (`{"region": ".."}`) sets the region a
+//!   Bedrock signature must be scoped to;
 //! - `ANY /echo...`: JSON describing the request as received (method, path, query, headers, body size);
 //! - `GET /ws`: a WebSocket-style upgrade that echoes bytes back;
 //! - anything else: 404 with an OpenAI-shaped error body.
@@ -42,7 +48,9 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
-type Body = BoxBody<Bytes, std::io::Error>;
+use super::{event_stream, fake_hosts};
+
+pub type Body = BoxBody<Bytes, std::io::Error>;
 
 /// One scripted answer.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -106,6 +114,25 @@ pub enum Step {
     /// The normal stream's first `after` events (at least one), then an error event of this
     /// type, then the end.
     MidStreamError { after: usize, error_type: String },
+    /// Bedrock's event stream (`fake_hosts.rs`): the normal stream's first `after` events (0: none),
+    /// then an exception message of this type (`throttlingException`,
+    /// `serviceUnavailableException`, `modelStreamErrorException`, ...) with this message, then
+    /// the end. Elsewhere: the Anthropic error event the exception stands for, as
+    /// [`Step::MidStreamError`] (or [`Step::InBandError`] when `after` is 0).
+    EventStreamException {
+        after: usize,
+        exception_type: String,
+        #[serde(default = "exception_message")]
+        message: String,
+    },
+    /// Bedrock's event stream: the normal stream's first `after` events, then the next one with
+    /// its message checksum broken, then the end. Elsewhere: the first `after` events, then an
+    /// aborted body.
+    BadChecksum { after: usize },
+}
+
+fn exception_message() -> String {
+    "scripted exception".into()
 }
 
 impl Step {
@@ -140,6 +167,9 @@ pub struct Recorded {
     pub version: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// Why the host of its path refused it (`fake_hosts.rs`: the status, the error type, the
+    /// body), or `None`: it was taken (its script step, if any, consumed).
+    pub refused: Option<String>,
     /// When it arrived.
     #[serde(skip)]
     pub at: Option<std::time::Instant>,
@@ -166,6 +196,8 @@ struct State {
     /// Per credential: the window's start and the requests in it.
     windows: Mutex<HashMap<String, (std::time::Instant, usize)>>,
     rate_limited: AtomicUsize,
+    /// The region a Bedrock signature must be scoped to (any when `None`).
+    aws_region: Mutex<Option<String>>,
     /// Keep recorded request bodies (off in the benchmark to stay flat in memory).
     record: bool,
 }
@@ -254,6 +286,11 @@ impl FakeProvider {
     /// Requests answered 429 by the rate limit so far.
     pub fn rate_limited(&self) -> usize {
         self.state.rate_limited.load(Ordering::SeqCst)
+    }
+
+    /// Bedrock's signatures must be scoped to `region` (see `fake_hosts.rs`).
+    pub fn aws_region(&self, region: &str) {
+        *lock(&self.state.aws_region) = Some(region.to_string());
     }
 
     /// TCP connections accepted so far.
@@ -407,9 +444,22 @@ async fn handle(
                 .map(|(k, v)| (k.to_string(), String::from_utf8_lossy(v.as_bytes()).into_owned()))
                 .collect(),
             body: body.to_vec(),
+            refused: None,
             at: Some(std::time::Instant::now()),
         });
     }
+
+    let call = fake_hosts::Call::of(&path, parts.uri.query());
+    if let Some(call) = &call {
+        let region = lock(&state.aws_region).clone();
+        if let Some((why, refused)) = fake_hosts::refuse(call, region.as_deref(), &parts, &body) {
+            if let Some(last) = lock(&state.recorded).get_mut(&key).and_then(|r| r.last_mut()) {
+                last.refused = Some(why);
+            }
+            return Ok(refused);
+        }
+    }
+    let bedrock = call.as_ref().is_some_and(|c| c.host == fake_hosts::Host::Bedrock);
 
     let quota = rate_quota(&state, &parts.headers, path.ends_with("/messages"));
     if let Some((false, headers)) = &quota {
@@ -421,7 +471,11 @@ async fn handle(
         add_headers(&mut resp, headers.clone());
         return Ok(resp);
     }
-    let resp = answer(state, frozen, parts, body, key, path, chunks, gap).await;
+    let resp = answer(state, frozen, parts, body, key, path, call, chunks, gap).await;
+    let resp = match resp {
+        Ok(resp) if bedrock => Ok(fake_hosts::to_bedrock(resp)),
+        other => other,
+    };
     Ok(match (resp, quota) {
         (Ok(mut resp), Some((_, headers))) => {
             add_headers(&mut resp, headers);
@@ -501,6 +555,7 @@ async fn answer(
     body: Bytes,
     key: String,
     path: String,
+    call: Option<fake_hosts::Call>,
     chunks: usize,
     gap: Duration,
 ) -> Result<Response<Body>, ResetConnection> {
@@ -516,6 +571,10 @@ async fn answer(
         .as_ref()
         .and_then(|v| v.get("stream").and_then(|s| s.as_bool()))
         .unwrap_or(false);
+    let wants_stream = call.as_ref().map_or(wants_stream, |c| c.streams(wants_stream));
+    // Anthropic's events and errors: `/messages`, and the hosts of Anthropic's models.
+    let anthropic = path.ends_with("/messages") || call.as_ref().is_some_and(|c| c.host.anthropic());
+    let bedrock = call.as_ref().is_some_and(|c| c.host == fake_hosts::Host::Bedrock);
     let include_usage = request
         .as_ref()
         .and_then(|v| v.pointer("/stream_options/include_usage").and_then(|s| s.as_bool()))
@@ -526,6 +585,16 @@ async fn answer(
             tokio::time::sleep(Duration::from_millis(ms)).await;
             Some(Step::status(status))
         }
+        // Without an event stream, the error event the exception stands for.
+        Some(Step::EventStreamException {
+            after, exception_type, ..
+        }) if !bedrock => {
+            let error_type = fake_hosts::anthropic_error_type(&exception_type).to_string();
+            Some(match after {
+                0 => Step::in_band(&error_type),
+                after => Step::MidStreamError { after, error_type },
+            })
+        }
         other => other,
     };
     match step {
@@ -533,11 +602,24 @@ async fn answer(
             let mut resp = Response::builder()
                 .status(status)
                 .header("content-type", "application/json");
+            // A host's own error shape, unless the step gives the body.
+            let (host_headers, host_body) = match (&call, &body) {
+                (Some(call), None) => fake_hosts::scripted_error(call, status),
+                _ => (Vec::new(), String::new()),
+            };
+            for (k, v) in host_headers {
+                if !headers.iter().any(|(h, _)| h.eq_ignore_ascii_case(&k)) {
+                    resp = resp.header(k, v);
+                }
+            }
             for (k, v) in headers {
                 resp = resp.header(k, v);
             }
-            let body = body.unwrap_or_else(|| {
-                format!(r#"{{"error":{{"message":"scripted {status}","type":"fake_error","code":"{status}"}}}}"#)
+            let body = body.unwrap_or_else(|| match call {
+                Some(_) => host_body,
+                None => {
+                    format!(r#"{{"error":{{"message":"scripted {status}","type":"fake_error","code":"{status}"}}}}"#)
+                }
             });
             return Ok(resp.body(full(body)).unwrap_or_default());
         }
@@ -577,7 +659,6 @@ async fn answer(
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         Some(Step::ThinkThenStream { ms, ping_every_ms }) => {
-            let anthropic = path.ends_with("/messages");
             let ping = if anthropic { ANTHROPIC_PING } else { SSE_COMMENT };
             let thinking = thinking(Duration::from_millis(ms), Duration::from_millis(ping_every_ms), ping);
             let events = sse_events(state, key, chunks, gap, anthropic);
@@ -589,7 +670,6 @@ async fn answer(
             return futures_util::future::pending().await;
         }
         Some(Step::PauseAfterFirst { ms }) => {
-            let anthropic = path.ends_with("/messages");
             let events = sse_events(state, key, chunks, gap, anthropic);
             let pause = Duration::from_millis(ms);
             let stream = futures_util::StreamExt::then(
@@ -604,7 +684,6 @@ async fn answer(
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         Some(Step::FreezeAfterFirst) => {
-            let anthropic = path.ends_with("/messages");
             let first = futures_util::StreamExt::take(sse_events(state, key, chunks, gap, anthropic), 1);
             let freeze = futures_util::stream::once(async move {
                 // Let the first event reach the wire, then hang the connection.
@@ -616,19 +695,18 @@ async fn answer(
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         Some(Step::InBandError { error_type, headers }) => {
-            let event = error_event(&error_type, path.ends_with("/messages"));
+            let event = error_event(&error_type, anthropic);
             let mut resp = sse_response(full(event));
             add_headers(&mut resp, headers);
             return Ok(resp);
         }
         Some(Step::JsonError { error_type, headers }) => {
-            let body = error_object(&error_type, path.ends_with("/messages"));
+            let body = error_object(&error_type, anthropic);
             let mut resp = json_response(StatusCode::OK, body);
             add_headers(&mut resp, headers);
             return Ok(resp);
         }
         Some(Step::MidStreamError { after, error_type }) => {
-            let anthropic = path.ends_with("/messages");
             let events = sse_events(state, key, after.max(1), gap, anthropic);
             // The normal stream up to (not including) its end, then the error.
             let events = futures_util::StreamExt::take(events, after.max(1));
@@ -639,7 +717,62 @@ async fn answer(
             let stream = futures_util::StreamExt::chain(events, error);
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
+        Some(Step::EventStreamException {
+            after,
+            exception_type,
+            message,
+        }) => {
+            let exception = event_stream::exception(&exception_type, &message);
+            return Ok(fake_hosts::failing_bedrock_stream(chunks, after, exception));
+        }
+        Some(Step::BadChecksum { after }) if bedrock => {
+            let corrupt = event_stream::corrupt(fake_hosts::bedrock_message(chunks, after));
+            return Ok(fake_hosts::failing_bedrock_stream(chunks, after, corrupt));
+        }
+        Some(Step::BadChecksum { after }) => {
+            let events: Vec<String> = match anthropic {
+                true => fake_hosts::anthropic_events(chunks),
+                false => (0..chunks).map(sse_chunk).collect(),
+            };
+            let first = Bytes::from(events.into_iter().take(after).collect::<String>());
+            let cut = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                Err(std::io::Error::other("scripted bad checksum"))
+            });
+            let head = futures_util::stream::iter((!first.is_empty()).then(|| Ok(Frame::data(first))));
+            let stream = futures_util::StreamExt::chain(head, cut);
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
         None => {}
+    }
+
+    if let Some(call) = &call {
+        match fake_hosts::answer(call, request.as_ref(), chunks) {
+            fake_hosts::HostAnswer::Json { body, headers } => {
+                let mut resp = json_response(StatusCode::OK, body);
+                add_headers(&mut resp, headers);
+                return Ok(resp);
+            }
+            fake_hosts::HostAnswer::AnthropicStream => {
+                return Ok(sse_stream(state, key, chunks, gap, true, false));
+            }
+            fake_hosts::HostAnswer::Events { events, content_type } => {
+                return Ok(listed_events(state, key, events, gap, content_type));
+            }
+            fake_hosts::HostAnswer::Generic => {}
+        }
+    } else if let Some(extra) = fake_hosts::openai_extra(&path, request.as_ref(), chunks) {
+        match extra {
+            fake_hosts::HostAnswer::Json { body, headers } => {
+                let mut resp = json_response(StatusCode::OK, body);
+                add_headers(&mut resp, headers);
+                return Ok(resp);
+            }
+            fake_hosts::HostAnswer::Events { events, content_type } => {
+                return Ok(listed_events(state, key, events, gap, content_type));
+            }
+            _ => {}
+        }
     }
 
     if path == "/echo" || path.starts_with("/echo/") {
@@ -654,7 +787,6 @@ async fn answer(
         return Ok(json_response(StatusCode::OK, echo.to_string()));
     }
     if path.ends_with("/chat/completions") || path.ends_with("/messages") {
-        let anthropic = path.ends_with("/messages");
         if wants_stream {
             return Ok(sse_stream(state, key, chunks, gap, anthropic, include_usage));
         }
@@ -753,6 +885,28 @@ async fn control(state: &Arc<State>, req: Request<Incoming>) -> Response<Body> {
                 ),
             }
         }
+        "/_fake/aws" => {
+            #[derive(Deserialize)]
+            struct Aws {
+                region: Option<String>,
+            }
+            let body = req
+                .into_body()
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            match serde_json::from_slice::<Aws>(&body) {
+                Ok(a) => {
+                    *lock(&state.aws_region) = a.region;
+                    json_response(StatusCode::OK, "{}".into())
+                }
+                Err(e) => json_response(
+                    StatusCode::BAD_REQUEST,
+                    serde_json::json!({"error": e.to_string()}).to_string(),
+                ),
+            }
+        }
         "/_fake/count" => {
             let n = lock(&state.counts).get(&key).copied().unwrap_or(0);
             json_response(StatusCode::OK, serde_json::json!({"key": key, "count": n}).to_string())
@@ -769,13 +923,13 @@ fn header<'a>(h: &'a HeaderMap, name: &str) -> Option<&'a str> {
     h.get(name).and_then(|v| v.to_str().ok())
 }
 
-fn full(s: String) -> Body {
+pub fn full(s: String) -> Body {
     Full::new(Bytes::from(s))
         .map_err(|never: Infallible| match never {})
         .boxed()
 }
 
-fn json_response(status: StatusCode, body: String) -> Response<Body> {
+pub fn json_response(status: StatusCode, body: String) -> Response<Body> {
     Response::builder()
         .status(status)
         .header("content-type", "application/json")
@@ -784,7 +938,7 @@ fn json_response(status: StatusCode, body: String) -> Response<Body> {
         .unwrap_or_default()
 }
 
-fn sse_response(body: Body) -> Response<Body> {
+pub fn sse_response(body: Body) -> Response<Body> {
     Response::builder()
         .status(StatusCode::OK)
         .header("content-type", "text/event-stream")
@@ -793,7 +947,7 @@ fn sse_response(body: Body) -> Response<Body> {
         .unwrap_or_default()
 }
 
-fn add_headers(resp: &mut Response<Body>, headers: Vec<(String, String)>) {
+pub fn add_headers(resp: &mut Response<Body>, headers: Vec<(String, String)>) {
     for (k, v) in headers {
         if let (Ok(k), Ok(v)) = (
             http::HeaderName::from_bytes(k.as_bytes()),
@@ -831,14 +985,14 @@ pub fn sse_chunk(i: usize) -> String {
     )
 }
 
-fn anthropic_event(i: usize) -> String {
+pub fn anthropic_event(i: usize) -> String {
     format!(
         "event: content_block_delta\ndata: {{\"type\":\"content_block_delta\",\"index\":0,\"delta\":{{\"type\":\"text_delta\",\"text\":\"token{i} \"}}}}\n\n"
     )
 }
 
 /// What an Anthropic stream sends before its first delta (the SDKs' stream helpers need it).
-fn anthropic_stream_start() -> &'static str {
+pub fn anthropic_stream_start() -> &'static str {
     concat!(
         "event: message_start\n",
         "data: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_fake\",\"type\":\"message\",\"role\":\"assistant\",",
@@ -850,7 +1004,7 @@ fn anthropic_stream_start() -> &'static str {
 }
 
 /// What an Anthropic stream sends after its last delta.
-fn anthropic_stream_end(chunks: usize) -> String {
+pub fn anthropic_stream_end(chunks: usize) -> String {
     format!(
         "event: content_block_stop\ndata: {{\"type\":\"content_block_stop\",\"index\":0}}\n\n\
          event: message_delta\ndata: {{\"type\":\"message_delta\",\"delta\":{{\"stop_reason\":\"end_turn\",\
@@ -955,6 +1109,39 @@ fn sse_events(
             Some((Ok::<_, std::io::Error>(Frame::data(Bytes::from(data))), i + 1))
         }
     })
+}
+
+/// `events`, one body frame each, `gap` apart (the first at once), as `content_type`; the stream
+/// counts as completed when its last event is sent.
+fn listed_events(
+    state: Arc<State>,
+    key: String,
+    events: Vec<String>,
+    gap: Duration,
+    content_type: &'static str,
+) -> Response<Body> {
+    let last = events.len();
+    let stream = futures_util::stream::unfold((events.into_iter(), 0usize), move |(mut events, i)| {
+        let state = state.clone();
+        let key = key.clone();
+        async move {
+            let event = events.next()?;
+            if i > 0 && !gap.is_zero() {
+                tokio::time::sleep(gap).await;
+            }
+            if i + 1 == last {
+                *lock(&state.streams_completed).entry(key).or_insert(0) += 1;
+            }
+            Some((
+                Ok::<_, std::io::Error>(Frame::data(Bytes::from(event))),
+                (events, i + 1),
+            ))
+        }
+    });
+    let mut resp = sse_response(BodyExt::boxed(StreamBody::new(stream)));
+    resp.headers_mut()
+        .insert("content-type", http::HeaderValue::from_static(content_type));
+    resp
 }
 
 /// A ~1 KB OpenAI chat completion.

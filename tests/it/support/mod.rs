@@ -8,6 +8,7 @@ pub mod cloud;
 pub mod config_builder;
 pub mod config_edit;
 pub mod event_stream;
+pub mod fake_hosts;
 pub mod fake_provider;
 pub mod redis;
 pub mod redis_cluster;

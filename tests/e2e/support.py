@@ -48,13 +48,14 @@ def _die_with_parent() -> None:
 class Process:
     """A child process whose output goes to a file; `wait_for` polls that file for a line."""
 
-    def __init__(self, argv: list[str], log: Path, cwd: Path):
+    def __init__(self, argv: list[str], log: Path, cwd: Path, env: dict[str, str] | None = None):
         self.argv = argv
         self.log = log
         self._out = open(log, "wb")
         self.proc = subprocess.Popen(
             argv,
             cwd=cwd,
+            env={**os.environ, **env} if env else None,
             stdout=self._out,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -123,8 +124,13 @@ class FakeProvider:
         return self._call("GET", f"/_fake/count?key={key}")["count"]
 
     def requests(self, key: str) -> list[dict]:
-        """Requests received for `key`, in order: method, path, headers (a list of pairs), body."""
+        """Requests received for `key`, in order: method, path, query, headers (a list of pairs),
+        body (a list of bytes), and `refused`: why the host of its path refused it (None: taken)."""
         return self._call("GET", f"/_fake/requests?key={key}")
+
+    def aws_region(self, region: str) -> None:
+        """Bedrock's signatures must be scoped to `region` (see tests/it/support/fake_hosts.rs)."""
+        self._call("POST", "/_fake/aws", {"region": region})
 
     def stop(self) -> None:
         self.process.stop()
@@ -147,6 +153,58 @@ def in_band_error(error_type: str) -> dict:
     return {"kind": "in_band_error", "error_type": error_type}
 
 
+def mid_stream_error(after: int, error_type: str) -> dict:
+    """The normal stream's first `after` frames, then an error event of this type."""
+    return {"kind": "mid_stream_error", "after": after, "error_type": error_type}
+
+
+# The fake provider's cloud hosts (tests/it/support/fake_hosts.rs): their error shapes and the
+# event stream steps only Bedrock has.
+
+# The keys a Bedrock request must be signed with (AWS's documentation example): rebound's
+# environment, with `auth = "aws"`.
+AWS_ACCESS_KEY = "AKIDEXAMPLE"
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+AWS_ENV = {"AWS_ACCESS_KEY_ID": AWS_ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": AWS_SECRET}
+
+
+def bedrock_error(
+    code: int = 429,
+    error_type: str = "ThrottlingException",
+    message: str = "Too many requests, please wait before trying again.",
+) -> dict:
+    """Bedrock's error answer: `x-amzn-errortype` and `{"message": ..}`."""
+    return status(
+        code,
+        {
+            "content-type": "application/json",
+            "x-amzn-errortype": f"{error_type}:http://internal.amazon.com/coral/com.amazon.bedrock/",
+        },
+        json.dumps({"message": message}),
+    )
+
+
+def google_error(code: int = 429, status_name: str = "RESOURCE_EXHAUSTED", message: str = "Quota exceeded.") -> dict:
+    """Google's error answer (Vertex AI, the Gemini API)."""
+    return status(
+        code,
+        {"content-type": "application/json"},
+        json.dumps({"error": {"code": code, "message": message, "status": status_name}}),
+    )
+
+
+def event_stream_exception(
+    after: int, exception_type: str = "throttlingException", message: str = "Too many tokens, please wait."
+) -> dict:
+    """Bedrock's stream: the first `after` events (0: none), then an exception message, then the end."""
+    return {"kind": "event_stream_exception", "after": after, "exception_type": exception_type, "message": message}
+
+
+def bad_checksum(after: int) -> dict:
+    """Bedrock's stream: the first `after` events, then one whose message checksum is broken."""
+    return {"kind": "bad_checksum", "after": after}
+
+
 def header(recorded: dict, name: str) -> str | None:
     for k, v in recorded["headers"]:
         if k.lower() == name.lower():
@@ -157,12 +215,14 @@ def header(recorded: dict, name: str) -> str | None:
 class Rebound:
     """`target/debug/rebound --config FILE`; the addresses come from its "rebound listening" log line."""
 
-    def __init__(self, workdir: Path, config: str):
+    def __init__(self, workdir: Path, config: str, env: dict[str, str] | None = None):
+        """`env` is added to rebound's environment (e.g. the AWS keys of `auth = "aws"`)."""
         workdir.mkdir(parents=True, exist_ok=True)
         path = workdir / "rebound.toml"
         path.write_text(config)
         self.config = config
-        self.process = Process([str(REBOUND_BIN), "--config", str(path)], workdir / "rebound.log", workdir)
+        argv = [str(REBOUND_BIN), "--config", str(path)]
+        self.process = Process(argv, workdir / "rebound.log", workdir, env)
         try:
             m = self.process.wait_for(r'"message":"rebound listening"')
             line = json.loads(m.string)

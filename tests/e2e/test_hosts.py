@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+import subprocess
 import time
 import urllib.parse
 
@@ -29,9 +31,11 @@ from support import (
     AWS_ACCESS_KEY,
     AWS_ENV,
     MESSAGE,
+    ROOT,
     FakeProvider,
     Rebound,
     bedrock_error,
+    delay,
     event_stream_exception,
     header,
     status,
@@ -340,6 +344,50 @@ def test_anthropic_beta_becomes_bedrocks_anthropic_beta(claude, fakes, key):
     seen = only(fakes["bedrock-east"], key)
     assert_bedrock(seen, key, "us-east-1", streamed=False)
     assert body(seen)["anthropic_beta"] == betas
+
+
+CLIENTS = ROOT / "tests/clients"
+
+
+def test_the_typescript_sdk_is_answered_by_the_next_hosts(hosts_rebound, fakes, key):
+    """The Anthropic TypeScript SDK (tests/clients, pinned) through the same route: its message is
+    answered by Bedrock in us-west-2 (Anthropic and us-east-1 throttled), its stream by Vertex AI
+    (us-west-2 throttled too)."""
+    node = shutil.which("node")
+    if node is None or not (CLIENTS / "node_modules/@anthropic-ai/sdk").is_dir():
+        pytest.fail("node and tests/clients/node_modules are needed: npm ci --prefix tests/clients (scripts/test does)")
+    fakes["anthropic"].script(key, [ANTHROPIC_429, ANTHROPIC_429])
+    fakes["bedrock-east"].script(key, [bedrock_error(), bedrock_error()])
+    fakes["bedrock-west"].script(key, [delay(0), bedrock_error()])
+    run = subprocess.run(
+        [node, str(CLIENTS / "anthropic_hosts.mjs"), f"{hosts_rebound.url}/claude", key],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+    assert run.returncode == 0, run.stderr
+    out = json.loads(run.stdout)
+    message, streamed = out["message"], out["stream"]
+    assert "error" not in message and "error" not in streamed, out
+    assert message["upstream"] == "bedrock-west"
+    assert message["text"] == TEXT
+    assert message["usage"]["output_tokens"] == 96
+    assert streamed["upstream"] == "vertex"
+    assert streamed["events"] == STREAM_EVENTS
+    assert streamed["deltas"] == DELTAS
+    assert streamed["text"] == "".join(DELTAS)
+    assert (streamed["usage"]["input_tokens"], streamed["usage"]["output_tokens"]) == (12, 5)
+    assert streamed["stop_reason"] == "end_turn"
+
+    assert counts(fakes, key, CLAUDE_HOSTS) == [2, 2, 2, 1]
+    assert [q["path"] for q in fakes["anthropic"].requests(key)] == ["/v1/messages"] * 2
+    for name, region in (("bedrock-east", "us-east-1"), ("bedrock-west", "us-west-2")):
+        first, second = fakes[name].requests(key)
+        for recorded, streams in ((first, False), (second, True)):
+            assert recorded["refused"] is None, recorded["refused"]
+            assert_bedrock(recorded, key, region, streams)
+    assert_vertex(only(fakes["vertex"], key), key, streamed=True)
 
 
 def test_a_bedrock_exception_mid_stream_reaches_the_sdk_as_an_error(claude, fakes, key):

@@ -102,3 +102,25 @@ fn a_chunk_carries_its_event_in_base64_and_an_exception_its_message() {
     assert_eq!(exception.header(":exception-type"), Some("throttlingException"));
     assert_eq!(exception.payload, br#"{"message":"slow down"}"#);
 }
+
+/// rebound's own encoder (`hooks::eventstream`, written apart from this one, for the same
+/// purpose) writes the same messages, byte for byte: what the fake's Bedrock host sends is what
+/// rebound's unit tests decode.
+#[test]
+fn rebounds_encoder_writes_the_same_messages() {
+    use rebound::hooks::eventstream::{chunk_frame, encode, exception_frame};
+    assert_eq!(
+        encode(&[("content-type", "application/json")], b"{'foo':'bar'}"),
+        ONE_STRING_HEADER
+    );
+    for event in [
+        r#"{"type":"message_stop"}"#,
+        r#"{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"token0 "}}"#,
+    ] {
+        assert_eq!(chunk_frame(event), event_stream::chunk(event), "{event}");
+    }
+    assert_eq!(
+        exception_frame("throttlingException", "Too many \"tokens\""),
+        event_stream::exception("throttlingException", "Too many \"tokens\"")
+    );
+}

@@ -39,6 +39,9 @@ def test_claude_models_in_the_docs_are_current():
     for model, where in named(r"\bclaude-[a-z0-9-]*[a-z0-9]\b").items():
         if model == "claude-fake":  # the fake provider's answer
             continue
+        # A Bedrock model id (`us.anthropic.claude-haiku-4-5-20251001-v1:0`) names its version last;
+        # a Vertex AI one (`claude-haiku-4-5@20251001`) is matched up to its `@`.
+        model = re.sub(r"-v\d+$", "", model)
         assert model in known, f"{model} ({where}) is not a model of the pinned anthropic SDK"
         assert model not in DEPRECATED_MODELS, f"{model} ({where}) is deprecated: {DEPRECATED_MODELS[model]}"
 

@@ -5,9 +5,14 @@
 
 use std::collections::BTreeMap;
 
-use rebound::hooks::config::raw::{RawRoute, RawTarget, RawUpstream};
+use rebound::hooks::config::raw::{RawIdempotency, RawRetry, RawRoute, RawTarget, RawUpstream};
 
+use crate::support::cloud::{start_with_env, Env};
 use crate::support::config_builder::{some, TestConfig};
+use crate::support::fake_hosts::{AWS_ACCESS_KEY, AWS_SECRET, BEDROCK_VERSION, VERTEX_VERSION};
+use crate::support::fake_provider::{FakeProvider, Step};
+use crate::support::sidecar::Rebound;
+use crate::support::{metric, send, until_metric, Answer};
 
 /// A target of `upstream` with `models`.
 fn target(upstream: &str, models: &[(&str, &str)]) -> RawTarget {
@@ -178,4 +183,408 @@ fn the_keys_of_each_host_are_checked() {
     ] {
         assert!(wrong.contains(expected), "{expected}\n{wrong}");
     }
+}
+
+/// The Anthropic SDK's request, as it sends it.
+fn messages(stream: bool) -> String {
+    format!(
+        r#"{{"model":"claude-sonnet-4-5","max_tokens":256,"messages":[{{"role":"user","content":"Hello"}}],"stream":{stream}}}"#
+    )
+}
+
+/// Claude on four hosts: Anthropic (`fake`, first: the route's API), Bedrock in two regions and
+/// Vertex AI, each a fake host that checks what it receives (SigV4 with AWS's example keys, the
+/// body's `anthropic_version`, no `model`).
+struct Claude {
+    anthropic: FakeProvider,
+    east: FakeProvider,
+    west: FakeProvider,
+    vertex: FakeProvider,
+    rebound: Rebound,
+}
+
+impl Claude {
+    async fn start(edit: impl FnOnce(TestConfig) -> TestConfig) -> Claude {
+        let (anthropic, east, west, vertex) = (
+            FakeProvider::start().await,
+            FakeProvider::start().await,
+            FakeProvider::start().await,
+            FakeProvider::start().await,
+        );
+        east.aws_region("us-east-1");
+        west.aws_region("us-west-2");
+        let bedrock = |region: &'static str| {
+            move |u: &mut RawUpstream| {
+                u.api = some("bedrock");
+                u.auth = some("aws");
+                u.aws_region = some(region);
+            }
+        };
+        let config = TestConfig::new(&anthropic.url())
+            .upstream(|u| u.api = some("anthropic"))
+            .upstream_named("bedrock-east", &east.url(), bedrock("us-east-1"))
+            .upstream_named("bedrock-west", &west.url(), bedrock("us-west-2"))
+            .upstream_named("vertex", &vertex.url(), |u| {
+                u.api = some("vertex-anthropic");
+                u.gcp_project = some("my-project");
+                u.gcp_location = some("us-east5");
+                u.set_headers
+                    .insert("authorization".into(), "Bearer vertex-token".into());
+            })
+            .retry(
+                "p",
+                RawRetry {
+                    max_attempts: Some(2),
+                    base_delay: some("10ms"),
+                    max_delay: some("10ms"),
+                    ..RawRetry::default()
+                },
+            )
+            .route(|r| {
+                r.upstream = None;
+                r.retry = some("p");
+                r.targets = Some(vec![
+                    target("fake", &[]),
+                    target("bedrock-east", &[SONNET]),
+                    target("bedrock-west", &[SONNET]),
+                    target("vertex", &[("claude-sonnet-4-5", "claude-sonnet-4-5@20250929")]),
+                ]);
+            });
+        let env: Env = vec![
+            ("AWS_ACCESS_KEY_ID", AWS_ACCESS_KEY.to_string()),
+            ("AWS_SECRET_ACCESS_KEY", AWS_SECRET.to_string()),
+        ];
+        let rebound = start_with_env(edit(config), env).await;
+        Claude {
+            anthropic,
+            east,
+            west,
+            vertex,
+            rebound,
+        }
+    }
+
+    /// An Anthropic SDK call under the fake's `key`, with the app's own Anthropic key.
+    async fn call(&self, key: &str, stream: bool, extra: &[(&str, &str)]) -> Answer {
+        let mut headers = vec![
+            ("content-type", "application/json"),
+            ("x-api-key", "sk-ant-app-own"),
+            ("anthropic-version", "2023-06-01"),
+            ("x-fake-key", key),
+        ];
+        headers.extend_from_slice(extra);
+        send(
+            "POST",
+            &format!("{}/fake/v1/messages", self.rebound.url),
+            &headers,
+            messages(stream),
+        )
+        .await
+    }
+}
+
+/// An SSE body's events (name and JSON data), Bedrock's invocation metrics left out.
+fn events(sse: &str) -> Vec<(String, serde_json::Value)> {
+    sse.split("\n\n")
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            let (name, data) = e.split_once("\ndata: ").expect("an event with data");
+            let mut data: serde_json::Value = serde_json::from_str(data).expect("JSON data");
+            if let Some(o) = data.as_object_mut() {
+                o.remove("amazon-bedrock-invocationMetrics");
+            }
+            (name.to_string(), data)
+        })
+        .collect()
+}
+
+/// What a Bedrock host received under `key` (its only request): the path, and a body with
+/// Bedrock's `anthropic_version`, no `model` or `stream`, the rest as the app sent it; no
+/// Anthropic key or version header.
+fn bedrock_received(host: &FakeProvider, key: &str, action: &str) {
+    let seen = host.requests(key);
+    assert_eq!(seen.len(), 1);
+    let seen = &seen[0];
+    assert_eq!(
+        seen.path,
+        format!("/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/{action}")
+    );
+    let body: serde_json::Value = serde_json::from_slice(&seen.body).expect("JSON");
+    assert_eq!(body["anthropic_version"], BEDROCK_VERSION);
+    assert_eq!((body.get("model"), body.get("stream")), (None, None));
+    assert_eq!(body["messages"][0]["content"], "Hello");
+    assert_eq!(body["max_tokens"], 256);
+    assert!(seen
+        .header("authorization")
+        .is_some_and(|a| a.starts_with("AWS4-HMAC-SHA256 Credential=AKIDEXAMPLE/")));
+    assert_eq!(
+        (seen.header("x-api-key"), seen.header("anthropic-version")),
+        (None, None)
+    );
+}
+
+#[tokio::test]
+async fn claude_is_served_by_bedrock_when_anthropic_and_a_region_are_throttled() {
+    let c = Claude::start(|c| c).await;
+    for (key, stream) in [("plain", false), ("streamed", true)] {
+        c.anthropic.script(key, vec![Step::status(429)]);
+        c.east.script(key, vec![Step::status(429)]); // Bedrock's ThrottlingException
+        let resp = c.call(key, stream, &[]).await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(resp.header("x-rebound-upstream"), Some("bedrock-west"));
+        assert_eq!(resp.header("x-rebound-failovers"), Some("2"));
+        let action = if stream {
+            "invoke-with-response-stream"
+        } else {
+            "invoke"
+        };
+        bedrock_received(&c.west, key, action);
+        // The east region refused it as throttled: it was signed and shaped the same.
+        assert_eq!(c.east.count(key), 1);
+        if stream {
+            // The Anthropic SSE the SDK reads, event for event, from Bedrock's event stream.
+            assert_eq!(resp.header("content-type"), Some("text/event-stream"));
+            let direct = send(
+                "POST",
+                &format!("{}/v1/messages", c.anthropic.url()),
+                &[("content-type", "application/json"), ("x-fake-key", "direct")],
+                messages(true),
+            )
+            .await;
+            assert_eq!(events(&resp.text()), events(&direct.text()));
+            assert!(resp.text().contains("amazon-bedrock-invocationMetrics"));
+        } else {
+            assert_eq!(resp.json()["type"], "message");
+        }
+    }
+}
+
+#[tokio::test]
+async fn vertex_takes_what_every_bedrock_region_throttles() {
+    let c = Claude::start(|c| c).await;
+    for (key, stream) in [("v-plain", false), ("v-streamed", true)] {
+        c.anthropic.script(key, vec![Step::status(529)]);
+        c.east.script(key, vec![Step::status(429)]);
+        // ServiceUnavailableException, retried once there.
+        c.west.script(key, vec![Step::status(503), Step::status(503)]);
+        let resp = c
+            .call(key, stream, &[("anthropic-beta", "context-1m-2025-08-07")])
+            .await;
+        assert_eq!(resp.status, 200, "{}", resp.text());
+        assert_eq!(resp.header("x-rebound-upstream"), Some("vertex"));
+        let seen = c.vertex.requests(key);
+        let method = if stream { "streamRawPredict" } else { "rawPredict" };
+        assert_eq!(
+            seen[0].path,
+            format!("/v1/projects/my-project/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5@20250929:{method}")
+        );
+        let body: serde_json::Value = serde_json::from_slice(&seen[0].body).expect("JSON");
+        assert_eq!(body["anthropic_version"], VERTEX_VERSION);
+        assert_eq!(body.get("model"), None);
+        assert_eq!(body["stream"], stream);
+        assert_eq!(seen[0].header("authorization"), Some("Bearer vertex-token"));
+        assert_eq!(seen[0].header("anthropic-beta"), Some("context-1m-2025-08-07"));
+        // On Bedrock the beta went into the body.
+        let west: serde_json::Value = serde_json::from_slice(&c.west.requests(key)[0].body).expect("JSON");
+        assert_eq!(west["anthropic_beta"], serde_json::json!(["context-1m-2025-08-07"]));
+        if stream {
+            assert!(
+                resp.text()
+                    .ends_with("event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"),
+                "{}",
+                resp.text()
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn bedrock_exceptions_fail_over_before_the_first_byte_and_reach_the_app_after() {
+    let c = Claude::start(|c| c).await;
+    let exception = |after| Step::EventStreamException {
+        after,
+        exception_type: "throttlingException".into(),
+        message: "Too many tokens, please wait before trying again.".into(),
+    };
+    // A throttling exception as the first frame: nothing reached the app, the next host serves.
+    c.anthropic.script("first", vec![Step::status(429)]);
+    c.east.script("first", vec![exception(0)]);
+    let resp = c.call("first", true, &[]).await;
+    assert_eq!(
+        resp.header("x-rebound-upstream"),
+        Some("bedrock-west"),
+        "{}",
+        resp.text()
+    );
+    assert!(resp.text().contains("event: message_stop"), "{}", resp.text());
+    assert!(!resp.text().contains("event: error"), "{}", resp.text());
+    // Mid-stream: the app has the events before it, then Anthropic's rate_limit_error, the end.
+    c.anthropic.script("mid", vec![Step::status(429)]);
+    c.east.script("mid", vec![exception(3)]);
+    let resp = c.call("mid", true, &[]).await;
+    assert_eq!(resp.header("x-rebound-upstream"), Some("bedrock-east"));
+    let text = resp.text();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 4, "{text}");
+    assert!(events[0].starts_with("event: message_start\n"), "{text}");
+    assert_eq!(
+        events[3],
+        r#"event: error
+data: {"type":"error","error":{"type":"rate_limit_error","message":"ThrottlingException: Too many tokens, please wait before trying again."}}"#
+    );
+    assert_eq!(
+        c.west.count("mid"),
+        0,
+        "bytes reached the app: never a second generation"
+    );
+    // A frame that fails its checksum: the events before it, then an api_error, never its bytes.
+    c.anthropic.script("crc", vec![Step::status(429)]);
+    c.east.script("crc", vec![Step::BadChecksum { after: 2 }]);
+    let text = c.call("crc", true, &[]).await.text();
+    let events: Vec<&str> = text.split("\n\n").filter(|e| !e.is_empty()).collect();
+    assert_eq!(events.len(), 3, "{text}");
+    assert!(
+        events[2].contains(r#""type":"api_error","message":"the event stream from Bedrock failed its checksum"#),
+        "{text}"
+    );
+    until_metric(
+        &c.rebound,
+        r#"rebound_stream_errors_total{position="mid_stream",route="fake",upstream="bedrock-east"}"#,
+        |v| v >= 2.0,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn an_idempotency_key_replays_what_bedrock_streamed() {
+    let c = Claude::start(|c| {
+        c.idempotency("keys", RawIdempotency::default())
+            .route(|r| r.idempotency = some("keys"))
+    })
+    .await;
+    c.anthropic.script("idem", vec![Step::status(429)]);
+    c.east.script("idem", vec![]);
+    let first = c.call("idem", true, &[("idempotency-key", "order-7")]).await;
+    assert_eq!(
+        first.header("x-rebound-upstream"),
+        Some("bedrock-east"),
+        "{}",
+        first.text()
+    );
+    let again = c.call("idem", true, &[("idempotency-key", "order-7")]).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        again.text(),
+        first.text(),
+        "the stored answer is the SSE the app received"
+    );
+    assert_eq!(c.east.count("idem"), 1, "one generation");
+}
+
+#[tokio::test]
+async fn tokens_are_counted_from_each_host() {
+    let c = Claude::start(|c| c).await;
+    let series = |upstream: &str, kind: &str| {
+        format!(
+            r#"rebound_tokens_total{{kind="{kind}",model="other",outcome="delivered",route="fake",upstream="{upstream}"}}"#
+        )
+    };
+    for (key, stream) in [("t1", true), ("t2", false)] {
+        c.call(key, stream, &[]).await;
+        c.anthropic.script(&format!("{key}b"), vec![Step::status(429)]);
+        c.call(&format!("{key}b"), stream, &[]).await;
+        c.anthropic.script(&format!("{key}v"), vec![Step::status(429)]);
+        c.east.script(&format!("{key}v"), vec![Step::status(429)]);
+        c.west.script(&format!("{key}v"), vec![Step::status(429)]);
+        c.call(&format!("{key}v"), stream, &[]).await;
+    }
+    for upstream in ["fake", "bedrock-east", "vertex"] {
+        until_metric(&c.rebound, &series(upstream, "output"), |v| v > 0.0).await;
+        until_metric(&c.rebound, &series(upstream, "input"), |v| v > 0.0).await;
+    }
+    let page = c.rebound.metrics().await;
+    assert_eq!(
+        metric(&page, &series("bedrock-east", "output")),
+        metric(&page, &series("fake", "output")),
+        "the same answers, the same counts"
+    );
+}
+
+#[tokio::test]
+async fn gpt_on_openai_then_azure_deployments() {
+    let (openai, azure, azure_v1) = (
+        FakeProvider::start().await,
+        FakeProvider::start().await,
+        FakeProvider::start().await,
+    );
+    let config = TestConfig::new(&openai.url())
+        .upstream(|u| u.api = some("openai"))
+        .upstream_named("azure", &azure.url(), |u| {
+            u.api = some("azure-openai");
+            u.azure_api_version = some("2024-10-21");
+            u.set_headers.insert("api-key".into(), "azure-key".into());
+        })
+        .upstream_named("azure-v1", &azure_v1.url(), |u| {
+            u.api = some("azure-openai");
+            u.set_headers.insert("api-key".into(), "azure-key".into());
+        })
+        .route(|r| {
+            r.upstream = None;
+            r.targets = Some(vec![
+                target("fake", &[]),
+                target("azure", &[("gpt-4o", "gpt4o-eu")]),
+                target("azure-v1", &[("gpt-4o", "gpt4o-v1")]),
+            ]);
+        });
+    let rebound = Rebound::start_config(crate::support::sidecar::parse(&config.toml())).await;
+    let chat = r#"{"model":"gpt-4o","messages":[{"role":"user","content":"hi"}]}"#;
+    let call = |key: &'static str, path: &'static str, body: &'static str| {
+        let url = format!("{}/fake{path}", rebound.url);
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-app"),
+                ("x-fake-key", key),
+            ];
+            send("POST", &url, &headers, body).await
+        }
+    };
+    openai.script("chat", vec![Step::status(429)]);
+    let resp = call("chat", "/v1/chat/completions", chat).await;
+    assert_eq!(resp.header("x-rebound-upstream"), Some("azure"), "{}", resp.text());
+    let seen = &azure.requests("chat")[0];
+    assert_eq!(seen.path, "/openai/deployments/gpt4o-eu/chat/completions");
+    assert_eq!(seen.query.as_deref(), Some("api-version=2024-10-21"));
+    assert_eq!(
+        (seen.header("api-key"), seen.header("authorization")),
+        (Some("azure-key"), None)
+    );
+    openai.script("emb", vec![Step::status(429)]);
+    azure.script("emb", vec![Step::status(429)]);
+    let resp = call("emb", "/v1/embeddings", r#"{"model":"gpt-4o","input":"x"}"#).await;
+    assert_eq!(resp.header("x-rebound-upstream"), Some("azure-v1"), "{}", resp.text());
+    let seen = &azure_v1.requests("emb")[0];
+    assert_eq!(
+        (seen.path.as_str(), seen.query.as_deref()),
+        ("/openai/v1/embeddings", None)
+    );
+    let body: serde_json::Value = serde_json::from_slice(&seen.body).expect("JSON");
+    assert_eq!(body["model"], "gpt4o-v1");
+    // Azure's content filter is the app's answer: never another target.
+    openai.script("filter", vec![Step::status(429)]);
+    let filtered = r#"{"error":{"message":"The response was filtered","type":null,"param":"prompt","code":"content_filter","status":400,"innererror":{"code":"ResponsibleAIPolicyViolation"}}}"#;
+    azure.script(
+        "filter",
+        vec![Step::Status {
+            status: 400,
+            headers: vec![("content-type".into(), "application/json".into())],
+            body: Some(filtered.into()),
+        }],
+    );
+    let resp = call("filter", "/v1/chat/completions", chat).await;
+    assert_eq!(
+        (resp.status.as_u16(), resp.header("x-rebound-upstream")),
+        (400, Some("azure"))
+    );
+    assert_eq!(azure_v1.count("filter"), 0);
 }

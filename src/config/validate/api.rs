@@ -77,7 +77,7 @@ impl Validator<'_> {
                 Api::Bedrock if t.models.is_empty() => self.err(
                     &key(j, "models"),
                     format!(
-                        "expected a `models` table naming the Bedrock model id of each model the app asks for (e.g. models = {{ \"claude-sonnet-4-5\" = \"us.anthropic.claude-sonnet-4-5-20250929-v1:0\" }}) on {name:?}: the route's model names are {}'s, found none",
+                        "expected a `models` table naming the Bedrock model id of each model the app asks for (e.g. models = {{ \"claude-haiku-4-5\" = \"us.anthropic.claude-haiku-4-5-20251001-v1:0\" }}) on {name:?}: the route's model names are {}'s, found none",
                         route.api.as_str()
                     ),
                 ),
@@ -95,7 +95,7 @@ impl Validator<'_> {
                     if let Some((from, to)) = t.models.iter().find(|(_, to)| !is_bedrock_id(to)) {
                         self.err(
                             &key(j, "models"),
-                            format!("expected Bedrock model ids or inference profiles (e.g. \"us.anthropic.claude-sonnet-4-5-20250929-v1:0\"), found {from:?} = {to:?}"),
+                            format!("expected Bedrock model ids or inference profiles (e.g. \"us.anthropic.claude-haiku-4-5-20251001-v1:0\"), found {from:?} = {to:?}"),
                         );
                     }
                 }

@@ -9,7 +9,7 @@
 //! **Amazon Bedrock**, `POST .../model/{model id}/invoke` and `.../invoke-with-response-stream`
 //! (the id percent-encoded, `:` as `%3A`):
 //! - refused as AWS refuses: no `authorization` is 403 `MissingAuthenticationTokenException`; one
-//!   that is not SigV4 (a bearer key), or whose access key is not [`AWS_ACCESS_KEY`], 403
+//!   that is not SigV4 (a bearer key other than the API key [`BEDROCK_API_KEY`]), or whose access key is not [`AWS_ACCESS_KEY`], 403
 //!   `UnrecognizedClientException`; a scope of another service than `bedrock`, or of another
 //!   region than the one set with `POST /_fake/aws` (`{"region": "us-west-2"}`,
 //!   `FakeProvider::aws_region`; any region when none is set), or a signature that does not
@@ -87,6 +87,9 @@ use super::sigv4::sigv4_valid;
 pub const AWS_ACCESS_KEY: &str = "AKIDEXAMPLE";
 /// Its secret (AWS's documentation example).
 pub const AWS_SECRET: &str = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY";
+/// A Bedrock API key the fake accepts (`authorization: Bearer ..`, as Bedrock takes its API keys;
+/// the benchmark's Bedrock upstream sets it).
+pub const BEDROCK_API_KEY: &str = "bench-bedrock-api-key";
 /// The `anthropic_version` Bedrock requires in the body.
 pub const BEDROCK_VERSION: &str = "bedrock-2023-05-31";
 /// The `anthropic_version` Vertex AI requires in the body.
@@ -474,6 +477,9 @@ fn bedrock_signature(
             "The security token included in the request is invalid.".to_string(),
         )
     };
+    if auth.strip_prefix("Bearer ") == Some(BEDROCK_API_KEY) {
+        return Ok(());
+    }
     let Some(fields) = auth.strip_prefix("AWS4-HMAC-SHA256 ") else {
         return Err(invalid_token());
     };

@@ -22,13 +22,18 @@ pub fn set(doc: &mut toml_edit::DocumentMut, path: &str, value: &str) {
     *item = toml_edit::value(value);
 }
 
-/// The shipped config with both providers at `provider_url`, both listeners on free ports, and
+/// The shipped config with both providers at `provider_url` (speaking the APIs of the hosts they
+/// stand in for), both listeners on free ports, and
 /// `edits` (dotted key, new value) applied on top.
 pub fn doc(provider_url: &str, edits: &[(&str, &str)]) -> toml_edit::DocumentMut {
     let text = std::fs::read_to_string(path()).unwrap();
     let mut doc: toml_edit::DocumentMut = text.parse().unwrap();
     set(&mut doc, "upstreams.openai.url", provider_url);
     set(&mut doc, "upstreams.anthropic.url", provider_url);
+    // A loopback URL says no API: each keeps the one its shipped host says.
+    for (upstream, api) in [("openai", "openai"), ("anthropic", "anthropic")] {
+        doc["upstreams"][upstream]["api"] = toml_edit::value(api);
+    }
     set(&mut doc, "server.listen", "127.0.0.1:0");
     set(&mut doc, "admin.listen", "127.0.0.1:0");
     for (k, v) in edits {

@@ -112,6 +112,7 @@ fn routes(out: &mut String, c: &Config) {
         let first = r.upstreams().next().unwrap_or_default();
         let target = c.upstreams.get(first).map(|u| u.url()).unwrap_or_default();
         let _ = write!(out, "  {:<16} {:<14} -> {} ({})", r.path_prefix, r.name, first, target);
+        let _ = write!(out, ", api {}", r.api.as_str());
         if r.strip_prefix {
             let _ = write!(out, ", strip_prefix");
         }
@@ -121,7 +122,7 @@ fn routes(out: &mut String, c: &Config) {
             let _ = write!(out, ", cache {cache}");
         }
         if r.targets.len() > 1 {
-            let targets: Vec<String> = r.targets.iter().map(describe_target).collect();
+            let targets: Vec<String> = r.targets.iter().map(|t| describe_target(t, r.api)).collect();
             let _ = write!(
                 out,
                 ", targets [{}], balance {}",
@@ -328,8 +329,11 @@ fn scope(headers: &[http::HeaderName], c: &Config) -> String {
 }
 
 /// A target as `rebound check` shows it: its upstream, then what differs from a plain one.
-fn describe_target(t: &crate::config::TargetConfig) -> String {
+fn describe_target(t: &crate::config::TargetConfig, route: crate::config::Api) -> String {
     let mut s = t.upstream.clone();
+    if t.api != route {
+        let _ = write!(s, " as {}", t.api.as_str());
+    }
     if t.weight != 1.0 {
         let _ = write!(s, " weight {}", t.weight);
     }

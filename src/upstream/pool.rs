@@ -23,7 +23,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http::{HeaderValue, Request, Response, Uri};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::Full;
@@ -260,8 +260,10 @@ fn ended(result: hyper::Result<()>) {
 pub struct UpstreamBody {
     inner: Incoming,
     give_back: Option<(Arc<Pool>, H1)>,
-    /// Boxed: rare, and every request in flight holds this body.
-    reframe: Option<Box<ToSse>>,
+    /// Boxed: rare, and every request in flight holds this body. With the room the re-framed
+    /// bytes are written in, and the buffer they go out from (its room reclaimed once the frames
+    /// before are written and dropped: no allocation per frame).
+    reframe: Option<Box<(ToSse, Vec<u8>, BytesMut)>>,
 }
 
 impl UpstreamBody {
@@ -312,42 +314,44 @@ impl Body for UpstreamBody {
             return this.poll_inner(cx);
         }
         loop {
-            let Some(sse) = this.reframe.as_deref() else {
-                return Poll::Ready(None);
-            };
-            if sse.is_done() {
+            if this.reframe.as_deref().is_none_or(|(sse, _, _)| sse.is_done()) {
                 return Poll::Ready(None);
             }
             let polled = std::task::ready!(this.poll_inner(cx));
-            let Some(sse) = this.reframe.as_deref_mut() else {
+            let Some((sse, out, buf)) = this.reframe.as_deref_mut() else {
                 return Poll::Ready(None);
             };
-            let mut out = Vec::new();
+            out.clear();
             match polled {
                 None => {
-                    sse.end(&mut out);
+                    sse.end(out);
+                    let last = (!out.is_empty()).then(|| Ok(Frame::data(Bytes::copy_from_slice(out))));
                     // Ended: later polls read the (ended) inner body.
                     this.reframe = None;
-                    return Poll::Ready((!out.is_empty()).then(|| Ok(Frame::data(Bytes::from(out)))));
+                    return Poll::Ready(last);
                 }
                 Some(Ok(frame)) => match frame.into_data() {
-                    Ok(data) => {
-                        out.reserve(data.len() + data.len() / 2);
-                        sse.feed(&data, &mut out);
-                    }
+                    Ok(data) => sse.feed(&data, out),
                     Err(_) => continue, // trailers: nothing the app reads
                 },
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
             }
             if !out.is_empty() {
-                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+                buf.reserve(out.len());
+                buf.extend_from_slice(out);
+                let frame = Frame::data(buf.split().freeze());
+                if out.capacity() > 64 << 10 {
+                    // A rare large frame does not keep its room.
+                    (*out, *buf) = (Vec::new(), BytesMut::new());
+                }
+                return Poll::Ready(Some(Ok(frame)));
             }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.reframe {
-            Some(sse) => sse.is_done(),
+        match self.reframe.as_deref() {
+            Some((sse, _, _)) => sse.is_done(),
             None => self.inner.is_end_stream(),
         }
     }

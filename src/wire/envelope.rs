@@ -18,7 +18,6 @@ use std::borrow::Cow;
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
-use serde_json::value::RawValue;
 
 use crate::config::Api;
 
@@ -148,13 +147,7 @@ fn vertex_model<'a>(path: &'a str, publisher: &str) -> Option<(&'a str, &'a str)
 
 /// Whether a JSON body asks for a stream (`"stream": true` at its top level).
 pub(crate) fn streams(body: &[u8]) -> bool {
-    #[derive(serde::Deserialize)]
-    struct Top {
-        #[serde(default)]
-        stream: Option<bool>,
-    }
-    memchr::memmem::find(body, b"\"stream\"").is_some()
-        && serde_json::from_slice::<Top>(body).is_ok_and(|t| t.stream == Some(true))
+    members(body).is_some_and(|m| m.iter().any(|(k, v)| *k == b"stream" && *v == b"true"))
 }
 
 /// The host a request is adapted for.
@@ -389,55 +382,122 @@ fn with_first(query: Option<&str>, name: &str, value: &str) -> String {
 }
 
 /// A JSON object body with the top-level keys `remove` left out and `add` (raw JSON values) put
-/// first, in their order. The other members keep their order and bytes. `None`: not a JSON object (the body goes as it came, and the host
-/// answers it).
+/// first, in their order. The other members keep their order and bytes. `None`: not a JSON
+/// object (the body goes as it came, and the host answers it).
 fn edit<'k>(body: &[u8], remove: &[&str], add: impl IntoIterator<Item = (&'k str, String)>) -> Option<Vec<u8>> {
-    let Entries(entries) = serde_json::from_slice(body).ok()?;
+    let members = members(body)?;
     let mut out = Vec::with_capacity(body.len() + 64);
     out.push(b'{');
-    let mut first = true;
-    let mut push = |out: &mut Vec<u8>, key: &str, value: &str| {
-        if !first {
-            out.push(b',');
-        }
-        first = false;
+    for (key, value) in add {
         out.extend_from_slice(json_string(key).as_bytes());
         out.push(b':');
         out.extend_from_slice(value.as_bytes());
-    };
-    for (key, value) in add {
-        push(&mut out, key, &value);
+        out.push(b',');
     }
-    for (key, value) in &entries {
-        if !remove.contains(&key.as_str()) {
-            push(&mut out, key, value.get());
+    for (key, value) in members {
+        if !remove.iter().any(|r| r.as_bytes() == key) {
+            out.push(b'"');
+            out.extend_from_slice(key);
+            out.extend_from_slice(b"\":");
+            out.extend_from_slice(value);
+            out.push(b',');
         }
     }
-    out.push(b'}');
+    match out.last_mut() {
+        Some(last @ b',') => *last = b'}',
+        _ => out.push(b'}'),
+    }
     Some(out)
 }
 
-/// A JSON object's members in order, their values as they came.
-struct Entries<'a>(Vec<(String, &'a RawValue)>);
+/// The top-level members of the JSON object `body`, in order: each key as written between its
+/// quotes and its value's bytes, found without parsing the values (strings are skipped with
+/// `memchr`, the bytes between them counted for nesting). `None` when `body` is not one object
+/// (a malformed value inside is left for the host to refuse).
+fn members(body: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
+    let mut i = ws(body, 0);
+    if body.get(i) != Some(&b'{') {
+        return None;
+    }
+    i = ws(body, i + 1);
+    let mut out = Vec::new();
+    if body.get(i) == Some(&b'}') {
+        return (ws(body, i + 1) == body.len()).then_some(out);
+    }
+    loop {
+        if body.get(i) != Some(&b'"') {
+            return None;
+        }
+        let key_end = string_end(body, i + 1)?;
+        let key = &body[i + 1..key_end];
+        i = ws(body, key_end + 1);
+        if body.get(i) != Some(&b':') {
+            return None;
+        }
+        let start = ws(body, i + 1);
+        let end = value_end(body, start)?;
+        out.push((key, &body[start..end]));
+        i = ws(body, end);
+        match body.get(i) {
+            Some(b',') => i = ws(body, i + 1),
+            Some(b'}') => return (ws(body, i + 1) == body.len()).then_some(out),
+            _ => return None,
+        }
+    }
+}
 
-impl<'de: 'a, 'a> serde::Deserialize<'de> for Entries<'a> {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Visit<'a>(std::marker::PhantomData<&'a ()>);
-        impl<'de: 'a, 'a> serde::de::Visitor<'de> for Visit<'a> {
-            type Value = Entries<'a>;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<M: serde::de::MapAccess<'de>>(self, mut map: M) -> Result<Entries<'a>, M::Error> {
-                let mut entries = Vec::new();
-                while let Some(key) = map.next_key::<String>()? {
-                    let value: &'de RawValue = map.next_value()?;
-                    entries.push((key, value));
+/// The first index from `i` that is not JSON whitespace.
+fn ws(b: &[u8], mut i: usize) -> usize {
+    while b.get(i).is_some_and(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r')) {
+        i += 1;
+    }
+    i
+}
+
+/// The index of the quote that closes the string whose contents start at `i`.
+fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
+    loop {
+        let at = i + memchr::memchr2(b'"', b'\\', b.get(i..)?)?;
+        if b[at] == b'"' {
+            return Some(at);
+        }
+        i = at + 2; // an escape, and the byte it escapes
+    }
+}
+
+/// The index just past the value that starts at `i`.
+fn value_end(b: &[u8], i: usize) -> Option<usize> {
+    match b.get(i)? {
+        b'"' => string_end(b, i + 1).map(|e| e + 1),
+        b'{' | b'[' => {
+            let (mut depth, mut j) = (0usize, i);
+            loop {
+                match b.get(j)? {
+                    b'"' => {
+                        j = string_end(b, j + 1)? + 1;
+                        continue;
+                    }
+                    b'{' | b'[' => depth += 1,
+                    b'}' | b']' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j + 1);
+                        }
+                    }
+                    _ => {}
                 }
-                Ok(Entries(entries))
+                j += 1;
             }
         }
-        d.deserialize_map(Visit(std::marker::PhantomData))
+        // A number or a literal.
+        _ => {
+            let rest = &b[i..];
+            let len = rest
+                .iter()
+                .position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
+                .unwrap_or(rest.len());
+            (len > 0).then_some(i + len)
+        }
     }
 }
 
@@ -771,6 +831,40 @@ mod tests {
         )
         .expect("adapted");
         assert_eq!(a.body, None, "a body that is not a JSON object is the host's to refuse");
+    }
+
+    #[test]
+    fn members_are_found_as_serde_reads_them() {
+        for body in [
+            r#"{}"#,
+            r#" { "a" : 1 , "b":[1,{"c":"}]\"{"}], "d":{"e":null,"f":[true,false]},"g":"x\\\"y","h":-1.5e3 } "#,
+            r#"{"model":"m","messages":[{"role":"user","content":"a \"quoted\" {brace}"}],"stream":true}"#,
+            r#"{"k\"ey":"v","n":{"deep":{"deeper":[[[]]]}}}"#,
+        ] {
+            let got = members(body.as_bytes()).unwrap_or_else(|| panic!("{body}"));
+            let want: serde_json::Map<String, serde_json::Value> = serde_json::from_str(body).expect("JSON");
+            let read: serde_json::Map<String, serde_json::Value> = got
+                .iter()
+                .map(|(key, value)| {
+                    let key: String = serde_json::from_slice(&[b"\"", *key, b"\""].concat()).expect("a key");
+                    (key, serde_json::from_slice(value).expect("a value"))
+                })
+                .collect();
+            assert_eq!((got.len(), read), (want.len(), want), "{body}");
+        }
+        for not_one in [
+            "",
+            "[]",
+            "{",
+            r#"{"a"}"#,
+            r#"{"a":}"#,
+            r#"{"a":1,}"#,
+            r#"{"a":1} x"#,
+            r#"{"a":"1}"#,
+            r#"{"a":[1}"#,
+        ] {
+            assert_eq!(members(not_one.as_bytes()), None, "{not_one}");
+        }
     }
 
     #[test]

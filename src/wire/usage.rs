@@ -51,6 +51,10 @@ const OBJECT: u8 = 0x7b;
 static INVOCATION_KEY: std::sync::LazyLock<memmem::Finder<'static>> =
     std::sync::LazyLock::new(|| memmem::Finder::new(b"\"amazon-bedrock-invocationMetrics\""));
 
+/// How far from a frame's end the invocation metrics are looked for: the key and four counts,
+/// with room for the latencies and whatever Bedrock adds beside them.
+const INVOCATION_TAIL: usize = 512;
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Invocation {
@@ -64,10 +68,12 @@ struct Invocation {
     cache_write_input_token_count: u64,
 }
 
-/// The invocation metrics in `frame`, which holds whole events (a re-framed Bedrock stream).
+/// The invocation metrics in `frame`, which holds whole events (a re-framed Bedrock stream): they
+/// are the last member of the last event, `message_stop`, so only the frame's end is searched.
 fn invocation_metrics(frame: &[u8]) -> Option<Usage> {
-    let at = INVOCATION_KEY.find(frame)?;
-    let rest = &frame[at..];
+    let tail = &frame[frame.len().saturating_sub(INVOCATION_TAIL)..];
+    let at = INVOCATION_KEY.find(tail)?;
+    let rest = &tail[at..];
     let colon = memchr::memchr(b':', rest)?;
     let mut values = serde_json::Deserializer::from_slice(&rest[colon + 1..]).into_iter::<Invocation>();
     let m = values.next()?.ok()?;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use rebound::hooks::config::raw::{RawIdempotency, RawRetry, RawRoute, RawTarget, RawUpstream};
+use rebound::hooks::config::raw::{RawCache, RawIdempotency, RawRetry, RawRoute, RawTarget, RawUpstream};
 
 use crate::support::cloud::{start_with_env, Env};
 use crate::support::config_builder::{some, TestConfig};
@@ -479,6 +479,28 @@ async fn an_idempotency_key_replays_what_bedrock_streamed() {
         "the stored answer is the SSE the app received"
     );
     assert_eq!(c.east.count("idem"), 1, "one generation");
+}
+
+#[tokio::test]
+async fn the_cache_answers_with_what_bedrock_streamed() {
+    let policy = RawCache {
+        ttl: some("60s"),
+        ..RawCache::default()
+    };
+    let c = Claude::start(|c| c.cache("answers", policy)).await;
+    c.anthropic.script("cached", vec![Step::status(429)]);
+    let first = c.call("cached", true, &[]).await;
+    assert_eq!(
+        first.header("x-rebound-upstream"),
+        Some("bedrock-east"),
+        "{}",
+        first.text()
+    );
+    assert_eq!(first.header("x-rebound-cache"), Some("miss"));
+    let again = c.call("cached", true, &[]).await;
+    assert_eq!(again.header("x-rebound-cache"), Some("hit"));
+    assert_eq!(again.text(), first.text());
+    assert_eq!((c.anthropic.count("cached"), c.east.count("cached")), (1, 1));
 }
 
 #[tokio::test]

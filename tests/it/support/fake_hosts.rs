@@ -958,7 +958,7 @@ impl Reframer {
         if data.is_empty() || data == "[DONE]" {
             return None;
         }
-        let Ok(mut json) = serde_json::from_str::<Value>(&data) else {
+        let Ok(json) = serde_json::from_str::<Value>(&data) else {
             return Some(event_stream::chunk(&data));
         };
         match json["type"].as_str() {
@@ -978,8 +978,10 @@ impl Reframer {
                 Some(event_stream::chunk(&data))
             }
             Some("message_stop") => {
-                json["amazon-bedrock-invocationMetrics"] = invocation_metrics(self.input, self.output);
-                Some(event_stream::chunk(&json.to_string()))
+                // As Bedrock writes it: `type` first, the metrics after it.
+                let metrics = invocation_metrics(self.input, self.output);
+                let event = format!(r#"{{"type":"message_stop","amazon-bedrock-invocationMetrics":{metrics}}}"#);
+                Some(event_stream::chunk(&event))
             }
             _ => Some(event_stream::chunk(&data)),
         }

@@ -292,6 +292,7 @@ impl UpstreamBody {
     }
 
     /// The inner body's next frame, with the connection given back at its end.
+    #[inline]
     fn poll_inner(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
         match &polled {
@@ -302,17 +303,12 @@ impl UpstreamBody {
         }
         polled
     }
-}
 
-impl Body for UpstreamBody {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
-        let this = &mut *self;
-        if this.reframe.is_none() {
-            return this.poll_inner(cx);
-        }
+    /// The next frame of a re-framed Bedrock stream: the SSE the inner body's frames complete.
+    /// Apart from [`Body::poll_frame`], which stays small for every other body.
+    #[inline(never)]
+    fn poll_reframed(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = self;
         loop {
             if this.reframe.as_deref().is_none_or(|(sse, _, _)| sse.is_done()) {
                 return Poll::Ready(None);
@@ -346,6 +342,19 @@ impl Body for UpstreamBody {
                 }
                 return Poll::Ready(Some(Ok(frame)));
             }
+        }
+    }
+}
+
+impl Body for UpstreamBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        match this.reframe {
+            None => this.poll_inner(cx),
+            Some(_) => this.poll_reframed(cx),
         }
     }
 

@@ -301,17 +301,23 @@ fn to_gpt_or_gemini(
             out.body = edit(body, &["model"], model_entry(model)?);
         }
         (Op::OpenAi(op), Api::AzureOpenAi) => {
+            // A URL that ends in `/openai` already holds the first segment of Azure's paths.
+            let root = if to.base_path.ends_with("/openai") {
+                ""
+            } else {
+                "/openai"
+            };
             match (to.azure_api_version, *op) {
                 (Some(version), "responses") => {
-                    out.path = "/openai/responses".to_string();
+                    out.path = format!("{root}/responses");
                     out.query = Some(with_first(query, "api-version", version));
                 }
                 (Some(version), op) => {
-                    out.path = format!("/openai/deployments/{}/{op}", utf8_percent_encode(model?, COMPONENT));
+                    out.path = format!("{root}/deployments/{}/{op}", utf8_percent_encode(model?, COMPONENT));
                     out.query = Some(with_first(query, "api-version", version));
                 }
                 (None, op) => {
-                    out.path = format!("/openai/v1/{op}");
+                    out.path = format!("{root}/v1/{op}");
                     out.query = without(query, "api-version");
                 }
             }

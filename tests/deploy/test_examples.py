@@ -41,9 +41,12 @@ def test_fallback_example_pairs_openai_and_azure(rebound_bin):
     env = {"PATH": "/usr/bin:/bin", **{k: "k" for k in KEYS}}
     out = subprocess.run([rebound_bin, "check", "--config", path], capture_output=True, text=True, env=env, check=True).stdout
     # `fallback` is the ordered case of targets: `rebound check` shows the targets.
-    assert re.search(r"/openai/\s+openai\s+-> openai .*targets \[openai, azure\], balance ordered", out), out
+    # Azure OpenAI is another shape of the OpenAI API: each request is adapted to the target's.
+    assert re.search(r"/openai/\s+openai\s+-> openai .*targets \[openai, azure as azure-openai\], balance ordered", out), out
     assert re.search(
-        r"/azure/\s+azure\s+-> azure \(https://my-resource\.openai\.azure\.com/openai\).*targets \[azure, openai\]", out
+        r"/azure/\s+azure\s+-> azure \(https://my-resource\.openai\.azure\.com/openai\), api azure-openai.*"
+        r"targets \[azure, openai as openai\]",
+        out,
     ), out
     assert re.search(r"/anthropic/\s+anthropic\s+-> anthropic", out), out
     for upstream in ("openai", "azure"):

@@ -546,7 +546,8 @@ async fn gpt_on_openai_then_azure_deployments() {
             u.azure_api_version = some("2024-10-21");
             u.set_headers.insert("api-key".into(), "azure-key".into());
         })
-        .upstream_named("azure-v1", &azure_v1.url(), |u| {
+        // Its URL holds Azure's `/openai` (as config/examples/multi-provider-fallback.toml's).
+        .upstream_named("azure-v1", &format!("{}/openai", azure_v1.url()), |u| {
             u.api = some("azure-openai");
             u.set_headers.insert("api-key".into(), "azure-key".into());
         })

@@ -8,11 +8,24 @@ use http::{HeaderValue, Response, StatusCode};
 use crate::wire::body::{Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
 
+/// The path a request asked for, for `no_route`: at most [`ASKED_PATH_MAX`] bytes of it.
+pub(crate) fn asked_path(path: &str) -> String {
+    match path.char_indices().nth(ASKED_PATH_MAX) {
+        Some((end, _)) => format!("{}...", &path[..end]),
+        None => path.to_string(),
+    }
+}
+
+/// The longest path `no_route` repeats, in characters.
+const ASKED_PATH_MAX: usize = 200;
+
 /// A failure rebound answers for itself (an upstream's own response is passed through instead).
 #[derive(Debug, thiserror::Error)]
 pub enum ProxyError {
-    #[error("no route matches {path:?}; configured prefixes: {prefixes}")]
-    NoRoute { path: String, prefixes: String },
+    /// The routes are not listed: the message reaches any caller, pasted whole into its client's
+    /// exception text (`rebound check` lists them).
+    #[error("no route matches {path:?}: a path must start with one of this sidecar's route prefixes (its operator's `rebound check` lists them)")]
+    NoRoute { path: String },
     #[error("the request body is larger than max_request_body ({limit} bytes)")]
     BodyTooLarge { limit: u64 },
     #[error("the request line and headers ({size} bytes) are larger than max_request_head ({limit} bytes); nothing was forwarded")]
@@ -404,17 +417,23 @@ mod tests {
     use super::*;
 
     #[test]
+    fn no_route_repeats_at_most_200_characters_of_the_path() {
+        assert_eq!(asked_path("/nope/v1"), "/nope/v1");
+        let long = format!("/{}", "é".repeat(300));
+        let asked = asked_path(&long);
+        assert_eq!(asked.chars().count(), 203);
+        assert!(asked.ends_with("é..."));
+    }
+
+    #[test]
     fn body_has_both_shapes() {
-        let e = ProxyError::NoRoute {
-            path: "/x".into(),
-            prefixes: "/openai/".into(),
-        };
+        let e = ProxyError::NoRoute { path: "/x".into() };
         let v: serde_json::Value = serde_json::from_str(&e.body()).unwrap();
         assert_eq!(v["status"], 404);
         assert_eq!(v["error"]["code"], "no_route");
         assert_eq!(v["error"]["type"], "rebound_error");
         assert_eq!(v["type"], "https://rebound.dev/errors/no_route");
-        assert!(v["detail"].as_str().unwrap().contains("/openai/"));
+        assert!(v["detail"].as_str().unwrap().starts_with("no route matches \"/x\": "));
     }
 
     #[test]

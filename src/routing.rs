@@ -30,11 +30,6 @@ impl<T> RouteTable<T> {
     pub(crate) fn routes(&self) -> impl Iterator<Item = &T> {
         self.entries.iter().map(|(_, t)| t)
     }
-
-    /// Every prefix, longest first (for the 404 message).
-    pub fn prefixes(&self) -> impl Iterator<Item = &str> {
-        self.entries.iter().map(|(p, _)| p.as_str())
-    }
 }
 
 /// The path to forward: with `strip`, `path` minus `prefix`, keeping a leading slash.
@@ -80,7 +75,6 @@ mod tests {
         let t = RouteTable::new([("/openai/".to_string(), 1)]);
         assert!(t.find("/anthropic/v1").is_none());
         assert!(t.find("/").is_none());
-        assert_eq!(t.prefixes().collect::<Vec<_>>(), vec!["/openai/"]);
     }
 
     #[test]

@@ -76,7 +76,6 @@ impl jobs::Pipeline for arc_swap::ArcSwap<Proxy> {
 /// Everything a request needs: routes, upstream pools, metrics.
 pub struct Proxy {
     routes: RouteTable<Arc<Route>>,
-    prefixes: String,
     max_request_body: u64,
     max_request_head: u64,
     /// What every step shares: metrics, tasks, credential forms, circuits.
@@ -98,7 +97,6 @@ impl Proxy {
     pub fn new(config: &Config, shared: &Shared) -> Result<Proxy, BuildError> {
         shared.metrics.init_series(config);
         let routes = routes::build(config, shared)?;
-        let prefixes = routes.prefixes().collect::<Vec<_>>().join(", ");
         let Shared {
             metrics,
             tasks,
@@ -112,7 +110,6 @@ impl Proxy {
         } = shared.clone();
         Ok(Proxy {
             routes,
-            prefixes,
             max_request_body: config.server.max_request_body,
             max_request_head: config.server.max_request_head,
             cx: Context {
@@ -220,8 +217,7 @@ impl Proxy {
             // 2. Route.
             let Some((prefix, route)) = self.routes.find(parts.uri.path()) else {
                 let err = ProxyError::NoRoute {
-                    path: parts.uri.path().to_string(),
-                    prefixes: self.prefixes.clone(),
+                    path: crate::error::asked_path(parts.uri.path()),
                 };
                 return error_response(err, log);
             };

@@ -277,17 +277,18 @@ pub(crate) struct RequestLimits {
 }
 
 /// The request's [`RequestLimits`], from `x-rebound-max-attempts`, `x-rebound-deadline-ms`, the
-/// SDKs' `x-stainless-timeout` / `x-stainless-read-timeout` (seconds: the SDK gives up then, so
-/// retrying past it is waste) and `x-stainless-retry-count`, each read from its first value as
-/// `HeaderMap::get` would. Unparseable values are ignored.
+/// SDKs' `x-stainless-timeout` / `x-stainless-read-timeout` and google-genai's `x-server-timeout`
+/// (seconds: the client gives up then, so retrying past it is waste) and
+/// `x-stainless-retry-count`, each read from its first value as `HeaderMap::get` would.
+/// Unparseable values are ignored.
 ///
 /// One pass over the headers ([`first_values`]): five lookups by name would hash each
 /// name whether or not it is there, which costs more than walking the dozen headers a request
 /// carries.
 pub(crate) fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> RequestLimits {
     use crate::wire::headers::{
-        first_values, X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_STAINLESS_READ_TIMEOUT, X_STAINLESS_RETRY_COUNT,
-        X_STAINLESS_TIMEOUT,
+        first_values, X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_SERVER_TIMEOUT, X_STAINLESS_READ_TIMEOUT,
+        X_STAINLESS_RETRY_COUNT, X_STAINLESS_TIMEOUT,
     };
     let first = first_values(
         headers,
@@ -297,6 +298,7 @@ pub(crate) fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) ->
             X_STAINLESS_TIMEOUT,
             X_STAINLESS_READ_TIMEOUT,
             X_STAINLESS_RETRY_COUNT,
+            X_SERVER_TIMEOUT,
         ],
     );
     let text = |i: usize| first[i].and_then(|v| v.to_str().ok()).map(str::trim);
@@ -308,7 +310,7 @@ pub(crate) fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) ->
     if let Some(ms) = text(1).and_then(|v| v.parse::<u64>().ok()) {
         deadline = deadline.min(Duration::from_millis(ms));
     }
-    for i in [2, 3] {
+    for i in [2, 3, 5] {
         let secs = text(i)
             .and_then(|v| v.parse::<f64>().ok())
             .filter(|s| s.is_finite() && *s > 0.0);
@@ -727,6 +729,13 @@ mod tests {
             limits(&[("x-rebound-max-attempts", "x"), ("x-rebound-max-attempts", "1")]).max_attempts,
             3
         );
+        // google-genai's own timeout, whole seconds.
+        assert_eq!(limits(&[("x-server-timeout", "30")]).deadline, Duration::from_secs(30));
+        assert_eq!(
+            limits(&[("x-server-timeout", "30"), ("x-rebound-deadline-ms", "2000")]).deadline,
+            Duration::from_secs(2)
+        );
+        assert_eq!(limits(&[("x-server-timeout", "0")]).deadline, Duration::from_secs(900));
         assert!(limits(&[("x-stainless-retry-count", "1")]).sdk_retry);
         assert!(!limits(&[("x-stainless-retry-count", "0")]).sdk_retry);
         assert!(!limits(&[("x-stainless-retry-count", "zero")]).sdk_retry);

@@ -23,6 +23,8 @@ pub(crate) const PREFERENCE_APPLIED: HeaderName = HeaderName::from_static("prefe
 pub(crate) const X_STAINLESS_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-timeout");
 pub(crate) const X_STAINLESS_READ_TIMEOUT: HeaderName = HeaderName::from_static("x-stainless-read-timeout");
 pub(crate) const X_STAINLESS_RETRY_COUNT: HeaderName = HeaderName::from_static("x-stainless-retry-count");
+/// google-genai's client timeout, in seconds (Google's servers read it too: it is forwarded).
+pub(crate) const X_SERVER_TIMEOUT: HeaderName = HeaderName::from_static("x-server-timeout");
 /// W3C Trace Context.
 pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");

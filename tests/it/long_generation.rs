@@ -413,14 +413,16 @@ async fn pings_and_comments_keep_a_thinking_stream_alive() {
     );
 }
 
-/// The SDK's x-stainless-timeout / x-stainless-read-timeout and the app's x-rebound-deadline-ms
-/// still shorten the shipped 600 s / 900 s limits per request: no attempt or wait past them.
+/// The SDK's x-stainless-timeout / x-stainless-read-timeout, google-genai's x-server-timeout and
+/// the app's x-rebound-deadline-ms still shorten the shipped 600 s / 900 s limits per request: no
+/// attempt or wait past them.
 #[tokio::test]
 async fn sdk_and_app_timeouts_still_shorten_the_shipped_limits() {
     let (provider, rebound) = start(&[]).await;
     let cases = [
         ("stainless", ("x-stainless-timeout", "2")),
         ("read", ("x-stainless-read-timeout", "2")),
+        ("server", ("x-server-timeout", "2")),
         ("deadline", ("x-rebound-deadline-ms", "2000")),
     ];
     for (key, _) in &cases {

@@ -5,7 +5,7 @@
 use crate::words;
 use http::{HeaderValue, Response, StatusCode};
 
-use crate::wire::body::{Delivered, ProxyBody, RequestLog};
+use crate::wire::body::{Delivered, Dialect, ProxyBody, RequestLog};
 use crate::wire::headers;
 
 /// The path a request asked for, for `no_route`: at most [`ASKED_PATH_MAX`] bytes of it.
@@ -348,7 +348,12 @@ impl ProxyError {
     /// details (RFC 9457 section 3.2 extensions): `targets: [{upstream, outcome}]` for
     /// `no_target_available`.
     pub fn body(&self) -> String {
-        let mut doc = problem_document(self.kind(), &self.to_string());
+        self.body_in(Dialect::OpenAi)
+    }
+
+    /// The JSON body in `dialect` ([`in_dialect`]), with the error's own extension members.
+    pub(crate) fn body_in(&self, dialect: Dialect) -> String {
+        let mut doc = in_dialect(dialect, self.kind(), &self.to_string());
         if let (ProxyError::NoTargetAvailable { targets, .. }, Some(members)) = (self, doc.as_object_mut()) {
             let list = targets
                 .iter()
@@ -357,6 +362,88 @@ impl ProxyError {
             members.insert("targets".into(), serde_json::Value::Array(list));
         }
         doc.to_string()
+    }
+}
+
+/// rebound's error document in the dialect of the route's API, RFC 9457's members beside where
+/// they do not collide with it:
+/// - OpenAI: `{"error": {"message", "type", "code", "param"}}` and every RFC 9457 member;
+/// - Anthropic: `{"type": "error", "error": {"type", "message"}}` (the error type by status, as
+///   Anthropic's: `not_found_error`, `rate_limit_error`, `overloaded_error`, ...), and RFC 9457's
+///   members but `type`, which is Anthropic's;
+/// - Gemini: `{"error": {"code", "message", "status"}}` (Google's canonical status by HTTP status)
+///   and RFC 9457's members but `status`, which google-genai reads as Google's;
+/// - RFC 9457 alone, when the request asked for `application/problem+json`.
+///
+/// rebound's code is in each: `error.code` (OpenAI, Anthropic), Anthropic's
+/// `error.details.error_code`, Google's `ErrorInfo.reason`, and `x-rebound-error`.
+fn in_dialect(dialect: Dialect, kind: ErrorKind, message: &str) -> serde_json::Value {
+    let row = kind.row();
+    let status = row.status.as_u16();
+    let uri = format!("https://rebound.dev/errors/{}", row.code);
+    match dialect {
+        Dialect::OpenAi => problem_document(kind, message),
+        Dialect::Problem => serde_json::json!({
+            "type": uri, "title": row.title, "status": status, "detail": message,
+        }),
+        Dialect::Anthropic => serde_json::json!({
+            "type": "error",
+            "error": {
+                "type": anthropic_type(status),
+                "message": message,
+                "code": row.code,
+                "details": { "error_code": row.code },
+            },
+            "title": row.title,
+            "status": status,
+            "detail": message,
+        }),
+        Dialect::Gemini => serde_json::json!({
+            "error": {
+                "code": status,
+                "message": message,
+                "status": google_status(status),
+                "details": [{
+                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
+                    "reason": row.code,
+                    "domain": "rebound.dev",
+                }],
+            },
+            "type": uri,
+            "title": row.title,
+            "detail": message,
+        }),
+    }
+}
+
+/// Anthropic's error type for an HTTP status.
+fn anthropic_type(status: u16) -> &'static str {
+    match status {
+        400 | 405 | 409 | 422 | 431 => "invalid_request_error",
+        401 => "authentication_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        503 | 529 => "overloaded_error",
+        504 => "timeout_error",
+        _ => "api_error",
+    }
+}
+
+/// Google's canonical status for an HTTP status.
+fn google_status(status: u16) -> &'static str {
+    match status {
+        400 | 413 | 422 | 431 => "INVALID_ARGUMENT",
+        401 => "UNAUTHENTICATED",
+        403 => "PERMISSION_DENIED",
+        404 => "NOT_FOUND",
+        405 => "UNIMPLEMENTED",
+        409 => "ABORTED",
+        429 => "RESOURCE_EXHAUSTED",
+        502 | 503 => "UNAVAILABLE",
+        504 => "DEADLINE_EXCEEDED",
+        _ => "INTERNAL",
     }
 }
 
@@ -403,8 +490,15 @@ fn with_problem_headers<B>(kind: ErrorKind, body: B, retry_after: Option<std::ti
 pub(crate) fn error_response(err: ProxyError, mut log: RequestLog) -> Response<ProxyBody> {
     let status = err.status().as_u16();
     log.set_error(err.code());
-    let body = ProxyBody::full(err.body(), log, status);
+    let dialect = log.dialect();
+    let body = ProxyBody::full(err.body_in(dialect), log, status);
     let mut resp = with_problem_headers(err.kind(), body, err.retry_after());
+    if dialect == Dialect::Problem {
+        resp.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+    }
     resp.extensions_mut().insert(Delivered {
         attempts: 0,
         error: Some(err.code()),
@@ -423,6 +517,51 @@ mod tests {
         let asked = asked_path(&long);
         assert_eq!(asked.chars().count(), 203);
         assert!(asked.ends_with("é..."));
+    }
+
+    #[test]
+    fn each_api_reads_rebounds_errors_in_its_own_dialect() {
+        let e = ProxyError::UpstreamUnreachable {
+            upstream: "a".into(),
+            detail: "connection refused".into(),
+        };
+        let doc = |d| serde_json::from_str::<serde_json::Value>(&e.body_in(d)).unwrap();
+        let anthropic = doc(Dialect::Anthropic);
+        assert_eq!(anthropic["type"], "error");
+        assert_eq!(anthropic["error"]["type"], "api_error");
+        assert_eq!(anthropic["error"]["details"]["error_code"], "upstream_unreachable");
+        assert_eq!(
+            (anthropic["status"].as_u64(), anthropic["title"].is_string()),
+            (Some(502), true)
+        );
+        let gemini = doc(Dialect::Gemini);
+        assert_eq!(gemini["error"]["code"], 502);
+        assert_eq!(gemini["error"]["status"], "UNAVAILABLE");
+        assert_eq!(gemini["error"]["details"][0]["reason"], "upstream_unreachable");
+        assert!(
+            gemini.get("status").is_none(),
+            "google-genai reads a top-level status as Google's"
+        );
+        assert_eq!(gemini["type"], "https://rebound.dev/errors/upstream_unreachable");
+        let problem = doc(Dialect::Problem);
+        assert_eq!(
+            problem.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()),
+            Some(vec!["detail".into(), "status".into(), "title".into(), "type".into()])
+        );
+        let openai = doc(Dialect::OpenAi);
+        assert_eq!(
+            (openai["error"]["code"].as_str(), openai["status"].as_u64()),
+            (Some("upstream_unreachable"), Some(502))
+        );
+        for (status, anthropic, google) in [
+            (404, "not_found_error", "NOT_FOUND"),
+            (429, "rate_limit_error", "RESOURCE_EXHAUSTED"),
+            (503, "overloaded_error", "UNAVAILABLE"),
+            (504, "timeout_error", "DEADLINE_EXCEEDED"),
+            (413, "request_too_large", "INVALID_ARGUMENT"),
+        ] {
+            assert_eq!((anthropic_type(status), google_status(status)), (anthropic, google));
+        }
     }
 
     #[test]

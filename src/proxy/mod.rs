@@ -190,6 +190,7 @@ impl Proxy {
         async move {
             let mut log = RequestLog::start(&self.cx.metrics, &parts.method, &parts.uri);
             log.set_trace(&parts.headers);
+            log.set_accept(&parts.headers);
             let trace = self.traces.request(&parts.method, parts.uri.path(), &parts.headers);
             if trace.is_recording() {
                 log.set_span(Box::new(trace.clone()), None);
@@ -223,6 +224,7 @@ impl Proxy {
             };
             let route = route.clone();
             log.set_route(&route.metrics);
+            log.set_api(route.config.api);
 
             // 3. WebSocket upgrades pass through.
             if headers::is_upgrade(&parts.headers) {

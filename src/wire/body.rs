@@ -80,8 +80,22 @@ pub(crate) trait SpanEnd: Send {
 }
 
 /// One request's books: counted in flight from its head, closed when its response ends.
+/// The shape of the error bodies rebound writes itself: the route's API's (OpenAI, Anthropic,
+/// Gemini; OpenAI's before a route matched), or RFC 9457 alone when the request's `accept` asks
+/// for `application/problem+json`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum Dialect {
+    #[default]
+    OpenAi,
+    Anthropic,
+    Gemini,
+    Problem,
+}
+
 pub struct RequestLog {
     metrics: Arc<Metrics>,
+    /// The shape of rebound's own error body for this request.
+    dialect: Dialect,
     start: Instant,
     method: http::Method,
     /// Logged as its path only: a query may carry credentials. (A `Uri` clone shares its bytes.)
@@ -124,6 +138,7 @@ impl RequestLog {
     pub fn start(metrics: &Arc<Metrics>, method: &http::Method, uri: &http::Uri) -> RequestLog {
         metrics.inflight_requests.inc();
         RequestLog {
+            dialect: Dialect::OpenAi,
             metrics: metrics.clone(),
             start: crate::time::now(),
             method: method.clone(),
@@ -187,6 +202,34 @@ impl RequestLog {
     }
 
     /// Names the route (its metric children, resolved at config load).
+    /// The request's `accept` asks for RFC 9457 alone: it stays so whatever the route.
+    pub(crate) fn set_accept(&mut self, headers: &http::HeaderMap) {
+        let problem = headers
+            .get_all(http::header::ACCEPT)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|v| v.to_ascii_lowercase().contains("application/problem+json"));
+        if problem {
+            self.dialect = Dialect::Problem;
+        }
+    }
+
+    /// The route's API says the shape of rebound's own errors (unless RFC 9457 was asked for).
+    pub(crate) fn set_api(&mut self, api: crate::config::Api) {
+        use crate::config::Family;
+        if self.dialect != Dialect::Problem {
+            self.dialect = match api.family() {
+                Family::OpenAi => Dialect::OpenAi,
+                Family::Anthropic => Dialect::Anthropic,
+                Family::Gemini => Dialect::Gemini,
+            };
+        }
+    }
+
+    pub(crate) fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
     pub(crate) fn set_route(&mut self, route: &Arc<RouteMetrics>) {
         self.route = Some(route.clone());
     }

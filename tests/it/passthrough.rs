@@ -132,6 +132,66 @@ async fn oversized_body_is_refused_with_413_and_not_forwarded() {
     assert_eq!(a.json()["body_len"], 1024);
 }
 
+/// rebound's own errors in the dialect of the route's API (the SDK of each reads its own), and RFC
+/// 9457 alone for a client that asks for it.
+#[tokio::test]
+async fn rebounds_errors_speak_the_routes_api() {
+    // Nothing listens on port 9: every attempt fails to connect.
+    let route = |name: &str| RawRoute {
+        name: some(name),
+        path_prefix: some(&format!("/{name}/")),
+        upstream: some(name),
+        strip_prefix: Some(true),
+        ..RawRoute::default()
+    };
+    let rebound = TestConfig::new("http://127.0.0.1:9")
+        .upstream_named("claude", "http://127.0.0.1:9", |u| u.api = some("anthropic"))
+        .upstream_named("gemini", "http://127.0.0.1:9", |u| u.api = some("gemini"))
+        .with_route(route("claude"))
+        .with_route(route("gemini"))
+        .start()
+        .await;
+    let call = |path: &'static str, accept: &'static str| {
+        let url = format!("{}{path}", rebound.url);
+        async move {
+            send(
+                "POST",
+                &url,
+                &[("content-type", "application/json"), ("accept", accept)],
+                "{}",
+            )
+            .await
+        }
+    };
+    let claude = call("/claude/v1/messages", "application/json").await;
+    assert_eq!(
+        (claude.status.as_u16(), claude.header("x-rebound-error")),
+        (502, Some("upstream_unreachable"))
+    );
+    let v = claude.json();
+    assert_eq!(
+        (v["type"].as_str(), v["error"]["type"].as_str()),
+        (Some("error"), Some("api_error")),
+        "{v}"
+    );
+    assert_eq!(v["error"]["details"]["error_code"], "upstream_unreachable");
+    let gemini = call("/gemini/v1beta/models/gemini-2.5-flash:generateContent", "*/*").await;
+    let v = gemini.json();
+    assert_eq!(
+        (v["error"]["code"].as_u64(), v["error"]["status"].as_str()),
+        (Some(502), Some("UNAVAILABLE")),
+        "{v}"
+    );
+    assert!(v.get("status").is_none(), "{v}");
+    let openai = call("/fake/v1/chat/completions", "application/json").await;
+    assert_eq!(openai.json()["error"]["type"], "rebound_error");
+    let problem = call("/claude/v1/messages", "application/problem+json").await;
+    assert_eq!(problem.header("content-type"), Some("application/problem+json"));
+    let v = problem.json();
+    assert_eq!(v["type"], "https://rebound.dev/errors/upstream_unreachable");
+    assert_eq!((v["status"].as_u64(), v.get("error")), (Some(502), None), "{v}");
+}
+
 #[tokio::test]
 async fn unknown_route_is_404_without_listing_the_routes() {
     let (_provider, rebound) = setup().await;

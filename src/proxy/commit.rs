@@ -83,7 +83,8 @@ fn reframed(mut resp: Response<UpstreamBody>) -> Response<UpstreamBody> {
         .headers()
         .get(http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.trim_start().to_ascii_lowercase().starts_with(EVENTSTREAM));
+        .and_then(|v| v.trim_start().get(..EVENTSTREAM.len()))
+        .is_some_and(|v| v.eq_ignore_ascii_case(EVENTSTREAM));
     if resp.status().is_success() && eventstream {
         let headers = resp.headers_mut();
         headers.insert(

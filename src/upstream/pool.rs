@@ -260,10 +260,10 @@ fn ended(result: hyper::Result<()>) {
 pub struct UpstreamBody {
     inner: Incoming,
     give_back: Option<(Arc<Pool>, H1)>,
-    /// Boxed: rare, and every request in flight holds this body. With the room the re-framed
-    /// bytes are written in, and the buffer they go out from (its room reclaimed once the frames
-    /// before are written and dropped: no allocation per frame).
-    reframe: Option<Box<(ToSse, Vec<u8>, BytesMut)>>,
+    /// Boxed: rare, and every request in flight holds this body. With the buffer the re-framed
+    /// bytes are written in and go out from (its room reclaimed once the frames before are
+    /// written and dropped: no allocation per frame).
+    reframe: Option<Box<(ToSse, BytesMut)>>,
 }
 
 impl UpstreamBody {
@@ -310,18 +310,17 @@ impl UpstreamBody {
     fn poll_reframed(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
         let this = self;
         loop {
-            if this.reframe.as_deref().is_none_or(|(sse, _, _)| sse.is_done()) {
+            if this.reframe.as_deref().is_none_or(|(sse, _)| sse.is_done()) {
                 return Poll::Ready(None);
             }
             let polled = std::task::ready!(this.poll_inner(cx));
-            let Some((sse, out, buf)) = this.reframe.as_deref_mut() else {
+            let Some((sse, out)) = this.reframe.as_deref_mut() else {
                 return Poll::Ready(None);
             };
-            out.clear();
             match polled {
                 None => {
                     sse.end(out);
-                    let last = (!out.is_empty()).then(|| Ok(Frame::data(Bytes::copy_from_slice(out))));
+                    let last = (!out.is_empty()).then(|| Ok(Frame::data(out.split().freeze())));
                     // Ended: later polls read the (ended) inner body.
                     this.reframe = None;
                     return Poll::Ready(last);
@@ -333,12 +332,9 @@ impl UpstreamBody {
                 Some(Err(e)) => return Poll::Ready(Some(Err(e))),
             }
             if !out.is_empty() {
-                buf.reserve(out.len());
-                buf.extend_from_slice(out);
-                let frame = Frame::data(buf.split().freeze());
-                if out.capacity() > 64 << 10 {
-                    // A rare large frame does not keep its room.
-                    (*out, *buf) = (Vec::new(), BytesMut::new());
+                let frame = Frame::data(out.split().freeze());
+                if frame.data_ref().is_some_and(|d| d.len() > 64 << 10) {
+                    *out = BytesMut::new(); // a rare large frame does not keep its room
                 }
                 return Poll::Ready(Some(Ok(frame)));
             }
@@ -360,7 +356,7 @@ impl Body for UpstreamBody {
 
     fn is_end_stream(&self) -> bool {
         match self.reframe.as_deref() {
-            Some((sse, _, _)) => sse.is_done(),
+            Some((sse, _)) => sse.is_done(),
             None => self.inner.is_end_stream(),
         }
     }

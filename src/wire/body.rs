@@ -204,11 +204,10 @@ impl RequestLog {
     /// Names the route (its metric children, resolved at config load).
     /// The request's `accept` asks for RFC 9457 alone: it stays so whatever the route.
     pub(crate) fn set_accept(&mut self, headers: &http::HeaderMap) {
-        let problem = headers
-            .get_all(http::header::ACCEPT)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .any(|v| v.to_ascii_lowercase().contains("application/problem+json"));
+        let problem = headers.get_all(http::header::ACCEPT).iter().any(|v| {
+            let want = b"application/problem+json";
+            v.as_bytes().windows(want.len()).any(|w| w.eq_ignore_ascii_case(want))
+        });
         if problem {
             self.dialect = Dialect::Problem;
         }

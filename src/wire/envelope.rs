@@ -352,8 +352,9 @@ fn model_entry(model: Option<&str>) -> Option<Option<(&'static str, String)>> {
     Some(model.map(|m| ("model", json_string(m))))
 }
 
+/// `s` as a JSON string (quoted and escaped).
 fn json_string(s: &str) -> String {
-    serde_json::Value::from(s).to_string()
+    serde_json::to_string(s).unwrap_or_default() // a `&str` always serialises
 }
 
 /// The `anthropic-beta` header's values (comma-separated, possibly repeated) as a JSON array.
@@ -524,7 +525,7 @@ mod tests {
     }
 
     fn adapt_to(
-        api: Api,
+        to: Host<'_>,
         from: Api,
         path: &str,
         query: Option<&str>,
@@ -533,7 +534,7 @@ mod tests {
         model: &str,
     ) -> Adapted {
         let asked = read(from, path, body.as_bytes()).expect("a known path");
-        adapt(&asked, from, &host(api), (query, body.as_bytes(), headers), Some(model)).expect("adapted")
+        adapt(&asked, from, &to, (query, body.as_bytes(), headers), Some(model)).expect("adapted")
     }
 
     fn body(a: &Adapted) -> serde_json::Value {
@@ -621,7 +622,7 @@ mod tests {
         headers.insert("anthropic-version", HeaderValue::from_static("2023-06-01"));
         headers.append("anthropic-beta", HeaderValue::from_static("a-2025-01-01, b-2025-02-02"));
         let a = adapt_to(
-            Api::Bedrock,
+            host(Api::Bedrock),
             Api::Anthropic,
             "/v1/messages",
             Some("beta=true"),
@@ -642,7 +643,7 @@ mod tests {
             r#"{"anthropic_version":"bedrock-2023-05-31","anthropic_beta":["a-2025-01-01","b-2025-02-02"],"max_tokens":64,"messages":[{"role":"user","content":"hi \"there\""}]}"#
         );
         let plain = adapt_to(
-            Api::Bedrock,
+            host(Api::Bedrock),
             Api::Anthropic,
             "/v1/messages",
             None,
@@ -657,7 +658,7 @@ mod tests {
     #[test]
     fn anthropic_to_vertex_keeps_the_stream_flag() {
         let a = adapt_to(
-            Api::VertexAnthropic,
+            host(Api::VertexAnthropic),
             Api::Anthropic,
             "/v1/messages",
             None,
@@ -672,7 +673,7 @@ mod tests {
         assert!(b.get("model").is_none());
         assert!(!a.reframe);
         let count = adapt_to(
-            Api::VertexAnthropic,
+            host(Api::VertexAnthropic),
             Api::Anthropic,
             "/v1/messages/count_tokens",
             None,
@@ -691,7 +692,7 @@ mod tests {
     fn bedrock_and_vertex_to_anthropic() {
         let bedrock_body = r#"{"anthropic_version":"bedrock-2023-05-31","max_tokens":8,"messages":[]}"#;
         let a = adapt_to(
-            Api::Anthropic,
+            host(Api::Anthropic),
             Api::Bedrock,
             "/model/anthropic.claude-x-v1%3A0/invoke-with-response-stream",
             None,
@@ -710,7 +711,7 @@ mod tests {
         );
         let vertex_body = r#"{"anthropic_version":"vertex-2023-10-16","max_tokens":8,"messages":[],"stream":false}"#;
         let v = adapt_to(
-            Api::Anthropic,
+            host(Api::Anthropic),
             Api::VertexAnthropic,
             "/v1/projects/p/locations/l/publishers/anthropic/models/claude-x@1:rawPredict",
             None,
@@ -729,15 +730,15 @@ mod tests {
         let chat = r#"{"model":"gpt-4o","messages":[]}"#;
         let mut azure = host(Api::AzureOpenAi);
         azure.azure_api_version = Some("2024-10-21");
-        let asked = read(Api::OpenAi, "/v1/chat/completions", chat.as_bytes()).expect("read");
-        let a = adapt(
-            &asked,
+        let a = adapt_to(
+            azure,
             Api::OpenAi,
-            &azure,
-            (None, chat.as_bytes(), &HeaderMap::new()),
-            Some("gpt4o-eu"),
-        )
-        .expect("adapted");
+            "/v1/chat/completions",
+            None,
+            chat,
+            &HeaderMap::new(),
+            "gpt4o-eu",
+        );
         assert_eq!(
             (a.path.as_str(), a.query.as_deref()),
             (
@@ -746,21 +747,21 @@ mod tests {
             )
         );
         assert_eq!(body(&a)["model"], "gpt4o-eu");
-        let responses = read(Api::OpenAi, "/v1/responses", chat.as_bytes()).expect("read");
-        let r = adapt(
-            &responses,
+        let r = adapt_to(
+            azure,
             Api::OpenAi,
-            &azure,
-            (None, chat.as_bytes(), &HeaderMap::new()),
-            Some("gpt4o-eu"),
-        )
-        .expect("adapted");
+            "/v1/responses",
+            None,
+            chat,
+            &HeaderMap::new(),
+            "gpt4o-eu",
+        );
         assert_eq!(
             (r.path.as_str(), r.query.as_deref()),
             ("/openai/responses", Some("api-version=2024-10-21"))
         );
         let v1 = adapt_to(
-            Api::AzureOpenAi,
+            host(Api::AzureOpenAi),
             Api::OpenAi,
             "/v1/embeddings",
             None,
@@ -769,8 +770,23 @@ mod tests {
             "te3-eu",
         );
         assert_eq!((v1.path.as_str(), v1.query.as_deref()), ("/openai/v1/embeddings", None));
-        let back = adapt_to(
+        // A URL of `https://RESOURCE.openai.azure.com/openai` holds Azure's first segment.
+        let based = Host {
+            base_path: "/openai",
+            ..host(Api::AzureOpenAi)
+        };
+        let b = adapt_to(
+            based,
             Api::OpenAi,
+            "/v1/responses",
+            None,
+            chat,
+            &HeaderMap::new(),
+            "gpt4o-eu",
+        );
+        assert_eq!(b.path, "/v1/responses");
+        let back = adapt_to(
+            host(Api::OpenAi),
             Api::AzureOpenAi,
             "/openai/deployments/gpt4o-eu/chat/completions",
             Some("api-version=2024-10-21"),
@@ -788,7 +804,7 @@ mod tests {
     #[test]
     fn gemini_to_vertex_moves_the_path_and_keeps_the_query() {
         let a = adapt_to(
-            Api::VertexGemini,
+            host(Api::VertexGemini),
             Api::Gemini,
             "/v1beta/models/gemini-2.5-pro:streamGenerateContent",
             Some("alt=sse"),

@@ -16,6 +16,7 @@
 use std::borrow::Cow;
 
 use base64::Engine as _;
+use bytes::BytesMut;
 use memchr::memchr2;
 use serde::{Deserialize, Serialize};
 
@@ -395,7 +396,7 @@ pub(crate) struct ToSse {
 
 impl ToSse {
     /// Re-frames a chunk of the upstream's body: the events it completes are appended to `out`.
-    pub(crate) fn feed(&mut self, chunk: &[u8], out: &mut Vec<u8>) {
+    pub(crate) fn feed(&mut self, chunk: &[u8], out: &mut BytesMut) {
         if self.done {
             return;
         }
@@ -419,7 +420,7 @@ impl ToSse {
     }
 
     /// The upstream's body ended: an end inside a frame is reported (appended to `out`).
-    pub(crate) fn end(&mut self, out: &mut Vec<u8>) {
+    pub(crate) fn end(&mut self, out: &mut BytesMut) {
         if !self.done && self.decoder.in_frame() {
             error_event(out, "api_error", "the event stream from Bedrock ended inside a frame");
         }
@@ -434,7 +435,7 @@ impl ToSse {
 }
 
 /// One message as SSE, appended to `out`.
-fn reframe(message: &Message<'_>, event: &mut Vec<u8>, out: &mut Vec<u8>) -> Step {
+fn reframe(message: &Message<'_>, event: &mut Vec<u8>, out: &mut BytesMut) -> Step {
     // Bedrock's chunk, told in one pass over the headers, as bytes (the first of each name).
     let (mut message_type, mut event_type): (Option<&[u8]>, Option<&[u8]>) = (None, None);
     let mut rest = message.headers;
@@ -462,7 +463,7 @@ fn reframe(message: &Message<'_>, event: &mut Vec<u8>, out: &mut Vec<u8>) -> Ste
 
 /// An exception or error message as Anthropic's error event (the end of the stream); another
 /// message type is skipped.
-fn not_an_event(message: &Message<'_>, out: &mut Vec<u8>) -> Step {
+fn not_an_event(message: &Message<'_>, out: &mut BytesMut) -> Step {
     match message.string(":message-type") {
         Some("exception") => {
             let kind = message.string(":exception-type").unwrap_or_default();
@@ -479,7 +480,7 @@ fn not_an_event(message: &Message<'_>, out: &mut Vec<u8>) -> Step {
 }
 
 /// A `chunk` event as SSE, appended to `out`.
-fn chunk(message: &Message<'_>, event: &mut Vec<u8>, out: &mut Vec<u8>) -> Step {
+fn chunk(message: &Message<'_>, event: &mut Vec<u8>, out: &mut BytesMut) -> Step {
     if chunk_event(message.payload, event, out).is_err() {
         let text = format!(
             "the event stream from Bedrock carried a chunk that is not an Anthropic event at frame {}",
@@ -496,7 +497,7 @@ struct NotAnEvent;
 
 /// A chunk's event as `event: {type}\ndata: {json}\n\n`, appended to `out` (`event` is room for
 /// the decoded JSON).
-fn chunk_event(payload: &[u8], event: &mut Vec<u8>, out: &mut Vec<u8>) -> Result<(), NotAnEvent> {
+fn chunk_event(payload: &[u8], event: &mut Vec<u8>, out: &mut BytesMut) -> Result<(), NotAnEvent> {
     let encoded = chunk_bytes(payload)?;
     event.clear();
     // SIMD: the decoding is most of what re-framing costs (bench/instructions --targets bedrock).
@@ -612,7 +613,7 @@ pub(crate) fn error_type(exception: &str) -> &'static str {
 }
 
 /// An exception (or error message) as Anthropic's error event: `"{Exception}: {message}"`.
-fn exception_event(out: &mut Vec<u8>, exception: &str, text: &str) {
+fn exception_event(out: &mut BytesMut, exception: &str, text: &str) {
     let mut chars = exception.chars();
     let name: Cow<'_, str> = match chars.next() {
         Some(first) if first.is_ascii_lowercase() => {
@@ -631,7 +632,7 @@ fn exception_event(out: &mut Vec<u8>, exception: &str, text: &str) {
 
 /// Anthropic's error event, `event: error\ndata: {"type":"error","error":{..}}\n\n`, appended to
 /// `out` (the JSON written by serde, escapes and all).
-fn error_event(out: &mut Vec<u8>, kind: &str, message: &str) {
+fn error_event(out: &mut BytesMut, kind: &str, message: &str) {
     #[derive(Serialize)]
     struct ErrorEvent<'a> {
         #[serde(rename = "type")]
@@ -750,12 +751,12 @@ mod tests {
 
     fn sse(chunks: &[&[u8]]) -> String {
         let mut to_sse = ToSse::default();
-        let mut out = Vec::new();
+        let mut out = BytesMut::new();
         for chunk in chunks {
             to_sse.feed(chunk, &mut out);
         }
         to_sse.end(&mut out);
-        String::from_utf8(out).unwrap()
+        String::from_utf8(out.to_vec()).unwrap()
     }
 
     /// `bytes` cut at the given points (taken modulo its length).

@@ -84,6 +84,8 @@ pub struct Metrics {
     pub(crate) retries_exhausted_total: IntCounterVec,
     /// Retries refused because the route's retry budget was spent.
     pub(crate) retry_budget_exhausted_total: IntCounterVec,
+    /// Requests taken as a client's own retry of a failure for good (one attempt each).
+    pub(crate) client_retries_total: IntCounterVec,
     /// Idempotency outcomes by route and result (`stored`, `replayed`, `conflict`, `mismatch`,
     /// `invalid`, `store_error`, `not_stored`).
     pub(crate) idempotency_requests_total: IntCounterVec,
@@ -254,6 +256,11 @@ impl Metrics {
             retry_budget_exhausted_total: counter(
                 "retry_budget_exhausted_total",
                 "Retries refused because the route's retry budget was spent.",
+                &["route"],
+            )?,
+            client_retries_total: counter(
+                "client_retries_total",
+                "Requests that repeated a failure for good moments ago: a client's retry, given one attempt.",
                 &["route"],
             )?,
             idempotency_requests_total: counter(
@@ -446,14 +453,7 @@ impl Metrics {
                 }
             }
             if let Some(policy) = r.retry.as_ref().and_then(|p| config.retry.get(p)) {
-                for reason in policy.retry_on.iter().chain(&policy.retry_once_on) {
-                    self.retries_total.with_label_values(&[route, &reason.to_string()]);
-                }
-                for source in ["backoff", "retry_after"] {
-                    self.retry_wait_seconds.with_label_values(&[route, source]);
-                }
-                self.retries_exhausted_total.with_label_values(&[route]);
-                self.retry_budget_exhausted_total.with_label_values(&[route]);
+                self.init_retry_series(route, policy);
             }
             if r.cache.is_some() {
                 for result in CACHE_RESULTS {
@@ -505,6 +505,19 @@ impl Metrics {
             self.redis_errors_total.with_label_values(&["ping"]);
             self.redis_errors_total.with_label_values(&["connect"]);
         }
+    }
+
+    /// The series of a route that retries under `policy`.
+    fn init_retry_series(&self, route: &str, policy: &crate::config::RetryPolicy) {
+        for reason in policy.retry_on.iter().chain(&policy.retry_once_on) {
+            self.retries_total.with_label_values(&[route, &reason.to_string()]);
+        }
+        for source in ["backoff", "retry_after"] {
+            self.retry_wait_seconds.with_label_values(&[route, source]);
+        }
+        self.retries_exhausted_total.with_label_values(&[route]);
+        self.retry_budget_exhausted_total.with_label_values(&[route]);
+        self.client_retries_total.with_label_values(&[route]);
     }
 
     /// The name of every family rebound exports, whether or not it has samples yet.

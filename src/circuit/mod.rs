@@ -329,6 +329,18 @@ impl Circuits {
         Some(cell.breaker.state(now))
     }
 
+    /// How long `upstream`'s circuit stays open from `now` (`None` when it is not open): when a
+    /// failure rebound delivers can be tried again.
+    pub(crate) fn open_for(&self, upstream: &str, now: Instant) -> Option<Duration> {
+        let entry = self.entries.get(upstream)?;
+        let cell = entry.breaker.as_ref()?.lock();
+        let until = cell
+            .breaker
+            .open_until()
+            .filter(|_| cell.breaker.state(now) == CircuitState::Open)?;
+        Some(until.saturating_duration_since(now)).filter(|d| !d.is_zero())
+    }
+
     /// The time left before calls to `upstream` with `cred` may go out, if a cooldown holds them
     /// (always `None` with `cooldown = "off"`).
     pub fn cooldown_check(&self, upstream: &str, cred: &LimitKey, now: Instant) -> Option<Duration> {

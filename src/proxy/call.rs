@@ -133,8 +133,11 @@ impl<'r> Call<'r> {
     /// the retry budget credited.
     fn new(cx: &'r Context, asked: Asked<'r>, tokens: RequestTokens, started: Instant) -> Call<'r> {
         let route = asked.route;
-        let limits = retry::policy::request_limits(&asked.parts.headers, &route.retry);
-        if limits.sdk_retry {
+        let mut limits = retry::policy::request_limits(&asked.parts.headers, &route.retry);
+        if asked.client_retry {
+            limits.max_attempts = 1;
+        }
+        if limits.sdk_retry || asked.client_retry {
             route.budget.record_external_retry(started);
         } else {
             route.budget.deposit(started);
@@ -161,6 +164,7 @@ impl<'r> Call<'r> {
             parts,
             path,
             body,
+            ..
         } = self.asked;
         let failovers = self.at.failovers;
         if self.state.deadline <= now {
@@ -333,7 +337,8 @@ impl<'r> Call<'r> {
         }
         let status = result.as_ref().ok().map(|r| r.status().as_u16());
         span.end(outcome.label(), status, hint.map(|h| h.delay));
-        self.progress.record(outcome, status, received - sent);
+        self.progress
+            .record(outcome, status, received - sent, hint.map(|h| h.delay));
         let seen = failover::Seen {
             class,
             first_byte_limit: target.config.first_byte_timeout.is_some(),
@@ -376,8 +381,10 @@ impl<'r> Call<'r> {
         }
         // The route fails over on `reason`, and another target it has not left has a circuit
         // that is not open (a 429 is waited out here when no other target can take it).
+        let one_attempt = self.asked.client_retry;
         let movable = |reason: &FailoverReason| {
-            route.targets.failover_on.contains(*reason)
+            !one_attempt
+                && route.targets.failover_on.contains(*reason)
                 && at
                     .others(route, target.index)
                     .any(|t| cx.circuits.state(&t.name, sent) != Some(CircuitState::Open))
@@ -493,15 +500,25 @@ pub(super) struct Asked<'r> {
     /// The path forwarded (after `strip_prefix`).
     pub(super) path: &'r str,
     pub(super) body: &'r Bytes,
+    /// The request repeats one that failed for good moments ago: a client's own retry, given one
+    /// attempt in all (`crate::retry::client_retry`).
+    pub(super) client_retry: bool,
 }
 
 impl<'r> Asked<'r> {
-    pub(super) fn of(route: &'r Route, parts: &'r http::request::Parts, path: &'r str, body: &'r Bytes) -> Asked<'r> {
+    pub(super) fn of(
+        route: &'r Route,
+        parts: &'r http::request::Parts,
+        path: &'r str,
+        body: &'r Bytes,
+        client_retry: bool,
+    ) -> Asked<'r> {
         Asked {
             route,
             parts,
             path,
             body,
+            client_retry,
         }
     }
 }

@@ -40,6 +40,9 @@ pub(super) struct Progress {
     pub(super) tokens: RequestTokens,
     /// When the last attempt was sent.
     sent: Instant,
+    /// When the last failed attempt's answer said to try again (its `retry-after`, a reset
+    /// header's, its error body's).
+    hint: Option<Duration>,
 }
 
 impl Progress {
@@ -52,6 +55,7 @@ impl Progress {
             deadline,
             tokens,
             sent: started,
+            hint: None,
         }
     }
 
@@ -63,8 +67,10 @@ impl Progress {
         self.sent = now;
     }
 
-    pub(super) fn record(&mut self, outcome: Outcome, status: Option<u16>, took: Duration) {
+    /// Records an attempt's outcome, and when its answer said to try again.
+    pub(super) fn record(&mut self, outcome: Outcome, status: Option<u16>, took: Duration, hint: Option<Duration>) {
         self.outcome = Some(outcome);
+        self.hint = hint;
         self.attempts.push(AttemptRecord {
             outcome: std::borrow::Cow::Borrowed(outcome.label()),
             status,
@@ -107,7 +113,12 @@ impl Progress {
         stop: Stop,
         failovers: u32,
     ) -> Delivery {
+        let retry_after = match &result {
+            Err(e) => e.retry_after(),
+            Ok(_) => self.hint,
+        };
         Delivery {
+            retry_after,
             result,
             outcome: self.outcome,
             attempts: std::mem::take(&mut self.attempts),
@@ -147,6 +158,10 @@ pub(super) struct Delivery {
     pub(super) tokens: RequestTokens,
     /// When the last attempt was sent.
     pub(super) sent: Instant,
+    /// When a failure delivered may be tried again, when rebound knows: rebound's own error's
+    /// `retry-after`, the last answer's hint, else (set in step 7) the time its target's circuit
+    /// stays open.
+    pub(super) retry_after: Option<Duration>,
 }
 
 impl Delivery {
@@ -163,6 +178,11 @@ impl Delivery {
             Ok(r) => r.status().as_u16(),
             Err(e) => e.status().as_u16(),
         }
+    }
+
+    /// Whether the app receives a failure (a failed answer, or rebound's own error).
+    pub(super) fn failed(&self) -> bool {
+        self.result.is_err() || self.outcome.is_some_and(Outcome::is_failure)
     }
 
     /// Why this delivery is a failure for good, if it is one: rebound stopped retrying something

@@ -20,6 +20,7 @@
 mod admission;
 mod cached;
 mod call;
+mod client_retry;
 mod commit;
 mod context;
 mod cursor;
@@ -51,11 +52,13 @@ use crate::idempotency::{AnyStore, MemoryStore};
 use crate::jobs::{self, Jobs};
 use crate::retry::policy::Outcome;
 use crate::routing::{forwarded_path, RouteTable};
+use crate::time;
 use crate::traces::{self, Traces};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
 use crate::words::TargetState;
 use call::Asked;
+use client_retry::Repeat;
 use context::Context;
 use delivery::Delivery;
 use idempotent::{follow_response, idempotency_step, replay_response, Answered};
@@ -285,13 +288,16 @@ impl Proxy {
                 None => None,
             };
 
-            // 6. Attempts: send, classify, decide, wait; until delivered.
+            // 6. Attempts: send, classify, decide, wait; until delivered. A repeat of a failure
+            // for good of moments ago is the client's own retry: one attempt.
             describe_span(&trace, &route, &path, &body);
-            let asked = Asked::of(&route, &parts, &path, &body);
+            let repeat = Repeat::check(&self.cx, &route, &parts, &body, time::now());
+            let asked = Asked::of(&route, &parts, &path, &body, repeat.is_repeat);
             let delivery = call::attempts(&self.cx, asked, self.models.for_request(&body), &trace).await;
 
-            // 7. The books; a failure for good is recorded as a dead letter.
-            let delivery = self.account(&route, &parts, &body, &mut log, delivery);
+            // 7. The books; a failure for good is recorded as a dead letter, and marks the
+            // request for the client's retries.
+            let delivery = self.account(&route, (&parts, &body), &mut log, delivery, repeat);
 
             // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
             // frees the key first. An in-band error (a 200 whose first event is an error) is a
@@ -312,12 +318,17 @@ impl Proxy {
     fn account(
         &self,
         route: &Route,
-        parts: &http::request::Parts,
-        body: &Bytes,
+        (parts, body): (&http::request::Parts, &Bytes),
         log: &mut RequestLog,
-        delivery: Delivery,
+        mut delivery: Delivery,
+        repeat: Repeat,
     ) -> Delivery {
         let upstream = &route.targets.get(delivery.target).unwrap_or(route.primary()).name;
+        let now = time::now();
+        if delivery.failed() && delivery.retry_after.is_none() {
+            delivery.retry_after = self.cx.circuits.open_for(upstream, now);
+        }
+        repeat.settle(&self.cx, route, (parts, body), &delivery, now);
         log.set_upstream(upstream, delivery.attempts.len() as u32);
         log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
         log.set_usage(&delivery.tokens.ledger);
@@ -352,6 +363,8 @@ impl Proxy {
         let target = route.targets.get(delivery.target).unwrap_or(route.primary());
         let failovers = delivery.failovers;
         let (bypassed, cache_claim) = (claims.bypassed, claims.cache.as_ref().map(|c| c.header));
+        // A failed answer says when rebound would try again, if it knows and the answer does not.
+        let retry_after = delivery.retry_after.filter(|_| delivery.failed());
         let mut resp = match delivery.result {
             Ok(resp) => {
                 let meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
@@ -362,6 +375,9 @@ impl Proxy {
                     shape: resp.body().shape(),
                 };
                 let mut resp = upstream_response(resp, (route, target), came, claims, log);
+                if let Some(after) = retry_after {
+                    headers::insert_retry_after(resp.headers_mut(), after);
+                }
                 if let Some(value) = cache_claim {
                     resp.headers_mut()
                         .insert(headers::X_REBOUND_CACHE, HeaderValue::from_static(value));

@@ -10,6 +10,7 @@ use crate::cloud::CloudAuth;
 use crate::config::{Api, Balance, Config, FailoverOn, RetryPolicy, RouteConfig, TargetConfig};
 use crate::idempotency::Idempotency;
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
+use crate::retry::client_retry::ClientRetries;
 use crate::retry::{Backoff, RetryBudget};
 use crate::routing::RouteTable;
 use crate::targets::Load;
@@ -35,6 +36,8 @@ pub(crate) struct Route {
     pub targets: Targets,
     /// This route's metric children.
     pub metrics: Arc<RouteMetrics>,
+    /// Its recent failures for good, each until its repeats are new requests again.
+    pub(crate) client_retries: ClientRetries,
 }
 
 /// An upstream a route may use.
@@ -192,6 +195,7 @@ pub(super) fn build(config: &Config, shared: &Shared) -> Result<RouteTable<Arc<R
                 failover_on: r.failover_on,
             },
             metrics: Arc::new(RouteMetrics::new(metrics, &r.name)),
+            client_retries: ClientRetries::default(),
             idempotency,
             cache,
         };

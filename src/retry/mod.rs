@@ -10,6 +10,8 @@
 //! - [`budget`]: the per-route retry budget (`budget_ratio`, `budget_min_per_second`), a
 //!   Linkerd/tower-style sliding window that caps how much retries add to a route's traffic.
 //!
+//! - [`client_retry`]: a client's own retry told apart from a new request (a repeat of a
+//!   failure for good moments ago gets one attempt), so that layers add, not multiply.
 //! - [`quota`]: a credential's request quota as a response reports it (what pacing reads).
 //! - [`policy`]: which outcomes are retryable for which methods (`retry_on`, `retry_once_on`,
 //!   `non_idempotent`), the request's deadline (shortened by `x-rebound-deadline-ms` and the
@@ -29,6 +31,7 @@
 
 pub mod backoff;
 pub mod budget;
+pub(crate) mod client_retry;
 pub(crate) mod failover;
 pub mod policy;
 pub(crate) mod provider_error;

@@ -30,6 +30,15 @@ pub(crate) const TRACEPARENT: HeaderName = HeaderName::from_static("traceparent"
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
+/// Sets `retry-after` (whole seconds, rounded up: never sooner than `after`) where the response
+/// has none: a failure rebound delivers says when it would try again, when it knows.
+pub(crate) fn insert_retry_after(headers: &mut HeaderMap, after: std::time::Duration) {
+    if !headers.contains_key(http::header::RETRY_AFTER) {
+        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
+        headers.insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    }
+}
+
 /// An `x-rebound-attempts` value: static for the counts a retry policy allows, so that setting
 /// the header allocates nothing (`HeaderValue::from(u32)` allocates every time).
 pub(crate) fn attempts_value(attempts: u32) -> HeaderValue {

@@ -10,6 +10,7 @@ mod architecture;
 mod cache;
 mod circuit;
 mod circuit_shared;
+mod client_retries;
 mod cloud_aws;
 mod cloud_azure;
 mod cloud_gcp;

@@ -30,6 +30,9 @@ async fn with_policy(edit: impl FnOnce(&mut RawRetry)) -> (FakeProvider, Rebound
     (provider, rebound)
 }
 
+/// One app request per script key: the key is in its body too, so that requests under
+/// different keys are different requests (the same body again, failed for good moments ago,
+/// would be a client's retry: tests/it/client_retries.rs).
 async fn call(rebound: &Rebound, key: &str, headers: &[(&str, &str)]) -> Answer {
     let mut h = vec![("x-fake-key", key), ("content-type", "application/json")];
     h.extend_from_slice(headers);
@@ -37,7 +40,7 @@ async fn call(rebound: &Rebound, key: &str, headers: &[(&str, &str)]) -> Answer 
         "POST",
         &format!("{}/fake/v1/chat/completions", rebound.url),
         &h,
-        r#"{"model":"m","n":1}"#,
+        format!(r#"{{"model":"m","n":1,"user":"{key}"}}"#),
     )
     .await
 }
@@ -57,7 +60,7 @@ async fn transient_failures_are_retried_until_success() {
     let seen = provider.requests("k");
     assert_eq!(seen.len(), 3);
     assert!(
-        seen.iter().all(|r| r.body == br#"{"model":"m","n":1}"#),
+        seen.iter().all(|r| r.body == br#"{"model":"m","n":1,"user":"k"}"#),
         "the body is re-sent identically"
     );
     let page = rebound.metrics().await;
@@ -411,7 +414,7 @@ async fn the_budget_caps_retries_under_a_total_outage() {
                 "POST",
                 &format!("{url}/fake/v1/chat/completions"),
                 &[("x-fake-key", "down")],
-                "{}",
+                format!(r#"{{"n":{i}}}"#),
             )
             .await
             .status

@@ -385,7 +385,6 @@ impl Breaker {
         self.phase.state(now)
     }
 
-    #[cfg(test)]
     /// While open: until when.
     pub(crate) fn open_until(&self) -> Option<Instant> {
         match self.phase {

@@ -261,6 +261,7 @@ async fn replay(state: &AdminState, entry: DeadLetter) -> ReplayOutcome {
     if let Some(identity) = &entry.idempotency {
         req.extensions_mut().insert(identity.clone());
     }
+    req.extensions_mut().insert(crate::dead_letters::OperatorReplay);
     let proxy = state.proxy.load_full();
     let resp = proxy.handle(req).await;
     let status = resp.status().as_u16();

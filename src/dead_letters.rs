@@ -25,6 +25,11 @@ use crate::metrics::Metrics;
 use crate::redis::{RedisError, RedisHandle};
 use crate::wire::usage::AttemptUsage;
 
+/// Marks a request an operator replays from a dead letter: a deliberate new try, never taken for
+/// a client's own retry of the failure it recorded.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OperatorReplay;
+
 /// One attempt, as the entry shows it.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct AttemptRecord {

@@ -1,7 +1,8 @@
 //! Steps 6 and 7 for a client's own retry ([`crate::retry::client_retry`]): before the attempts,
 //! whether the request repeats a failure for good of moments ago (then it gets one attempt); after
 //! them, a failure for good marks the request, and a client's retry that got through clears it.
-//! Only on routes that retry (elsewhere every request makes one attempt anyway).
+//! Only on routes that retry (elsewhere every request makes one attempt anyway), and never for an
+//! operator's replay of a dead letter.
 
 use bytes::Bytes;
 use tokio::time::Instant;
@@ -9,6 +10,7 @@ use tokio::time::Instant;
 use super::context::Context;
 use super::delivery::Delivery;
 use super::routes::Route;
+use crate::dead_letters::OperatorReplay;
 use crate::retry::client_retry::{self, RequestKey};
 
 /// What step 6 found out about the request.
@@ -29,7 +31,8 @@ impl Repeat {
         body: &Bytes,
         now: Instant,
     ) -> Repeat {
-        if !route.retries || !route.client_retries.may_hold() {
+        let replay = parts.extensions.get::<OperatorReplay>().is_some();
+        if !route.retries || replay || !route.client_retries.may_hold() {
             return Repeat {
                 key: None,
                 is_repeat: false,

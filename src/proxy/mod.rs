@@ -220,6 +220,7 @@ impl Proxy {
 
             // 2. Route.
             let Some((prefix, route)) = self.routes.find(parts.uri.path()) else {
+                log.set_api_of_path(parts.uri.path());
                 let err = ProxyError::NoRoute {
                     path: crate::error::asked_path(parts.uri.path()),
                 };

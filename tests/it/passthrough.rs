@@ -207,6 +207,27 @@ async fn unknown_route_is_404_without_listing_the_routes() {
     let message = v["error"]["message"].as_str().unwrap();
     assert!(message.starts_with("no route matches \"/nope/v1/models\": "), "{v}");
     assert!(!message.contains("/fake/"), "the routes are the operator's: {v}");
+    // No route, so no route's API: the path says which API the client speaks.
+    let post = |path: &'static str| {
+        let url = format!("{}{path}", rebound.url);
+        async move { send("POST", &url, &[("content-type", "application/json")], "{}").await }
+    };
+    let anthropic = post("/nope/v1/messages").await.json();
+    assert_eq!(
+        (anthropic["type"].as_str(), anthropic["error"]["type"].as_str()),
+        (Some("error"), Some("not_found_error")),
+        "{anthropic}"
+    );
+    let gemini = post("/nope/v1beta/models/gemini-2.5-flash:generateContent")
+        .await
+        .json();
+    assert_eq!(
+        (gemini["error"]["code"].as_u64(), gemini["error"]["status"].as_str()),
+        (Some(404), Some("NOT_FOUND")),
+        "{gemini}"
+    );
+    let bedrock = post("/nope/model/anthropic.claude-haiku-4-5-v1:0/invoke").await.json();
+    assert_eq!(bedrock["type"], "error", "{bedrock}");
 }
 
 #[tokio::test]

@@ -160,3 +160,4 @@ def for_good(step: dict, n: int = 30) -> list[dict]:
 # route prefix (404 `no_route`) is answered before any route matched, in OpenAI's dialect.
 OWN_ERROR_STATUS = 422
 OWN_ERROR_CODE = "idempotency_key_reused"
+OWN_ERROR_MESSAGE = "this idempotency key was already used for a request with a different method, path or body"

@@ -5,10 +5,10 @@ Every route has an `Idempotency-Key` policy, a retry policy of 3 attempts with s
 two targets, the plain fake provider first and the TLS one second, so that a failover shows as
 `(plain, tls)` counts of `(1, 1)`:
 
-| route | API | a client's base URL |
+| route | API | a client's base URL (`base_url`) |
 | --- | --- | --- |
 | `/m-openai/` | OpenAI | `{url}/m-openai/v1` |
-| `/m-anthropic/` | Anthropic (`api = "anthropic"`: the fakes are on loopback, no host to infer it from) | `{url}/m-anthropic` |
+| `/m-anthropic/` | Anthropic (`api = "anthropic"`: a loopback host says nothing) | `{url}/m-anthropic` |
 | `/m-gemini/` | Gemini (`api = "gemini"`: the fake serves Gemini's paths, fake_hosts.rs) | `{url}/m-gemini` |
 
 A fault scripted on the plain fake only decides what the app sees:
@@ -50,6 +50,7 @@ OVERLOADED_MESSAGE = "The fake provider is overloaded (scripted 529)."
 APIS = ("openai", "anthropic", "gemini")
 ROUTE = {"openai": "m-openai", "anthropic": "m-anthropic", "gemini": "m-gemini"}
 
+
 def extra_upstreams(fake: FakeProvider, fake_tls: FakeProvider) -> str:
     """The same two fakes once more per API that rebound cannot infer from a loopback host.
     `plain` and `tls` (support.upstreams) speak their route's API: OpenAI's here."""
@@ -77,7 +78,9 @@ strip_prefix = true
 retry = "matrix"
 idempotency = "matrix"
 # Every reason but retries_exhausted: a 503 for good stays on plain and reaches the app.
-failover_on = ["circuit_open", "cooldown", "exhausted", "overloaded", "first_byte_timeout", "context_length", "credential"]
+failover_on = [
+  "circuit_open", "cooldown", "exhausted", "overloaded", "first_byte_timeout", "context_length", "credential",
+]
 """
 
 

@@ -9,7 +9,8 @@
 //! list of [`Step`]s consumed one per request; when the script is exhausted the provider answers
 //! normally. Normal answers:
 //! - `POST .../chat/completions`: a ~1 KB chat completion, or SSE when the JSON body has
-//!   `"stream": true` (`x-fake-chunks` events, default 5, `x-fake-gap-ms` apart, default 0);
+//!   `"stream": true` (`x-fake-chunks` events, default 5, `x-fake-gap-ms` apart, default 0; the
+//!   last one with `"finish_reason": "stop"`);
 //! - `POST .../messages`: the Anthropic equivalent (the stream is the full event sequence:
 //!   `message_start`, `content_block_start`, the deltas, `content_block_stop`, `message_delta`,
 //!   `message_stop`, the first two sent with the first delta and the last three together);
@@ -732,7 +733,7 @@ async fn answer(
         Some(Step::BadChecksum { after }) => {
             let events: Vec<String> = match anthropic {
                 true => fake_hosts::anthropic_events(chunks),
-                false => (0..chunks).map(sse_chunk).collect(),
+                false => (0..chunks).map(|i| sse_chunk_of(i, chunks)).collect(),
             };
             let first = Bytes::from(events.into_iter().take(after).collect::<String>());
             let cut = futures_util::stream::once(async {
@@ -980,8 +981,18 @@ pub fn error_event(error_type: &str, anthropic: bool) -> String {
 
 /// The `i`th event of a chat-completion stream.
 pub fn sse_chunk(i: usize) -> String {
+    sse_delta(i, "null")
+}
+
+/// The `i`th event of a chat-completion stream of `chunks`: the last one carries `finish_reason`,
+/// as OpenAI's stream always does (LiteLLM takes a stream without one for a truncated stream).
+pub fn sse_chunk_of(i: usize, chunks: usize) -> String {
+    sse_delta(i, if i + 1 == chunks { "\"stop\"" } else { "null" })
+}
+
+fn sse_delta(i: usize, finish_reason: &str) -> String {
     format!(
-        "data: {{\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-fake\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"token{i} \"}},\"finish_reason\":null}}]}}\n\n"
+        "data: {{\"id\":\"chatcmpl-fake\",\"object\":\"chat.completion.chunk\",\"created\":1700000000,\"model\":\"gpt-fake\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"token{i} \"}},\"finish_reason\":{finish_reason}}}]}}\n\n"
     )
 }
 
@@ -1015,7 +1026,7 @@ pub fn anthropic_stream_end(chunks: usize) -> String {
 
 /// The exact bytes of a full stream of `chunks` events (for byte-exact assertions).
 pub fn sse_stream_bytes(chunks: usize) -> String {
-    let mut s: String = (0..chunks).map(sse_chunk).collect();
+    let mut s: String = (0..chunks).map(|i| sse_chunk_of(i, chunks)).collect();
     s.push_str("data: [DONE]\n\n");
     s
 }
@@ -1104,7 +1115,7 @@ fn sse_events(
             } else if anthropic {
                 anthropic_event(i)
             } else {
-                sse_chunk(i)
+                sse_chunk_of(i, chunks)
             };
             Some((Ok::<_, std::io::Error>(Frame::data(Bytes::from(data))), i + 1))
         }

@@ -3,14 +3,15 @@ tests/requirements.txt, through the real rebound and the fake providers (matrix.
 stream, a transient fault, a persistent fault with the client's own retries on, rebound's own error, an
 Idempotency-Key replay and a failover, asserting what the app sees and the provider calls counted.
 
-| client | API (route) | credential header it sends | its own retries, as configured here |
+| client | route | the API key in (Bearer in `authorization`) | its own retries, as configured here |
 | --- | --- | --- | --- |
-| `langchain-openai` `ChatOpenAI` | OpenAI (`/m-openai/`) | `authorization: Bearer` | `.with_retry(stop_after_attempt=3)` |
-| `langchain-anthropic` `ChatAnthropic` | Anthropic (`/m-anthropic/`) | `authorization: Bearer` | `.with_retry(stop_after_attempt=3)` |
-| LiteLLM `litellm.completion("openai/...")` | OpenAI | `authorization: Bearer` | `num_retries=2` |
-| LiteLLM `litellm.completion("anthropic/...")` | Anthropic | `x-api-key` | `num_retries=2` |
-| `google-genai` `Client.models` | Gemini (`/m-gemini/`) | `x-goog-api-key` | `HttpRetryOptions(attempts=3)` |
-| `openai-agents` `Runner` (Responses API) | OpenAI | `authorization: Bearer` | `ModelRetrySettings(max_retries=2)` |
+| langchain-openai `ChatOpenAI` | `/m-openai/` | `authorization` | `.with_retry(stop_after_attempt=3)` |
+| langchain-anthropic `ChatAnthropic` | `/m-anthropic/` | `authorization` | `.with_retry(stop_after_attempt=3)` |
+| LiteLLM `completion("openai/...")` | `/m-openai/` | `authorization` | `num_retries=2` |
+| LiteLLM `completion("anthropic/...")` | `/m-anthropic/` | `x-api-key` | `num_retries=2` |
+| LiteLLM `completion("gemini/...")` | `/m-gemini/` (`api_base` ends `/v1beta`) | `x-goog-api-key` | `num_retries=2` |
+| google-genai `Client.models` | `/m-gemini/` | `x-goog-api-key` | `HttpRetryOptions(attempts=3)` |
+| openai-agents `Runner` (Responses API) | `/m-openai/` | `authorization` | `ModelRetrySettings(max_retries=2)` |
 
 Nothing here may reach the internet (only the loopback is there): every test fails if a client tried
 to connect anywhere else or to resolve a name (`no_outbound`): LiteLLM's model cost map comes from
@@ -269,6 +270,25 @@ class LiteLLMAnthropic(LiteLLM):
         return {"code": error.code, "x-rebound-error": error.litellm_response_headers.get("x-rebound-error")}
 
 
+class LiteLLMGemini(LiteLLM):
+    """LiteLLM on its Gemini provider (Google AI Studio's API, its own HTTP client)."""
+
+    name, api, provider = "litellm-gemini", "gemini", "gemini"
+    model_name = "gemini-fake"
+    credential_header, credential_prefix = "x-goog-api-key", ""
+    shows_headers = False  # LiteLLM keeps no response headers of its Gemini provider
+
+    def __init__(self, url: str, key: str):
+        # LiteLLM appends `/models/{model}:generateContent` to `api_base`: the API version is the
+        # app's to give (Gemini's own host needs it; google-genai adds it itself).
+        super().__init__(f"{url}/v1beta", key)
+
+    own_error_fields_expected = {"code": None, "x-rebound-error": OWN_ERROR_CODE}
+
+    def own_error_fields(self, error):
+        return {"code": error.code, "x-rebound-error": error.litellm_response_headers.get("x-rebound-error")}
+
+
 class GoogleGenAI(Client):
     name, api = "google-genai", "gemini"
     credential_header = "x-goog-api-key"
@@ -295,7 +315,9 @@ class GoogleGenAI(Client):
 
     def stream(self):
         with self.client() as client:
-            return "".join(c.text or "" for c in client.models.generate_content_stream(model="gemini-fake", contents=PROMPT))
+            return "".join(
+                c.text or "" for c in client.models.generate_content_stream(model="gemini-fake", contents=PROMPT)
+            )
 
     def message(self, error):
         return error.message
@@ -372,7 +394,15 @@ class OpenAIAgents(Client):
         return self.run(go)
 
 
-CLIENTS = [LangChainOpenAI, LangChainAnthropic, LiteLLM, LiteLLMAnthropic, GoogleGenAI, OpenAIAgents]
+CLIENTS = [
+    LangChainOpenAI,
+    LangChainAnthropic,
+    LiteLLM,
+    LiteLLMAnthropic,
+    LiteLLMGemini,
+    GoogleGenAI,
+    OpenAIAgents,
+]
 
 # What each API's own error body says for a scripted fault: the app's message must carry it.
 PROVIDER_MESSAGE = {"unavailable": UNAVAILABLE_MESSAGE, "overloaded": OVERLOADED_MESSAGE}

@@ -410,10 +410,19 @@ PROVIDER_MESSAGE = {"unavailable": UNAVAILABLE_MESSAGE, "overloaded": OVERLOADED
 
 @pytest.fixture(autouse=True)
 def no_outbound():
-    """Fails the test if a client tried to reach anything but the loopback."""
-    OUTBOUND.clear()
+    """Fails the test if a client tried to reach anything but the loopback (the first test also
+    reports what the clients tried when they were imported)."""
     yield
-    assert OUTBOUND == [], f"a client tried to reach outside the loopback: {OUTBOUND}"
+    tried, OUTBOUND[:] = list(OUTBOUND), []
+    assert tried == [], f"a client tried to reach outside the loopback: {tried}"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def socket_guard():
+    """The guard is installed when this module is imported (LiteLLM fetches at import); the
+    socket functions are restored once its tests are done."""
+    yield
+    socket.socket.connect, socket.getaddrinfo = _connect, _getaddrinfo
 
 
 @pytest.fixture(params=CLIENTS, ids=[c.name for c in CLIENTS])
@@ -468,6 +477,9 @@ def test_persistent_fault_reaches_the_app(client, fake, fake_tls, key):
     assert type(raised.value) is client.server_error
     assert client.status(raised.value) == 503
     assert UNAVAILABLE_MESSAGE in client.message(raised.value)
+    # Every attempt carried the same body and credential: the client's retries repeat the request.
+    sent = {(bytes(q["body"]), header(q, client.credential_header)) for q in fake.requests(key)}
+    assert len(sent) == 1, sent
     assert counts(fake, fake_tls, key) == (ATTEMPTS + client.retries, 0)
 
 

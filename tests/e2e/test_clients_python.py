@@ -13,6 +13,12 @@ Idempotency-Key replay and a failover, asserting what the app sees and the provi
 | google-genai `Client.models` | `/m-gemini/` | `x-goog-api-key` | `HttpRetryOptions(attempts=3)` |
 | openai-agents `Runner` (Responses API) | `/m-openai/` | `authorization` | `ModelRetrySettings(max_retries=2)` |
 
+On top of `x-should-retry: false` (a failure rebound gave up on), LangChain's `.with_retry`, LiteLLM's
+`num_retries` and google-genai's `HttpRetryOptions` retry all the same; the Agents SDK's runner does not
+(its `provider_suggested` policy vetoes), nor do the OpenAI and Anthropic SDKs under LangChain and the
+Agents SDK (their own `max_retries`). A retry resends the same body with the same key, so rebound gives
+it one attempt: the provider's calls add up (3 + the client's retries), they do not multiply.
+
 Nothing here may reach the internet (only the loopback is there): every test fails if a client tried
 to connect anywhere else or to resolve a name (`no_outbound`): LiteLLM's model cost map comes from
 the package (`LITELLM_LOCAL_MODEL_COST_MAP`), no tiktoken encoding is downloaded (no code path here

@@ -99,7 +99,7 @@ CLIENTS = {
     c.name: c
     for c in (
         Client("openai", "openai", "", "/v1/chat/completions", "authorization", "Bearer ", 0, True, OPENAI_CLASSES),
-        # @anthropic-ai/sdk 1.x sends the key as a bearer token, not as x-api-key (docs/sdks.md).
+        # @anthropic-ai/sdk 1.x sends the key as a bearer token, not as x-api-key (docs/clients.md).
         Client("anthropic", "anthropic", "", "/v1/messages", "authorization", "Bearer ", 0, True, ANTHROPIC_CLASSES),
         # The AI SDK's default OpenAI model is the Responses API.
         Client("ai-openai", "openai", "", "/v1/responses", "authorization", "Bearer ", 2, False, {}),
@@ -167,7 +167,7 @@ def test_a_plain_call_returns_the_text_and_sends_the_apps_key(node, client, matr
     (seen,) = fake.requests(key)
     assert seen["path"] == client.path
     assert header(seen, client.credential_header) == client.credential_prefix + credential(key)
-    # Only the one credential header: rebound's set_headers must replace that one (docs/sdks.md).
+    # Only the one credential header: rebound's set_headers must replace that one (docs/clients.md).
     other = "x-api-key" if client.credential_header == "authorization" else "authorization"
     assert header(seen, other) is None
 

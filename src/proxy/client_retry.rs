@@ -31,8 +31,8 @@ impl Repeat {
         body: &Bytes,
         now: Instant,
     ) -> Repeat {
-        let replay = parts.extensions.get::<OperatorReplay>().is_some();
-        if !route.retries || replay || !route.client_retries.may_hold() {
+        // Most requests stop at the second test: a route holds no failure while it is healthy.
+        if !route.retries || !route.client_retries.may_hold() || parts.extensions.get::<OperatorReplay>().is_some() {
             return Repeat {
                 key: None,
                 is_repeat: false,

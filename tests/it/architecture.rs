@@ -168,8 +168,8 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "policy (pure)",
-        &["retry"],
-        "retry decisions, backoff, Retry-After, budgets, quotas",
+        &["retry", "limits"],
+        "retry decisions, backoff, Retry-After, budgets, quotas; limits' buckets, ledgers and fair queue",
     ),
     (
         "I/O edges",

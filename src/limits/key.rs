@@ -1,0 +1,355 @@
+//! Who a limit limits: a limit's `key` (`"route"`, `"credential"`, `"model"`, `"header:NAME"`,
+//! joined with `+`, e.g. `"header:x-team+model"`) and the bucket a request falls in under it.
+//!
+//! Decides: what a key may say, its canonical spelling, and the [`BucketKey`], a 128-bit BLAKE3
+//! hash of the limit's name and the request's values of the key's parts. Every value is hashed,
+//! so no team name, model or credential reaches Redis, a log or a metric through a bucket, and
+//! nothing here prints one (`Display` and `Debug` show names and hashes only). Does not decide
+//! which model a request names (`wire::model`), which credential it carried (the request's
+//! `credentials::Presented`, hashed), or what the bucket's limits are.
+
+use std::fmt;
+use std::str::FromStr;
+
+use http::header::{HeaderMap, HeaderName};
+use smallvec::SmallVec;
+
+use crate::credentials::{CredentialHash, HEADERS};
+
+/// Domain separation: a bucket key never equals a hash made for another purpose.
+const DOMAIN: &[u8] = b"rebound/limit-bucket/v1\0";
+
+/// One part of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The route's name: one bucket per route.
+    Route,
+    /// The credential the request carried (its hash): one bucket per API key.
+    Credential,
+    /// The model the request names (none: the scope `""`).
+    Model,
+    /// A request header's value (absent: the scope `""`), e.g. a team or tenant.
+    Header(HeaderName),
+}
+
+impl Part {
+    /// The canonical order of parts: the one a key is printed and hashed in.
+    fn rank(&self) -> (u8, &str) {
+        match self {
+            Part::Route => (0, ""),
+            Part::Credential => (1, ""),
+            Part::Model => (2, ""),
+            Part::Header(name) => (3, name.as_str()),
+        }
+    }
+}
+
+/// A limit's `key`: the parts whose values give each request its bucket. Parts are kept in a
+/// canonical order (route, credential, model, headers by name), so `"model+header:x-team"` and
+/// `"header:x-team+model"` are one key with one set of buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeySpec {
+    parts: SmallVec<[Part; 2]>,
+}
+
+/// What a request brings to a key: its values of every part a key may name.
+#[derive(Clone, Copy)]
+pub(crate) struct KeyInput<'a> {
+    /// The route's name.
+    pub(crate) route: &'a str,
+    /// The credential's hash (never the credential).
+    pub(crate) credential: CredentialHash,
+    /// The model the request names, if it names one.
+    pub(crate) model: Option<&'a str>,
+    /// The request's headers.
+    pub(crate) headers: &'a HeaderMap,
+}
+
+impl fmt::Debug for KeyInput<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("KeyInput(redacted)")
+    }
+}
+
+/// The bucket a request falls in under one limit: 128 bits of BLAKE3 over the limit's name and
+/// the request's values of the key's parts. Shown as 32 hex digits (the form Redis keys use); a
+/// bucket of another limit, or of the same values under another key, is another bucket.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub(crate) struct BucketKey(pub(crate) [u8; 16]);
+
+impl fmt::Display for BucketKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.0 {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for BucketKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "BucketKey({self})")
+    }
+}
+
+const EXPECTED: &str = "expected \"route\", \"credential\", \"model\" or \"header:NAME\", joined with \"+\"";
+
+impl KeySpec {
+    /// Parses a key (surrounding spaces of each part are ignored). The error says what was
+    /// expected; the config layer prefixes the file and the key.
+    pub(crate) fn parse(text: &str) -> Result<KeySpec, String> {
+        let mut parts: SmallVec<[Part; 2]> = SmallVec::new();
+        for word in text.split('+').map(str::trim) {
+            let part = match word {
+                "route" => Part::Route,
+                "credential" => Part::Credential,
+                "model" => Part::Model,
+                "" => return Err(format!("an empty part in {text:?}: {EXPECTED}")),
+                _ => Part::Header(header_part(word)?),
+            };
+            if parts.contains(&part) {
+                return Err(format!("{word:?} twice in {text:?}: each part may appear once"));
+            }
+            parts.push(part);
+        }
+        parts.sort_by(|a, b| a.rank().cmp(&b.rank()));
+        Ok(KeySpec { parts })
+    }
+
+    /// The parts, in canonical order.
+    pub(crate) fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// Whether the key names this header (the config layer refuses one of `[server]
+    /// credential_headers`: a credential is keyed by `"credential"`, its hash).
+    pub(crate) fn names_header(&self, name: &HeaderName) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Header(h) if h == name))
+    }
+
+    /// Whether the key needs the request's model (else the pipeline need not find it).
+    pub(crate) fn uses_model(&self) -> bool {
+        self.parts.contains(&Part::Model)
+    }
+
+    /// Whether the key needs the credential's hash (else the pipeline need not compute it).
+    pub(crate) fn uses_credential(&self) -> bool {
+        self.parts.contains(&Part::Credential)
+    }
+
+    /// The bucket of a request under the limit `limit` (its `[limits.NAME]`): each part's value
+    /// length-prefixed after the part's tag, so that no two different sets of values collide.
+    /// A header with several values is keyed by all of them in order; a missing one is `""`.
+    pub(crate) fn bucket(&self, limit: &str, input: &KeyInput<'_>) -> BucketKey {
+        let mut h = blake3::Hasher::new();
+        h.update(DOMAIN);
+        prefixed(&mut h, limit.as_bytes());
+        for part in &self.parts {
+            match part {
+                Part::Route => {
+                    h.update(b"r");
+                    prefixed(&mut h, input.route.as_bytes());
+                }
+                Part::Credential => {
+                    h.update(b"c");
+                    h.update(&input.credential.0);
+                }
+                Part::Model => {
+                    h.update(b"m");
+                    prefixed(&mut h, input.model.unwrap_or("").as_bytes());
+                }
+                Part::Header(name) => {
+                    h.update(b"h");
+                    prefixed(&mut h, name.as_str().as_bytes());
+                    let values = input.headers.get_all(name);
+                    let n = values.iter().count().max(1);
+                    h.update(&(n as u32).to_be_bytes());
+                    let mut any = false;
+                    for v in values {
+                        prefixed(&mut h, v.as_bytes());
+                        any = true;
+                    }
+                    if !any {
+                        prefixed(&mut h, b"");
+                    }
+                }
+            }
+        }
+        let mut out = [0u8; 16];
+        out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+        BucketKey(out)
+    }
+}
+
+/// The header a `header:NAME` part names.
+fn header_part(word: &str) -> Result<HeaderName, String> {
+    let Some(name) = word.strip_prefix("header:") else {
+        return Err(format!("unknown part {word:?}: {EXPECTED}"));
+    };
+    let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+        format!("{word:?} does not name a valid header: expected \"header:NAME\", e.g. \"header:x-team\"")
+    })?;
+    if HEADERS.contains(&name) {
+        return Err(format!(
+            "{word:?} is a credential header: key by \"credential\" (its hash) instead"
+        ));
+    }
+    Ok(name)
+}
+
+fn prefixed(h: &mut blake3::Hasher, bytes: &[u8]) {
+    h.update(&(bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
+}
+
+impl FromStr for KeySpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KeySpec, String> {
+        KeySpec::parse(s)
+    }
+}
+
+impl fmt::Display for KeySpec {
+    /// The canonical spelling, e.g. `model+header:x-team`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, part) in self.parts.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            match part {
+                Part::Route => f.write_str("route")?,
+                Part::Credential => f.write_str("credential")?,
+                Part::Model => f.write_str("model")?,
+                Part::Header(name) => write!(f, "header:{name}")?,
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn input<'a>(headers: &'a HeaderMap, model: Option<&'a str>) -> KeyInput<'a> {
+        KeyInput {
+            route: "chat",
+            credential: CredentialHash([7; 16]),
+            model,
+            headers,
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(HeaderName::from_bytes(k.as_bytes()).unwrap(), v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn keys_parse_into_a_canonical_order_and_print_it() {
+        let k = KeySpec::parse("header:X-Team+model").unwrap();
+        assert_eq!(k.to_string(), "model+header:x-team");
+        assert_eq!(k, " model + header:x-team ".parse().unwrap());
+        assert!(k.names_header(&HeaderName::from_static("x-team")));
+        assert!(!k.names_header(&HeaderName::from_static("x-tenant")));
+        assert!(k.uses_model() && !k.uses_credential());
+        let all = KeySpec::parse("header:b+credential+header:a+route+model").unwrap();
+        assert_eq!(all.to_string(), "route+credential+model+header:a+header:b");
+        assert_eq!(all.parts().len(), 5);
+    }
+
+    #[test]
+    fn a_bad_key_says_what_was_expected() {
+        for (text, says) in [
+            ("", "an empty part"),
+            ("model+", "an empty part"),
+            ("team", "unknown part \"team\": expected \"route\""),
+            ("model+model", "\"model\" twice"),
+            ("header:", "does not name a valid header"),
+            ("header:x team", "does not name a valid header"),
+            ("header:Authorization", "credential header: key by \"credential\""),
+        ] {
+            let err = KeySpec::parse(text).unwrap_err();
+            assert!(err.contains(says), "{text:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn each_value_of_each_part_has_its_own_bucket() {
+        let k = KeySpec::parse("header:x-team+model").unwrap();
+        let (chat, batch, none) = (
+            headers(&[("x-team", "chat")]),
+            headers(&[("x-team", "batch")]),
+            HeaderMap::new(),
+        );
+        let a = k.bucket("team", &input(&chat, Some("gpt-4o")));
+        assert_eq!(a, k.bucket("team", &input(&chat, Some("gpt-4o"))));
+        assert_ne!(a, k.bucket("team", &input(&batch, Some("gpt-4o"))));
+        assert_ne!(a, k.bucket("team", &input(&chat, Some("gpt-4o-mini"))));
+        assert_ne!(a, k.bucket("other", &input(&chat, Some("gpt-4o"))));
+        // A missing header and no model are the scope "".
+        let empty = headers(&[("x-team", "")]);
+        assert_eq!(
+            k.bucket("team", &input(&none, None)),
+            k.bucket("team", &input(&empty, Some("")))
+        );
+        // Parts the key does not name do not matter.
+        let mut other = input(&chat, Some("gpt-4o"));
+        other.route = "batch";
+        other.credential = CredentialHash([8; 16]);
+        assert_eq!(a, k.bucket("team", &other));
+    }
+
+    #[test]
+    fn values_cannot_be_shifted_between_parts_or_headers() {
+        let k = KeySpec::parse("header:a+header:b").unwrap();
+        let one = headers(&[("a", "xy"), ("b", "z")]);
+        let two = headers(&[("a", "x"), ("b", "yz")]);
+        assert_ne!(k.bucket("l", &input(&one, None)), k.bucket("l", &input(&two, None)));
+        // Two values of one header are not one value.
+        let k = KeySpec::parse("header:a").unwrap();
+        let split = headers(&[("a", "x"), ("a", "y")]);
+        let whole = headers(&[("a", "xy")]);
+        assert_ne!(k.bucket("l", &input(&split, None)), k.bucket("l", &input(&whole, None)));
+        // The same value under another part is another bucket.
+        let route = KeySpec::parse("route").unwrap();
+        let model = KeySpec::parse("model").unwrap();
+        let h = HeaderMap::new();
+        assert_ne!(
+            route.bucket("l", &input(&h, Some("chat"))),
+            model.bucket("l", &input(&h, Some("chat")))
+        );
+    }
+
+    #[test]
+    fn the_credential_part_keys_by_its_hash() {
+        let k = KeySpec::parse("credential").unwrap();
+        let h = HeaderMap::new();
+        let a = input(&h, None);
+        let mut b = a;
+        b.credential = CredentialHash([9; 16]);
+        assert_ne!(k.bucket("l", &a), k.bucket("l", &b));
+        assert!(k.uses_credential());
+    }
+
+    #[test]
+    fn nothing_prints_a_value() {
+        let k = KeySpec::parse("header:x-team").unwrap();
+        let h = headers(&[("x-team", "secret-team")]);
+        let i = input(&h, Some("secret-model"));
+        let bucket = k.bucket("team", &i);
+        for shown in [
+            format!("{bucket}"),
+            format!("{bucket:?}"),
+            format!("{i:?}"),
+            format!("{k:?}"),
+        ] {
+            assert!(!shown.contains("secret"), "{shown}");
+        }
+        assert_eq!(bucket.to_string().len(), 32);
+    }
+}

@@ -12,6 +12,7 @@ mod api;
 mod cloud;
 pub(crate) mod interpolate;
 pub mod jitter;
+mod limits;
 pub mod raw;
 mod spelling;
 mod targets;
@@ -42,6 +43,7 @@ pub(crate) use crate::words::Spelled;
 pub(crate) use api::vertex_location_of;
 pub use api::{Api, ApiOf, Family};
 pub use jitter::Jitter;
+pub use limits::{LimitPolicy, OnLimit, Price, RedisDown};
 pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 
 /// The whole validated configuration.
@@ -66,6 +68,10 @@ pub struct Config {
     pub circuit: BTreeMap<String, Arc<CircuitPolicy>>,
     pub idempotency: BTreeMap<String, Arc<IdempotencyPolicy>>,
     pub cache: BTreeMap<String, Arc<CachePolicy>>,
+    /// `[limits.NAME]`: request, token, concurrency and spend limits routes list.
+    pub limits: BTreeMap<String, Arc<LimitPolicy>>,
+    /// `[prices]`: USD per million tokens, by model (`"*"`: any other model).
+    pub prices: BTreeMap<String, Price>,
     /// The clouds' environment variables, captured when an upstream's `auth` is a cloud's.
     pub cloud_env: CloudEnv,
 }
@@ -439,6 +445,8 @@ pub struct RouteConfig {
     pub idempotency: Option<String>,
     /// A `[cache.*]` policy: identical requests answered from the store.
     pub cache: Option<String>,
+    /// The `[limits.*]` a request must be admitted by, in order.
+    pub limits: Vec<String>,
     pub dead_letters: bool,
     pub dead_letter_bodies: bool,
     pub async_jobs: bool,

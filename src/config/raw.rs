@@ -30,6 +30,37 @@ pub struct RawConfig {
     pub idempotency: BTreeMap<String, RawIdempotency>,
     #[serde(default)]
     pub cache: BTreeMap<String, RawCache>,
+    #[serde(default)]
+    pub limits: BTreeMap<String, RawLimit>,
+    /// USD per million tokens, by model.
+    #[serde(default)]
+    pub prices: BTreeMap<String, RawPrice>,
+}
+
+/// A `[limits.NAME]` table.
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawLimit {
+    pub key: Option<String>,
+    pub requests_per_minute: Option<i64>,
+    pub tokens_per_minute: Option<i64>,
+    pub concurrent: Option<i64>,
+    pub usd_per_day: Option<f64>,
+    pub usd_per_month: Option<f64>,
+    pub on_limit: Option<String>,
+    pub max_wait: Option<String>,
+    pub weights: Option<BTreeMap<String, i64>>,
+    pub share_by: Option<String>,
+    pub redis_down: Option<String>,
+}
+
+/// A model's price in `[prices]`: USD per million tokens.
+#[derive(Debug, Default, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawPrice {
+    pub input: Option<f64>,
+    pub output: Option<f64>,
+    pub cached_input: Option<f64>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -119,6 +150,7 @@ pub struct RawRoute {
     pub retry: Option<String>,
     pub idempotency: Option<String>,
     pub cache: Option<String>,
+    pub limits: Option<Vec<String>>,
     pub fallback: Option<Vec<String>>,
     pub targets: Option<Vec<RawTarget>>,
     pub balance: Option<String>,

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use rebound::hooks::config::raw::{
-    RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLog, RawMetrics, RawRedis,
-    RawRetry, RawRoute, RawServer, RawTarget, RawTelemetry, RawUpstream,
+    RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLimit, RawLog, RawMetrics,
+    RawPrice, RawRedis, RawRetry, RawRoute, RawServer, RawTarget, RawTelemetry, RawUpstream,
 };
 use rebound::hooks::error::ErrorKind;
 use rebound::hooks::metrics::Metrics;
@@ -58,7 +58,7 @@ fn documented_keys(text: &str) -> BTreeMap<String, Vec<String>> {
 fn every_config_key_is_documented_and_every_documented_key_exists() {
     let path = root().join("docs/configuration.md");
     let documented = documented_keys(&read(&path));
-    let tables: [(&str, BTreeSet<String>); 15] = [
+    let tables: [(&str, BTreeSet<String>); 17] = [
         ("[server]", fields::<RawServer>()),
         ("[admin]", fields::<RawAdmin>()),
         ("[log]", fields::<RawLog>()),
@@ -74,6 +74,8 @@ fn every_config_key_is_documented_and_every_documented_key_exists() {
         ("[circuit.NAME]", fields::<RawCircuit>()),
         ("[idempotency.NAME]", fields::<RawIdempotency>()),
         ("[cache.NAME]", fields::<RawCache>()),
+        ("[limits.NAME]", fields::<RawLimit>()),
+        ("[prices]", fields::<RawPrice>()),
     ];
     let mut problems = Vec::new();
     for (heading, keys) in &tables {

@@ -12,6 +12,7 @@ use std::time::Duration;
 use http::HeaderName;
 
 mod api;
+mod limits;
 mod policy;
 mod redis;
 mod route;
@@ -267,9 +268,16 @@ impl Validator<'_> {
             .iter()
             .map(|(name, c)| (name.clone(), Arc::new(self.cache(name, c))))
             .collect();
+        let limits: BTreeMap<_, _> = raw
+            .limits
+            .iter()
+            .filter_map(|(name, l)| Some((name.clone(), Arc::new(self.limit(name, l)?))))
+            .collect();
+        let prices = self.prices(&raw.prices);
         let has_cloud_auth = upstreams.values().any(|u| u.auth != Auth::Static);
         let routes = self.routes(&raw.routes, (&raw.upstreams, &upstreams), &retry, &idempotency);
         self.route_caches(&raw.routes, &cache);
+        self.route_limits(&raw.routes, &limits, &prices);
         self.async_routes(&routes, redis.is_some(), &jobs);
         Config {
             source: path.to_path_buf(),
@@ -287,6 +295,8 @@ impl Validator<'_> {
             circuit,
             idempotency,
             cache,
+            limits,
+            prices,
             cloud_env: match has_cloud_auth {
                 true => CloudEnv::capture(self.env),
                 false => CloudEnv::default(),

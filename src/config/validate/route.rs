@@ -106,6 +106,7 @@ impl Validator<'_> {
             retry: r.retry.clone(),
             idempotency: r.idempotency.clone(),
             cache: r.cache.clone(),
+            limits: r.limits.clone().unwrap_or_default(),
             dead_letters: r.dead_letters.unwrap_or(false),
             dead_letter_bodies: r.dead_letter_bodies.unwrap_or(false),
             async_jobs: r.async_jobs.unwrap_or(false),

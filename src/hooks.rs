@@ -28,6 +28,7 @@ reach!(
     error,
     idempotency,
     jobs,
+    limiter,
     metrics,
     redis,
     retry,

@@ -15,6 +15,7 @@ pub(crate) mod dead_letters;
 pub(crate) mod error;
 pub(crate) mod idempotency;
 pub(crate) mod jobs;
+pub(crate) mod limiter;
 pub(crate) mod limits;
 pub(crate) mod metrics;
 pub(crate) mod proxy;

@@ -178,7 +178,7 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "features",
-        &["circuit", "idempotency", "cache", "dead_letters", "jobs", "targets"],
+        &["circuit", "idempotency", "cache", "dead_letters", "jobs", "targets", "limiter"],
         "what the pipeline composes, each with its shared state",
     ),
     ("pipeline", &["proxy"], "a request's path, top-down"),

@@ -30,6 +30,7 @@ mod idempotency_store;
 mod inband;
 mod jobs;
 mod limit_scope;
+mod limiter_store;
 mod long_generation;
 mod owner_liveness;
 mod passthrough;

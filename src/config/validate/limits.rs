@@ -66,18 +66,7 @@ impl Validator<'_> {
             self.err(&key("max_wait"), "expected at most 10m");
         }
         let share_by = r.share_by.as_ref().and_then(|raw| self.key_spec(&key("share_by"), raw));
-        let mut weights = BTreeMap::new();
-        for (value, w) in r.weights.iter().flatten() {
-            match u32::try_from(*w).ok().filter(|w| (1..=1000).contains(w)) {
-                Some(w) => {
-                    weights.insert(value.clone(), w);
-                }
-                None => self.err(
-                    &format!("{}.{value}", key("weights")),
-                    format!("expected an integer from 1 to 1000, found {w}"),
-                ),
-            }
-        }
+        let weights = self.weights(&key("weights"), r.weights.as_ref());
         if r.weights.is_some() && r.share_by.is_none() {
             self.err(
                 &key("weights"),
@@ -116,6 +105,23 @@ impl Validator<'_> {
             share_by,
             redis_down,
         })
+    }
+
+    /// `weights`: each value's share, from 1 to 1000.
+    fn weights(&mut self, key: &str, raw: Option<&BTreeMap<String, i64>>) -> BTreeMap<String, u32> {
+        let mut weights = BTreeMap::new();
+        for (value, w) in raw.into_iter().flatten() {
+            match u32::try_from(*w).ok().filter(|w| (1..=1000).contains(w)) {
+                Some(w) => {
+                    weights.insert(value.clone(), w);
+                }
+                None => self.err(
+                    &format!("{key}.{value}"),
+                    format!("expected an integer from 1 to 1000, found {w}"),
+                ),
+            }
+        }
+        weights
     }
 
     fn key_spec(&mut self, key: &str, raw: &str) -> Option<KeySpec> {

@@ -1,0 +1,196 @@
+//! Where a bucket's quota comes from: the fleet's counters. With Redis, every replica leases
+//! shares of each window's quota there (`limit_lease_v1.lua`: the counter holds what the fleet
+//! was granted and never grants past the limit), reports what it spent beyond its lease or did not
+//! spend (`limit_adjust_v1.lua`), and declares the concurrent-request slots it holds
+//! (`limit_slots_v1.lua`: a holding expires unless renewed, so a replica that dies loses only its
+//! own). Without Redis, one process is the fleet: the same arithmetic on a local table.
+//!
+//! One round trip per call, off the request path in the common case: the pipeline spends leases
+//! locally and renews them in the background (`crate::limits::ledger`).
+
+use std::collections::HashMap;
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use redis::Script;
+
+use crate::redis::{RedisError, RedisHandle};
+
+static LEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_lease_v1.lua")));
+static ADJUST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_adjust_v1.lua")));
+static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_slots_v1.lua")));
+
+/// A counter's name: the limit, the bucket (32 hex digits, a hash: no key value), the quota and
+/// the window; the first two are the hash tag, so a bucket's keys share a Cluster slot.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CounterId {
+    pub limit: String,
+    pub bucket: String,
+    /// `requests`, `tokens` or `usd`.
+    pub quota: &'static str,
+    pub window: u64,
+}
+
+impl CounterId {
+    fn suffix(&self) -> String {
+        format!(
+            "limit:{{{}:{}}}:{}:{}",
+            self.limit, self.bucket, self.quota, self.window
+        )
+    }
+}
+
+/// What a lease call granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Granted {
+    pub granted: u64,
+    /// What the fleet was granted of the window's quota so far, this grant included.
+    pub fleet_used: u64,
+}
+
+/// The fleet's counters: Redis, or this process's table.
+pub enum Store {
+    Redis(RedisHandle),
+    Local(parking_lot::Mutex<LocalCounters>),
+}
+
+impl Store {
+    pub fn local() -> Store {
+        Store::Local(parking_lot::Mutex::new(LocalCounters::default()))
+    }
+
+    /// Up to `want` of `id`'s window quota of `limit`, kept for `ttl` (the window's end, plus a
+    /// margin).
+    pub async fn lease(&self, id: &CounterId, want: u64, limit: u64, ttl: Duration) -> Result<Granted, RedisError> {
+        match self {
+            Store::Local(t) => Ok(t.lock().lease(id, want, limit)),
+            Store::Redis(redis) => {
+                let mut inv = LEASE.prepare_invoke();
+                inv.key(redis.key(&id.suffix())).arg(want).arg(limit).arg(ttl_ms(ttl));
+                let (granted, fleet_used): (u64, u64) = redis
+                    .run("limit_lease", |mut c| async move { inv.invoke_async(&mut c).await })
+                    .await?;
+                Ok(Granted { granted, fleet_used })
+            }
+        }
+    }
+
+    /// Adds `amount` (negative: gives back) to `id`'s counter, never below zero; the counter
+    /// after.
+    pub async fn adjust(&self, id: &CounterId, amount: i64, ttl: Duration) -> Result<u64, RedisError> {
+        match self {
+            Store::Local(t) => Ok(t.lock().adjust(id, amount)),
+            Store::Redis(redis) => {
+                let mut inv = ADJUST.prepare_invoke();
+                inv.key(redis.key(&id.suffix())).arg(amount).arg(ttl_ms(ttl));
+                redis
+                    .run("limit_adjust", |mut c| async move { inv.invoke_async(&mut c).await })
+                    .await
+            }
+        }
+    }
+
+    /// Declares that `replica` holds `want` of `(limit_name, bucket)`'s `limit` concurrent slots
+    /// for `ttl`: granted up to what the other replicas' live holdings leave.
+    pub async fn hold_slots(
+        &self,
+        (limit_name, bucket): (&str, &str),
+        replica: &str,
+        want: u64,
+        (limit, ttl): (u64, Duration),
+    ) -> Result<u64, RedisError> {
+        match self {
+            // One process: it holds what it asks, within the limit.
+            Store::Local(_) => Ok(want.min(limit)),
+            Store::Redis(redis) => {
+                let mut inv = SLOTS.prepare_invoke();
+                inv.key(redis.key(&format!("limit:{{{limit_name}:{bucket}}}:slots")))
+                    .arg(replica)
+                    .arg(want)
+                    .arg(limit)
+                    .arg(ttl_ms(ttl));
+                let (granted, _others): (u64, u64) = redis
+                    .run("limit_slots", |mut c| async move { inv.invoke_async(&mut c).await })
+                    .await?;
+                Ok(granted)
+            }
+        }
+    }
+}
+
+fn ttl_ms(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// The counters of a process that is the whole fleet. Windows that ended are dropped as newer
+/// ones are counted, so the table holds at most the live windows of the buckets in use.
+#[derive(Debug, Default)]
+pub struct LocalCounters {
+    counters: HashMap<CounterId, u64>,
+}
+
+impl LocalCounters {
+    fn lease(&mut self, id: &CounterId, want: u64, limit: u64) -> Granted {
+        self.drop_older_than(id);
+        let used = self.counters.entry(id.clone()).or_insert(0);
+        let granted = want.min(limit.saturating_sub(*used));
+        *used += granted;
+        Granted {
+            granted,
+            fleet_used: *used,
+        }
+    }
+
+    fn adjust(&mut self, id: &CounterId, amount: i64) -> u64 {
+        self.drop_older_than(id);
+        let used = self.counters.entry(id.clone()).or_insert(0);
+        *used = used.saturating_add_signed(amount);
+        *used
+    }
+
+    /// Forgets the windows of `id`'s bucket and quota before `id`'s.
+    fn drop_older_than(&mut self, id: &CounterId) {
+        self.counters.retain(|k, _| {
+            !(k.window < id.window && k.quota == id.quota && k.bucket == id.bucket && k.limit == id.limit)
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(window: u64) -> CounterId {
+        CounterId {
+            limit: "team".into(),
+            bucket: "00".repeat(16),
+            quota: "tokens",
+            window,
+        }
+    }
+
+    #[test]
+    fn a_window_never_grants_past_its_limit_and_the_next_starts_afresh() {
+        let mut t = LocalCounters::default();
+        assert_eq!(
+            t.lease(&id(1), 60, 100),
+            Granted {
+                granted: 60,
+                fleet_used: 60
+            }
+        );
+        assert_eq!(
+            t.lease(&id(1), 60, 100),
+            Granted {
+                granted: 40,
+                fleet_used: 100
+            }
+        );
+        assert_eq!(t.lease(&id(1), 60, 100).granted, 0);
+        // What was spent beyond the lease is counted; what was not spent is given back.
+        assert_eq!(t.adjust(&id(1), 7), 107);
+        assert_eq!(t.adjust(&id(1), -200), 0);
+        assert_eq!(t.lease(&id(2), 60, 100).granted, 60);
+        assert_eq!(t.counters.len(), 1, "window 1 was dropped");
+    }
+}

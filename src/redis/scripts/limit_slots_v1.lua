@@ -1,0 +1,27 @@
+-- limit_slots_v1: the concurrent-request slots one replica holds of a bucket, declared afresh on
+-- each call (a renewal, a larger or a smaller holding): granted up to what the other replicas'
+-- live holdings leave. A replica that stops renewing loses its slots when its holding expires.
+-- KEYS[1] the bucket's holdings, a hash: replica id -> "slots:expiry ms" (Redis time).
+-- ARGV: 1 replica id, 2 slots wanted, 3 limit, 4 ttl ms.
+-- Returns {granted, slots held by the others}.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local others = 0
+local all = redis.call('HGETALL', KEYS[1])
+for i = 1, #all, 2 do
+  local slots, expiry = string.match(all[i + 1], '^(%d+):(%d+)$')
+  if slots == nil or tonumber(expiry) <= now then
+    redis.call('HDEL', KEYS[1], all[i])
+  elseif all[i] ~= ARGV[1] then
+    others = others + tonumber(slots)
+  end
+end
+local grant = math.max(0, math.min(tonumber(ARGV[2]), tonumber(ARGV[3]) - others))
+local ttl = tonumber(ARGV[4])
+if grant > 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], grant .. ':' .. (now + ttl))
+else
+  redis.call('HDEL', KEYS[1], ARGV[1])
+end
+redis.call('PEXPIRE', KEYS[1], ttl * 2)
+return {grant, others}

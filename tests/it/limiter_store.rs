@@ -1,0 +1,145 @@
+//! The fleet's limit counters on a real Redis (`src/limiter/store.rs` and its scripts): leases
+//! never grant past a window's limit across replicas, adjustments count what a replica spent
+//! beyond its lease, and a replica's concurrent slots expire when it stops renewing them.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rebound::hooks::limiter::store::{CounterId, Store};
+use rebound::hooks::metrics::Metrics;
+use rebound::hooks::redis::RedisHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::support::config_builder::TestConfig;
+use crate::support::redis::RedisServer;
+use crate::support::until;
+
+async fn store(redis: &RedisServer) -> (Store, CancellationToken) {
+    let config = TestConfig::new("http://127.0.0.1:9").redis(&redis.url()).config();
+    let metrics = Arc::new(Metrics::new().expect("metrics"));
+    let stop = CancellationToken::new();
+    let handle = RedisHandle::start(
+        config.redis.clone().expect("redis"),
+        metrics,
+        &TaskTracker::new(),
+        stop.clone(),
+    );
+    let up = handle.clone();
+    until("redis up", Duration::from_secs(10), || {
+        let up = up.clone();
+        async move { up.is_up().then_some(()).ok_or_else(|| "down".to_string()) }
+    })
+    .await;
+    (Store::Redis(handle), stop)
+}
+
+fn id(window: u64) -> CounterId {
+    CounterId {
+        limit: "team".into(),
+        bucket: "ab".repeat(16),
+        quota: "tokens",
+        window,
+    }
+}
+
+#[tokio::test]
+async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
+    let redis = RedisServer::start();
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(Arc::new(store(&redis).await));
+    }
+    let mut set = tokio::task::JoinSet::new();
+    for r in &replicas {
+        for _ in 0..20 {
+            let r = r.clone();
+            set.spawn(async move {
+                r.0.lease(&id(7), 70, 1000, Duration::from_secs(120))
+                    .await
+                    .unwrap()
+                    .granted
+            });
+        }
+    }
+    let mut total = 0;
+    while let Some(g) = set.join_next().await {
+        total += g.unwrap();
+    }
+    assert_eq!(total, 1000, "60 leases of 70 share a limit of 1000 exactly");
+    let next = replicas[0]
+        .0
+        .lease(&id(8), 70, 1000, Duration::from_secs(120))
+        .await
+        .unwrap();
+    assert_eq!(next.granted, 70, "the next window starts afresh");
+    // Spent beyond the lease: counted, so the fleet's next lease sees it; given back: freed.
+    assert_eq!(
+        replicas[1]
+            .0
+            .adjust(&id(8), 950, Duration::from_secs(120))
+            .await
+            .unwrap(),
+        1020
+    );
+    assert_eq!(
+        replicas[2]
+            .0
+            .lease(&id(8), 70, 1000, Duration::from_secs(120))
+            .await
+            .unwrap()
+            .granted,
+        0
+    );
+    assert_eq!(
+        replicas[1]
+            .0
+            .adjust(&id(8), -100, Duration::from_secs(120))
+            .await
+            .unwrap(),
+        920
+    );
+    assert_eq!(
+        replicas[2]
+            .0
+            .lease(&id(8), 70, 1000, Duration::from_secs(120))
+            .await
+            .unwrap()
+            .granted,
+        70
+    );
+    for r in replicas {
+        r.1.cancel();
+    }
+}
+
+#[tokio::test]
+async fn a_replica_that_stops_renewing_loses_its_slots() {
+    let redis = RedisServer::start();
+    let (a, stop_a) = store(&redis).await;
+    let (b, stop_b) = store(&redis).await;
+    let bucket = ("team", "cd".repeat(16));
+    let bucket = (bucket.0, bucket.1.as_str());
+    let ttl = Duration::from_millis(300);
+    assert_eq!(a.hold_slots(bucket, "a", 8, (10, ttl)).await.unwrap(), 8);
+    assert_eq!(
+        b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap(),
+        2,
+        "what a's holding leaves"
+    );
+    // a renews with fewer: b may take more.
+    assert_eq!(a.hold_slots(bucket, "a", 5, (10, ttl)).await.unwrap(), 5);
+    assert_eq!(b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap(), 5);
+    // a dies (stops renewing): once its holding expires, b may hold them all.
+    let got = until("a's slots expired", Duration::from_secs(10), || {
+        let b = &b;
+        async move {
+            let n = b.hold_slots(bucket, "b", 10, (10, ttl)).await.unwrap();
+            (n == 10).then_some(n).ok_or_else(|| format!("{n} slots"))
+        }
+    })
+    .await;
+    assert_eq!(got, 10);
+    stop_a.cancel();
+    stop_b.cancel();
+}

@@ -7,7 +7,10 @@
 //! - [`ledger`]: one replica's account of a bucket's requests, tokens or spend in the window,
 //!   spent from a lease of the fleet's count ([`ledger::Pool`] is that count's contract), with
 //!   the overshoot bound stated and proved there;
-//! - [`concurrency`]: concurrent requests per bucket, from slots the fleet leases.
+//! - [`concurrency`]: concurrent requests per bucket, from slots the fleet leases;
+//! - [`fair_queue`]: the bounded weighted fair queue requests wait in over a limit;
+//! - [`headers`]: the IETF `RateLimit-Policy` and `RateLimit` fields, and the tightest limit;
+//! - [`prices`]: what a usage costs under `[prices]`, in micro-USD.
 //!
 //! It does not own: the configuration (`config` parses `[limits.NAME]` with [`key::KeySpec::parse`]),
 //! how much a request reserves (its `max_tokens` and prompt, read by the pipeline), the Redis
@@ -18,8 +21,11 @@
 #![cfg_attr(not(test), allow(dead_code))]
 
 pub(crate) mod concurrency;
+pub(crate) mod fair_queue;
+pub(crate) mod headers;
 pub(crate) mod key;
 pub(crate) mod ledger;
+pub(crate) mod prices;
 pub(crate) mod window;
 
 #[cfg(test)]

@@ -1,12 +1,18 @@
-//! `[limits.NAME]` and `[prices]`, typed: who a limit limits (its `key`), its quotas, what a
+//! `[limits.NAME]` and `[prices]`, typed: who a limit limits (its `key`, [`KeySpec`]: the syntax
+//! and its canonical order; the bucket a request falls in is `crate::limits::key`'s), its quotas, what a
 //! request over it does (`on_limit`, `max_wait`, the `weights` of `share_by`'s values) and what
 //! the fleet does while Redis is away (`redis_down`). Enforced by `crate::limits`; the keys and
 //! their defaults are in docs/configuration.md, worked examples in docs/limits.md.
 
 use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
 use std::time::Duration;
 
-use crate::limits::key::KeySpec;
+use http::header::HeaderName;
+use smallvec::SmallVec;
+
+use crate::credentials::HEADERS;
 
 /// One `[limits.NAME]` table.
 #[derive(Debug, Clone)]
@@ -65,3 +71,126 @@ pub struct Price {
 
 /// Micro-USD in one USD.
 pub(crate) const MICRO: f64 = 1_000_000.0;
+
+/// One part of a key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Part {
+    /// The route's name: one bucket per route.
+    Route,
+    /// The credential the request carried (its hash): one bucket per API key.
+    Credential,
+    /// The model the request names (none: the scope `""`).
+    Model,
+    /// A request header's value (absent: the scope `""`), e.g. a team or tenant.
+    Header(HeaderName),
+}
+
+impl Part {
+    /// The canonical order of parts: the one a key is printed and hashed in.
+    fn rank(&self) -> (u8, &str) {
+        match self {
+            Part::Route => (0, ""),
+            Part::Credential => (1, ""),
+            Part::Model => (2, ""),
+            Part::Header(name) => (3, name.as_str()),
+        }
+    }
+}
+
+/// A limit's `key`: the parts whose values give each request its bucket. Parts are kept in a
+/// canonical order (route, credential, model, headers by name), so `"model+header:x-team"` and
+/// `"header:x-team+model"` are one key with one set of buckets.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KeySpec {
+    parts: SmallVec<[Part; 2]>,
+}
+
+const EXPECTED: &str = "expected \"route\", \"credential\", \"model\" or \"header:NAME\", joined with \"+\"";
+
+impl KeySpec {
+    /// Parses a key (surrounding spaces of each part are ignored). The error says what was
+    /// expected; the config layer prefixes the file and the key.
+    pub(crate) fn parse(text: &str) -> Result<KeySpec, String> {
+        let mut parts: SmallVec<[Part; 2]> = SmallVec::new();
+        for word in text.split('+').map(str::trim) {
+            let part = match word {
+                "route" => Part::Route,
+                "credential" => Part::Credential,
+                "model" => Part::Model,
+                "" => return Err(format!("an empty part in {text:?}: {EXPECTED}")),
+                _ => Part::Header(header_part(word)?),
+            };
+            if parts.contains(&part) {
+                return Err(format!("{word:?} twice in {text:?}: each part may appear once"));
+            }
+            parts.push(part);
+        }
+        parts.sort_by(|a, b| a.rank().cmp(&b.rank()));
+        Ok(KeySpec { parts })
+    }
+
+    /// The parts, in canonical order.
+    pub(crate) fn parts(&self) -> &[Part] {
+        &self.parts
+    }
+
+    /// Whether the key names this header (the config layer refuses one of `[server]
+    /// credential_headers`: a credential is keyed by `"credential"`, its hash).
+    pub(crate) fn names_header(&self, name: &HeaderName) -> bool {
+        self.parts.iter().any(|p| matches!(p, Part::Header(h) if h == name))
+    }
+
+    /// Whether the key needs the request's model (else the pipeline need not find it).
+    #[allow(dead_code)] // the admission step reads the model only when a key needs it (next)
+    pub(crate) fn uses_model(&self) -> bool {
+        self.parts.contains(&Part::Model)
+    }
+
+    /// Whether the key needs the credential's hash (else the pipeline need not compute it).
+    #[allow(dead_code)] // and hashes the credential only when a key needs it (next)
+    pub(crate) fn uses_credential(&self) -> bool {
+        self.parts.contains(&Part::Credential)
+    }
+}
+
+/// The header a `header:NAME` part names.
+fn header_part(word: &str) -> Result<HeaderName, String> {
+    let Some(name) = word.strip_prefix("header:") else {
+        return Err(format!("unknown part {word:?}: {EXPECTED}"));
+    };
+    let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+        format!("{word:?} does not name a valid header: expected \"header:NAME\", e.g. \"header:x-team\"")
+    })?;
+    if HEADERS.contains(&name) {
+        return Err(format!(
+            "{word:?} is a credential header: key by \"credential\" (its hash) instead"
+        ));
+    }
+    Ok(name)
+}
+
+impl FromStr for KeySpec {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<KeySpec, String> {
+        KeySpec::parse(s)
+    }
+}
+
+impl fmt::Display for KeySpec {
+    /// The canonical spelling, e.g. `model+header:x-team`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, part) in self.parts.iter().enumerate() {
+            if i > 0 {
+                f.write_str("+")?;
+            }
+            match part {
+                Part::Route => f.write_str("route")?,
+                Part::Credential => f.write_str("credential")?,
+                Part::Model => f.write_str("model")?,
+                Part::Header(name) => write!(f, "header:{name}")?,
+            }
+        }
+        Ok(())
+    }
+}

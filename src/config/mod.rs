@@ -43,6 +43,7 @@ pub(crate) use crate::words::Spelled;
 pub(crate) use api::vertex_location_of;
 pub use api::{Api, ApiOf, Family};
 pub use jitter::Jitter;
+pub(crate) use limits::{KeySpec, Part};
 pub use limits::{LimitPolicy, OnLimit, Price, RedisDown};
 pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 

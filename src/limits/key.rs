@@ -9,48 +9,13 @@
 //! `credentials::Presented`, hashed), or what the bucket's limits are.
 
 use std::fmt;
-use std::str::FromStr;
 
-use http::header::{HeaderMap, HeaderName};
-use smallvec::SmallVec;
-
-use crate::credentials::{CredentialHash, HEADERS};
+pub(crate) use crate::config::{KeySpec, Part};
+use crate::credentials::CredentialHash;
+use http::header::HeaderMap;
 
 /// Domain separation: a bucket key never equals a hash made for another purpose.
 const DOMAIN: &[u8] = b"rebound/limit-bucket/v1\0";
-
-/// One part of a key.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Part {
-    /// The route's name: one bucket per route.
-    Route,
-    /// The credential the request carried (its hash): one bucket per API key.
-    Credential,
-    /// The model the request names (none: the scope `""`).
-    Model,
-    /// A request header's value (absent: the scope `""`), e.g. a team or tenant.
-    Header(HeaderName),
-}
-
-impl Part {
-    /// The canonical order of parts: the one a key is printed and hashed in.
-    fn rank(&self) -> (u8, &str) {
-        match self {
-            Part::Route => (0, ""),
-            Part::Credential => (1, ""),
-            Part::Model => (2, ""),
-            Part::Header(name) => (3, name.as_str()),
-        }
-    }
-}
-
-/// A limit's `key`: the parts whose values give each request its bucket. Parts are kept in a
-/// canonical order (route, credential, model, headers by name), so `"model+header:x-team"` and
-/// `"header:x-team+model"` are one key with one set of buckets.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct KeySpec {
-    parts: SmallVec<[Part; 2]>,
-}
 
 /// What a request brings to a key: its values of every part a key may name.
 #[derive(Clone, Copy)]
@@ -92,109 +57,47 @@ impl fmt::Debug for BucketKey {
     }
 }
 
-const EXPECTED: &str = "expected \"route\", \"credential\", \"model\" or \"header:NAME\", joined with \"+\"";
-
-impl KeySpec {
-    /// Parses a key (surrounding spaces of each part are ignored). The error says what was
-    /// expected; the config layer prefixes the file and the key.
-    pub(crate) fn parse(text: &str) -> Result<KeySpec, String> {
-        let mut parts: SmallVec<[Part; 2]> = SmallVec::new();
-        for word in text.split('+').map(str::trim) {
-            let part = match word {
-                "route" => Part::Route,
-                "credential" => Part::Credential,
-                "model" => Part::Model,
-                "" => return Err(format!("an empty part in {text:?}: {EXPECTED}")),
-                _ => Part::Header(header_part(word)?),
-            };
-            if parts.contains(&part) {
-                return Err(format!("{word:?} twice in {text:?}: each part may appear once"));
+/// The bucket of a request under the limit `limit` (its `[limits.NAME]`): each part's value
+/// length-prefixed after the part's tag, so that no two different sets of values collide.
+/// A header with several values is keyed by all of them in order; a missing one is `""`.
+pub(crate) fn bucket(spec: &KeySpec, limit: &str, input: &KeyInput<'_>) -> BucketKey {
+    let mut h = blake3::Hasher::new();
+    h.update(DOMAIN);
+    prefixed(&mut h, limit.as_bytes());
+    for part in spec.parts() {
+        match part {
+            Part::Route => {
+                h.update(b"r");
+                prefixed(&mut h, input.route.as_bytes());
             }
-            parts.push(part);
-        }
-        parts.sort_by(|a, b| a.rank().cmp(&b.rank()));
-        Ok(KeySpec { parts })
-    }
-
-    /// The parts, in canonical order.
-    pub(crate) fn parts(&self) -> &[Part] {
-        &self.parts
-    }
-
-    /// Whether the key names this header (the config layer refuses one of `[server]
-    /// credential_headers`: a credential is keyed by `"credential"`, its hash).
-    pub(crate) fn names_header(&self, name: &HeaderName) -> bool {
-        self.parts.iter().any(|p| matches!(p, Part::Header(h) if h == name))
-    }
-
-    /// Whether the key needs the request's model (else the pipeline need not find it).
-    pub(crate) fn uses_model(&self) -> bool {
-        self.parts.contains(&Part::Model)
-    }
-
-    /// Whether the key needs the credential's hash (else the pipeline need not compute it).
-    pub(crate) fn uses_credential(&self) -> bool {
-        self.parts.contains(&Part::Credential)
-    }
-
-    /// The bucket of a request under the limit `limit` (its `[limits.NAME]`): each part's value
-    /// length-prefixed after the part's tag, so that no two different sets of values collide.
-    /// A header with several values is keyed by all of them in order; a missing one is `""`.
-    pub(crate) fn bucket(&self, limit: &str, input: &KeyInput<'_>) -> BucketKey {
-        let mut h = blake3::Hasher::new();
-        h.update(DOMAIN);
-        prefixed(&mut h, limit.as_bytes());
-        for part in &self.parts {
-            match part {
-                Part::Route => {
-                    h.update(b"r");
-                    prefixed(&mut h, input.route.as_bytes());
+            Part::Credential => {
+                h.update(b"c");
+                h.update(&input.credential.0);
+            }
+            Part::Model => {
+                h.update(b"m");
+                prefixed(&mut h, input.model.unwrap_or("").as_bytes());
+            }
+            Part::Header(name) => {
+                h.update(b"h");
+                prefixed(&mut h, name.as_str().as_bytes());
+                let values = input.headers.get_all(name);
+                let n = values.iter().count().max(1);
+                h.update(&(n as u32).to_be_bytes());
+                let mut any = false;
+                for v in values {
+                    prefixed(&mut h, v.as_bytes());
+                    any = true;
                 }
-                Part::Credential => {
-                    h.update(b"c");
-                    h.update(&input.credential.0);
-                }
-                Part::Model => {
-                    h.update(b"m");
-                    prefixed(&mut h, input.model.unwrap_or("").as_bytes());
-                }
-                Part::Header(name) => {
-                    h.update(b"h");
-                    prefixed(&mut h, name.as_str().as_bytes());
-                    let values = input.headers.get_all(name);
-                    let n = values.iter().count().max(1);
-                    h.update(&(n as u32).to_be_bytes());
-                    let mut any = false;
-                    for v in values {
-                        prefixed(&mut h, v.as_bytes());
-                        any = true;
-                    }
-                    if !any {
-                        prefixed(&mut h, b"");
-                    }
+                if !any {
+                    prefixed(&mut h, b"");
                 }
             }
         }
-        let mut out = [0u8; 16];
-        out.copy_from_slice(&h.finalize().as_bytes()[..16]);
-        BucketKey(out)
     }
-}
-
-/// The header a `header:NAME` part names.
-fn header_part(word: &str) -> Result<HeaderName, String> {
-    let Some(name) = word.strip_prefix("header:") else {
-        return Err(format!("unknown part {word:?}: {EXPECTED}"));
-    };
-    let name = HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
-        format!("{word:?} does not name a valid header: expected \"header:NAME\", e.g. \"header:x-team\"")
-    })?;
-    if HEADERS.contains(&name) {
-        return Err(format!(
-            "{word:?} is a credential header: key by \"credential\" (its hash) instead"
-        ));
-    }
-    Ok(name)
+    let mut out = [0u8; 16];
+    out.copy_from_slice(&h.finalize().as_bytes()[..16]);
+    BucketKey(out)
 }
 
 fn prefixed(h: &mut blake3::Hasher, bytes: &[u8]) {
@@ -202,35 +105,10 @@ fn prefixed(h: &mut blake3::Hasher, bytes: &[u8]) {
     h.update(bytes);
 }
 
-impl FromStr for KeySpec {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<KeySpec, String> {
-        KeySpec::parse(s)
-    }
-}
-
-impl fmt::Display for KeySpec {
-    /// The canonical spelling, e.g. `model+header:x-team`.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for (i, part) in self.parts.iter().enumerate() {
-            if i > 0 {
-                f.write_str("+")?;
-            }
-            match part {
-                Part::Route => f.write_str("route")?,
-                Part::Credential => f.write_str("credential")?,
-                Part::Model => f.write_str("model")?,
-                Part::Header(name) => write!(f, "header:{name}")?,
-            }
-        }
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::header::HeaderName;
 
     fn input<'a>(headers: &'a HeaderMap, model: Option<&'a str>) -> KeyInput<'a> {
         KeyInput {
@@ -286,22 +164,22 @@ mod tests {
             headers(&[("x-team", "batch")]),
             HeaderMap::new(),
         );
-        let a = k.bucket("team", &input(&chat, Some("gpt-4o")));
-        assert_eq!(a, k.bucket("team", &input(&chat, Some("gpt-4o"))));
-        assert_ne!(a, k.bucket("team", &input(&batch, Some("gpt-4o"))));
-        assert_ne!(a, k.bucket("team", &input(&chat, Some("gpt-4o-mini"))));
-        assert_ne!(a, k.bucket("other", &input(&chat, Some("gpt-4o"))));
+        let a = bucket(&k, "team", &input(&chat, Some("gpt-4o")));
+        assert_eq!(a, bucket(&k, "team", &input(&chat, Some("gpt-4o"))));
+        assert_ne!(a, bucket(&k, "team", &input(&batch, Some("gpt-4o"))));
+        assert_ne!(a, bucket(&k, "team", &input(&chat, Some("gpt-4o-mini"))));
+        assert_ne!(a, bucket(&k, "other", &input(&chat, Some("gpt-4o"))));
         // A missing header and no model are the scope "".
         let empty = headers(&[("x-team", "")]);
         assert_eq!(
-            k.bucket("team", &input(&none, None)),
-            k.bucket("team", &input(&empty, Some("")))
+            bucket(&k, "team", &input(&none, None)),
+            bucket(&k, "team", &input(&empty, Some("")))
         );
         // Parts the key does not name do not matter.
         let mut other = input(&chat, Some("gpt-4o"));
         other.route = "batch";
         other.credential = CredentialHash([8; 16]);
-        assert_eq!(a, k.bucket("team", &other));
+        assert_eq!(a, bucket(&k, "team", &other));
     }
 
     #[test]
@@ -309,19 +187,22 @@ mod tests {
         let k = KeySpec::parse("header:a+header:b").unwrap();
         let one = headers(&[("a", "xy"), ("b", "z")]);
         let two = headers(&[("a", "x"), ("b", "yz")]);
-        assert_ne!(k.bucket("l", &input(&one, None)), k.bucket("l", &input(&two, None)));
+        assert_ne!(bucket(&k, "l", &input(&one, None)), bucket(&k, "l", &input(&two, None)));
         // Two values of one header are not one value.
         let k = KeySpec::parse("header:a").unwrap();
         let split = headers(&[("a", "x"), ("a", "y")]);
         let whole = headers(&[("a", "xy")]);
-        assert_ne!(k.bucket("l", &input(&split, None)), k.bucket("l", &input(&whole, None)));
+        assert_ne!(
+            bucket(&k, "l", &input(&split, None)),
+            bucket(&k, "l", &input(&whole, None))
+        );
         // The same value under another part is another bucket.
         let route = KeySpec::parse("route").unwrap();
         let model = KeySpec::parse("model").unwrap();
         let h = HeaderMap::new();
         assert_ne!(
-            route.bucket("l", &input(&h, Some("chat"))),
-            model.bucket("l", &input(&h, Some("chat")))
+            bucket(&route, "l", &input(&h, Some("chat"))),
+            bucket(&model, "l", &input(&h, Some("chat")))
         );
     }
 
@@ -332,7 +213,7 @@ mod tests {
         let a = input(&h, None);
         let mut b = a;
         b.credential = CredentialHash([9; 16]);
-        assert_ne!(k.bucket("l", &a), k.bucket("l", &b));
+        assert_ne!(bucket(&k, "l", &a), bucket(&k, "l", &b));
         assert!(k.uses_credential());
     }
 
@@ -341,7 +222,7 @@ mod tests {
         let k = KeySpec::parse("header:x-team").unwrap();
         let h = headers(&[("x-team", "secret-team")]);
         let i = input(&h, Some("secret-model"));
-        let bucket = k.bucket("team", &i);
+        let bucket = bucket(&k, "team", &i);
         for shown in [
             format!("{bucket}"),
             format!("{bucket:?}"),

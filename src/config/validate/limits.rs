@@ -6,9 +6,8 @@ use std::time::Duration;
 
 use super::super::limits::MICRO;
 use super::super::raw::{RawLimit, RawPrice, RawRoute};
-use super::super::{LimitPolicy, OnLimit, Price, RedisDown};
+use super::super::{KeySpec, LimitPolicy, OnLimit, Price, RedisDown};
 use super::{names, Validator};
-use crate::limits::key::KeySpec;
 
 /// The longest `max_wait` (a request held longer than this is better answered 429).
 const MAX_WAIT_CAP: Duration = Duration::from_secs(600);
@@ -126,7 +125,14 @@ impl Validator<'_> {
 
     fn key_spec(&mut self, key: &str, raw: &str) -> Option<KeySpec> {
         match raw.parse::<KeySpec>() {
-            Ok(spec) => Some(spec),
+            Ok(spec) => {
+                // The forms `[server] credential_headers` adds are credentials too.
+                if let Some(h) = self.credentials.headers().iter().find(|h| spec.names_header(h)) {
+                    self.err(key, format!("expected \"credential\" (its hash) to key by a credential, found the credential header {:?}", h.as_str()));
+                    return None;
+                }
+                Some(spec)
+            }
             Err(expected) => {
                 self.err(key, format!("expected {expected}, found {raw:?}"));
                 None

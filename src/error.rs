@@ -62,6 +62,11 @@ pub enum ProxyError {
         upstream: String,
         retry_after: std::time::Duration,
     },
+    #[error("over the route's limit {limit} (its [limits.{limit}] table); retry after the retry-after delay")]
+    LimitExceeded {
+        limit: String,
+        retry_after: std::time::Duration,
+    },
     #[error("no credential for upstream {upstream} can be had from its cloud ({auth}): see rebound_credential_refreshes_total and the log; nothing was sent upstream")]
     CredentialUnavailable { upstream: String, auth: &'static str },
     #[error(
@@ -128,6 +133,7 @@ error_kinds! {
     StoreUnavailable,
     CircuitOpen,
     Cooldown,
+    LimitExceeded,
     CredentialUnavailable,
     NoTargetAvailable,
     QueueFull,
@@ -217,6 +223,7 @@ impl ErrorKind {
             ),
             K::CircuitOpen => (S::SERVICE_UNAVAILABLE, words::CIRCUIT_OPEN, "Circuit open", false),
             K::Cooldown => (S::TOO_MANY_REQUESTS, words::COOLDOWN, "Rate-limit cooldown", false),
+            K::LimitExceeded => (S::TOO_MANY_REQUESTS, "limit_exceeded", "Limit exceeded", false),
             K::CredentialUnavailable => (
                 S::SERVICE_UNAVAILABLE,
                 words::CREDENTIAL_UNAVAILABLE,
@@ -306,6 +313,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable => K::StoreUnavailable,
             ProxyError::CircuitOpen { .. } => K::CircuitOpen,
             ProxyError::Cooldown { .. } => K::Cooldown,
+            ProxyError::LimitExceeded { .. } => K::LimitExceeded,
             ProxyError::CredentialUnavailable { .. } => K::CredentialUnavailable,
             ProxyError::NoTargetAvailable { .. } => K::NoTargetAvailable,
             ProxyError::QueueFull { .. } => K::QueueFull,
@@ -336,9 +344,9 @@ impl ProxyError {
                 Some(std::time::Duration::from_secs(1))
             }
             ProxyError::QueueFull { .. } => Some(std::time::Duration::from_secs(5)),
-            ProxyError::CircuitOpen { retry_after, .. } | ProxyError::Cooldown { retry_after, .. } => {
-                Some(*retry_after)
-            }
+            ProxyError::CircuitOpen { retry_after, .. }
+            | ProxyError::Cooldown { retry_after, .. }
+            | ProxyError::LimitExceeded { retry_after, .. } => Some(*retry_after),
             ProxyError::NoTargetAvailable { retry_after, .. } => *retry_after,
             _ => None,
         }

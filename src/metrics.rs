@@ -86,6 +86,13 @@ pub struct Metrics {
     pub(crate) retry_budget_exhausted_total: IntCounterVec,
     /// Requests taken as a client's own retry of a failure for good (one attempt each).
     pub(crate) client_retries_total: IntCounterVec,
+    /// Admission decisions of each `[limits.*]`: `admitted`, `queued` (waited, then admitted),
+    /// `rejected`.
+    pub(crate) limit_decisions_total: IntCounterVec,
+    /// How long requests waited for a limit before their decision.
+    pub(crate) limit_queue_seconds: HistogramVec,
+    /// Tokens of each limit: `reserved` on admission, `settled` from the usage reported.
+    pub(crate) limit_tokens_total: IntCounterVec,
     /// Idempotency outcomes by route and result (`stored`, `replayed`, `conflict`, `mismatch`,
     /// `invalid`, `store_error`, `not_stored`).
     pub(crate) idempotency_requests_total: IntCounterVec,
@@ -262,6 +269,22 @@ impl Metrics {
                 "client_retries_total",
                 "Requests that repeated a failure for good moments ago: a client's retry, given one attempt.",
                 &["route"],
+            )?,
+            limit_decisions_total: counter(
+                "limit_decisions_total",
+                "Admission decisions by limit and result (admitted, queued, rejected).",
+                &["limit", "result"],
+            )?,
+            limit_queue_seconds: histogram(
+                "limit_queue_seconds",
+                "Time requests waited for a limit before their decision.",
+                &["limit"],
+                WAIT_BUCKETS,
+            )?,
+            limit_tokens_total: counter(
+                "limit_tokens_total",
+                "Tokens by limit and kind: reserved on admission, settled from the reported usage.",
+                &["limit", "kind"],
             )?,
             idempotency_requests_total: counter(
                 "idempotency_requests_total",
@@ -499,6 +522,17 @@ impl Metrics {
                     self.credential_refreshes_total.with_label_values(&[name, result]);
                 }
                 self.credential_expiry_seconds.with_label_values(&[name]);
+            }
+        }
+        for (name, l) in &config.limits {
+            for result in ["admitted", "queued", "rejected"] {
+                self.limit_decisions_total.with_label_values(&[name, result]);
+            }
+            self.limit_queue_seconds.with_label_values(&[name]);
+            if l.tokens_per_minute.is_some() {
+                for kind in ["reserved", "settled"] {
+                    self.limit_tokens_total.with_label_values(&[name, kind]);
+                }
             }
         }
         if config.redis.is_some() {

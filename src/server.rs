@@ -131,6 +131,10 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         jobs: Jobs::new(&config, redis.clone(), metrics.clone()),
         traces: Traces::start(&config.telemetry, &metrics)?,
         clouds: crate::cloud::Clouds::new(metrics.clone(), background.clone(), background_stop.clone()),
+        limit_store: Arc::new(match redis.clone() {
+            Some(r) => crate::limiter::store::Store::Redis(r),
+            None => crate::limiter::store::Store::local(),
+        }),
     };
     let traces = shared.traces.clone();
     shared

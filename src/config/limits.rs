@@ -19,7 +19,6 @@ use crate::credentials::HEADERS;
 pub struct LimitPolicy {
     pub name: String,
     /// Who is limited: each value of the key has its own bucket.
-    #[allow(dead_code)] // read by the admission step (issue 49, next)
     pub(crate) key: KeySpec,
     pub requests_per_minute: Option<u64>,
     /// Input + output tokens.
@@ -141,13 +140,11 @@ impl KeySpec {
     }
 
     /// Whether the key needs the request's model (else the pipeline need not find it).
-    #[allow(dead_code)] // the admission step reads the model only when a key needs it (next)
     pub(crate) fn uses_model(&self) -> bool {
         self.parts.contains(&Part::Model)
     }
 
     /// Whether the key needs the credential's hash (else the pipeline need not compute it).
-    #[allow(dead_code)] // and hashes the credential only when a key needs it (next)
     pub(crate) fn uses_credential(&self) -> bool {
         self.parts.contains(&Part::Credential)
     }

@@ -7,7 +7,6 @@
 //! Being built (issue 49): admission spends leases for requests, tokens and concurrent slots and
 //! refuses (429 `limit_exceeded`) what is over; the fair queue, spend limits and `redis_down` are
 //! next.
-#![allow(dead_code)] // until the pipeline admits requests through it (issue 49, next)
 
 pub mod store;
 
@@ -17,6 +16,7 @@ use std::time::Duration;
 
 use crate::config::{Config, LimitPolicy};
 use crate::limits::concurrency::{Acquire, Slot, Slots};
+use crate::limits::headers::{self, Status, Unit};
 use crate::limits::key::{self, BucketKey, KeyInput};
 use crate::limits::ledger::{Grant, Lease, Ledger, Reservation, Reserve};
 use crate::limits::window::{Period, Window};
@@ -168,7 +168,7 @@ pub(crate) struct Refused {
 
 impl Limiter {
     /// The limits of `config`, their quotas from `store`.
-    pub(crate) fn new(config: &Config, store: Store) -> Limiter {
+    pub(crate) fn new(config: &Config, store: Arc<Store>) -> Limiter {
         let limits = config
             .limits
             .iter()
@@ -183,7 +183,7 @@ impl Limiter {
         let replica: String = (0..16).map(|_| format!("{:x}", rand::random::<u8>() & 0xf)).collect();
         Limiter {
             limits,
-            store: Arc::new(store),
+            store,
             replica: Arc::from(replica),
         }
     }
@@ -334,6 +334,44 @@ pub(crate) struct Pass {
 }
 
 impl Pass {
+    /// The `RateLimit-Policy` and `RateLimit` fields of the tightest limit the request passed,
+    /// as of `now_ms`.
+    pub(crate) fn headers(&self, now_ms: u64) -> Option<(http::HeaderValue, http::HeaderValue)> {
+        let mut statuses = Vec::new();
+        let mut guards = Vec::with_capacity(self.held.len());
+        for (limit, bucket, _) in &self.held {
+            guards.push((limit, limit.buckets.lock(), *bucket));
+        }
+        for (limit, buckets, bucket) in &guards {
+            let Some(b) = buckets.get(bucket) else { continue };
+            let name = limit.policy.name.as_str();
+            let window = Period::Minute.window(now_ms);
+            for (ledger, unit) in [(&b.requests, Unit::Requests), (&b.tokens, Unit::Tokens)] {
+                if let Some(l) = ledger {
+                    statuses.push(Status {
+                        name,
+                        unit,
+                        quota: l.limit(),
+                        window_secs: Some(Period::Minute.nominal_secs()),
+                        remaining: l.remaining(now_ms),
+                        reset_secs: Some(window.secs_left(now_ms)),
+                    });
+                }
+            }
+            if let (Some(s), Some(n)) = (&b.slots, limit.policy.concurrent) {
+                statuses.push(Status {
+                    name,
+                    unit: Unit::ConcurrentRequests,
+                    quota: u64::from(n),
+                    window_secs: None,
+                    remaining: s.free(),
+                    reset_secs: None,
+                });
+            }
+        }
+        headers::tightest(&statuses).map(|s| (s.policy(), s.ratelimit()))
+    }
+
     /// Settles every limit with the tokens the request used (`None`: unknown, the reservation
     /// stays spent), at `now_ms`, and releases its slots. What went beyond a lease is reported
     /// to the fleet in the background.
@@ -409,7 +447,7 @@ mod tests {
             "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\nlimits = [\"team\"]\n[limits.team]\nkey = \"header:x-team\"\non_limit = \"reject\"\n{limit}"
         );
         let config = Config::parse(&src, std::path::Path::new("t.toml"), &|_| None).expect("config");
-        Limiter::new(&config, Store::local())
+        Limiter::new(&config, Arc::new(Store::local()))
     }
 
     fn input(headers: &HeaderMap) -> KeyInput<'_> {

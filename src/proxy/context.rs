@@ -22,4 +22,6 @@ pub(super) struct Context {
     pub(super) credentials: Credentials,
     /// Every upstream's breaker and the credentials' holds.
     pub(super) circuits: Arc<Circuits>,
+    /// The `[limits.*]` of the configuration and their buckets on this replica.
+    pub(super) limiter: Arc<crate::limiter::Limiter>,
 }

@@ -143,6 +143,13 @@ impl Progress {
     }
 }
 
+impl Delivery {
+    /// rebound's own refusal before any attempt (a limit): nothing was sent.
+    pub(super) fn refused(err: ProxyError, tokens: RequestTokens) -> Delivery {
+        Progress::new(Duration::ZERO, tokens, crate::time::now()).deliver(Err(err), Stop::NotRetryable, 0)
+    }
+}
+
 /// What the retry loop hands back.
 pub(super) struct Delivery {
     /// The upstream's answer, or rebound's own error.

@@ -26,6 +26,7 @@ mod context;
 mod cursor;
 mod delivery;
 mod idempotent;
+mod limited;
 mod limits;
 mod pacing;
 mod primed;
@@ -50,6 +51,7 @@ use crate::dead_letters::DeadLetters;
 use crate::error::{error_response, ProxyError};
 use crate::idempotency::{AnyStore, MemoryStore};
 use crate::jobs::{self, Jobs};
+use crate::limits::headers::{RATELIMIT, RATELIMIT_POLICY};
 use crate::retry::policy::Outcome;
 use crate::routing::{forwarded_path, RouteTable};
 use crate::time;
@@ -99,7 +101,8 @@ impl Proxy {
     /// Resolves routes against upstreams and policies and builds the connection pools.
     pub fn new(config: &Config, shared: &Shared) -> Result<Proxy, BuildError> {
         shared.metrics.init_series(config);
-        let routes = routes::build(config, shared)?;
+        let limiter = Arc::new(crate::limiter::Limiter::new(config, shared.limit_store.clone()));
+        let routes = routes::build(config, shared, &limiter)?;
         let Shared {
             metrics,
             tasks,
@@ -110,6 +113,7 @@ impl Proxy {
             jobs,
             traces,
             clouds: _,
+            limit_store: _,
         } = shared.clone();
         Ok(Proxy {
             routes,
@@ -121,6 +125,7 @@ impl Proxy {
                 hard_stop,
                 credentials: config.server.credentials.clone(),
                 circuits,
+                limiter,
             },
             dead_letters,
             dead_letter_config: config.dead_letters.clone(),
@@ -289,12 +294,24 @@ impl Proxy {
                 None => None,
             };
 
+            // 5c. The route's limits: admitted (held until the response ends), queued, or 429.
+            let limited = match route.limits.is_empty() {
+                true => Ok(None),
+                false => Box::pin(self.limited(&route, (&parts, &body), &mut log)).await,
+            };
+
             // 6. Attempts: send, classify, decide, wait; until delivered. A repeat of a failure
             // for good of moments ago is the client's own retry: one attempt.
             describe_span(&trace, &route, &path, &body);
             let repeat = Repeat::check(&self.cx, &route, &parts, &body, time::now());
             let asked = Asked::of(&route, &parts, &path, &body, repeat.is_repeat);
-            let delivery = call::attempts(&self.cx, asked, self.models.for_request(&body), &trace).await;
+            let (delivery, fields) = match limited {
+                Ok(fields) => (
+                    call::attempts(&self.cx, asked, self.models.for_request(&body), &trace).await,
+                    fields,
+                ),
+                Err(refused) => (Delivery::refused(refused, self.models.for_request(&body)), None),
+            };
 
             // 7. The books; a failure for good is recorded as a dead letter, and marks the
             // request for the client's retries.
@@ -309,8 +326,24 @@ impl Proxy {
                 (None, None) => (Claims::none(bypassed), delivery),
                 (claim, cache) => Box::pin(Claims::settle((claim, bypassed), cache, delivery)).await,
             };
-            self.respond(&route, delivery, claims, job_run, log)
+            let mut resp = self.respond(&route, delivery, claims, job_run, log);
+            if let Some((policy, ratelimit)) = fields {
+                resp.headers_mut().insert(RATELIMIT_POLICY, policy);
+                resp.headers_mut().insert(RATELIMIT, ratelimit);
+            }
+            resp
         }
+    }
+
+    /// Step 5c: the request admitted by its route's limits within its deadline.
+    async fn limited(
+        &self,
+        route: &Route,
+        (parts, body): (&http::request::Parts, &Bytes),
+        log: &mut RequestLog,
+    ) -> Result<limited::RateLimitFields, ProxyError> {
+        let deadline = crate::retry::policy::request_limits(&parts.headers, &route.retry).deadline;
+        limited::admit(&self.cx, route, (parts, body), deadline, log).await
     }
 
     /// Step 7: the delivery in the request's books, and a failure for good as a dead letter.

@@ -38,6 +38,8 @@ pub(crate) struct Route {
     pub metrics: Arc<RouteMetrics>,
     /// Its recent failures for good, each until its repeats are new requests again.
     pub(crate) client_retries: ClientRetries,
+    /// The `[limits.*]` a request is admitted by, in order.
+    pub(crate) limits: Vec<Arc<crate::limiter::Limit>>,
 }
 
 /// An upstream a route may use.
@@ -139,7 +141,11 @@ const BUDGET_WINDOW: Duration = Duration::from_secs(10);
 
 /// The route table of `config`: routes resolved against its upstreams (their connection pools
 /// built) and policies, on the process's `shared` state.
-pub(super) fn build(config: &Config, shared: &Shared) -> Result<RouteTable<Arc<Route>>, BuildError> {
+pub(super) fn build(
+    config: &Config,
+    shared: &Shared,
+    limiter: &crate::limiter::Limiter,
+) -> Result<RouteTable<Arc<Route>>, BuildError> {
     let metrics = &shared.metrics;
     let mut upstreams = std::collections::BTreeMap::new();
     for (name, u) in &config.upstreams {
@@ -196,6 +202,7 @@ pub(super) fn build(config: &Config, shared: &Shared) -> Result<RouteTable<Arc<R
             },
             metrics: Arc::new(RouteMetrics::new(metrics, &r.name)),
             client_retries: ClientRetries::default(),
+            limits: limiter.for_route(&r.limits),
             idempotency,
             cache,
         };

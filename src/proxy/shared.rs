@@ -39,6 +39,8 @@ pub struct Shared {
     /// The upstreams' cloud credentials (a reload that keeps an upstream's `auth` keeps its
     /// credential).
     pub(crate) clouds: Clouds,
+    /// Where the quotas of `[limits.*]` come from: Redis leases, else this process's counters.
+    pub(crate) limit_store: Arc<crate::limiter::store::Store>,
 }
 
 impl Shared {

@@ -79,6 +79,13 @@ pub(crate) trait SpanEnd: Send {
     fn end(self: Box<Self>, status: u16, completion: &str, error: Option<&str>, tokens: Option<[u64; 2]>);
 }
 
+/// What a request holds until its response ends (its `[limits.*]` admission), settled then with
+/// the tokens every attempt used: input (cached included) and output, wasted attempts too (the
+/// provider counted them); `None` when none reported usage.
+pub(crate) trait Settle: Send {
+    fn settle(self: Box<Self>, tokens: Option<u64>);
+}
+
 /// One request's books: counted in flight from its head, closed when its response ends.
 /// The shape of the error bodies rebound writes itself: the route's API's (OpenAI, Anthropic,
 /// Gemini; before a route matched, the API its path belongs to), or RFC 9457 alone when the request's `accept` asks
@@ -119,6 +126,8 @@ pub struct RequestLog {
     span: Option<Box<dyn SpanEnd>>,
     /// Every attempt's token usage, once counted.
     usage: Option<Ledger>,
+    /// Settled with the tokens used when the books close.
+    settle: Option<Box<dyn Settle>>,
     /// Closed (counted out of flight, logged): at the end of the response, or on drop.
     closed: bool,
 }
@@ -154,6 +163,7 @@ impl RequestLog {
             trace_id: None,
             span: None,
             usage: None,
+            settle: None,
             closed: false,
         }
     }
@@ -265,6 +275,11 @@ impl RequestLog {
         self.usage = Some(ledger.clone());
     }
 
+    /// Holds `settle` until the books close (then given the tokens every attempt used).
+    pub(crate) fn set_settle(&mut self, settle: Box<dyn Settle>) {
+        self.settle = Some(settle);
+    }
+
     fn route_name(&self) -> &str {
         self.route.as_ref().map_or("none", |r| &*r.route)
     }
@@ -317,6 +332,15 @@ impl RequestLog {
             usage = self.usage.as_ref().filter(|l| !l.is_empty()).map(Ledger::to_json).as_deref(),
             "request"
         );
+        if let Some(settle) = self.settle.take() {
+            let used = self.usage.as_ref().map(|l| l.entries()).and_then(|entries| {
+                entries.iter().fold(None, |sum: Option<u64>, e| {
+                    let tokens = e.input.saturating_add(e.cache_read).saturating_add(e.cache_write);
+                    Some(sum.unwrap_or(0).saturating_add(tokens).saturating_add(e.output))
+                })
+            });
+            settle.settle(used);
+        }
         if let Some(span) = self.span.take() {
             let tokens = self.usage.as_ref().map(|l| l.entries()).and_then(|entries| {
                 let delivered = entries.iter().filter(|e| e.outcome == "delivered");

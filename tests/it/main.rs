@@ -31,6 +31,7 @@ mod inband;
 mod jobs;
 mod limit_scope;
 mod limiter_store;
+mod limits;
 mod long_generation;
 mod owner_liveness;
 mod passthrough;

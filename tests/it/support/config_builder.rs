@@ -3,8 +3,8 @@
 //! the real parser and validator, as a file would be.
 
 use rebound::hooks::config::raw::{
-    RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLog, RawMetrics, RawRedis,
-    RawRetry, RawRoute, RawServer, RawTelemetry, RawUpstream,
+    RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLimit, RawLog, RawMetrics,
+    RawRedis, RawRetry, RawRoute, RawServer, RawTelemetry, RawUpstream,
 };
 
 use super::sidecar::{parse, Rebound};
@@ -163,6 +163,13 @@ impl TestConfig {
     pub fn with_cache(mut self, name: &str, policy: RawCache) -> TestConfig {
         self.0.cache.insert(name.to_string(), policy);
         self
+    }
+
+    /// `[limits.NAME]`, listed by the `fake` route.
+    pub fn limit(mut self, name: &str, policy: RawLimit) -> TestConfig {
+        self.0.limits.insert(name.to_string(), policy);
+        let name = name.to_string();
+        self.route(move |r| r.limits.get_or_insert_with(Vec::new).push(name))
     }
 
     /// `[redis]`, exactly as given (a cluster, sentinels).

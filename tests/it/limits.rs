@@ -1,0 +1,176 @@
+//! Fleet-wide limits through real sockets (issue 49): `[limits.*]` on the `fake` route, what the
+//! app sees (200 with the `RateLimit` fields, 429 `limit_exceeded` with `retry-after`), what the
+//! provider sees (nothing of a refused request), and the fleet's share of a limit on one Redis.
+
+use std::time::Duration;
+
+use crate::support::config_builder::{some, TestConfig};
+use crate::support::fake_provider::{FakeProvider, Step};
+use crate::support::redis::RedisServer;
+use crate::support::*;
+use rebound::hooks::config::raw::RawLimit;
+
+fn team_limit(edit: impl FnOnce(&mut RawLimit)) -> RawLimit {
+    let mut l = RawLimit {
+        key: some("header:x-team"),
+        on_limit: some("reject"),
+        ..RawLimit::default()
+    };
+    edit(&mut l);
+    l
+}
+
+async fn call(rebound: &Rebound, key: &str, team: &str) -> Answer {
+    let h = [
+        ("x-fake-key", key),
+        ("x-team", team),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"gpt-fake","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}"#;
+    send("POST", &format!("{}/fake/v1/chat/completions", rebound.url), &h, body).await
+}
+
+/// Waits, when less than `margin` is left of the current UTC minute, for the next one: a test
+/// that counts a minute's requests must not straddle two windows.
+async fn whole_minute_ahead(margin: Duration) {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    let left = Duration::from_millis(60_000 - (now.as_millis() % 60_000) as u64);
+    if left < margin {
+        tokio::time::sleep(left + Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn requests_over_a_teams_limit_get_429_and_never_reach_the_provider() {
+    whole_minute_ahead(Duration::from_secs(20)).await;
+    let provider = FakeProvider::start().await;
+    let rebound = TestConfig::new(&provider.url())
+        .limit("team", team_limit(|l| l.requests_per_minute = Some(3)))
+        .start()
+        .await;
+    for r in (0..3).rev() {
+        let a = call(&rebound, "k", "chat").await;
+        assert_eq!(a.status, 200);
+        assert_eq!(a.header("ratelimit-policy"), Some(r#""team";q=3;w=60"#));
+        let ratelimit = a.header("ratelimit").unwrap();
+        assert!(ratelimit.starts_with(&format!(r#""team";r={r};t="#)), "{ratelimit}");
+    }
+    let over = call(&rebound, "k", "chat").await;
+    assert_eq!(over.status, 429);
+    assert_eq!(over.header("x-rebound-error"), Some("limit_exceeded"));
+    let after: u64 = over.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=60).contains(&after), "the minute's end: {after}");
+    assert_eq!(provider.count("k"), 3, "the refused request was not sent");
+    // Another team has its own bucket.
+    assert_eq!(call(&rebound, "k", "batch").await.status, 200);
+    let page = rebound.metrics().await;
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_limit_decisions_total{limit="team",result="admitted"}"#
+        ),
+        4.0
+    );
+    assert_eq!(
+        metric(
+            &page,
+            r#"rebound_limit_decisions_total{limit="team",result="rejected"}"#
+        ),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn tokens_are_settled_from_the_usage_the_provider_reports() {
+    whole_minute_ahead(Duration::from_secs(20)).await;
+    let provider = FakeProvider::start().await;
+    let rebound = TestConfig::new(&provider.url())
+        .limit("team", team_limit(|l| l.tokens_per_minute = Some(1000)))
+        .start()
+        .await;
+    // Each request reserves 100 (max_tokens) + its prompt (about 25), and uses 108 (the fake's
+    // usage): settled at 108, nine fit in 1000, the tenth does not.
+    for _ in 0..9 {
+        assert_eq!(call(&rebound, "t", "chat").await.status, 200);
+    }
+    let page = rebound.metrics().await;
+    assert_eq!(
+        metric(&page, r#"rebound_limit_tokens_total{kind="settled",limit="team"}"#),
+        9.0 * 108.0
+    );
+    let tenth = call(&rebound, "t", "chat").await;
+    assert_eq!(tenth.status, 429, "1000 - 9 x 108 = 28 left, less than the reservation");
+    assert_eq!(provider.count("t"), 9);
+}
+
+#[tokio::test]
+async fn a_queued_request_waits_for_a_concurrent_slot() {
+    let provider = FakeProvider::start().await;
+    let rebound = TestConfig::new(&provider.url())
+        .limit(
+            "one",
+            team_limit(|l| {
+                l.concurrent = Some(1);
+                l.on_limit = some("queue");
+                l.max_wait = some("10s");
+            }),
+        )
+        .start()
+        .await;
+    provider.script("slow", vec![Step::Delay { ms: 400 }, Step::Delay { ms: 400 }]);
+    let url = rebound.url.clone();
+    let first = tokio::spawn(async move {
+        let h = [("x-fake-key", "slow"), ("x-team", "chat")];
+        send("POST", &format!("{url}/fake/v1/chat/completions"), &h, "{}").await
+    });
+    until_metric(
+        &rebound,
+        r#"rebound_limit_decisions_total{limit="one",result="admitted"}"#,
+        |v| v >= 1.0,
+    )
+    .await;
+    let second = call(&rebound, "slow", "chat").await;
+    assert_eq!(second.status, 200, "it waited for the first to end");
+    assert_eq!(first.await.unwrap().status, 200);
+    let page = rebound.metrics().await;
+    assert_eq!(
+        metric(&page, r#"rebound_limit_decisions_total{limit="one",result="queued"}"#),
+        1.0
+    );
+}
+
+#[tokio::test]
+async fn three_replicas_on_one_redis_share_one_limit() {
+    whole_minute_ahead(Duration::from_secs(30)).await;
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = TestConfig::new(&provider.url())
+        .redis(&redis.url())
+        .limit("team", team_limit(|l| l.requests_per_minute = Some(20)));
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(config.start().await);
+    }
+    for r in &replicas {
+        until("redis up", Duration::from_secs(10), || async {
+            let page = r.metrics().await;
+            (metric(&page, "rebound_redis_up") == 1.0)
+                .then_some(())
+                .ok_or("down".to_string())
+        })
+        .await;
+    }
+    let mut admitted = 0;
+    for i in 0..45 {
+        let a = call(&replicas[i % 3], "fleet", "chat").await;
+        match a.status.as_u16() {
+            200 => admitted += 1,
+            429 => assert_eq!(a.header("x-rebound-error"), Some("limit_exceeded")),
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!(admitted, 20, "the fleet admits the limit, not 3 x the limit");
+    assert_eq!(provider.count("fleet"), 20);
+}

@@ -8,19 +8,24 @@
 //! refuses (429 `limit_exceeded`) what is over; the fair queue, spend limits and `redis_down` are
 //! next.
 
+mod bucket;
+mod pass;
 pub mod store;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Config, LimitPolicy};
-use crate::limits::concurrency::{Acquire, Slot, Slots};
-use crate::limits::headers::{self, Status, Unit};
+use crate::config::{Config, LimitPolicy, RedisDown};
 use crate::limits::key::{self, BucketKey, KeyInput};
-use crate::limits::ledger::{Grant, Lease, Ledger, Reservation, Reserve};
-use crate::limits::window::{Period, Window};
+use crate::limits::ledger::{Grant, Lease};
+use crate::limits::prices::{Price, Rate};
+use crate::limits::window::Window;
 use crate::redis::RedisError;
+pub(crate) use bucket::Want;
+use bucket::{Bucket, Held, Quota, Step};
+pub(crate) use pass::Pass;
 use store::{CounterId, Store};
 
 /// Buckets kept per limit at most: past it, buckets idle for a window are dropped first.
@@ -33,128 +38,20 @@ const SLOT_TTL: Duration = Duration::from_secs(30);
 pub(crate) struct Limiter {
     limits: HashMap<String, Arc<Limit>>,
     store: Arc<Store>,
-    /// This replica's name in slot holdings.
+    /// What this replica counts alone while Redis is away (`redis_down = "local"`).
+    fallback: Store,
+    /// This replica's name in the store's holdings and replica counts.
     replica: Arc<str>,
+    /// The replicas last seen sharing a bucket.
+    replicas: AtomicU32,
+    /// `[prices]`, by model (`"*"`: any other).
+    prices: HashMap<String, Price>,
 }
 
 /// One `[limits.NAME]`: its policy and this replica's buckets.
 pub(crate) struct Limit {
     pub(crate) policy: Arc<LimitPolicy>,
     buckets: parking_lot::Mutex<HashMap<BucketKey, Bucket>>,
-}
-
-/// One bucket's ledgers on this replica.
-struct Bucket {
-    requests: Option<Ledger>,
-    tokens: Option<Ledger>,
-    slots: Option<Slots>,
-    /// When it was last used (unix ms), to drop idle buckets.
-    used_ms: u64,
-}
-
-/// Which quota a lease is for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Quota {
-    Requests,
-    Tokens,
-}
-
-impl Quota {
-    fn name(self) -> &'static str {
-        match self {
-            Quota::Requests => "requests",
-            Quota::Tokens => "tokens",
-        }
-    }
-}
-
-/// What a bucket says to a request.
-enum Step {
-    Held(Held),
-    Lease(Quota, Lease),
-    Slots { want: u64, held: u64 },
-    Over { retry_after_ms: u64 },
-}
-
-/// What a request holds of one bucket.
-struct Held {
-    requests: Option<Reservation>,
-    tokens: Option<Reservation>,
-    slot: Option<Slot>,
-}
-
-impl Bucket {
-    fn new(policy: &LimitPolicy, replicas: u32) -> Bucket {
-        Bucket {
-            requests: policy
-                .requests_per_minute
-                .map(|n| Ledger::new(n, Period::Minute, replicas)),
-            tokens: policy
-                .tokens_per_minute
-                .map(|n| Ledger::new(n, Period::Minute, replicas)),
-            slots: policy.concurrent.map(|n| Slots::new(u64::from(n), replicas)),
-            used_ms: 0,
-        }
-    }
-
-    /// Admits a request that may use `tokens` at `now_ms`, on everything the bucket limits, or
-    /// says what is missing (having taken nothing).
-    fn try_admit(&mut self, now_ms: u64, tokens: u64) -> Step {
-        self.used_ms = now_ms;
-        let requests = match self.requests.as_mut().map(|l| l.try_reserve(now_ms, 1)) {
-            None => None,
-            Some(Reserve::Ok(r)) => Some(r),
-            Some(Reserve::NeedLease(lease)) => return Step::Lease(Quota::Requests, lease),
-            Some(Reserve::Over { retry_after_ms }) => return Step::Over { retry_after_ms },
-        };
-        let reserved_tokens = match self.tokens.as_mut().map(|l| l.try_reserve(now_ms, tokens)) {
-            None => None,
-            Some(Reserve::Ok(r)) => Some(r),
-            Some(other) => {
-                self.undo(now_ms, requests, None);
-                return match other {
-                    Reserve::NeedLease(lease) => Step::Lease(Quota::Tokens, lease),
-                    Reserve::Over { retry_after_ms } => Step::Over { retry_after_ms },
-                    Reserve::Ok(_) => Step::Over { retry_after_ms: 1000 },
-                };
-            }
-        };
-        let slot = match self.slots.as_mut().map(Slots::try_acquire) {
-            None => None,
-            Some(Acquire::Ok(slot)) => Some(slot),
-            Some(other) => {
-                let held = self.slots.as_ref().map_or(0, |s| s.in_use() + s.free());
-                self.undo(now_ms, requests, reserved_tokens);
-                return match other {
-                    Acquire::NeedSlots { want } => Step::Slots { want, held },
-                    // A slot frees when a request ends: soon, but when is not known.
-                    _ => Step::Over { retry_after_ms: 1000 },
-                };
-            }
-        };
-        Step::Held(Held {
-            requests,
-            tokens: reserved_tokens,
-            slot,
-        })
-    }
-
-    /// Gives back what an admission took before it found something missing.
-    fn undo(&mut self, now_ms: u64, requests: Option<Reservation>, tokens: Option<Reservation>) {
-        if let (Some(l), Some(r)) = (self.requests.as_mut(), requests) {
-            l.settle(now_ms, r, 0);
-        }
-        if let (Some(l), Some(r)) = (self.tokens.as_mut(), tokens) {
-            l.settle(now_ms, r, 0);
-        }
-    }
-
-    fn ledger(&mut self, quota: Quota) -> Option<&mut Ledger> {
-        match quota {
-            Quota::Requests => self.requests.as_mut(),
-            Quota::Tokens => self.tokens.as_mut(),
-        }
-    }
 }
 
 /// Why a request was not admitted.
@@ -184,8 +81,23 @@ impl Limiter {
         Limiter {
             limits,
             store,
+            fallback: Store::local(),
             replica: Arc::from(replica),
+            replicas: AtomicU32::new(1),
+            prices: config
+                .prices
+                .iter()
+                .filter_map(|(model, p)| Some((model.clone(), price_of(p)?)))
+                .collect(),
         }
+    }
+
+    /// The price of `model` under `[prices]` (`"*"` for a model not listed), if any.
+    pub(crate) fn price(&self, model: Option<&str>) -> Option<Price> {
+        model
+            .and_then(|m| self.prices.get(m))
+            .or_else(|| self.prices.get("*"))
+            .copied()
     }
 
     /// The limits a route lists, in order.
@@ -193,24 +105,25 @@ impl Limiter {
         names.iter().filter_map(|n| self.limits.get(n).cloned()).collect()
     }
 
-    /// Admits a request (`input`, which may use `tokens`) on every limit of `limits`, at `now_ms`
-    /// (unix ms): the pass it holds until its response ends, or the limit that refused it (what
-    /// it took of the others given back).
+    /// Admits a request (`input`, which may use `want`, its model priced at `price`) on every
+    /// limit of `limits`, at `now_ms` (unix ms): the pass it holds until its response ends, or
+    /// the limit that refused it (what it took of the others given back).
     pub(crate) async fn admit(
         &self,
         limits: &[Arc<Limit>],
         input: &KeyInput<'_>,
-        tokens: u64,
+        (want, price): (Want, Option<Price>),
         now_ms: u64,
     ) -> Result<Pass, Refused> {
         let mut pass = Pass {
             held: Vec::with_capacity(limits.len()),
             store: self.store.clone(),
             replica: self.replica.clone(),
+            price,
         };
         for limit in limits {
             let bucket = key::bucket(&limit.policy.key, &limit.policy.name, input);
-            match self.admit_one(limit, bucket, tokens, now_ms).await {
+            match self.admit_one(limit, bucket, want, now_ms).await {
                 Ok(held) => pass.held.push((limit.clone(), bucket, held)),
                 Err(retry_after_ms) => {
                     return Err(Refused {
@@ -224,7 +137,7 @@ impl Limiter {
     }
 
     /// One limit's admission: from the leases in hand, else after a lease (one round trip).
-    async fn admit_one(&self, limit: &Limit, bucket: BucketKey, tokens: u64, now_ms: u64) -> Result<Held, u64> {
+    async fn admit_one(&self, limit: &Limit, bucket: BucketKey, want: Want, now_ms: u64) -> Result<Held, u64> {
         // At most one lease per quota and one slot request per admission: a fleet that grants
         // nothing more ends it.
         for _ in 0..4 {
@@ -235,8 +148,8 @@ impl Limiter {
                 }
                 buckets
                     .entry(bucket)
-                    .or_insert_with(|| Bucket::new(&limit.policy, 1))
-                    .try_admit(now_ms, tokens)
+                    .or_insert_with(|| Bucket::new(&limit.policy, self.replicas()))
+                    .try_admit(now_ms, want)
             };
             match step {
                 Step::Held(held) => return Ok(held),
@@ -246,6 +159,7 @@ impl Limiter {
                     let mut buckets = limit.buckets.lock();
                     if let Some(l) = buckets.get_mut(&bucket).and_then(|b| b.ledger(quota)) {
                         l.grant(now_ms, grant);
+                        l.set_replicas(self.replicas());
                     }
                 }
                 Step::Slots { want, held } => {
@@ -263,30 +177,40 @@ impl Limiter {
     /// A lease from the store; with Redis away, nothing (the request is refused until it is
     /// back: `redis_down` is next).
     async fn lease(&self, limit: &Limit, bucket: BucketKey, quota: Quota, lease: Lease) -> Grant {
-        let ledger_limit = match quota {
-            Quota::Requests => limit.policy.requests_per_minute,
-            Quota::Tokens => limit.policy.tokens_per_minute,
-        }
-        .unwrap_or(0);
+        let ledger_limit = quota.limit(&limit.policy).unwrap_or(0);
         let id = counter(limit, bucket, quota, lease.window);
-        match self
+        let ttl = window_ttl(lease.window);
+        let liveness = Duration::from_secs(2 * lease.window.period.nominal_secs());
+        let asked = self
             .store
-            .lease(&id, lease.want, ledger_limit, window_ttl(lease.window))
-            .await
-        {
-            Ok(g) => Grant {
-                window: lease.window,
-                granted: g.granted,
-                left: ledger_limit.saturating_sub(g.fleet_used),
-            },
+            .lease(&id, (lease.want, ledger_limit), ttl, (&self.replica, liveness))
+            .await;
+        let (granted, left) = match asked {
+            Ok(g) => {
+                self.replicas.store(g.replicas.max(1), Ordering::Relaxed);
+                (g.granted, ledger_limit.saturating_sub(g.fleet_used))
+            }
             Err(e) => {
-                log_store_error(&limit.policy.name, &e);
-                Grant {
-                    window: lease.window,
-                    granted: 0,
-                    left: 0,
+                log_store_error(&limit.policy, &e);
+                match limit.policy.redis_down {
+                    RedisDown::Open => (lease.want, ledger_limit),
+                    RedisDown::Closed => (0, 0),
+                    RedisDown::Local => {
+                        // This replica's share of the limit, from its own count.
+                        let share = self.share(ledger_limit);
+                        let local = self
+                            .fallback
+                            .lease(&id, (lease.want, share), ttl, (&self.replica, liveness))
+                            .await;
+                        local.map_or((0, 0), |g| (g.granted, share.saturating_sub(g.fleet_used)))
+                    }
                 }
             }
+        };
+        Grant {
+            window: lease.window,
+            granted,
+            left,
         }
     }
 
@@ -300,11 +224,34 @@ impl Limiter {
         {
             Ok(n) => n,
             Err(e) => {
-                log_store_error(&limit.policy.name, &e);
-                0
+                log_store_error(&limit.policy, &e);
+                match limit.policy.redis_down {
+                    RedisDown::Open => total,
+                    RedisDown::Closed => 0,
+                    RedisDown::Local => total.min(self.share(cap)),
+                }
             }
         }
     }
+
+    /// This replica's share of `limit` among the replicas last seen (rounded up).
+    fn share(&self, limit: u64) -> u64 {
+        limit.div_ceil(u64::from(self.replicas.load(Ordering::Relaxed).max(1)))
+    }
+
+    /// The replicas last seen sharing a bucket (1 without Redis): the size of leases.
+    fn replicas(&self) -> u32 {
+        self.replicas.load(Ordering::Relaxed).max(1)
+    }
+}
+
+/// `[prices]`' entry as the spend arithmetic holds it (validated at load: never refused here).
+fn price_of(p: &crate::config::Price) -> Option<Price> {
+    Some(Price {
+        input: Rate::from_usd_per_million(p.input).ok()?,
+        output: Rate::from_usd_per_million(p.output).ok()?,
+        cached_input: Some(Rate::from_usd_per_million(p.cached_input).ok()?),
+    })
 }
 
 fn counter(limit: &Limit, bucket: BucketKey, quota: Quota, window: Window) -> CounterId {
@@ -316,124 +263,18 @@ fn counter(limit: &Limit, bucket: BucketKey, quota: Quota, window: Window) -> Co
     }
 }
 
-/// A window's counter lives until the window ends, plus a minute.
+/// A window's counter lives as long as the window, plus a minute (it is made during the window).
 fn window_ttl(window: Window) -> Duration {
-    Duration::from_secs(window.period.nominal_secs() + 60)
+    Duration::from_millis(window.end_ms().saturating_sub(window.start_ms())) + Duration::from_secs(60)
 }
 
-fn log_store_error(limit: &str, e: &RedisError) {
-    tracing::warn!(limit, error = %e, "limit store unavailable: request refused");
-}
-
-/// What an admitted request holds of its limits until its response ends: settled on drop with
-/// the tokens it used (`used_tokens`, else what it reserved stays spent), its slots released.
-pub(crate) struct Pass {
-    held: Vec<(Arc<Limit>, BucketKey, Held)>,
-    store: Arc<Store>,
-    replica: Arc<str>,
-}
-
-impl Pass {
-    /// The `RateLimit-Policy` and `RateLimit` fields of the tightest limit the request passed,
-    /// as of `now_ms`.
-    pub(crate) fn headers(&self, now_ms: u64) -> Option<(http::HeaderValue, http::HeaderValue)> {
-        let mut statuses = Vec::new();
-        let mut guards = Vec::with_capacity(self.held.len());
-        for (limit, bucket, _) in &self.held {
-            guards.push((limit, limit.buckets.lock(), *bucket));
-        }
-        for (limit, buckets, bucket) in &guards {
-            let Some(b) = buckets.get(bucket) else { continue };
-            let name = limit.policy.name.as_str();
-            let window = Period::Minute.window(now_ms);
-            for (ledger, unit) in [(&b.requests, Unit::Requests), (&b.tokens, Unit::Tokens)] {
-                if let Some(l) = ledger {
-                    statuses.push(Status {
-                        name,
-                        unit,
-                        quota: l.limit(),
-                        window_secs: Some(Period::Minute.nominal_secs()),
-                        remaining: l.remaining(now_ms),
-                        reset_secs: Some(window.secs_left(now_ms)),
-                    });
-                }
-            }
-            if let (Some(s), Some(n)) = (&b.slots, limit.policy.concurrent) {
-                statuses.push(Status {
-                    name,
-                    unit: Unit::ConcurrentRequests,
-                    quota: u64::from(n),
-                    window_secs: None,
-                    remaining: s.free(),
-                    reset_secs: None,
-                });
-            }
-        }
-        headers::tightest(&statuses).map(|s| (s.policy(), s.ratelimit()))
-    }
-
-    /// Settles every limit with the tokens the request used (`None`: unknown, the reservation
-    /// stays spent), at `now_ms`, and releases its slots. What went beyond a lease is reported
-    /// to the fleet in the background.
-    pub(crate) fn settle(mut self, used_tokens: Option<u64>, now_ms: u64) {
-        self.settle_held(used_tokens, now_ms);
-    }
-
-    fn settle_held(&mut self, used_tokens: Option<u64>, now_ms: u64) {
-        for (limit, bucket, held) in std::mem::take(&mut self.held) {
-            let mut excess = 0;
-            let mut window = None;
-            let mut slots_after = None;
-            {
-                let mut buckets = limit.buckets.lock();
-                let Some(b) = buckets.get_mut(&bucket) else { continue };
-                if let (Some(l), Some(r)) = (b.requests.as_mut(), held.requests) {
-                    l.settle(now_ms, r, 1);
-                }
-                if let (Some(l), Some(r)) = (b.tokens.as_mut(), held.tokens) {
-                    let reserved = r.reserved();
-                    window = Some(r.window());
-                    excess = l.settle(now_ms, r, used_tokens.unwrap_or(reserved)).excess;
-                }
-                if let (Some(s), Some(slot)) = (b.slots.as_mut(), held.slot) {
-                    if s.release(slot) > 0 {
-                        slots_after = Some(s.in_use() + s.free());
-                    }
-                    // A slot was freed: the next request asks the fleet again.
-                    s.ask_again();
-                }
-            }
-            let store = self.store.clone();
-            let replica = self.replica.clone();
-            if excess > 0 || slots_after.is_some() {
-                crate::tasks::spawn("limit settle", async move {
-                    if let Some(w) = window.filter(|_| excess > 0) {
-                        let id = counter(&limit, bucket, Quota::Tokens, w);
-                        let _ = store
-                            .adjust(&id, i64::try_from(excess).unwrap_or(i64::MAX), window_ttl(w))
-                            .await;
-                    }
-                    if let Some(total) = slots_after {
-                        let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
-                        let b = bucket.to_string();
-                        let _ = store
-                            .hold_slots((&limit.policy.name, &b), &replica, total, (cap, SLOT_TTL))
-                            .await;
-                    }
-                });
-            }
-        }
-    }
-}
-
-impl Drop for Pass {
-    /// A pass dropped unsettled (the request ended before its usage was known): its
-    /// reservations stay spent, its slots are released.
-    fn drop(&mut self) {
-        if !self.held.is_empty() {
-            self.settle_held(None, crate::time::now_unix_ms());
-        }
-    }
+fn log_store_error(policy: &LimitPolicy, e: &RedisError) {
+    let mode = match policy.redis_down {
+        RedisDown::Local => "this replica's share enforced",
+        RedisDown::Open => "not enforced",
+        RedisDown::Closed => "requests refused",
+    };
+    tracing::warn!(limit = %policy.name, error = %e, mode, "limit store unavailable");
 }
 
 #[cfg(test)]
@@ -465,6 +306,17 @@ mod tests {
         h
     }
 
+    fn tokens(n: u64) -> (Want, Option<Price>) {
+        (Want { tokens: n, cost: 0 }, None)
+    }
+
+    fn used(output: u64) -> crate::wire::body::Used {
+        crate::wire::body::Used {
+            output,
+            ..Default::default()
+        }
+    }
+
     /// 12:00:10 UTC on some day: 50 s left in the minute.
     const NOW: u64 = 1_796_385_610_000;
 
@@ -475,20 +327,24 @@ mod tests {
         let (a, b) = (team("a"), team("b"));
         let mut passes = Vec::new();
         for _ in 0..3 {
-            passes.push(l.admit(&limits, &input(&a), 0, NOW).await.expect("admitted"));
+            passes.push(l.admit(&limits, &input(&a), tokens(0), NOW).await.expect("admitted"));
         }
-        let refused = l.admit(&limits, &input(&a), 0, NOW).await.err().expect("refused");
+        let refused = l
+            .admit(&limits, &input(&a), tokens(0), NOW)
+            .await
+            .err()
+            .expect("refused");
         assert_eq!(refused.limit, "team");
         assert_eq!(refused.retry_after, Duration::from_secs(50));
         // Another team has its own bucket.
-        assert!(l.admit(&limits, &input(&b), 0, NOW).await.is_ok());
+        assert!(l.admit(&limits, &input(&b), tokens(0), NOW).await.is_ok());
         // A request that ended does not give back its request: it was made.
         for p in passes {
             p.settle(None, NOW + 500);
         }
-        assert!(l.admit(&limits, &input(&a), 0, NOW + 1000).await.is_err());
+        assert!(l.admit(&limits, &input(&a), tokens(0), NOW + 1000).await.is_err());
         // The next minute starts afresh.
-        assert!(l.admit(&limits, &input(&a), 0, NOW + 50_000).await.is_ok());
+        assert!(l.admit(&limits, &input(&a), tokens(0), NOW + 50_000).await.is_ok());
     }
 
     #[tokio::test]
@@ -496,17 +352,20 @@ mod tests {
         let l = limiter("tokens_per_minute = 1000");
         let limits = l.for_route(&["team".into()]);
         let a = team("a");
-        let first = l.admit(&limits, &input(&a), 800, NOW).await.expect("admitted");
+        let first = l.admit(&limits, &input(&a), tokens(800), NOW).await.expect("admitted");
         assert!(
-            l.admit(&limits, &input(&a), 300, NOW).await.is_err(),
+            l.admit(&limits, &input(&a), tokens(300), NOW).await.is_err(),
             "800 + 300 reserved > 1000"
         );
         // It used 100 of its 800: 700 come back.
-        first.settle(Some(100), NOW + 10);
-        let second = l.admit(&limits, &input(&a), 800, NOW + 20).await.expect("admitted");
+        first.settle(Some(used(100)), NOW + 10);
+        let second = l
+            .admit(&limits, &input(&a), tokens(800), NOW + 20)
+            .await
+            .expect("admitted");
         // Used more than reserved: the excess counts, and the window is over the limit.
-        second.settle(Some(950), NOW + 30);
-        assert!(l.admit(&limits, &input(&a), 1, NOW + 40).await.is_err());
+        second.settle(Some(used(950)), NOW + 30);
+        assert!(l.admit(&limits, &input(&a), tokens(1), NOW + 40).await.is_err());
     }
 
     #[tokio::test]
@@ -514,10 +373,10 @@ mod tests {
         let l = limiter("concurrent = 2");
         let limits = l.for_route(&["team".into()]);
         let a = team("a");
-        let one = l.admit(&limits, &input(&a), 0, NOW).await.expect("one");
-        let _two = l.admit(&limits, &input(&a), 0, NOW).await.expect("two");
-        assert!(l.admit(&limits, &input(&a), 0, NOW).await.is_err());
+        let one = l.admit(&limits, &input(&a), tokens(0), NOW).await.expect("one");
+        let _two = l.admit(&limits, &input(&a), tokens(0), NOW).await.expect("two");
+        assert!(l.admit(&limits, &input(&a), tokens(0), NOW).await.is_err());
         drop(one); // the response ended, however it ended
-        assert!(l.admit(&limits, &input(&a), 0, NOW).await.is_ok());
+        assert!(l.admit(&limits, &input(&a), tokens(0), NOW).await.is_ok());
     }
 }

@@ -38,6 +38,10 @@ impl CounterId {
             self.limit, self.bucket, self.quota, self.window
         )
     }
+
+    fn replicas_suffix(&self) -> String {
+        format!("limit:{{{}:{}}}:replicas", self.limit, self.bucket)
+    }
 }
 
 /// What a lease call granted.
@@ -46,6 +50,8 @@ pub struct Granted {
     pub granted: u64,
     /// What the fleet was granted of the window's quota so far, this grant included.
     pub fleet_used: u64,
+    /// The replicas that leased of the bucket lately, this one included.
+    pub replicas: u32,
 }
 
 /// The fleet's counters: Redis, or this process's table.
@@ -60,17 +66,33 @@ impl Store {
     }
 
     /// Up to `want` of `id`'s window quota of `limit`, kept for `ttl` (the window's end, plus a
-    /// margin).
-    pub async fn lease(&self, id: &CounterId, want: u64, limit: u64, ttl: Duration) -> Result<Granted, RedisError> {
+    /// margin); `replica` is counted among the bucket's replicas for `liveness`.
+    pub async fn lease(
+        &self,
+        id: &CounterId,
+        (want, limit): (u64, u64),
+        ttl: Duration,
+        (replica, liveness): (&str, Duration),
+    ) -> Result<Granted, RedisError> {
         match self {
             Store::Local(t) => Ok(t.lock().lease(id, want, limit)),
             Store::Redis(redis) => {
                 let mut inv = LEASE.prepare_invoke();
-                inv.key(redis.key(&id.suffix())).arg(want).arg(limit).arg(ttl_ms(ttl));
-                let (granted, fleet_used): (u64, u64) = redis
+                inv.key(redis.key(&id.suffix()))
+                    .key(redis.key(&id.replicas_suffix()))
+                    .arg(want)
+                    .arg(limit)
+                    .arg(ttl_ms(ttl))
+                    .arg(replica)
+                    .arg(ttl_ms(liveness));
+                let (granted, fleet_used, replicas): (u64, u64, u32) = redis
                     .run("limit_lease", |mut c| async move { inv.invoke_async(&mut c).await })
                     .await?;
-                Ok(Granted { granted, fleet_used })
+                Ok(Granted {
+                    granted,
+                    fleet_used,
+                    replicas,
+                })
             }
         }
     }
@@ -138,6 +160,7 @@ impl LocalCounters {
         Granted {
             granted,
             fleet_used: *used,
+            replicas: 1,
         }
     }
 
@@ -176,14 +199,16 @@ mod tests {
             t.lease(&id(1), 60, 100),
             Granted {
                 granted: 60,
-                fleet_used: 60
+                fleet_used: 60,
+                replicas: 1
             }
         );
         assert_eq!(
             t.lease(&id(1), 60, 100),
             Granted {
                 granted: 40,
-                fleet_used: 100
+                fleet_used: 100,
+                replicas: 1
             }
         );
         assert_eq!(t.lease(&id(1), 60, 100).granted, 0);

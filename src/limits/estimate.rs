@@ -33,6 +33,12 @@ struct GenerationConfig {
 
 /// The tokens a request with this body may use.
 pub(crate) fn tokens(body: &[u8]) -> u64 {
+    let (prompt, output) = split(body);
+    prompt.saturating_add(output)
+}
+
+/// Its prompt (estimated) and the most output it may ask for.
+pub(crate) fn split(body: &[u8]) -> (u64, u64) {
     let asked: Asked = serde_json::from_slice(body).unwrap_or_default();
     let output = asked
         .max_tokens
@@ -41,7 +47,7 @@ pub(crate) fn tokens(body: &[u8]) -> u64 {
         .or(asked.generation_config.and_then(|g| g.max_output_tokens))
         .unwrap_or(DEFAULT_OUTPUT);
     let prompt = (body.len() as u64).div_ceil(BYTES_PER_TOKEN);
-    prompt.saturating_add(output)
+    (prompt, output)
 }
 
 #[cfg(test)]

@@ -14,11 +14,12 @@ use super::routes::Route;
 use crate::config::OnLimit;
 use crate::credentials::CredentialHash;
 use crate::error::ProxyError;
-use crate::limiter::Pass;
+use crate::limiter::{Pass, Want};
 use crate::limits::estimate;
 use crate::limits::key::KeyInput;
+use crate::limits::prices::Usage;
 use crate::time;
-use crate::wire::body::{RequestLog, Settle};
+use crate::wire::body::{RequestLog, Settle, Used};
 
 /// The fields an admitted request's response carries.
 pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
@@ -44,14 +45,29 @@ pub(super) async fn admit(
             .hash(&cx.credentials),
         false => CredentialHash([0; 16]),
     };
-    let model = keys()
-        .any(|k| k.uses_model())
+    let spends = limits
+        .iter()
+        .any(|l| l.policy.micro_usd_per_day.is_some() || l.policy.micro_usd_per_month.is_some());
+    let model = (spends || keys().any(|k| k.uses_model()))
         .then(|| crate::wire::usage::request_model(body))
         .flatten();
-    let tokens = match limits.iter().any(|l| l.policy.tokens_per_minute.is_some()) {
-        true => estimate::tokens(body),
-        false => 0,
+    let counts_tokens = spends || limits.iter().any(|l| l.policy.tokens_per_minute.is_some());
+    let (prompt, output) = match counts_tokens {
+        true => estimate::split(body),
+        false => (0, 0),
     };
+    let tokens = prompt.saturating_add(output);
+    // What it may cost: its prompt and its most output at its model's prices (an unpriced model
+    // costs nothing: docs/limits.md).
+    let price = spends.then(|| cx.limiter.price(model)).flatten();
+    let cost = price.map_or(0, |p| {
+        p.cost(Usage {
+            input: prompt,
+            cached_input: 0,
+            output,
+        })
+    });
+    let want = (Want { tokens, cost }, price);
     let input = KeyInput {
         route: &route.name,
         credential,
@@ -61,7 +77,7 @@ pub(super) async fn admit(
     let started = time::now();
     let mut queued = false;
     loop {
-        let refused = match cx.limiter.admit(limits, &input, tokens, time::now_unix_ms()).await {
+        let refused = match cx.limiter.admit(limits, &input, want, time::now_unix_ms()).await {
             Ok(pass) => {
                 count(cx, route, if queued { "queued" } else { "admitted" }, started);
                 if tokens > 0 {
@@ -138,12 +154,12 @@ fn settled_series(cx: &Context, route: &Route) -> Vec<prometheus::IntCounter> {
 }
 
 impl Settle for Settlement {
-    fn settle(self: Box<Self>, tokens: Option<u64>) {
-        if let Some(n) = tokens {
+    fn settle(self: Box<Self>, used: Option<Used>) {
+        if let Some(n) = used.map(|u| u.input + u.cached_input + u.output) {
             for c in &self.settled {
                 c.inc_by(n);
             }
         }
-        self.pass.settle(tokens, time::now_unix_ms());
+        self.pass.settle(used, time::now_unix_ms());
     }
 }

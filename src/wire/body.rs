@@ -83,7 +83,17 @@ pub(crate) trait SpanEnd: Send {
 /// the tokens every attempt used: input (cached included) and output, wasted attempts too (the
 /// provider counted them); `None` when none reported usage.
 pub(crate) trait Settle: Send {
-    fn settle(self: Box<Self>, tokens: Option<u64>);
+    fn settle(self: Box<Self>, used: Option<Used>);
+}
+
+/// The tokens a request used, every attempt's summed, in three parts that do not overlap.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Used {
+    /// Input not read from the provider's cache (cache writes included).
+    pub(crate) input: u64,
+    /// Input read from the provider's cache.
+    pub(crate) cached_input: u64,
+    pub(crate) output: u64,
 }
 
 /// One request's books: counted in flight from its head, closed when its response ends.
@@ -334,9 +344,13 @@ impl RequestLog {
         );
         if let Some(settle) = self.settle.take() {
             let used = self.usage.as_ref().map(|l| l.entries()).and_then(|entries| {
-                entries.iter().fold(None, |sum: Option<u64>, e| {
-                    let tokens = e.input.saturating_add(e.cache_read).saturating_add(e.cache_write);
-                    Some(sum.unwrap_or(0).saturating_add(tokens).saturating_add(e.output))
+                entries.iter().fold(None, |sum: Option<Used>, e| {
+                    let s = sum.unwrap_or_default();
+                    Some(Used {
+                        input: s.input.saturating_add(e.input).saturating_add(e.cache_write),
+                        cached_input: s.cached_input.saturating_add(e.cache_read),
+                        output: s.output.saturating_add(e.output),
+                    })
                 })
             });
             settle.settle(used);

@@ -136,6 +136,14 @@ upstream = "fake"
 strip_prefix = true
 cache = "demo"
 
+# A team's requests and tokens per minute (docs/limits.md): the rebound_limit_* series.
+[[routes]]
+name = "team"
+path_prefix = "/team/"
+upstream = "fake"
+strip_prefix = true
+limits = ["team"]
+
 [retry.fast]
 max_attempts = 3
 base_delay = "1ms"
@@ -163,6 +171,12 @@ on_store_error = "fail_closed"
 
 [cache.demo]
 ttl = "1h"
+
+[limits.team]
+key = "header:x-team"
+requests_per_minute = 2
+tokens_per_minute = 100000
+on_limit = "reject"
 """
 
 
@@ -179,8 +193,8 @@ class Exercised:
 def exercised(rebound_bin, workdir, fake):
     """Starts Redis and rebound, sends requests that touch every feature (retries with backoff and
     with Retry-After, attempts used up, a spent budget, an opening circuit, a cooldown, idempotent
-    store and replay, a response cache miss and hit, a config reload), then stops Redis (Redis
-    errors, store errors) and scrapes.
+    store and replay, a response cache miss and hit, a team's limit, a config reload), then stops
+    Redis (Redis errors, store errors) and scrapes.
     rebound keeps running for the Prometheus test."""
     redis = Redis(workdir / "exercise-redis")
     try:
@@ -219,6 +233,11 @@ def exercised(rebound_bin, workdir, fake):
         json_body = {"content-type": "application/json"}
         call("POST", "/cached/v1/chat/completions", json_body, chat)
         call("POST", "/cached/v1/chat/completions", json_body, chat)
+        # A team's limit: two admitted (tokens reserved, then settled from the usage), the third
+        # refused with 429 limit_exceeded (in the same minute; across a minute's end, admitted).
+        team = {**json_body, "x-team": f"exercise-{run}"}
+        for _ in range(3):
+            call("POST", "/team/v1/chat/completions", team, chat)
         # A reload (the file watcher sees a changed file; a build without it just carries on).
         rebound.config_path.write_text(rebound.config_path.read_text() + "\n# reloaded\n")
         deadline = time.monotonic() + 4

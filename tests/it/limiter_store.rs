@@ -55,10 +55,15 @@ async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
         for _ in 0..20 {
             let r = r.clone();
             set.spawn(async move {
-                r.0.lease(&id(7), 70, 1000, Duration::from_secs(120))
-                    .await
-                    .unwrap()
-                    .granted
+                r.0.lease(
+                    &id(7),
+                    (70, 1000),
+                    Duration::from_secs(120),
+                    ("r", Duration::from_secs(60)),
+                )
+                .await
+                .unwrap()
+                .granted
             });
         }
     }
@@ -69,7 +74,12 @@ async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
     assert_eq!(total, 1000, "60 leases of 70 share a limit of 1000 exactly");
     let next = replicas[0]
         .0
-        .lease(&id(8), 70, 1000, Duration::from_secs(120))
+        .lease(
+            &id(8),
+            (70, 1000),
+            Duration::from_secs(120),
+            ("r", Duration::from_secs(60)),
+        )
         .await
         .unwrap();
     assert_eq!(next.granted, 70, "the next window starts afresh");
@@ -85,7 +95,12 @@ async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
     assert_eq!(
         replicas[2]
             .0
-            .lease(&id(8), 70, 1000, Duration::from_secs(120))
+            .lease(
+                &id(8),
+                (70, 1000),
+                Duration::from_secs(120),
+                ("r", Duration::from_secs(60))
+            )
             .await
             .unwrap()
             .granted,
@@ -102,7 +117,12 @@ async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
     assert_eq!(
         replicas[2]
             .0
-            .lease(&id(8), 70, 1000, Duration::from_secs(120))
+            .lease(
+                &id(8),
+                (70, 1000),
+                Duration::from_secs(120),
+                ("r", Duration::from_secs(60))
+            )
             .await
             .unwrap()
             .granted,

@@ -1,0 +1,186 @@
+//! One bucket's account on this replica: a ledger per quota the limit sets (requests and tokens
+//! per minute, spend per day and per month) and its concurrent slots. An admission takes from
+//! each, or from none: what is missing is asked of the fleet and the admission tried again.
+
+use crate::config::LimitPolicy;
+use crate::limits::concurrency::{Acquire, Slot, Slots};
+use crate::limits::ledger::{Lease, Ledger, Reservation, Reserve};
+use crate::limits::window::Period;
+
+/// Which quota of a bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Quota {
+    Requests,
+    Tokens,
+    SpendDay,
+    SpendMonth,
+}
+
+impl Quota {
+    pub(crate) const ALL: [Quota; 4] = [Quota::Requests, Quota::Tokens, Quota::SpendDay, Quota::SpendMonth];
+
+    /// Its name in the store's keys.
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Quota::Requests => "requests",
+            Quota::Tokens => "tokens",
+            Quota::SpendDay => "usd_day",
+            Quota::SpendMonth => "usd_month",
+        }
+    }
+
+    /// Its limit under `policy`, if it sets one.
+    pub(crate) fn limit(self, policy: &LimitPolicy) -> Option<u64> {
+        match self {
+            Quota::Requests => policy.requests_per_minute,
+            Quota::Tokens => policy.tokens_per_minute,
+            Quota::SpendDay => policy.micro_usd_per_day,
+            Quota::SpendMonth => policy.micro_usd_per_month,
+        }
+    }
+
+    fn period(self) -> Period {
+        match self {
+            Quota::Requests | Quota::Tokens => Period::Minute,
+            Quota::SpendDay => Period::Day,
+            Quota::SpendMonth => Period::Month,
+        }
+    }
+}
+
+/// What a request asks of a bucket.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Want {
+    /// Tokens it may use (input and output).
+    pub(crate) tokens: u64,
+    /// What that may cost, in micro-USD.
+    pub(crate) cost: u64,
+}
+
+impl Want {
+    fn of(self, quota: Quota) -> u64 {
+        match quota {
+            Quota::Requests => 1,
+            Quota::Tokens => self.tokens,
+            Quota::SpendDay | Quota::SpendMonth => self.cost,
+        }
+    }
+}
+
+/// One bucket's ledgers on this replica.
+pub(crate) struct Bucket {
+    ledgers: [Option<Ledger>; 4],
+    pub(crate) slots: Option<Slots>,
+    /// When it was last used (unix ms), to drop idle buckets.
+    pub(crate) used_ms: u64,
+}
+
+/// What a bucket says to a request.
+pub(crate) enum Step {
+    Held(Held),
+    Lease(Quota, Lease),
+    Slots { want: u64, held: u64 },
+    Over { retry_after_ms: u64 },
+}
+
+/// What a request holds of one bucket: a reservation per quota, a slot.
+pub(crate) struct Held {
+    pub(crate) reserved: [Option<Reservation>; 4],
+    pub(crate) slot: Option<Slot>,
+}
+
+impl Bucket {
+    pub(crate) fn new(policy: &LimitPolicy, replicas: u32) -> Bucket {
+        Bucket {
+            ledgers: Quota::ALL.map(|q| q.limit(policy).map(|n| Ledger::new(n, q.period(), replicas))),
+            slots: policy.concurrent.map(|n| Slots::new(u64::from(n), replicas)),
+            used_ms: 0,
+        }
+    }
+
+    /// Admits a request that wants `want` at `now_ms` on everything the bucket limits, or says
+    /// what is missing (having taken nothing).
+    pub(crate) fn try_admit(&mut self, now_ms: u64, want: Want) -> Step {
+        self.used_ms = now_ms;
+        let mut reserved: [Option<Reservation>; 4] = Default::default();
+        for (i, quota) in Quota::ALL.into_iter().enumerate() {
+            let Some(ledger) = self.ledgers[i].as_mut() else {
+                continue;
+            };
+            match ledger.try_reserve(now_ms, want.of(quota)) {
+                Reserve::Ok(r) => reserved[i] = Some(r),
+                other => {
+                    self.undo(now_ms, reserved);
+                    return match other {
+                        Reserve::NeedLease(lease) => Step::Lease(quota, lease),
+                        Reserve::Over { retry_after_ms } => Step::Over { retry_after_ms },
+                        Reserve::Ok(_) => Step::Over { retry_after_ms: 1000 },
+                    };
+                }
+            }
+        }
+        let slot = match self.slots.as_mut().map(Slots::try_acquire) {
+            None => None,
+            Some(Acquire::Ok(slot)) => Some(slot),
+            Some(other) => {
+                let held = self.slots.as_ref().map_or(0, |s| s.in_use() + s.free());
+                self.undo(now_ms, reserved);
+                return match other {
+                    Acquire::NeedSlots { want } => Step::Slots { want, held },
+                    // A slot frees when a request ends: soon, but when is not known.
+                    _ => Step::Over { retry_after_ms: 1000 },
+                };
+            }
+        };
+        Step::Held(Held { reserved, slot })
+    }
+
+    /// Gives back what an admission took before it found something missing.
+    fn undo(&mut self, now_ms: u64, reserved: [Option<Reservation>; 4]) {
+        for (ledger, r) in self.ledgers.iter_mut().zip(reserved) {
+            if let (Some(l), Some(r)) = (ledger.as_mut(), r) {
+                l.settle(now_ms, r, 0);
+            }
+        }
+    }
+
+    pub(crate) fn ledger(&mut self, quota: Quota) -> Option<&mut Ledger> {
+        self.ledgers[quota as usize].as_mut()
+    }
+
+    pub(crate) fn ledger_ref(&self, quota: Quota) -> Option<&Ledger> {
+        self.ledgers[quota as usize].as_ref()
+    }
+
+    /// Settles `held` with what the request used (`actual` per quota; `None`: unknown, the
+    /// reservation stays spent), at `now_ms`: each quota's excess beyond its reservation, with
+    /// its window, and the slots to hold after the release (when some go back to the fleet).
+    pub(crate) fn settle(
+        &mut self,
+        now_ms: u64,
+        held: Held,
+        actual: impl Fn(Quota) -> Option<u64>,
+    ) -> ([Option<(crate::limits::window::Window, u64)>; 4], Option<u64>) {
+        let mut excess: [Option<(crate::limits::window::Window, u64)>; 4] = Default::default();
+        for (i, (ledger, r)) in self.ledgers.iter_mut().zip(held.reserved).enumerate() {
+            if let (Some(l), Some(r)) = (ledger.as_mut(), r) {
+                let quota = Quota::ALL[i];
+                let used = actual(quota).unwrap_or(r.reserved());
+                let window = r.window();
+                let settled = l.settle(now_ms, r, used);
+                if settled.excess > 0 {
+                    excess[i] = Some((window, settled.excess));
+                }
+            }
+        }
+        let mut slots_after = None;
+        if let (Some(s), Some(slot)) = (self.slots.as_mut(), held.slot) {
+            if s.release(slot) > 0 {
+                slots_after = Some(s.in_use() + s.free());
+            }
+            // A slot was freed: the next request asks the fleet again.
+            s.ask_again();
+        }
+        (excess, slots_after)
+    }
+}

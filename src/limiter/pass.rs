@@ -1,0 +1,124 @@
+//! What an admitted request holds of its limits until its response ends ([`Pass`]): settled then
+//! with what it used (tokens, and their cost under `[prices]`), its slots released; what went
+//! beyond a lease is reported to the fleet in the background. Dropped unsettled (the request
+//! ended before its usage was known), its reservations stay spent.
+
+use std::sync::Arc;
+
+use http::HeaderValue;
+
+use super::bucket::{Held, Quota};
+use super::store::Store;
+use super::{counter, window_ttl, Limit, SLOT_TTL};
+use crate::limits::headers::{self, Status, Unit};
+use crate::limits::key::BucketKey;
+use crate::limits::prices::{Price, Usage};
+use crate::wire::body::Used;
+
+/// An admitted request's hold on its limits.
+pub(crate) struct Pass {
+    pub(super) held: Vec<(Arc<Limit>, BucketKey, Held)>,
+    pub(super) store: Arc<Store>,
+    pub(super) replica: Arc<str>,
+    /// The price of the request's model, for its spend.
+    pub(super) price: Option<Price>,
+}
+
+impl Pass {
+    /// Settles every limit with what the request used (`None`: unknown, what it reserved stays
+    /// spent), at `now_ms`, and releases its slots.
+    pub(crate) fn settle(mut self, used: Option<Used>, now_ms: u64) {
+        self.settle_held(used, now_ms);
+    }
+
+    fn settle_held(&mut self, used: Option<Used>, now_ms: u64) {
+        let cost = used.map(|u| {
+            let usage = Usage {
+                input: u.input,
+                cached_input: u.cached_input,
+                output: u.output,
+            };
+            self.price.map_or(0, |p| p.cost(usage))
+        });
+        let actual = |q: Quota| match q {
+            Quota::Requests => Some(1),
+            Quota::Tokens => used.map(|u| u.input + u.cached_input + u.output),
+            Quota::SpendDay | Quota::SpendMonth => cost,
+        };
+        for (limit, bucket, held) in std::mem::take(&mut self.held) {
+            let (excess, slots_after) = {
+                let mut buckets = limit.buckets.lock();
+                let Some(b) = buckets.get_mut(&bucket) else { continue };
+                b.settle(now_ms, held, actual)
+            };
+            if excess.iter().all(Option::is_none) && slots_after.is_none() {
+                continue;
+            }
+            let (store, replica) = (self.store.clone(), self.replica.clone());
+            crate::tasks::spawn("limit settle", async move {
+                for (i, e) in excess.iter().enumerate() {
+                    if let Some((window, n)) = e {
+                        let id = counter(&limit, bucket, Quota::ALL[i], *window);
+                        let n = i64::try_from(*n).unwrap_or(i64::MAX);
+                        let _ = store.adjust(&id, n, window_ttl(*window)).await;
+                    }
+                }
+                if let Some(total) = slots_after {
+                    let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
+                    let b = bucket.to_string();
+                    let _ = store
+                        .hold_slots((&limit.policy.name, &b), &replica, total, (cap, SLOT_TTL))
+                        .await;
+                }
+            });
+        }
+    }
+
+    /// The `RateLimit-Policy` and `RateLimit` fields of the tightest limit the request passed,
+    /// as of `now_ms`.
+    pub(crate) fn headers(&self, now_ms: u64) -> Option<(HeaderValue, HeaderValue)> {
+        let mut statuses = Vec::new();
+        for (limit, bucket, _) in &self.held {
+            let name = limit.policy.name.as_str();
+            let buckets = limit.buckets.lock();
+            let Some(b) = buckets.get(bucket) else { continue };
+            for (quota, unit) in [
+                (Quota::Requests, Unit::Requests),
+                (Quota::Tokens, Unit::Tokens),
+                (Quota::SpendDay, Unit::MicroUsd),
+                (Quota::SpendMonth, Unit::MicroUsd),
+            ] {
+                if let Some(l) = b.ledger_ref(quota) {
+                    let window = l.period().window(now_ms);
+                    statuses.push(Status {
+                        name,
+                        unit,
+                        quota: l.limit(),
+                        window_secs: Some(l.period().nominal_secs()),
+                        remaining: l.remaining(now_ms),
+                        reset_secs: Some(window.secs_left(now_ms)),
+                    });
+                }
+            }
+            if let (Some(s), Some(n)) = (&b.slots, limit.policy.concurrent) {
+                statuses.push(Status {
+                    name,
+                    unit: Unit::ConcurrentRequests,
+                    quota: u64::from(n),
+                    window_secs: None,
+                    remaining: s.free(),
+                    reset_secs: None,
+                });
+            }
+        }
+        headers::tightest(&statuses).map(|s| (s.policy(), s.ratelimit()))
+    }
+}
+
+impl Drop for Pass {
+    fn drop(&mut self) {
+        if !self.held.is_empty() {
+            self.settle_held(None, crate::time::now_unix_ms());
+        }
+    }
+}

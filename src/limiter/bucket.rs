@@ -79,8 +79,15 @@ pub(crate) struct Bucket {
 pub(crate) enum Step {
     Held(Held),
     Lease(Quota, Lease),
-    Slots { want: u64, held: u64 },
-    Over { retry_after_ms: u64 },
+    Slots {
+        want: u64,
+        held: u64,
+    },
+    /// Over: a window used up (`window`), or no slot free.
+    Over {
+        retry_after_ms: u64,
+        window: bool,
+    },
 }
 
 /// What a request holds of one bucket: a reservation per quota, a slot.
@@ -113,8 +120,14 @@ impl Bucket {
                     self.undo(now_ms, reserved);
                     return match other {
                         Reserve::NeedLease(lease) => Step::Lease(quota, lease),
-                        Reserve::Over { retry_after_ms } => Step::Over { retry_after_ms },
-                        Reserve::Ok(_) => Step::Over { retry_after_ms: 1000 },
+                        Reserve::Over { retry_after_ms } => Step::Over {
+                            retry_after_ms,
+                            window: true,
+                        },
+                        Reserve::Ok(_) => Step::Over {
+                            retry_after_ms: 1000,
+                            window: false,
+                        },
                     };
                 }
             }
@@ -128,7 +141,10 @@ impl Bucket {
                 return match other {
                     Acquire::NeedSlots { want } => Step::Slots { want, held },
                     // A slot frees when a request ends: soon, but when is not known.
-                    _ => Step::Over { retry_after_ms: 1000 },
+                    _ => Step::Over {
+                        retry_after_ms: 1000,
+                        window: false,
+                    },
                 };
             }
         };

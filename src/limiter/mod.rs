@@ -10,6 +10,7 @@
 
 mod bucket;
 mod pass;
+mod queue;
 pub mod store;
 
 use std::collections::HashMap;
@@ -26,6 +27,8 @@ use crate::redis::RedisError;
 pub(crate) use bucket::Want;
 use bucket::{Bucket, Held, Quota, Step};
 pub(crate) use pass::Pass;
+pub(crate) use queue::Place;
+use queue::Waiting;
 use store::{CounterId, Store};
 
 /// Buckets kept per limit at most: past it, buckets idle for a window are dropped first.
@@ -52,6 +55,25 @@ pub(crate) struct Limiter {
 pub(crate) struct Limit {
     pub(crate) policy: Arc<LimitPolicy>,
     buckets: parking_lot::Mutex<HashMap<BucketKey, Bucket>>,
+    /// Requests waiting for it (`on_limit = "queue"`).
+    pub(crate) waiting: Waiting,
+}
+
+impl Limit {
+    /// The bucket a request falls in, and its share value and weight in the bucket's queue
+    /// (`share_by`'s value, weighed by `weights`; without `share_by`, the bucket itself).
+    pub(crate) fn spot(&self, input: &KeyInput<'_>) -> (BucketKey, ([u8; 16], u32)) {
+        let policy = &self.policy;
+        let bucket = key::bucket(&policy.key, &policy.name, input);
+        let Some(by) = &policy.share_by else {
+            return (bucket, (bucket.0, 1));
+        };
+        let share = key::bucket(by, &policy.name, input);
+        let weight = key::value(by, input)
+            .and_then(|v| policy.weights.get(&v).copied())
+            .unwrap_or(1);
+        (bucket, (share.0, weight))
+    }
 }
 
 /// Why a request was not admitted.
@@ -61,6 +83,9 @@ pub(crate) struct Refused {
     pub(crate) limit: String,
     /// When it may be admitted again.
     pub(crate) retry_after: Duration,
+    /// The limit's window is used up (`retry_after` is when it ends); else no concurrent slot
+    /// is free (`retry_after` is a guess: one frees when a request ends).
+    pub(crate) window: bool,
 }
 
 impl Limiter {
@@ -73,6 +98,7 @@ impl Limiter {
                 let limit = Limit {
                     policy: policy.clone(),
                     buckets: parking_lot::Mutex::new(HashMap::new()),
+                    waiting: Waiting::default(),
                 };
                 (name.clone(), Arc::new(limit))
             })
@@ -125,10 +151,11 @@ impl Limiter {
             let bucket = key::bucket(&limit.policy.key, &limit.policy.name, input);
             match self.admit_one(limit, bucket, want, now_ms).await {
                 Ok(held) => pass.held.push((limit.clone(), bucket, held)),
-                Err(retry_after_ms) => {
+                Err((retry_after_ms, window)) => {
                     return Err(Refused {
                         limit: limit.policy.name.clone(),
                         retry_after: Duration::from_millis(retry_after_ms),
+                        window,
                     })
                 }
             }
@@ -137,7 +164,7 @@ impl Limiter {
     }
 
     /// One limit's admission: from the leases in hand, else after a lease (one round trip).
-    async fn admit_one(&self, limit: &Limit, bucket: BucketKey, want: Want, now_ms: u64) -> Result<Held, u64> {
+    async fn admit_one(&self, limit: &Limit, bucket: BucketKey, want: Want, now_ms: u64) -> Result<Held, (u64, bool)> {
         // At most one lease per quota and one slot request per admission: a fleet that grants
         // nothing more ends it.
         for _ in 0..4 {
@@ -153,7 +180,7 @@ impl Limiter {
             };
             match step {
                 Step::Held(held) => return Ok(held),
-                Step::Over { retry_after_ms } => return Err(retry_after_ms),
+                Step::Over { retry_after_ms, window } => return Err((retry_after_ms, window)),
                 Step::Lease(quota, lease) => {
                     let grant = self.lease(limit, bucket, quota, lease).await;
                     let mut buckets = limit.buckets.lock();
@@ -171,7 +198,7 @@ impl Limiter {
                 }
             }
         }
-        Err(1000)
+        Err((1000, false))
     }
 
     /// A lease from the store; with Redis away, nothing (the request is refused until it is

@@ -51,6 +51,8 @@ impl Pass {
                 let Some(b) = buckets.get_mut(&bucket) else { continue };
                 b.settle(now_ms, held, actual)
             };
+            // What was given back may admit a waiting request.
+            limit.waiting.wake();
             if excess.iter().all(Option::is_none) && slots_after.is_none() {
                 continue;
             }

@@ -100,6 +100,28 @@ pub(crate) fn bucket(spec: &KeySpec, limit: &str, input: &KeyInput<'_>) -> Bucke
     BucketKey(out)
 }
 
+/// The value a request has under `spec`, as `weights` name it: each part's value (a header's
+/// first, `""` when absent; the route's name; the model), joined with `+`. `None` for a key with
+/// a credential part: weights never name a credential.
+pub(crate) fn value(spec: &KeySpec, input: &KeyInput<'_>) -> Option<String> {
+    let mut out = String::new();
+    for (i, part) in spec.parts().iter().enumerate() {
+        if i > 0 {
+            out.push('+');
+        }
+        match part {
+            Part::Route => out.push_str(input.route),
+            Part::Model => out.push_str(input.model.unwrap_or("")),
+            Part::Header(name) => {
+                let v = input.headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or("");
+                out.push_str(v);
+            }
+            Part::Credential => return None,
+        }
+    }
+    Some(out)
+}
+
 fn prefixed(h: &mut blake3::Hasher, bytes: &[u8]) {
     h.update(&(bytes.len() as u64).to_be_bytes());
     h.update(bytes);

@@ -14,18 +14,22 @@ use super::routes::Route;
 use crate::config::OnLimit;
 use crate::credentials::CredentialHash;
 use crate::error::ProxyError;
-use crate::limiter::{Pass, Want};
+use crate::limiter::{Limit, Pass, Place, Want};
 use crate::limits::estimate;
 use crate::limits::key::KeyInput;
 use crate::limits::prices::Usage;
-use crate::time;
+use crate::time::{self, Instant};
 use crate::wire::body::{RequestLog, Settle, Used};
 
 /// The fields an admitted request's response carries.
 pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
 
-/// How often a request waiting for a concurrent slot looks again.
-const SLOT_POLL: Duration = Duration::from_millis(50);
+/// How often a waiting request looks again when no release woke it (a release elsewhere in the
+/// fleet, a notification missed).
+const QUEUE_POLL: Duration = Duration::from_millis(100);
+
+/// The `retry-after` of a refusal that names no time (a queue full).
+const SLOT_POLL: Duration = Duration::from_secs(1);
 
 /// Admits the request (`parts`, `body`) on `route`'s limits: its pass is held by `log` until the
 /// response ends; the `RateLimit` fields to send; or rebound's 429.
@@ -75,47 +79,100 @@ pub(super) async fn admit(
         headers: &parts.headers,
     };
     let started = time::now();
-    let mut queued = false;
-    loop {
-        let refused = match cx.limiter.admit(limits, &input, want, time::now_unix_ms()).await {
-            Ok(pass) => {
-                count(cx, route, if queued { "queued" } else { "admitted" }, started);
-                if tokens > 0 {
-                    for l in limits.iter().filter(|l| l.policy.tokens_per_minute.is_some()) {
-                        cx.metrics
-                            .limit_tokens_total
-                            .with_label_values(&[&l.policy.name, "reserved"])
-                            .inc_by(tokens);
-                    }
-                }
-                let fields = pass.headers(time::now_unix_ms());
-                log.set_settle(Box::new(Settlement {
-                    pass,
-                    settled: settled_series(cx, route),
-                }));
-                return Ok(fields);
+    // A request that finds others waiting for a limit waits behind them.
+    let mut waiting: Option<(&Limit, Place, Instant)> = None;
+    for l in limits.iter().filter(|l| l.policy.on_limit == OnLimit::Queue) {
+        let (bucket, share) = l.spot(&input);
+        if l.waiting.busy(&bucket) {
+            let until = started + l.policy.max_wait.min(deadline);
+            match l.waiting.join(bucket, share, until) {
+                Ok(place) => waiting = Some((l, place, until)),
+                Err(_) => return Err(rejected(cx, route, &l.policy.name, SLOT_POLL, started)),
             }
-            Err(refused) => refused,
-        };
-        let policy = limits
-            .iter()
-            .find(|l| l.policy.name == refused.limit)
-            .map(|l| &l.policy);
-        let waited = started.elapsed();
-        let allowed = policy
-            .filter(|p| p.on_limit == OnLimit::Queue)
-            .map_or(Duration::ZERO, |p| p.max_wait.min(deadline).saturating_sub(waited));
-        // A window's end is known; a slot frees when a request ends: look again soon.
-        let wait = refused.retry_after.min(SLOT_POLL.max(refused.retry_after / 20));
-        if refused.retry_after > allowed || wait.is_zero() {
-            count(cx, route, "rejected", started);
-            return Err(ProxyError::LimitExceeded {
-                limit: refused.limit,
-                retry_after: refused.retry_after,
-            });
+            break;
         }
-        queued = true;
-        tokio::time::sleep(wait).await;
+    }
+    loop {
+        let mut pause = QUEUE_POLL;
+        if waiting.as_ref().is_none_or(|(l, place, _)| l.waiting.is_head(place)) {
+            let refused = match cx.limiter.admit(limits, &input, want, time::now_unix_ms()).await {
+                Ok(pass) => {
+                    if let Some((l, place, _)) = waiting {
+                        l.waiting.served(place);
+                    }
+                    let result = if waiting.is_some() { "queued" } else { "admitted" };
+                    return Ok(admitted(cx, route, pass, (result, tokens, started), log));
+                }
+                Err(refused) => refused,
+            };
+            if waiting.is_none() {
+                // Queue where the limit allows it and may open within the wait.
+                let l = limits.iter().find(|l| l.policy.name == refused.limit);
+                let until = l.map(|l| started + l.policy.max_wait.min(deadline));
+                let opens_in_time = until.is_some_and(|u| !refused.window || time::now() + refused.retry_after < u);
+                let queued = match (l.filter(|l| l.policy.on_limit == OnLimit::Queue), until) {
+                    (Some(l), Some(until)) if opens_in_time => {
+                        let (bucket, share) = l.spot(&input);
+                        l.waiting
+                            .join(bucket, share, until)
+                            .ok()
+                            .map(|place| (&**l, place, until))
+                    }
+                    _ => None,
+                };
+                let Some(q) = queued else {
+                    return Err(rejected(cx, route, &refused.limit, refused.retry_after, started));
+                };
+                waiting = Some(q);
+            }
+            pause = refused.retry_after;
+        }
+        let Some((l, place, until)) = waiting else {
+            return Err(rejected(cx, route, "", SLOT_POLL, started));
+        };
+        let now = time::now();
+        if now >= until {
+            l.waiting.leave(place);
+            return Err(rejected(cx, route, &l.policy.name, pause, started));
+        }
+        // Woken by a release, else in time for the limit's reset and the end of the wait.
+        l.waiting
+            .next_turn(pause.min(until - now).max(Duration::from_millis(1)))
+            .await;
+    }
+}
+
+/// The pass held by `log` until the response ends; the `RateLimit` fields.
+fn admitted(
+    cx: &Context,
+    route: &Route,
+    pass: Pass,
+    (result, tokens, started): (&str, u64, Instant),
+    log: &mut RequestLog,
+) -> RateLimitFields {
+    count(cx, route, result, started);
+    if tokens > 0 {
+        for l in route.limits.iter().filter(|l| l.policy.tokens_per_minute.is_some()) {
+            cx.metrics
+                .limit_tokens_total
+                .with_label_values(&[&l.policy.name, "reserved"])
+                .inc_by(tokens);
+        }
+    }
+    let fields = pass.headers(time::now_unix_ms());
+    log.set_settle(Box::new(Settlement {
+        pass,
+        settled: settled_series(cx, route),
+    }));
+    fields
+}
+
+/// 429 `limit_exceeded` for `limit`, counted.
+fn rejected(cx: &Context, route: &Route, limit: &str, retry_after: Duration, started: Instant) -> ProxyError {
+    count(cx, route, "rejected", started);
+    ProxyError::LimitExceeded {
+        limit: limit.to_string(),
+        retry_after,
     }
 }
 

@@ -8,7 +8,7 @@ use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{FakeProvider, Step};
 use crate::support::redis::RedisServer;
 use crate::support::*;
-use rebound::hooks::config::raw::RawLimit;
+use rebound::hooks::config::raw::{RawLimit, RawPrice};
 
 fn team_limit(edit: impl FnOnce(&mut RawLimit)) -> RawLimit {
     let mut l = RawLimit {
@@ -173,4 +173,151 @@ async fn three_replicas_on_one_redis_share_one_limit() {
     }
     assert_eq!(admitted, 20, "the fleet admits the limit, not 3 x the limit");
     assert_eq!(provider.count("fleet"), 20);
+}
+
+/// A shared capacity (one slot for the whole route) under scarcity: the queue releases the two
+/// teams 4 : 1, as their weights say.
+#[tokio::test]
+async fn weights_share_a_scarce_limit_four_to_one() {
+    let provider = FakeProvider::start().await;
+    let shared = RawLimit {
+        key: some("route"),
+        concurrent: Some(1),
+        on_limit: some("queue"),
+        max_wait: some("60s"),
+        share_by: some("header:x-team"),
+        weights: Some([("chat".to_string(), 4), ("batch".to_string(), 1)].into()),
+        ..RawLimit::default()
+    };
+    let rebound = TestConfig::new(&provider.url()).limit("shared", shared).start().await;
+    provider.script("w", vec![Step::Delay { ms: 10 }; 200]);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..120 {
+        let url = rebound.url.clone();
+        let team = if i % 2 == 0 { "chat" } else { "batch" };
+        set.spawn(async move {
+            let h = [("x-fake-key", "w"), ("x-team", team)];
+            let body = format!(r#"{{"n":{i}}}"#);
+            send_within(
+                Duration::from_secs(60),
+                "POST",
+                &format!("{url}/fake/v1/chat/completions"),
+                &h,
+                body,
+            )
+            .await
+        });
+    }
+    while let Some(a) = set.join_next().await {
+        assert_eq!(a.unwrap().status, 200);
+    }
+    let order: Vec<String> = provider
+        .requests("w")
+        .iter()
+        .map(|r| r.header("x-team").unwrap_or("").to_string())
+        .collect();
+    assert_eq!(order.len(), 120);
+    // While both teams wait (the first 10 releases may come before every request queued).
+    let chat = order[10..60].iter().filter(|t| *t == "chat").count();
+    assert!(
+        (36..=44).contains(&chat),
+        "chat had {chat} of 50 releases, 40 expected: {order:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_queued_request_gets_its_429_when_its_wait_runs_out() {
+    let provider = FakeProvider::start().await;
+    let rebound = TestConfig::new(&provider.url())
+        .limit(
+            "one",
+            team_limit(|l| {
+                l.concurrent = Some(1);
+                l.on_limit = some("queue");
+                l.max_wait = some("300ms");
+            }),
+        )
+        .start()
+        .await;
+    provider.script("hold", vec![Step::Delay { ms: 3000 }]);
+    let url = rebound.url.clone();
+    let first = tokio::spawn(async move {
+        let h = [("x-fake-key", "hold"), ("x-team", "chat")];
+        send("POST", &format!("{url}/fake/v1/chat/completions"), &h, "{}").await
+    });
+    until_metric(
+        &rebound,
+        r#"rebound_limit_decisions_total{limit="one",result="admitted"}"#,
+        |v| v >= 1.0,
+    )
+    .await;
+    let second = call(&rebound, "hold", "chat").await;
+    assert_eq!(second.status, 429);
+    assert_eq!(second.header("x-rebound-error"), Some("limit_exceeded"));
+    assert!(
+        !first.is_finished(),
+        "the 429 came when the wait ran out, not when the slot freed"
+    );
+    assert_eq!(first.await.unwrap().status, 200);
+}
+
+#[tokio::test]
+async fn a_spend_limit_counts_each_requests_cost_at_its_models_price() {
+    whole_minute_ahead(Duration::from_secs(20)).await;
+    let provider = FakeProvider::start().await;
+    let mut config = TestConfig::new(&provider.url()).limit("budget", team_limit(|l| l.usd_per_day = Some(0.005)));
+    // 10 USD per million tokens: 10 micro-USD a token. Each request reserves about 1250
+    // (its prompt and max_tokens 100) and costs 1080 (the fake's 108 tokens): four fit in 5000.
+    config = config.price(
+        "gpt-fake",
+        RawPrice {
+            input: Some(10.0),
+            output: Some(10.0),
+            cached_input: None,
+        },
+    );
+    let rebound = config.start().await;
+    for _ in 0..4 {
+        assert_eq!(call(&rebound, "s", "chat").await.status, 200);
+    }
+    let fifth = call(&rebound, "s", "chat").await;
+    assert_eq!(
+        fifth.status, 429,
+        "4 x 1080 spent, 680 left: less than the next reservation"
+    );
+    assert_eq!(provider.count("s"), 4);
+}
+
+#[tokio::test]
+async fn while_redis_is_away_a_limit_does_what_redis_down_says() {
+    whole_minute_ahead(Duration::from_secs(30)).await;
+    let mut redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = TestConfig::new(&provider.url()).redis(&redis.url()).limit(
+        "closed",
+        team_limit(|l| {
+            l.requests_per_minute = Some(1000);
+            l.redis_down = some("closed");
+        }),
+    );
+    let rebound = config.start().await;
+    until("redis up", Duration::from_secs(10), || async {
+        let page = rebound.metrics().await;
+        (metric(&page, "rebound_redis_up") == 1.0)
+            .then_some(())
+            .ok_or("down".to_string())
+    })
+    .await;
+    assert_eq!(call(&rebound, "r", "chat").await.status, 200);
+    redis.stop();
+    // Leases of 125 (1000 / 8): the one in hand runs out, then no new one comes.
+    let mut statuses = Vec::new();
+    for _ in 0..200 {
+        statuses.push(call(&rebound, "r", "chat").await.status.as_u16());
+    }
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    assert!(
+        admitted < 200 && statuses.last() == Some(&429),
+        "closed: refused once the lease ran out ({admitted} admitted)"
+    );
 }

@@ -4,7 +4,7 @@
 
 use rebound::hooks::config::raw::{
     RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLimit, RawLog, RawMetrics,
-    RawRedis, RawRetry, RawRoute, RawServer, RawTelemetry, RawUpstream,
+    RawPrice, RawRedis, RawRetry, RawRoute, RawServer, RawTelemetry, RawUpstream,
 };
 
 use super::sidecar::{parse, Rebound};
@@ -170,6 +170,12 @@ impl TestConfig {
         self.0.limits.insert(name.to_string(), policy);
         let name = name.to_string();
         self.route(move |r| r.limits.get_or_insert_with(Vec::new).push(name))
+    }
+
+    /// A model's `[prices]` entry.
+    pub fn price(mut self, model: &str, price: RawPrice) -> TestConfig {
+        self.0.prices.insert(model.to_string(), price);
+        self
     }
 
     /// `[redis]`, exactly as given (a cluster, sentinels).

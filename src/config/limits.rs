@@ -1,7 +1,7 @@
 //! `[limits.NAME]` and `[prices]`, typed: who a limit limits (its `key`, [`KeySpec`]: the syntax
-//! and its canonical order; the bucket a request falls in is `crate::limits::key`'s), its quotas, what a
+//! and its canonical order; the bucket a request falls in is `limits::key`'s), its quotas, what a
 //! request over it does (`on_limit`, `max_wait`, the `weights` of `share_by`'s values) and what
-//! the fleet does while Redis is away (`redis_down`). Enforced by `crate::limits`; the keys and
+//! the fleet does while Redis is away (`redis_down`). Enforced by `limiter` (the pure arithmetic is `limits`'s); the keys and
 //! their defaults are in docs/configuration.md, worked examples in docs/limits.md.
 
 use std::collections::BTreeMap;

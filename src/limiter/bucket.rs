@@ -138,6 +138,11 @@ impl Bucket {
             Some(other) => {
                 let held = self.slots.as_ref().map_or(0, |s| s.in_use() + s.free());
                 self.undo(now_ms, reserved);
+                // The fleet was full when last asked: the next admission asks again (a slot
+                // may have been released on another replica).
+                if let Some(s) = self.slots.as_mut() {
+                    s.ask_again();
+                }
                 return match other {
                     Acquire::NeedSlots { want } => Step::Slots { want, held },
                     // A slot frees when a request ends: soon, but when is not known.
@@ -175,7 +180,7 @@ impl Bucket {
         &mut self,
         now_ms: u64,
         held: Held,
-        actual: impl Fn(Quota) -> Option<u64>,
+        actual: impl Fn(Quota) -> Option<u64> + Copy,
     ) -> ([Option<(crate::limits::window::Window, u64)>; 4], Option<u64>) {
         let mut excess: [Option<(crate::limits::window::Window, u64)>; 4] = Default::default();
         for (i, (ledger, r)) in self.ledgers.iter_mut().zip(held.reserved).enumerate() {

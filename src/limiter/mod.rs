@@ -49,6 +49,8 @@ pub(crate) struct Limiter {
     replicas: AtomicU32,
     /// `[prices]`, by model (`"*"`: any other).
     prices: HashMap<String, Price>,
+    /// Whether the task renewing this replica's slot holdings runs.
+    renewing: std::sync::atomic::AtomicBool,
 }
 
 /// One `[limits.NAME]`: its policy and this replica's buckets.
@@ -110,6 +112,7 @@ impl Limiter {
             fallback: Store::local(),
             replica: Arc::from(replica),
             replicas: AtomicU32::new(1),
+            renewing: std::sync::atomic::AtomicBool::new(false),
             prices: config
                 .prices
                 .iter()
@@ -152,11 +155,12 @@ impl Limiter {
             match self.admit_one(limit, bucket, want, now_ms).await {
                 Ok(held) => pass.held.push((limit.clone(), bucket, held)),
                 Err((retry_after_ms, window)) => {
+                    pass.cancel(now_ms);
                     return Err(Refused {
                         limit: limit.policy.name.clone(),
                         retry_after: Duration::from_millis(retry_after_ms),
                         window,
-                    })
+                    });
                 }
             }
         }
@@ -183,13 +187,20 @@ impl Limiter {
                 Step::Over { retry_after_ms, window } => return Err((retry_after_ms, window)),
                 Step::Lease(quota, lease) => {
                     let grant = self.lease(limit, bucket, quota, lease).await;
-                    let mut buckets = limit.buckets.lock();
-                    if let Some(l) = buckets.get_mut(&bucket).and_then(|b| b.ledger(quota)) {
-                        l.grant(now_ms, grant);
-                        l.set_replicas(self.replicas());
+                    {
+                        let mut buckets = limit.buckets.lock();
+                        if let Some(l) = buckets.get_mut(&bucket).and_then(|b| b.ledger(quota)) {
+                            l.grant(now_ms, grant);
+                            l.set_replicas(self.replicas());
+                        }
+                    }
+                    // Nothing granted though the fleet has more: the store did not answer.
+                    if grant.granted == 0 && grant.left > 0 {
+                        return Err((1000, false));
                     }
                 }
                 Step::Slots { want, held } => {
+                    self.renew_slots_in_background();
                     let total = self.hold_slots(limit, bucket, held + want).await;
                     let mut buckets = limit.buckets.lock();
                     if let Some(s) = buckets.get_mut(&bucket).and_then(|b| b.slots.as_mut()) {
@@ -221,7 +232,8 @@ impl Limiter {
                 log_store_error(&limit.policy, &e);
                 match limit.policy.redis_down {
                     RedisDown::Open => (lease.want, ledger_limit),
-                    RedisDown::Closed => (0, 0),
+                    // Refused while Redis is away, not for the rest of the window.
+                    RedisDown::Closed => (0, ledger_limit),
                     RedisDown::Local => {
                         // This replica's share of the limit, from its own count.
                         let share = self.share(ledger_limit);
@@ -259,6 +271,48 @@ impl Limiter {
                 }
             }
         }
+    }
+
+    /// Starts (once) the task that renews this replica's slot holdings in the store while its
+    /// requests run: a holding not renewed expires after `SLOT_TTL`, and another replica may
+    /// take it. The task ends when the configuration's limits are gone (a reload).
+    fn renew_slots_in_background(&self) {
+        if self.renewing.swap(true, Ordering::Relaxed) || matches!(*self.store, Store::Local(_)) {
+            return;
+        }
+        let limits: Vec<std::sync::Weak<Limit>> = self
+            .limits
+            .values()
+            .filter(|l| l.policy.concurrent.is_some())
+            .map(Arc::downgrade)
+            .collect();
+        let (store, replica) = (self.store.clone(), self.replica.clone());
+        crate::tasks::spawn("limit slot renewal", async move {
+            loop {
+                tokio::time::sleep(SLOT_TTL / 3).await;
+                let mut alive = false;
+                for limit in limits.iter().filter_map(std::sync::Weak::upgrade) {
+                    alive = true;
+                    let held: Vec<(BucketKey, u64)> = limit
+                        .buckets
+                        .lock()
+                        .iter()
+                        .filter_map(|(k, b)| b.slots.as_ref().map(|s| (*k, s.in_use() + s.free())))
+                        .filter(|(_, n)| *n > 0)
+                        .collect();
+                    let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
+                    for (bucket, n) in held {
+                        let b = bucket.to_string();
+                        let _ = store
+                            .hold_slots((&limit.policy.name, &b), &replica, n, (cap, SLOT_TTL))
+                            .await;
+                    }
+                }
+                if !alive {
+                    return;
+                }
+            }
+        });
     }
 
     /// This replica's share of `limit` among the replicas last seen (rounded up).
@@ -393,6 +447,27 @@ mod tests {
         // Used more than reserved: the excess counts, and the window is over the limit.
         second.settle(Some(used(950)), NOW + 30);
         assert!(l.admit(&limits, &input(&a), tokens(1), NOW + 40).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_request_a_later_limit_refuses_gives_back_what_the_earlier_took() {
+        let src = "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\nlimits = [\"rpm\", \"one\"]\n[limits.rpm]\nkey = \"route\"\non_limit = \"reject\"\nrequests_per_minute = 2\n[limits.one]\nkey = \"route\"\non_limit = \"reject\"\nconcurrent = 1\n";
+        let config = Config::parse(src, std::path::Path::new("t.toml"), &|_| None).expect("config");
+        let l = Limiter::new(&config, Arc::new(Store::local()));
+        let limits = l.for_route(&["rpm".into(), "one".into()]);
+        let h = HeaderMap::new();
+        let first = l.admit(&limits, &input(&h), tokens(0), NOW).await.expect("first");
+        for _ in 0..3 {
+            let refused = l
+                .admit(&limits, &input(&h), tokens(0), NOW)
+                .await
+                .err()
+                .expect("no slot");
+            assert_eq!(refused.limit, "one");
+        }
+        first.settle(None, NOW + 10);
+        // The refused requests were not made: rpm still has its second request.
+        assert!(l.admit(&limits, &input(&h), tokens(0), NOW + 20).await.is_ok());
     }
 
     #[tokio::test]

@@ -31,6 +31,12 @@ impl Pass {
         self.settle_held(used, now_ms);
     }
 
+    /// Gives back everything the pass holds: the request was not made (a later limit refused
+    /// it).
+    pub(crate) fn cancel(mut self, now_ms: u64) {
+        self.settle_with(now_ms, |_| Some(0));
+    }
+
     fn settle_held(&mut self, used: Option<Used>, now_ms: u64) {
         let cost = used.map(|u| {
             let usage = Usage {
@@ -45,6 +51,11 @@ impl Pass {
             Quota::Tokens => used.map(|u| u.input + u.cached_input + u.output),
             Quota::SpendDay | Quota::SpendMonth => cost,
         };
+        self.settle_with(now_ms, actual);
+    }
+
+    /// Settles every limit with `actual` per quota (`None`: the reservation stays spent).
+    fn settle_with(&mut self, now_ms: u64, actual: impl Fn(Quota) -> Option<u64> + Copy) {
         for (limit, bucket, held) in std::mem::take(&mut self.held) {
             let (excess, slots_after) = {
                 let mut buckets = limit.buckets.lock();

@@ -119,6 +119,7 @@ impl Progress {
         };
         Delivery {
             retry_after,
+            ratelimit: None,
             result,
             outcome: self.outcome,
             attempts: std::mem::take(&mut self.attempts),
@@ -169,9 +170,17 @@ pub(super) struct Delivery {
     /// `retry-after`, the last answer's hint, else (set in step 7) the time its target's circuit
     /// stays open.
     pub(super) retry_after: Option<Duration>,
+    /// The `RateLimit-Policy` and `RateLimit` fields of the route's tightest limit.
+    pub(super) ratelimit: super::limited::RateLimitFields,
 }
 
 impl Delivery {
+    /// The delivery with the fields of the limits that admitted it.
+    pub(super) fn with_ratelimit(mut self, fields: super::limited::RateLimitFields) -> Delivery {
+        self.ratelimit = fields;
+        self
+    }
+
     /// Whether `claim`'s store keeps this outcome: a response with a stored status that is not
     /// an in-band error.
     pub(super) fn stored_by(&self, claim: &Claim) -> bool {

@@ -17,7 +17,7 @@ use crate::error::ProxyError;
 use crate::limiter::{Limit, Pass, Place, Want};
 use crate::limits::estimate;
 use crate::limits::key::KeyInput;
-use crate::limits::prices::Usage;
+use crate::limits::prices::{Price, Usage};
 use crate::time::{self, Instant};
 use crate::wire::body::{RequestLog, Settle, Used};
 
@@ -41,37 +41,8 @@ pub(super) async fn admit(
     log: &mut RequestLog,
 ) -> Result<RateLimitFields, ProxyError> {
     let limits = &route.limits;
-    let keys = || limits.iter().map(|l| &l.policy.key);
-    let credential = match keys().any(|k| k.uses_credential()) {
-        true => cx
-            .credentials
-            .presented(&parts.headers, parts.uri.query())
-            .hash(&cx.credentials),
-        false => CredentialHash([0; 16]),
-    };
-    let spends = limits
-        .iter()
-        .any(|l| l.policy.micro_usd_per_day.is_some() || l.policy.micro_usd_per_month.is_some());
-    let model = (spends || keys().any(|k| k.uses_model()))
-        .then(|| crate::wire::usage::request_model(body))
-        .flatten();
-    let counts_tokens = spends || limits.iter().any(|l| l.policy.tokens_per_minute.is_some());
-    let (prompt, output) = match counts_tokens {
-        true => estimate::split(body),
-        false => (0, 0),
-    };
-    let tokens = prompt.saturating_add(output);
-    // What it may cost: its prompt and its most output at its model's prices (an unpriced model
-    // costs nothing: docs/limits.md).
-    let price = spends.then(|| cx.limiter.price(model)).flatten();
-    let cost = price.map_or(0, |p| {
-        p.cost(Usage {
-            input: prompt,
-            cached_input: 0,
-            output,
-        })
-    });
-    let want = (Want { tokens, cost }, price);
+    let (credential, model, want) = asks(cx, route, (parts, body));
+    let tokens = want.0.tokens;
     let input = KeyInput {
         route: &route.name,
         credential,
@@ -142,6 +113,48 @@ pub(super) async fn admit(
     }
 }
 
+/// What the request brings to its limits: its credential's hash and its model (each only when a
+/// key or a price needs it), and what it may use (tokens, and their cost at its model's price).
+fn asks<'b>(
+    cx: &Context,
+    route: &Route,
+    (parts, body): (&'b http::request::Parts, &'b Bytes),
+) -> (CredentialHash, Option<&'b str>, (Want, Option<Price>)) {
+    let limits = &route.limits;
+    let keys = || limits.iter().map(|l| &l.policy.key);
+    let credential = match keys().any(|k| k.uses_credential()) {
+        true => cx
+            .credentials
+            .presented(&parts.headers, parts.uri.query())
+            .hash(&cx.credentials),
+        false => CredentialHash([0; 16]),
+    };
+    let spends = limits
+        .iter()
+        .any(|l| l.policy.micro_usd_per_day.is_some() || l.policy.micro_usd_per_month.is_some());
+    let model = (spends || keys().any(|k| k.uses_model()))
+        .then(|| crate::wire::model::of_request(body, parts.uri.path()))
+        .flatten();
+    let counts_tokens = spends || limits.iter().any(|l| l.policy.tokens_per_minute.is_some());
+    let (prompt, output) = match counts_tokens {
+        true => estimate::split(body),
+        false => (0, 0),
+    };
+    let tokens = prompt.saturating_add(output);
+    // What it may cost: its prompt and its most output at its model's prices (an unpriced model
+    // costs nothing: docs/limits.md).
+    let price = spends.then(|| cx.limiter.price(model)).flatten();
+    let cost = price.map_or(0, |p| {
+        p.cost(Usage {
+            input: prompt,
+            cached_input: 0,
+            output,
+        })
+    });
+    let want = (Want { tokens, cost }, price);
+    (credential, model, want)
+}
+
 /// The pass held by `log` until the response ends; the `RateLimit` fields.
 fn admitted(
     cx: &Context,
@@ -150,7 +163,7 @@ fn admitted(
     (result, tokens, started): (&str, u64, Instant),
     log: &mut RequestLog,
 ) -> RateLimitFields {
-    count(cx, route, result, started);
+    count(cx, route, (result, None), started);
     if tokens > 0 {
         for l in route.limits.iter().filter(|l| l.policy.tokens_per_minute.is_some()) {
             cx.metrics
@@ -169,24 +182,31 @@ fn admitted(
 
 /// 429 `limit_exceeded` for `limit`, counted.
 fn rejected(cx: &Context, route: &Route, limit: &str, retry_after: Duration, started: Instant) -> ProxyError {
-    count(cx, route, "rejected", started);
+    count(cx, route, ("rejected", Some(limit)), started);
     ProxyError::LimitExceeded {
         limit: limit.to_string(),
         retry_after,
     }
 }
 
-fn count(cx: &Context, route: &Route, result: &str, started: tokio::time::Instant) {
+/// Counts a decision: an admission under every limit of the route, a rejection under the limit
+/// that refused; the wait of a request that waited.
+fn count(cx: &Context, route: &Route, (result, refusing): (&str, Option<&str>), started: Instant) {
     for l in &route.limits {
         let name = l.policy.name.as_str();
+        if refusing.is_some_and(|r| r != name) {
+            continue;
+        }
         cx.metrics
             .limit_decisions_total
             .with_label_values(&[name, result])
             .inc();
-        cx.metrics
-            .limit_queue_seconds
-            .with_label_values(&[name])
-            .observe(started.elapsed().as_secs_f64());
+        if result != "admitted" {
+            cx.metrics
+                .limit_queue_seconds
+                .with_label_values(&[name])
+                .observe(started.elapsed().as_secs_f64());
+        }
     }
 }
 

@@ -294,44 +294,40 @@ impl Proxy {
                 None => None,
             };
 
-            // 5c. The route's limits: admitted (held until the response ends), queued, or 429.
-            let limited = match route.limits.is_empty() {
-                true => Ok(None),
-                false => Box::pin(self.limited(&route, (&parts, &body), &mut log)).await,
-            };
-
-            // 6. Attempts: send, classify, decide, wait; until delivered. A repeat of a failure
-            // for good of moments ago is the client's own retry: one attempt.
+            // 5c. The route's limits: admitted (held until the response ends), queued, or 429;
+            // 6. then the attempts until delivered (a client's retry of a failure for good: one).
             describe_span(&trace, &route, &path, &body);
             let repeat = Repeat::check(&self.cx, &route, &parts, &body, time::now());
             let asked = Asked::of(&route, &parts, &path, &body, repeat.is_repeat);
-            let (delivery, fields) = match limited {
-                Ok(fields) => (
-                    call::attempts(&self.cx, asked, self.models.for_request(&body), &trace).await,
-                    fields,
-                ),
-                Err(refused) => (Delivery::refused(refused, self.models.for_request(&body)), None),
-            };
+            let delivery = self.deliver(asked, &mut log, &trace).await;
 
-            // 7. The books; a failure for good is recorded as a dead letter, and marks the
-            // request for the client's retries.
+            // 7. The books; a failure for good is a dead letter and marks the request.
             let delivery = self.account(&route, (&parts, &body), &mut log, delivery, repeat);
 
-            // 8. Respond. An outcome the idempotency store keeps is recorded as it streams; any other
-            // frees the key first. An in-band error (a 200 whose first event is an error) is a
-            // failure: never stored. A cache entry records the response, kept or not.
-            // (Boxed where there is a claim: the release waits on the store. Most requests have
-            // none, and skip the allocation.)
+            // 8. Respond: an outcome the idempotency store keeps is recorded as it streams (never an
+            // in-band error); any other frees the key first; a cache entry records it, kept or
+            // not. (Boxed only where there is a claim: the release waits on the store.)
             let (claims, delivery) = match (claim, cache) {
                 (None, None) => (Claims::none(bypassed), delivery),
                 (claim, cache) => Box::pin(Claims::settle((claim, bypassed), cache, delivery)).await,
             };
-            let mut resp = self.respond(&route, delivery, claims, job_run, log);
-            if let Some((policy, ratelimit)) = fields {
-                resp.headers_mut().insert(RATELIMIT_POLICY, policy);
-                resp.headers_mut().insert(RATELIMIT, ratelimit);
-            }
-            resp
+            self.respond(&route, delivery, claims, job_run, log)
+        }
+    }
+
+    /// Steps 5c and 6: the route's limits (boxed where there are any: most routes have none),
+    /// then the attempts.
+    async fn deliver(&self, asked: Asked<'_>, log: &mut RequestLog, trace: &traces::RequestSpan) -> Delivery {
+        let (route, body) = (asked.route, asked.body);
+        let limited = match route.limits.is_empty() {
+            true => Ok(None),
+            false => Box::pin(self.limited(route, (asked.parts, body), log)).await,
+        };
+        match limited {
+            Ok(fields) => call::attempts(&self.cx, asked, self.models.for_request(body), trace)
+                .await
+                .with_ratelimit(fields),
+            Err(refused) => Delivery::refused(refused, self.models.for_request(body)),
         }
     }
 
@@ -397,6 +393,7 @@ impl Proxy {
         let target = route.targets.get(delivery.target).unwrap_or(route.primary());
         let failovers = delivery.failovers;
         let (bypassed, cache_claim) = (claims.bypassed, claims.cache.as_ref().map(|c| c.header));
+        let ratelimit = delivery.ratelimit.clone();
         // A failed answer says when rebound would try again, if it knows and the answer does not.
         let retry_after = delivery.retry_after.filter(|_| delivery.failed());
         let mut resp = match delivery.result {
@@ -447,6 +444,10 @@ impl Proxy {
         if bypassed {
             resp.headers_mut()
                 .insert(headers::X_REBOUND_IDEMPOTENCY, HeaderValue::from_static("bypassed"));
+        }
+        if let Some((policy, ratelimit)) = ratelimit {
+            resp.headers_mut().insert(RATELIMIT_POLICY, policy);
+            resp.headers_mut().insert(RATELIMIT, ratelimit);
         }
         resp
     }

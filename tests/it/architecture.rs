@@ -454,7 +454,7 @@ fn functions<'a>(code: &[(usize, &'a str)]) -> Vec<(&'a str, usize, usize)> {
 
 /// Functions allowed past the limit, each with its reason.
 const LONG_FUNCTIONS: &[(&str, &str, &str)] = &[(
-    "src/metrics.rs",
+    "src/metrics/mod.rs",
     "new",
     "the one table of metric families: a flat list of definitions, one statement each",
 )];

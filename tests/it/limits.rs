@@ -321,3 +321,65 @@ async fn while_redis_is_away_a_limit_does_what_redis_down_says() {
         "closed: refused once the lease ran out ({admitted} admitted)"
     );
 }
+
+#[test]
+fn a_limit_that_cannot_work_is_refused_at_load_naming_the_key() {
+    use rebound::hooks::config::Config;
+    let base = "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n";
+    let cases = [
+        (
+            "limits = [\"nope\"]\n",
+            "routes[0].limits[0]",
+            "expected the name of a [limits.*] table",
+        ),
+        (
+            "[limits.a]\nrequests_per_minute = 1\n",
+            "limits.a.key",
+            "expected who is limited",
+        ),
+        (
+            "[limits.a]\nkey = \"team\"\nrequests_per_minute = 1\n",
+            "limits.a.key",
+            "unknown part \"team\"",
+        ),
+        (
+            "[limits.a]\nkey = \"header:authorization\"\nconcurrent = 1\n",
+            "limits.a.key",
+            "credential header",
+        ),
+        ("[limits.a]\nkey = \"route\"\n", "limits.a", "expected at least one of"),
+        (
+            "[limits.a]\nkey = \"route\"\nusd_per_day = 5.0\n",
+            "limits.a",
+            "[prices]",
+        ),
+        (
+            "[limits.a]\nkey = \"route\"\nconcurrent = 1\nweights = { chat = 4 }\n",
+            "limits.a.weights",
+            "share_by",
+        ),
+        (
+            "[limits.a]\nkey = \"route\"\nconcurrent = 1\non_limit = \"reject\"\nmax_wait = \"5s\"\n",
+            "limits.a.on_limit",
+            "\"queue\"",
+        ),
+        (
+            "[limits.a]\nkey = \"route\"\nconcurrent = 1\nredis_down = \"maybe\"\n",
+            "limits.a.redis_down",
+            "\"local\"",
+        ),
+    ];
+    for (extra, key, says) in cases {
+        let (route_extra, tables) = match extra.starts_with("limits =") {
+            true => (extra, ""),
+            false => ("", extra),
+        };
+        let src = format!("{base}{route_extra}{tables}");
+        let err = Config::parse(&src, std::path::Path::new("t.toml"), &|_| None)
+            .err()
+            .unwrap_or_else(|| panic!("{extra:?} loaded"))
+            .to_string();
+        assert!(err.contains(key) && err.contains(says), "{extra:?}: {err}");
+        assert!(err.contains("t.toml"), "{err}");
+    }
+}

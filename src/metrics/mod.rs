@@ -4,10 +4,11 @@
 //! Labels are bounded: route and upstream names from the config, outcomes and codes from fixed
 //! sets. No label ever holds a path, a key or a credential.
 
+mod series;
+
 use prometheus::core::Collector;
 
-use crate::config::{Config, CooldownMode, PacingMode};
-use crate::words::{AttemptOutcome, Stop, TargetState};
+use crate::words::AttemptOutcome;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -427,131 +428,6 @@ impl Metrics {
             m.config_reloads_total.with_label_values(&[result]);
         }
         Ok(m)
-    }
-
-    /// Creates, at 0, every labelled series whose labels the config determines, so that `rate()`,
-    /// `increase()` and `absent()` work before the first failure and a dashboard has data on day
-    /// one. Called for each configuration loaded (a reload adds the series of new routes and
-    /// upstreams); a series that exists already keeps its value.
-    pub(crate) fn init_series(&self, config: &Config) {
-        if config.telemetry.otlp_endpoint.is_some() {
-            for result in ["exported", "dropped", "failed"] {
-                self.trace_spans_total.with_label_values(&[result]);
-            }
-        }
-        for (name, u) in &config.upstreams {
-            if u.circuit.is_some() {
-                self.circuit_state.with_label_values(&[name]);
-                self.circuit_rejections_total.with_label_values(&[name]);
-                for to in ["closed", "half_open", "open"] {
-                    self.circuit_transitions_total.with_label_values(&[name, to]);
-                }
-            }
-            for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
-                if u.cooldown != CooldownMode::Off {
-                    self.cooldown_rejections_total.with_label_values(&[name, model]);
-                }
-                if u.pacing != PacingMode::Off {
-                    self.pacing_waits_total.with_label_values(&[name, model]);
-                }
-            }
-        }
-        for r in &config.routes {
-            let route = r.name.as_str();
-            // The success series: other codes appear with their first answer.
-            self.requests_total.with_label_values(&[route, "200"]);
-            for upstream in r.upstreams() {
-                for position in STREAM_ERROR_POSITIONS {
-                    self.stream_errors_total.with_label_values(&[route, upstream, position]);
-                }
-                // Input and output per model label: the cache kinds appear with the first
-                // provider that reports them (most routes never see one).
-                for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
-                    for kind in ["input", "output"] {
-                        for outcome in TOKEN_OUTCOMES {
-                            self.tokens_total
-                                .with_label_values(&[route, upstream, model, kind, outcome]);
-                        }
-                    }
-                }
-            }
-            if let Some(policy) = r.retry.as_ref().and_then(|p| config.retry.get(p)) {
-                self.init_retry_series(route, policy);
-            }
-            if r.cache.is_some() {
-                for result in CACHE_RESULTS {
-                    self.cache_requests_total.with_label_values(&[route, result]);
-                }
-                for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
-                    for kind in ["input", "output"] {
-                        self.cache_tokens_saved_total.with_label_values(&[route, model, kind]);
-                    }
-                }
-            }
-            if r.idempotency.is_some() {
-                for result in IDEMPOTENCY_RESULTS {
-                    self.idempotency_requests_total.with_label_values(&[route, result]);
-                }
-                for result in IDEMPOTENCY_COMPLETION_RESULTS {
-                    self.idempotency_completions_total.with_label_values(&[route, result]);
-                }
-                self.idempotency_takeovers_total.with_label_values(&[route]);
-            }
-            for upstream in r.upstreams() {
-                for state in TargetState::ALL.map(TargetState::as_str) {
-                    self.target_state.with_label_values(&[route, upstream, state]);
-                }
-            }
-            for from in r.upstreams() {
-                for to in r.upstreams().filter(|to| *to != from) {
-                    for reason in r.failover_on.iter() {
-                        self.failovers_total
-                            .with_label_values(&[route, from, to, reason.as_str()]);
-                    }
-                }
-            }
-            if r.dead_letters {
-                for reason in Stop::DEAD_LETTER.map(Stop::as_str) {
-                    self.dead_letters_total.with_label_values(&[route, reason]);
-                }
-            }
-        }
-        for (name, u) in &config.upstreams {
-            if u.auth != crate::config::Auth::Static {
-                for result in ["ok", "error"] {
-                    self.credential_refreshes_total.with_label_values(&[name, result]);
-                }
-                self.credential_expiry_seconds.with_label_values(&[name]);
-            }
-        }
-        for (name, l) in &config.limits {
-            for result in ["admitted", "queued", "rejected"] {
-                self.limit_decisions_total.with_label_values(&[name, result]);
-            }
-            self.limit_queue_seconds.with_label_values(&[name]);
-            if l.tokens_per_minute.is_some() {
-                for kind in ["reserved", "settled"] {
-                    self.limit_tokens_total.with_label_values(&[name, kind]);
-                }
-            }
-        }
-        if config.redis.is_some() {
-            self.redis_errors_total.with_label_values(&["ping"]);
-            self.redis_errors_total.with_label_values(&["connect"]);
-        }
-    }
-
-    /// The series of a route that retries under `policy`.
-    fn init_retry_series(&self, route: &str, policy: &crate::config::RetryPolicy) {
-        for reason in policy.retry_on.iter().chain(&policy.retry_once_on) {
-            self.retries_total.with_label_values(&[route, &reason.to_string()]);
-        }
-        for source in ["backoff", "retry_after"] {
-            self.retry_wait_seconds.with_label_values(&[route, source]);
-        }
-        self.retries_exhausted_total.with_label_values(&[route]);
-        self.retry_budget_exhausted_total.with_label_values(&[route]);
-        self.client_retries_total.with_label_values(&[route]);
     }
 
     /// The name of every family rebound exports, whether or not it has samples yet.

@@ -48,6 +48,9 @@ impl Quota {
     }
 }
 
+/// The index of the slots' entry in [`Bucket::asking`].
+pub(crate) const SLOTS: usize = 4;
+
 /// What a request asks of a bucket.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Want {
@@ -71,6 +74,11 @@ impl Want {
 pub(crate) struct Bucket {
     ledgers: [Option<Ledger>; 4],
     pub(crate) slots: Option<Slots>,
+    /// A request of the fleet is in flight for this quota's lease (index 0 to 3) or for slots
+    /// ([`SLOTS`]): one at a time per bucket, the others wait for its answer. Without it,
+    /// concurrent requests would each ask for a lease, and one told "nothing left" before the
+    /// others' grants were credited would be refused with the quota far from used.
+    pub(crate) asking: [bool; 5],
     /// When it was last used (unix ms), to drop idle buckets.
     pub(crate) used_ms: u64,
 }
@@ -83,6 +91,8 @@ pub(crate) enum Step {
         want: u64,
         held: u64,
     },
+    /// Another request is asking the fleet for what is missing: wait for its answer.
+    Wait,
     /// Over: a window used up (`window`), or no slot free.
     Over {
         retry_after_ms: u64,
@@ -101,6 +111,7 @@ impl Bucket {
         Bucket {
             ledgers: Quota::ALL.map(|q| q.limit(policy).map(|n| Ledger::new(n, q.period(), replicas))),
             slots: policy.concurrent.map(|n| Slots::new(u64::from(n), replicas)),
+            asking: [false; 5],
             used_ms: 0,
         }
     }
@@ -119,7 +130,11 @@ impl Bucket {
                 other => {
                     self.undo(now_ms, reserved);
                     return match other {
-                        Reserve::NeedLease(lease) => Step::Lease(quota, lease),
+                        Reserve::NeedLease(_) if self.asking[i] => Step::Wait,
+                        Reserve::NeedLease(lease) => {
+                            self.asking[i] = true;
+                            Step::Lease(quota, lease)
+                        }
                         Reserve::Over { retry_after_ms } => Step::Over {
                             retry_after_ms,
                             window: true,
@@ -144,7 +159,11 @@ impl Bucket {
                     s.ask_again();
                 }
                 return match other {
-                    Acquire::NeedSlots { want } => Step::Slots { want, held },
+                    Acquire::NeedSlots { .. } if self.asking[SLOTS] => Step::Wait,
+                    Acquire::NeedSlots { want } => {
+                        self.asking[SLOTS] = true;
+                        Step::Slots { want, held }
+                    }
                     // A slot frees when a request ends: soon, but when is not known.
                     _ => Step::Over {
                         retry_after_ms: 1000,

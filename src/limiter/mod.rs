@@ -59,6 +59,8 @@ pub(crate) struct Limit {
     buckets: parking_lot::Mutex<HashMap<BucketKey, Bucket>>,
     /// Requests waiting for it (`on_limit = "queue"`).
     pub(crate) waiting: Waiting,
+    /// Woken when an ask of the fleet is answered.
+    answered: tokio::sync::Notify,
 }
 
 impl Limit {
@@ -101,6 +103,7 @@ impl Limiter {
                     policy: policy.clone(),
                     buckets: parking_lot::Mutex::new(HashMap::new()),
                     waiting: Waiting::default(),
+                    answered: tokio::sync::Notify::new(),
                 };
                 (name.clone(), Arc::new(limit))
             })
@@ -169,9 +172,13 @@ impl Limiter {
 
     /// One limit's admission: from the leases in hand, else after a lease (one round trip).
     async fn admit_one(&self, limit: &Limit, bucket: BucketKey, want: Want, now_ms: u64) -> Result<Held, (u64, bool)> {
-        // At most one lease per quota and one slot request per admission: a fleet that grants
-        // nothing more ends it.
-        for _ in 0..4 {
+        // One ask of the fleet per quota and one for slots, and a few waits for others' asks: a
+        // fleet that grants nothing more ends it.
+        for _ in 0..16 {
+            // Registered before the bucket is read: an answer that lands in between still wakes.
+            let answered = limit.answered.notified();
+            tokio::pin!(answered);
+            answered.as_mut().enable();
             let step = {
                 let mut buckets = limit.buckets.lock();
                 if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(&bucket) {
@@ -185,15 +192,18 @@ impl Limiter {
             match step {
                 Step::Held(held) => return Ok(held),
                 Step::Over { retry_after_ms, window } => return Err((retry_after_ms, window)),
+                Step::Wait => {
+                    let _ = tokio::time::timeout(ASK_WAIT, answered).await;
+                }
                 Step::Lease(quota, lease) => {
+                    let asking = Asking::new(limit, bucket, quota as usize);
                     let grant = self.lease(limit, bucket, quota, lease).await;
-                    {
-                        let mut buckets = limit.buckets.lock();
-                        if let Some(l) = buckets.get_mut(&bucket).and_then(|b| b.ledger(quota)) {
+                    asking.done(|b| {
+                        if let Some(l) = b.ledger(quota) {
                             l.grant(now_ms, grant);
                             l.set_replicas(self.replicas());
                         }
-                    }
+                    });
                     // Nothing granted though the fleet has more: the store did not answer.
                     if grant.granted == 0 && grant.left > 0 {
                         return Err((1000, false));
@@ -201,11 +211,16 @@ impl Limiter {
                 }
                 Step::Slots { want, held } => {
                     self.renew_slots_in_background();
+                    let asking = Asking::new(limit, bucket, bucket::SLOTS);
                     let total = self.hold_slots(limit, bucket, held + want).await;
-                    let mut buckets = limit.buckets.lock();
-                    if let Some(s) = buckets.get_mut(&bucket).and_then(|b| b.slots.as_mut()) {
-                        s.grant(total.saturating_sub(held));
-                    }
+                    asking.done(|b| {
+                        if let Some(s) = b.slots.as_mut() {
+                            // Held now (releases may have come meanwhile): the fleet's answer is
+                            // the whole holding, so only what it adds is granted.
+                            let now_held = s.in_use() + s.free();
+                            s.grant(total.saturating_sub(now_held));
+                        }
+                    });
                 }
             }
         }
@@ -341,6 +356,39 @@ fn counter(limit: &Limit, bucket: BucketKey, quota: Quota, window: Window) -> Co
         bucket: bucket.to_string(),
         quota: quota.name(),
         window: window.index,
+    }
+}
+
+/// The longest a request waits for another's ask of the fleet before looking again.
+const ASK_WAIT: Duration = Duration::from_secs(1);
+
+/// A request's ask of the fleet for a bucket: cleared (and the waiting requests woken) when it
+/// is answered, or when the request goes away before (its future dropped).
+struct Asking<'a> {
+    limit: &'a Limit,
+    bucket: BucketKey,
+    index: usize,
+}
+
+impl<'a> Asking<'a> {
+    fn new(limit: &'a Limit, bucket: BucketKey, index: usize) -> Asking<'a> {
+        Asking { limit, bucket, index }
+    }
+
+    /// The answer: `credit` applies it to the bucket (the ask is cleared on drop, after).
+    fn done(self, credit: impl FnOnce(&mut Bucket)) {
+        if let Some(b) = self.limit.buckets.lock().get_mut(&self.bucket) {
+            credit(b);
+        }
+    }
+}
+
+impl Drop for Asking<'_> {
+    fn drop(&mut self) {
+        if let Some(b) = self.limit.buckets.lock().get_mut(&self.bucket) {
+            b.asking[self.index] = false;
+        }
+        self.limit.answered.notify_waiters();
     }
 }
 

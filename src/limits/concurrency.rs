@@ -73,13 +73,19 @@ impl Slots {
     }
 
     /// A request ended. Returns how many slots to give back to the fleet now ([`SlotPool::give_back`]):
-    /// idle slots beyond a chunk, or every idle one while the fleet is full (others may be waiting).
+    /// once two chunks lie idle, all but one; every idle one while the fleet is full (others may
+    /// be waiting).
     pub(crate) fn release(&mut self, slot: Slot) -> u64 {
         let Slot(()) = slot;
         self.in_use = self.in_use.saturating_sub(1);
         let idle = self.held - self.in_use;
-        let keep = if self.full { 0 } else { self.chunk };
-        let back = idle.saturating_sub(keep);
+        // Back to one chunk idle once two have gathered (not at every release: each give-back is
+        // a round trip); every idle slot while the fleet is full (others may be waiting).
+        let back = match self.full {
+            true => idle,
+            false if idle >= 2 * self.chunk => idle - self.chunk,
+            false => 0,
+        };
         self.held -= back;
         back
     }

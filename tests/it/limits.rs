@@ -383,3 +383,143 @@ fn a_limit_that_cannot_work_is_refused_at_load_naming_the_key() {
         assert!(err.contains("t.toml"), "{err}");
     }
 }
+
+/// A replica that dies holding a lease takes only that lease with it: the others admit the rest
+/// of the window, and the fleet never passes the limit.
+#[tokio::test]
+async fn a_replica_killed_holding_a_lease_costs_the_fleet_at_most_that_lease() {
+    whole_minute_ahead(Duration::from_secs(30)).await;
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = TestConfig::new(&provider.url())
+        .redis(&redis.url())
+        .limit("team", team_limit(|l| l.requests_per_minute = Some(40)));
+    let mut doomed = crate::support::sidecar::ReboundProcess::start(&config.toml(), &[]).await;
+    let url = doomed.proxy.clone();
+    let doomed_call = |n: u32| {
+        let url = url.clone();
+        async move {
+            let h = [("x-fake-key", "kill"), ("x-team", "chat")];
+            send(
+                "POST",
+                &format!("{url}/fake/v1/chat/completions"),
+                &h,
+                format!(r#"{{"n":{n}}}"#),
+            )
+            .await
+        }
+    };
+    // Alone on the bucket, it leases 40 / 8 = 5 and admits 3 of them; then it dies.
+    for n in 0..3 {
+        assert_eq!(doomed_call(n).await.status, 200);
+    }
+    doomed.child.kill().await.expect("kill");
+    let others = [config.start().await, config.start().await];
+    let mut admitted = 3;
+    for i in 0..60 {
+        match call(&others[i % 2], "kill", "chat").await.status.as_u16() {
+            200 => admitted += 1,
+            429 => {}
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!(provider.count("kill"), admitted);
+    assert!(
+        (35..=40).contains(&admitted),
+        "the limit, less at most the dead replica's unspent lease (2): {admitted}"
+    );
+}
+
+/// Redis frozen mid-run: with `redis_down = "local"` the replica goes on with its own share of
+/// the limit, and stops at it.
+#[tokio::test]
+async fn while_redis_is_frozen_a_replica_enforces_its_share() {
+    whole_minute_ahead(Duration::from_secs(30)).await;
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let rebound = TestConfig::new(&provider.url())
+        .redis_with(&redis.url(), |r| r.command_timeout = some("200ms"))
+        .limit("team", team_limit(|l| l.requests_per_minute = Some(16)))
+        .start()
+        .await;
+    until("redis up", Duration::from_secs(10), || async {
+        let page = rebound.metrics().await;
+        (metric(&page, "rebound_redis_up") == 1.0)
+            .then_some(())
+            .ok_or("down".to_string())
+    })
+    .await;
+    for _ in 0..2 {
+        assert_eq!(call(&rebound, "frozen", "chat").await.status, 200);
+    }
+    redis.freeze();
+    let mut statuses = Vec::new();
+    for _ in 0..24 {
+        statuses.push(call(&rebound, "frozen", "chat").await.status.as_u16());
+    }
+    redis.thaw();
+    let admitted = statuses.iter().filter(|s| **s == 200).count();
+    // The lease in hand (16 / 8 = 2), then the replica's own count of its share (16 / 1 replica).
+    assert!(
+        statuses[..10].iter().all(|s| *s == 200),
+        "admitted while frozen: {statuses:?}"
+    );
+    assert!(admitted <= 2 + 16, "its share, not unlimited: {admitted}");
+    assert_eq!(statuses.last(), Some(&429), "{statuses:?}");
+}
+
+/// A burst on a fresh bucket asks the fleet once, not once per request: the others wait for that
+/// answer (before, each asked, and one told "nothing left" before the others' grants were
+/// credited was refused with the quota far from used).
+#[tokio::test]
+async fn a_burst_on_a_fresh_bucket_asks_the_fleet_once_and_is_admitted_whole() {
+    whole_minute_ahead(Duration::from_secs(20)).await;
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let rebound = TestConfig::new(&provider.url())
+        .redis(&redis.url())
+        .limit(
+            "team",
+            team_limit(|l| {
+                l.requests_per_minute = Some(600);
+                l.concurrent = Some(200);
+            }),
+        )
+        .start()
+        .await;
+    until("redis up", Duration::from_secs(10), || async {
+        let page = rebound.metrics().await;
+        (metric(&page, "rebound_redis_up") == 1.0)
+            .then_some(())
+            .ok_or("down".to_string())
+    })
+    .await;
+    provider.script("burst", vec![Step::Delay { ms: 50 }; 64]);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..64 {
+        let url = rebound.url.clone();
+        set.spawn(async move {
+            let h = [("x-fake-key", "burst"), ("x-team", "chat")];
+            send(
+                "POST",
+                &format!("{url}/fake/v1/chat/completions"),
+                &h,
+                format!(r#"{{"n":{i}}}"#),
+            )
+            .await
+        });
+    }
+    while let Some(a) = set.join_next().await {
+        assert_eq!(a.unwrap().status, 200);
+    }
+    let page = rebound.metrics().await;
+    let asks = |op: &str| {
+        metric(
+            &page,
+            &format!(r#"rebound_redis_command_duration_seconds_count{{op="{op}"}}"#),
+        )
+    };
+    // 600 / 8 = 75 requests a lease, 200 / 4 = 50 slots a holding: a few asks, not 64.
+    assert!(asks("limit_lease") <= 2.0, "{} leases", asks("limit_lease"));
+    assert!(asks("limit_slots") <= 4.0, "{} slot asks", asks("limit_slots"));
+}

@@ -6,11 +6,12 @@ import sys
 
 from .common import (
     ALL_TARGETS, DEFAULT_TARGETS, FLEET_IDLE_S, FLEET_MASTERS, FLEET_REPLICAS, FLEET_TOPOLOGIES, CACHE_HOT,
-    IDEM_MAX_ENTRIES, LOAD_CPU, PROXY_CPU, REBOUND_CONFIG, REBOUND_IDEM_CONFIG, REBOUND_POLICY_CONFIG, ROOT, BENCH,
+    IDEM_MAX_ENTRIES, LIMITS_TEAMS, LOAD_CPU, PROXY_CPU, REBOUND_CONFIG, REBOUND_IDEM_CONFIG, REBOUND_LIMITS_CONFIG,
+    REBOUND_POLICY_CONFIG, ROOT, BENCH,
 )
 from .targets import BODY_TARGETS, C1_TARGETS
 
-MODES = ["forward", "idempotency", "follow", "policy", "scale", "cache", "c1", "body", "fleet"]
+MODES = ["forward", "idempotency", "follow", "policy", "scale", "cache", "c1", "body", "fleet", "limits"]
 
 
 def build_parser(description=None):
@@ -29,7 +30,7 @@ def build_parser(description=None):
     ap.add_argument("--fleet-topology", default=",".join(FLEET_TOPOLOGIES),
                     help="fleet mode: from single (one redis-server), cluster (3 masters, no replicas); default both")
     ap.add_argument("--fleet-connections", type=int, default=8,
-                    help="fleet mode: wrk connections to each of the 3 replicas (default 8)")
+                    help="fleet and limits modes: wrk connections to each of the 3 replicas (default 8)")
     ap.add_argument("--mode", default="forward", choices=MODES,
                     help="forward: direct vs nginx vs rebound (default); idempotency: rebound's CPU per keyed "
                          "request with its in-memory idempotency store empty, then full; follow: one SSE stream "
@@ -37,9 +38,11 @@ def build_parser(description=None):
                          "streams; policy: CPU per request with retry, breaker and idempotency policies vs plain "
                          "forwarding; scale: memory and CPU with --idle-connections idle connections, then "
                          "--scale-streams concurrent SSE streams (rebound, and nginx unless --targets rebound); "
-                         "fleet: Redis CPU per keyed request with 3 replicas on one Redis and on a 3-master Cluster")
+                         "fleet: Redis CPU per keyed request with 3 replicas on one Redis and on a 3-master Cluster; "
+                         "limits: CPU per request with a fleet-wide limit vs plain forwarding, then the limit's "
+                         "Redis calls and Redis CPU per admitted request with 3 replicas on one Redis")
     ap.add_argument("--runs", type=int, default=None,
-                    help="repeat everything N times, report the median (default 1; 3 in the fleet mode)")
+                    help="repeat everything N times, report the median (default 1; 3 in the fleet and limits modes)")
     ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
                     help="comma-separated, from direct,nginx,rebound,hyper-floor (default: the first three)")
     ap.add_argument("--duration", type=int, default=10, help="throughput phase seconds (default 10)")
@@ -86,7 +89,7 @@ def split_list(text):
 
 def mode_targets(ap, args, targets_given):
     """What the mode implies for the targets (and checks its own target list)."""
-    if args.mode in ("idempotency", "follow", "policy", "cache", "fleet"):
+    if args.mode in ("idempotency", "follow", "policy", "cache", "fleet", "limits"):
         args.targets = "rebound"
     if args.mode == "fleet":
         topologies = split_list(args.fleet_topology)
@@ -145,7 +148,7 @@ def parse_args(argv=None, description=None):
     targets_given = any(a == "--targets" or a.startswith("--targets=") for a in argv)
     args = ap.parse_args(argv)
     if args.runs is None:
-        args.runs = 3 if args.mode == "fleet" else 1
+        args.runs = 3 if args.mode in ("fleet", "limits") else 1
     if args.quick:
         args.duration, args.latency_duration, args.warmup, args.sse_rounds = 3, 5, 1, 1
         args.idem_reps = 1
@@ -180,6 +183,12 @@ def run_params(args):
         params.update(fleet_topology=args.fleet_topology, fleet_connections=args.fleet_connections,
                       fleet_replicas=len(FLEET_REPLICAS), fleet_masters=FLEET_MASTERS, fleet_idle_s=FLEET_IDLE_S,
                       fleet_config=str(REBOUND_IDEM_CONFIG.relative_to(ROOT)) + " + [redis]")
+    if args.mode == "limits":
+        params.update(limits_config=str(REBOUND_LIMITS_CONFIG.relative_to(ROOT)),
+                      plain_config=str(REBOUND_CONFIG.relative_to(ROOT)), limits_teams=list(LIMITS_TEAMS),
+                      fleet_connections=args.fleet_connections, fleet_replicas=len(FLEET_REPLICAS),
+                      fleet_idle_s=FLEET_IDLE_S,
+                      fleet_config=str(REBOUND_LIMITS_CONFIG.relative_to(ROOT)) + " + [redis] (one redis-server)")
     if args.mode == "scale":
         params.update(idle_connections=args.idle_connections, idle_batch=args.idle_batch, idle_seconds=args.idle_seconds,
                       scale_streams=args.scale_streams, scale_events=args.scale_events, scale_gap_ms=args.scale_gap_ms)

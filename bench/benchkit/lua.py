@@ -103,6 +103,52 @@ end
 """
 
 
+# The limits mode: every request `POST {"model":"gpt-fake","max_tokens":256}` with `x-team` one of
+# LIMITS_TEAMS in turn (a bucket each under `key = "header:x-team"`). response() counts what the
+# harness checks: answers that are not 2xx, 429s (a limit that refused or let a request wait past
+# its time: the mode fails on one), and answers that carry the `RateLimit` field (every answer of a
+# limited route: proof that the limit was applied; none of the plain route). done() as in
+# WRK_KEYED_LUA.
+WRK_LIMITS_LUA = """\
+wrk.method = "POST"
+wrk.body = '{{"model":"gpt-fake","max_tokens":256}}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["x-fake-key"] = "{key}"
+sent, answered, non2xx, s429, ratelimit = 0, 0, 0, 0, 0
+tid = 0
+local teams = {{{teams}}}
+local threads = {{}}
+function setup(thread)
+  table.insert(threads, thread)
+  thread:set("tid", #threads)
+end
+function request()
+  sent = sent + 1
+  wrk.headers["x-team"] = teams[sent % #teams + 1]
+  return wrk.format()
+end
+function response(status, headers, body)
+  answered = answered + 1
+  if status < 200 or status > 299 then non2xx = non2xx + 1 end
+  if status == 429 then s429 = s429 + 1 end
+  if headers["ratelimit"] ~= nil then ratelimit = ratelimit + 1 end
+end
+function done(summary, latency, requests)
+  local s, a, n, t, r = 0, 0, 0, 0, 0
+  for _, th in ipairs(threads) do
+    s = s + th:get("sent"); a = a + th:get("answered"); n = n + th:get("non2xx")
+    t = t + th:get("s429"); r = r + th:get("ratelimit")
+  end
+  io.write(string.format(
+    'WRKJSON {{"requests":%d,"duration_us":%d,"bytes":%d,"connect":%d,"read":%d,"write":%d,' ..
+    '"status":%d,"timeout":%d,"p50_us":%d,"p99_us":%d,"sent":%d,"answered":%d,"non2xx":%d,' ..
+    '"s429":%d,"ratelimit":%d}}\\n',
+    summary.requests, summary.duration, summary.bytes, summary.errors.connect, summary.errors.read,
+    summary.errors.write, summary.errors.status, summary.errors.timeout,
+    latency:percentile(50), latency:percentile(99), s, a, n, t, r))
+end
+"""
+
 # The cache mode's mix: with probability {ratio} one of {hot} hot requests, else one never seen.
 WRK_CACHE_LUA = """\
 wrk.method = "POST"
@@ -159,3 +205,9 @@ def body_lua(shape, nbytes, keyed):
     conversation), with a fresh Idempotency-Key per request when `keyed`."""
     template = WRK_BODY_LUA_CHAT if shape == "chat" else WRK_BODY_LUA
     return template.replace("{fill}", str(nbytes - 26)).replace("{keyed}", "true" if keyed else "false")
+
+
+def limits_lua(teams):
+    """The limits mode's script (a str.format template still: {key} is the phase's x-fake-key),
+    cycling `x-team` through `teams`."""
+    return WRK_LIMITS_LUA.replace("{teams}", ", ".join(f'"{t}"' for t in teams))

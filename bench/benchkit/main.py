@@ -20,6 +20,7 @@ from .fleet import fleet_main
 from .follow import follow_main
 from .forward import forward_main
 from .idempotency import idem_main
+from .limits import limits_main
 from .net import port_free
 from .policy import policy_main
 from .procs import Procs
@@ -28,14 +29,15 @@ from .scale import scale_main
 from .tools import build, ensure_tools
 
 MODES = {"forward": forward_main, "idempotency": idem_main, "follow": follow_main, "policy": policy_main,
-         "scale": scale_main, "cache": cache_main, "c1": c1_main, "body": body_main, "fleet": fleet_main}
+         "scale": scale_main, "cache": cache_main, "c1": c1_main, "body": body_main, "fleet": fleet_main,
+         "limits": limits_main}
 
 
 def ports_needed(args):
     """{port: what listens on it} for every fixed port of the run."""
     ports = {UPSTREAM_PORT: "fake upstream", NGINX_PORT: "nginx", REBOUND_PORT: "rebound", ADMIN_PORT: "rebound admin",
              FLOOR_PORT: "hyper-floor"}
-    if args.mode == "fleet":
+    if args.mode in ("fleet", "limits"):
         for i, (port, admin) in enumerate(FLEET_REPLICAS):
             ports.update({port: f"rebound replica {i}", admin: f"rebound replica {i} admin"})
     return ports

@@ -5,7 +5,9 @@ import statistics
 # counts of failures: summed over runs, not medians
 COUNT_KEYS = ("lost", "thr_errors", "thr_non2xx", "lat_errors", "lat_non2xx", "sse_incomplete", "sse_errors", "sse_non2xx",
               "policy_lost", "policy_errors", "policy_non2xx", "policy_attempts_not_1", "scale_lost", "scale_idle_failed",
-              "scale_idle_closed_by_proxy", "scale_sse_lost")
+              "scale_idle_closed_by_proxy", "scale_sse_lost", "limits_lost", "limits_errors", "limits_non2xx",
+              "limits_429", "limits_queued", "limits_rejected", "limits_fleet_lost", "limits_fleet_errors",
+              "limits_fleet_non2xx", "limits_fleet_429", "limits_fleet_queued", "limits_fleet_rejected")
 
 
 def per(x, n, scale=1e6):

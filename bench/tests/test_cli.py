@@ -40,6 +40,8 @@ def test_modes_imply_their_targets():
     fleet = parse_args(["--mode", "fleet", "--fleet-topology", "cluster,single"])
     assert fleet.runs == 3 and fleet.targets == ["rebound"] and fleet.fleet_topology == ["single", "cluster"]
     assert parse_args(["--mode", "fleet", "--runs", "1"]).runs == 1
+    limits = parse_args(["--mode", "limits", "--targets", "direct"])
+    assert limits.runs == 3 and limits.targets == ["rebound"] and limits.fleet_connections == 8
     scale = parse_args(["--mode", "scale"])
     assert scale.targets == ["nginx", "rebound"]
     assert parse_args(["--mode", "scale", "--targets=rebound"]).targets == ["rebound"]
@@ -69,7 +71,7 @@ def test_errors(argv, message, capsys):
 def test_help_has_the_description_and_every_mode():
     text = build_parser("bench/run: usage text").format_help()
     assert "bench/run: usage text" in text
-    assert "{forward,idempotency,follow,policy,scale,cache,c1,body,fleet}" in text
+    assert "{forward,idempotency,follow,policy,scale,cache,c1,body,fleet,limits}" in text
     assert "than 10% of a core" in text  # %% in the help string
 
 
@@ -82,6 +84,10 @@ def test_run_params():
     f = run_params(parse_args(["--mode", "fleet"]))
     assert f["fleet_config"] == "bench/rebound.idempotency.bench.toml + [redis]"
     assert (f["fleet_replicas"], f["fleet_masters"], f["fleet_idle_s"], f["fleet_topology"]) == (3, 3, 2.0, ["single", "cluster"])
+    li = run_params(parse_args(["--mode", "limits"]))
+    assert li["limits_config"] == "bench/rebound.limits.bench.toml" and li["plain_config"] == "bench/rebound.bench.toml"
+    assert li["limits_teams"] == ["alpha", "beta", "gamma"] and (li["fleet_replicas"], li["fleet_connections"]) == (3, 8)
+    assert li["fleet_config"] == "bench/rebound.limits.bench.toml + [redis] (one redis-server)"
     c = run_params(parse_args(["--mode", "cache", "--hit-ratio", "0.5"]))
     assert (c["hit_ratio"], c["cache_store"], c["cache_hot"]) == (0.5, "memory", 16)
     s = run_params(parse_args(["--mode", "scale"]))

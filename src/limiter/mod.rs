@@ -26,7 +26,7 @@ use crate::limits::window::Window;
 use crate::redis::RedisError;
 pub(crate) use bucket::Want;
 use bucket::{Bucket, Held, Quota, Step};
-pub(crate) use pass::Pass;
+pub(crate) use pass::{fields, Pass};
 pub(crate) use queue::Place;
 use queue::Waiting;
 use store::{CounterId, Store};
@@ -64,19 +64,23 @@ pub(crate) struct Limit {
 }
 
 impl Limit {
-    /// The bucket a request falls in, and its share value and weight in the bucket's queue
-    /// (`share_by`'s value, weighed by `weights`; without `share_by`, the bucket itself).
-    pub(crate) fn spot(&self, input: &KeyInput<'_>) -> (BucketKey, ([u8; 16], u32)) {
+    /// The bucket a request falls in.
+    pub(crate) fn bucket(&self, input: &KeyInput<'_>) -> BucketKey {
+        key::bucket(&self.policy.key, &self.policy.name, input)
+    }
+
+    /// The share value and weight of a request of `bucket` in the bucket's queue (`share_by`'s
+    /// value, weighed by `weights`; without `share_by`, the bucket itself).
+    pub(crate) fn share(&self, bucket: BucketKey, input: &KeyInput<'_>) -> ([u8; 16], u32) {
         let policy = &self.policy;
-        let bucket = key::bucket(&policy.key, &policy.name, input);
         let Some(by) = &policy.share_by else {
-            return (bucket, (bucket.0, 1));
+            return (bucket.0, 1);
         };
         let share = key::bucket(by, &policy.name, input);
         let weight = key::value(by, input)
             .and_then(|v| policy.weights.get(&v).copied())
             .unwrap_or(1);
-        (bucket, (share.0, weight))
+        (share.0, weight)
     }
 }
 
@@ -137,13 +141,12 @@ impl Limiter {
         names.iter().filter_map(|n| self.limits.get(n).cloned()).collect()
     }
 
-    /// Admits a request (`input`, which may use `want`, its model priced at `price`) on every
-    /// limit of `limits`, at `now_ms` (unix ms): the pass it holds until its response ends, or
+    /// Admits a request (of `buckets`, one per limit, which may use `want`, its model priced at
+    /// `price`) on every limit of `limits`, at `now_ms` (unix ms): the pass it holds until its response ends, or
     /// the limit that refused it (what it took of the others given back).
     pub(crate) async fn admit(
         &self,
-        limits: &[Arc<Limit>],
-        input: &KeyInput<'_>,
+        (limits, buckets): (&[Arc<Limit>], &[BucketKey]),
         (want, price): (Want, Option<Price>),
         now_ms: u64,
     ) -> Result<Pass, Refused> {
@@ -153,8 +156,7 @@ impl Limiter {
             replica: self.replica.clone(),
             price,
         };
-        for limit in limits {
-            let bucket = key::bucket(&limit.policy.key, &limit.policy.name, input);
+        for (limit, bucket) in limits.iter().zip(buckets.iter().copied()) {
             match self.admit_one(limit, bucket, want, now_ms).await {
                 Ok(held) => pass.held.push((limit.clone(), bucket, held)),
                 Err((retry_after_ms, window)) => {
@@ -435,6 +437,10 @@ mod tests {
         h
     }
 
+    fn buckets(limits: &[Arc<Limit>], headers: &HeaderMap) -> Vec<BucketKey> {
+        limits.iter().map(|l| l.bucket(&input(headers))).collect()
+    }
+
     fn tokens(n: u64) -> (Want, Option<Price>) {
         (Want { tokens: n, cost: 0 }, None)
     }
@@ -456,24 +462,34 @@ mod tests {
         let (a, b) = (team("a"), team("b"));
         let mut passes = Vec::new();
         for _ in 0..3 {
-            passes.push(l.admit(&limits, &input(&a), tokens(0), NOW).await.expect("admitted"));
+            passes.push(
+                l.admit((&limits, &buckets(&limits, &a)), tokens(0), NOW)
+                    .await
+                    .expect("admitted"),
+            );
         }
         let refused = l
-            .admit(&limits, &input(&a), tokens(0), NOW)
+            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW)
             .await
             .err()
             .expect("refused");
         assert_eq!(refused.limit, "team");
         assert_eq!(refused.retry_after, Duration::from_secs(50));
         // Another team has its own bucket.
-        assert!(l.admit(&limits, &input(&b), tokens(0), NOW).await.is_ok());
+        assert!(l.admit((&limits, &buckets(&limits, &b)), tokens(0), NOW).await.is_ok());
         // A request that ended does not give back its request: it was made.
         for p in passes {
             p.settle(None, NOW + 500);
         }
-        assert!(l.admit(&limits, &input(&a), tokens(0), NOW + 1000).await.is_err());
+        assert!(l
+            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW + 1000)
+            .await
+            .is_err());
         // The next minute starts afresh.
-        assert!(l.admit(&limits, &input(&a), tokens(0), NOW + 50_000).await.is_ok());
+        assert!(l
+            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW + 50_000)
+            .await
+            .is_ok());
     }
 
     #[tokio::test]
@@ -481,20 +497,28 @@ mod tests {
         let l = limiter("tokens_per_minute = 1000");
         let limits = l.for_route(&["team".into()]);
         let a = team("a");
-        let first = l.admit(&limits, &input(&a), tokens(800), NOW).await.expect("admitted");
+        let first = l
+            .admit((&limits, &buckets(&limits, &a)), tokens(800), NOW)
+            .await
+            .expect("admitted");
         assert!(
-            l.admit(&limits, &input(&a), tokens(300), NOW).await.is_err(),
+            l.admit((&limits, &buckets(&limits, &a)), tokens(300), NOW)
+                .await
+                .is_err(),
             "800 + 300 reserved > 1000"
         );
         // It used 100 of its 800: 700 come back.
         first.settle(Some(used(100)), NOW + 10);
         let second = l
-            .admit(&limits, &input(&a), tokens(800), NOW + 20)
+            .admit((&limits, &buckets(&limits, &a)), tokens(800), NOW + 20)
             .await
             .expect("admitted");
         // Used more than reserved: the excess counts, and the window is over the limit.
         second.settle(Some(used(950)), NOW + 30);
-        assert!(l.admit(&limits, &input(&a), tokens(1), NOW + 40).await.is_err());
+        assert!(l
+            .admit((&limits, &buckets(&limits, &a)), tokens(1), NOW + 40)
+            .await
+            .is_err());
     }
 
     #[tokio::test]
@@ -504,10 +528,13 @@ mod tests {
         let l = Limiter::new(&config, Arc::new(Store::local()));
         let limits = l.for_route(&["rpm".into(), "one".into()]);
         let h = HeaderMap::new();
-        let first = l.admit(&limits, &input(&h), tokens(0), NOW).await.expect("first");
+        let first = l
+            .admit((&limits, &buckets(&limits, &h)), tokens(0), NOW)
+            .await
+            .expect("first");
         for _ in 0..3 {
             let refused = l
-                .admit(&limits, &input(&h), tokens(0), NOW)
+                .admit((&limits, &buckets(&limits, &h)), tokens(0), NOW)
                 .await
                 .err()
                 .expect("no slot");
@@ -515,7 +542,10 @@ mod tests {
         }
         first.settle(None, NOW + 10);
         // The refused requests were not made: rpm still has its second request.
-        assert!(l.admit(&limits, &input(&h), tokens(0), NOW + 20).await.is_ok());
+        assert!(l
+            .admit((&limits, &buckets(&limits, &h)), tokens(0), NOW + 20)
+            .await
+            .is_ok());
     }
 
     #[tokio::test]
@@ -523,10 +553,16 @@ mod tests {
         let l = limiter("concurrent = 2");
         let limits = l.for_route(&["team".into()]);
         let a = team("a");
-        let one = l.admit(&limits, &input(&a), tokens(0), NOW).await.expect("one");
-        let _two = l.admit(&limits, &input(&a), tokens(0), NOW).await.expect("two");
-        assert!(l.admit(&limits, &input(&a), tokens(0), NOW).await.is_err());
+        let one = l
+            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW)
+            .await
+            .expect("one");
+        let _two = l
+            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW)
+            .await
+            .expect("two");
+        assert!(l.admit((&limits, &buckets(&limits, &a)), tokens(0), NOW).await.is_err());
         drop(one); // the response ended, however it ended
-        assert!(l.admit(&limits, &input(&a), tokens(0), NOW).await.is_ok());
+        assert!(l.admit((&limits, &buckets(&limits, &a)), tokens(0), NOW).await.is_ok());
     }
 }

@@ -90,42 +90,51 @@ impl Pass {
     /// The `RateLimit-Policy` and `RateLimit` fields of the tightest limit the request passed,
     /// as of `now_ms`.
     pub(crate) fn headers(&self, now_ms: u64) -> Option<(HeaderValue, HeaderValue)> {
-        let mut statuses = Vec::new();
-        for (limit, bucket, _) in &self.held {
-            let name = limit.policy.name.as_str();
-            let buckets = limit.buckets.lock();
-            let Some(b) = buckets.get(bucket) else { continue };
-            for (quota, unit) in [
-                (Quota::Requests, Unit::Requests),
-                (Quota::Tokens, Unit::Tokens),
-                (Quota::SpendDay, Unit::MicroUsd),
-                (Quota::SpendMonth, Unit::MicroUsd),
-            ] {
-                if let Some(l) = b.ledger_ref(quota) {
-                    let window = l.period().window(now_ms);
-                    statuses.push(Status {
-                        name,
-                        unit,
-                        quota: l.limit(),
-                        window_secs: Some(l.period().nominal_secs()),
-                        remaining: l.remaining(now_ms),
-                        reset_secs: Some(window.secs_left(now_ms)),
-                    });
-                }
-            }
-            if let (Some(s), Some(n)) = (&b.slots, limit.policy.concurrent) {
+        fields(self.held.iter().map(|(limit, bucket, _)| (&**limit, *bucket)), now_ms)
+    }
+}
+
+/// The `RateLimit-Policy` and `RateLimit` fields of the tightest quota of these limits' buckets
+/// (the refused request's too: the quota that refused it shows what is left of it).
+pub(crate) fn fields<'a>(
+    buckets: impl Iterator<Item = (&'a Limit, BucketKey)>,
+    now_ms: u64,
+) -> Option<(HeaderValue, HeaderValue)> {
+    let mut statuses = Vec::new();
+    for (limit, bucket) in buckets {
+        let name = limit.policy.name.as_str();
+        let buckets = limit.buckets.lock();
+        let Some(b) = buckets.get(&bucket) else { continue };
+        for (quota, unit) in [
+            (Quota::Requests, Unit::Requests),
+            (Quota::Tokens, Unit::Tokens),
+            (Quota::SpendDay, Unit::MicroUsd),
+            (Quota::SpendMonth, Unit::MicroUsd),
+        ] {
+            if let Some(l) = b.ledger_ref(quota) {
+                let window = l.period().window(now_ms);
                 statuses.push(Status {
                     name,
-                    unit: Unit::ConcurrentRequests,
-                    quota: u64::from(n),
-                    window_secs: None,
-                    remaining: s.free(),
-                    reset_secs: None,
+                    unit,
+                    quota: l.limit(),
+                    window_secs: Some(l.period().nominal_secs()),
+                    remaining: l.remaining(now_ms),
+                    reset_secs: Some(window.secs_left(now_ms)),
                 });
             }
         }
-        headers::tightest(&statuses).map(|s| (s.policy(), s.ratelimit()))
+        if let (Some(s), Some(n)) = (&b.slots, limit.policy.concurrent) {
+            statuses.push(Status {
+                name,
+                unit: Unit::ConcurrentRequests,
+                quota: u64::from(n),
+                window_secs: None,
+                remaining: s.free(),
+                reset_secs: None,
+            });
+        }
     }
+    headers::tightest(&statuses).map(|s| (s.policy(), s.ratelimit()))
 }
 
 impl Drop for Pass {

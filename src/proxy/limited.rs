@@ -14,9 +14,9 @@ use super::routes::Route;
 use crate::config::OnLimit;
 use crate::credentials::CredentialHash;
 use crate::error::ProxyError;
-use crate::limiter::{Limit, Pass, Place, Want};
+use crate::limiter::{fields, Limit, Pass, Place, Want};
 use crate::limits::estimate;
-use crate::limits::key::KeyInput;
+use crate::limits::key::{BucketKey, KeyInput};
 use crate::limits::prices::{Price, Usage};
 use crate::time::{self, Instant};
 use crate::wire::body::{RequestLog, Settle, Used};
@@ -39,7 +39,7 @@ pub(super) async fn admit(
     (parts, body): (&http::request::Parts, &Bytes),
     deadline: Duration,
     log: &mut RequestLog,
-) -> Result<RateLimitFields, ProxyError> {
+) -> Result<RateLimitFields, Refusal> {
     let limits = &route.limits;
     let (credential, model, want) = asks(cx, route, (parts, body));
     let tokens = want.0.tokens;
@@ -50,15 +50,24 @@ pub(super) async fn admit(
         headers: &parts.headers,
     };
     let started = time::now();
+    // Each limit's bucket, hashed once.
+    let buckets: smallvec::SmallVec<[BucketKey; 2]> = limits.iter().map(|l| l.bucket(&input)).collect();
     // A request that finds others waiting for a limit waits behind them.
     let mut waiting: Option<(&Limit, Place, Instant)> = None;
-    for l in limits.iter().filter(|l| l.policy.on_limit == OnLimit::Queue) {
-        let (bucket, share) = l.spot(&input);
-        if l.waiting.busy(&bucket) {
+    for (l, bucket) in limits.iter().zip(buckets.iter().copied()) {
+        if l.policy.on_limit == OnLimit::Queue && l.waiting.busy(&bucket) {
             let until = started + l.policy.max_wait.min(deadline);
-            match l.waiting.join(bucket, share, until) {
+            match l.waiting.join(bucket, l.share(bucket, &input), until) {
                 Ok(place) => waiting = Some((l, place, until)),
-                Err(_) => return Err(rejected(cx, route, &l.policy.name, SLOT_POLL, started)),
+                Err(_) => {
+                    return Err(rejected(
+                        cx,
+                        route,
+                        (Some((l, bucket)), &l.policy.name),
+                        SLOT_POLL,
+                        started,
+                    ))
+                }
             }
             break;
         }
@@ -66,7 +75,7 @@ pub(super) async fn admit(
     loop {
         let mut pause = QUEUE_POLL;
         if waiting.as_ref().is_none_or(|(l, place, _)| l.waiting.is_head(place)) {
-            let refused = match cx.limiter.admit(limits, &input, want, time::now_unix_ms()).await {
+            let refused = match cx.limiter.admit((limits, &buckets), want, time::now_unix_ms()).await {
                 Ok(pass) => {
                     if let Some((l, place, _)) = waiting {
                         l.waiting.served(place);
@@ -78,33 +87,49 @@ pub(super) async fn admit(
             };
             if waiting.is_none() {
                 // Queue where the limit allows it and may open within the wait.
-                let l = limits.iter().find(|l| l.policy.name == refused.limit);
+                let at = limits.iter().position(|l| l.policy.name == refused.limit);
+                let l = at.and_then(|i| limits.get(i));
                 let until = l.map(|l| started + l.policy.max_wait.min(deadline));
                 let opens_in_time = until.is_some_and(|u| !refused.window || time::now() + refused.retry_after < u);
                 let queued = match (l.filter(|l| l.policy.on_limit == OnLimit::Queue), until) {
                     (Some(l), Some(until)) if opens_in_time => {
-                        let (bucket, share) = l.spot(&input);
+                        let bucket = at
+                            .and_then(|i| buckets.get(i).copied())
+                            .unwrap_or_else(|| l.bucket(&input));
                         l.waiting
-                            .join(bucket, share, until)
+                            .join(bucket, l.share(bucket, &input), until)
                             .ok()
                             .map(|place| (&**l, place, until))
                     }
                     _ => None,
                 };
                 let Some(q) = queued else {
-                    return Err(rejected(cx, route, &refused.limit, refused.retry_after, started));
+                    let refusing = at.and_then(|i| Some((&**limits.get(i)?, *buckets.get(i)?)));
+                    return Err(rejected(
+                        cx,
+                        route,
+                        (refusing, &refused.limit),
+                        refused.retry_after,
+                        started,
+                    ));
                 };
                 waiting = Some(q);
             }
             pause = refused.retry_after;
         }
         let Some((l, place, until)) = waiting else {
-            return Err(rejected(cx, route, "", SLOT_POLL, started));
+            return Err(rejected(cx, route, (None, ""), SLOT_POLL, started));
         };
         let now = time::now();
         if now >= until {
             l.waiting.leave(place);
-            return Err(rejected(cx, route, &l.policy.name, pause, started));
+            return Err(rejected(
+                cx,
+                route,
+                (Some((l, place.bucket)), &l.policy.name),
+                pause,
+                started,
+            ));
         }
         // Woken by a release, else in time for the limit's reset and the end of the wait.
         l.waiting
@@ -180,13 +205,24 @@ fn admitted(
     fields
 }
 
-/// 429 `limit_exceeded` for `limit`, counted.
-fn rejected(cx: &Context, route: &Route, limit: &str, retry_after: Duration, started: Instant) -> ProxyError {
+/// A refusal: rebound's 429, and the `RateLimit` fields of the refusing limit's bucket.
+pub(super) type Refusal = (ProxyError, RateLimitFields);
+
+/// 429 `limit_exceeded` for `limit` (its bucket, when known, for the fields), counted.
+fn rejected(
+    cx: &Context,
+    route: &Route,
+    (refusing, limit): (Option<(&Limit, BucketKey)>, &str),
+    retry_after: Duration,
+    started: Instant,
+) -> Refusal {
     count(cx, route, ("rejected", Some(limit)), started);
-    ProxyError::LimitExceeded {
+    let fields = refusing.and_then(|spot| fields(std::iter::once(spot), time::now_unix_ms()));
+    let err = ProxyError::LimitExceeded {
         limit: limit.to_string(),
         retry_after,
-    }
+    };
+    (err, fields)
 }
 
 /// Counts a decision: an admission under every limit of the route, a rejection under the limit

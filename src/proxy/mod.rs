@@ -327,7 +327,7 @@ impl Proxy {
             Ok(fields) => call::attempts(&self.cx, asked, self.models.for_request(body), trace)
                 .await
                 .with_ratelimit(fields),
-            Err(refused) => Delivery::refused(refused, self.models.for_request(body)),
+            Err((refused, fields)) => Delivery::refused(refused, self.models.for_request(body)).with_ratelimit(fields),
         }
     }
 
@@ -337,7 +337,7 @@ impl Proxy {
         route: &Route,
         (parts, body): (&http::request::Parts, &Bytes),
         log: &mut RequestLog,
-    ) -> Result<limited::RateLimitFields, ProxyError> {
+    ) -> Result<limited::RateLimitFields, limited::Refusal> {
         let deadline = crate::retry::policy::request_limits(&parts.headers, &route.retry).deadline;
         limited::admit(&self.cx, route, (parts, body), deadline, log).await
     }

@@ -62,6 +62,13 @@ async fn requests_over_a_teams_limit_get_429_and_never_reach_the_provider() {
     assert_eq!(over.header("x-rebound-error"), Some("limit_exceeded"));
     let after: u64 = over.header("retry-after").unwrap().parse().unwrap();
     assert!((1..=60).contains(&after), "the minute's end: {after}");
+    // The refusing limit's fields: nothing left.
+    assert_eq!(over.header("ratelimit-policy"), Some(r#""team";q=3;w=60"#));
+    assert!(
+        over.header("ratelimit").unwrap().starts_with(r#""team";r=0;t="#),
+        "{:?}",
+        over.header("ratelimit")
+    );
     assert_eq!(provider.count("k"), 3, "the refused request was not sent");
     // Another team has its own bucket.
     assert_eq!(call(&rebound, "k", "batch").await.status, 200);
@@ -522,4 +529,39 @@ async fn a_burst_on_a_fresh_bucket_asks_the_fleet_once_and_is_admitted_whole() {
     // 600 / 8 = 75 requests a lease, 200 / 4 = 50 slots a holding: a few asks, not 64.
     assert!(asks("limit_lease") <= 2.0, "{} leases", asks("limit_lease"));
     assert!(asks("limit_slots") <= 4.0, "{} slot asks", asks("limit_slots"));
+}
+
+#[tokio::test]
+async fn with_redis_down_open_a_limit_admits_while_redis_is_away() {
+    whole_minute_ahead(Duration::from_secs(20)).await;
+    let mut redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let rebound = TestConfig::new(&provider.url())
+        .redis_with(&redis.url(), |r| r.command_timeout = some("200ms"))
+        .limit(
+            "open",
+            team_limit(|l| {
+                l.requests_per_minute = Some(2);
+                l.redis_down = some("open");
+            }),
+        )
+        .start()
+        .await;
+    until("redis up", Duration::from_secs(10), || async {
+        let page = rebound.metrics().await;
+        (metric(&page, "rebound_redis_up") == 1.0)
+            .then_some(())
+            .ok_or("down".to_string())
+    })
+    .await;
+    assert_eq!(call(&rebound, "open", "chat").await.status, 200);
+    redis.stop();
+    for _ in 0..5 {
+        assert_eq!(
+            call(&rebound, "open", "chat").await.status,
+            200,
+            "not enforced while Redis is away"
+        );
+    }
+    assert_eq!(provider.count("open"), 6);
 }

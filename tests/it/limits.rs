@@ -30,6 +30,17 @@ async fn call(rebound: &Rebound, key: &str, team: &str) -> Answer {
     send("POST", &format!("{}/fake/v1/chat/completions", rebound.url), &h, body).await
 }
 
+/// Waits until `rebound` reports its Redis connection up.
+async fn redis_up(rebound: &Rebound) {
+    until("redis up", Duration::from_secs(10), || async {
+        let page = rebound.metrics().await;
+        (metric(&page, "rebound_redis_up") == 1.0)
+            .then_some(())
+            .ok_or("down".to_string())
+    })
+    .await;
+}
+
 /// Waits, when less than `margin` is left of the current UTC minute, for the next one: a test
 /// that counts a minute's requests must not straddle two windows.
 async fn whole_minute_ahead(margin: Duration) {
@@ -161,13 +172,7 @@ async fn three_replicas_on_one_redis_share_one_limit() {
         replicas.push(config.start().await);
     }
     for r in &replicas {
-        until("redis up", Duration::from_secs(10), || async {
-            let page = r.metrics().await;
-            (metric(&page, "rebound_redis_up") == 1.0)
-                .then_some(())
-                .ok_or("down".to_string())
-        })
-        .await;
+        redis_up(r).await;
     }
     let mut admitted = 0;
     for i in 0..45 {
@@ -308,13 +313,7 @@ async fn while_redis_is_away_a_limit_does_what_redis_down_says() {
         }),
     );
     let rebound = config.start().await;
-    until("redis up", Duration::from_secs(10), || async {
-        let page = rebound.metrics().await;
-        (metric(&page, "rebound_redis_up") == 1.0)
-            .then_some(())
-            .ok_or("down".to_string())
-    })
-    .await;
+    redis_up(&rebound).await;
     assert_eq!(call(&rebound, "r", "chat").await.status, 200);
     redis.stop();
     // Leases of 125 (1000 / 8): the one in hand runs out, then no new one comes.
@@ -449,13 +448,7 @@ async fn while_redis_is_frozen_a_replica_enforces_its_share() {
         .limit("team", team_limit(|l| l.requests_per_minute = Some(16)))
         .start()
         .await;
-    until("redis up", Duration::from_secs(10), || async {
-        let page = rebound.metrics().await;
-        (metric(&page, "rebound_redis_up") == 1.0)
-            .then_some(())
-            .ok_or("down".to_string())
-    })
-    .await;
+    redis_up(&rebound).await;
     for _ in 0..2 {
         assert_eq!(call(&rebound, "frozen", "chat").await.status, 200);
     }
@@ -494,13 +487,7 @@ async fn a_burst_on_a_fresh_bucket_asks_the_fleet_once_and_is_admitted_whole() {
         )
         .start()
         .await;
-    until("redis up", Duration::from_secs(10), || async {
-        let page = rebound.metrics().await;
-        (metric(&page, "rebound_redis_up") == 1.0)
-            .then_some(())
-            .ok_or("down".to_string())
-    })
-    .await;
+    redis_up(&rebound).await;
     provider.script("burst", vec![Step::Delay { ms: 50 }; 64]);
     let mut set = tokio::task::JoinSet::new();
     for i in 0..64 {
@@ -547,13 +534,7 @@ async fn with_redis_down_open_a_limit_admits_while_redis_is_away() {
         )
         .start()
         .await;
-    until("redis up", Duration::from_secs(10), || async {
-        let page = rebound.metrics().await;
-        (metric(&page, "rebound_redis_up") == 1.0)
-            .then_some(())
-            .ok_or("down".to_string())
-    })
-    .await;
+    redis_up(&rebound).await;
     assert_eq!(call(&rebound, "open", "chat").await.status, 200);
     redis.stop();
     for _ in 0..5 {

@@ -34,7 +34,6 @@ pub struct LimitPolicy {
     /// Under scarcity, the queue releases `share_by`'s values by these weights (1 when unlisted).
     pub weights: BTreeMap<String, u32>,
     /// Whose shares the queue balances, on a limit whose key does not name them.
-    #[allow(dead_code)] // read by the fair queue (issue 49, next)
     pub(crate) share_by: Option<KeySpec>,
     pub redis_down: RedisDown,
 }

@@ -4,9 +4,9 @@
 //! `crate::limits`, pure; where a bucket's quota comes from is [`store`] (Redis leases shared by
 //! every replica, or this process alone).
 //!
-//! Being built (issue 49): admission spends leases for requests, tokens and concurrent slots and
-//! refuses (429 `limit_exceeded`) what is over; the fair queue, spend limits and `redis_down` are
-//! next.
+//! Not yet: a stream is settled when it ends, not charged as it flows; each replica keeps its own
+//! queue; leases are renewed by the request that finds them spent, and not handed back before
+//! their window ends (docs/limits.md, "Not yet").
 
 mod bucket;
 mod pass;

@@ -17,8 +17,8 @@
 //! scripts that keep the fleet's counts, the lease renewals' tasks, `redis_down`, the metrics or
 //! the 429 `limit_exceeded` answer: the pipeline composes those from what is decided here.
 
-// The fair queue, prices and give-backs are not used by the pipeline yet (issue 49): this allow
-// goes once they are.
+// Parts the pipeline does not use yet (a stream charged as it flows, leases handed back, the
+// fleet's counts the property tests model): docs/limits.md, "Not yet".
 #![cfg_attr(not(test), allow(dead_code))]
 
 pub(crate) mod concurrency;

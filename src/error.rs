@@ -488,9 +488,7 @@ fn with_problem_headers<B>(kind: ErrorKind, body: B, retry_after: Option<std::ti
         HeaderValue::from_static(if row.retryable { "true" } else { "false" }),
     );
     if let Some(after) = retry_after {
-        // Whole seconds, rounded up: a client that waits this long does not come back early.
-        let secs = after.as_secs() + u64::from(after.subsec_nanos() > 0);
-        h.insert(http::header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+        headers::insert_retry_after(h, after);
     }
     resp
 }

@@ -85,7 +85,9 @@ pub(crate) struct Bucket {
 
 /// What a bucket says to a request.
 pub(crate) enum Step {
-    Held(Held),
+    /// Admitted; the leases to renew in the background, by quota (ran low, no ask in flight:
+    /// marked asking now), a few times a window.
+    Held(Held, Option<Box<Renewals>>),
     Lease(Quota, Lease),
     Slots {
         want: u64,
@@ -99,6 +101,9 @@ pub(crate) enum Step {
         window: bool,
     },
 }
+
+/// The leases to ask for, by quota (index as [`Quota::ALL`]).
+pub(crate) type Renewals = [Option<Lease>; 4];
 
 /// What a request holds of one bucket: a reservation per quota, a slot.
 pub(crate) struct Held {
@@ -172,7 +177,18 @@ impl Bucket {
                 };
             }
         };
-        Step::Held(Held { reserved, slot })
+        let mut renewals: Option<Box<Renewals>> = None;
+        for (i, ledger) in self.ledgers.iter().enumerate() {
+            if let Some(lease) = ledger
+                .as_ref()
+                .and_then(|l| l.renewal(now_ms))
+                .filter(|_| !self.asking[i])
+            {
+                self.asking[i] = true;
+                renewals.get_or_insert_default()[i] = Some(lease);
+            }
+        }
+        Step::Held(Held { reserved, slot }, renewals)
     }
 
     /// Gives back what an admission took before it found something missing.
@@ -222,5 +238,103 @@ impl Bucket {
             s.ask_again();
         }
         (excess, slots_after)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{KeySpec, OnLimit, RedisDown};
+    use crate::limits::ledger::Grant;
+
+    fn policy(tokens_per_minute: u64) -> LimitPolicy {
+        LimitPolicy {
+            name: "team".into(),
+            key: KeySpec::parse("route").expect("key"),
+            requests_per_minute: None,
+            tokens_per_minute: Some(tokens_per_minute),
+            concurrent: None,
+            micro_usd_per_day: None,
+            micro_usd_per_month: None,
+            on_limit: OnLimit::Reject,
+            max_wait: std::time::Duration::ZERO,
+            weights: Default::default(),
+            share_by: None,
+            redis_down: RedisDown::Local,
+        }
+    }
+
+    /// 12:00:10 UTC on some day.
+    const NOW: u64 = 1_796_385_610_000;
+
+    /// What the fleet grants: all that is asked while the window has it.
+    fn answer(left: &mut u64, lease: Lease) -> Grant {
+        let granted = lease.want.min(*left);
+        *left -= granted;
+        Grant {
+            window: lease.window,
+            granted,
+            left: *left,
+        }
+    }
+
+    #[test]
+    fn a_lease_running_low_is_renewed_before_a_request_has_to_wait_for_it() {
+        let mut b = Bucket::new(&policy(16_000), 1); // leases of 2000
+        let mut fleet_left = 16_000;
+        let want = Want { tokens: 100, cost: 0 };
+        let mut waited = 0;
+        let mut renewed = 0;
+        let mut held = Vec::new();
+        for i in 0..150u64 {
+            let now = NOW + i;
+            loop {
+                match b.try_admit(now, want) {
+                    Step::Held(h, renewals) => {
+                        held.push(h);
+                        // Answered in the background, before the next request.
+                        for (q, lease) in renewals.into_iter().flat_map(|r| *r).enumerate() {
+                            if let Some(lease) = lease {
+                                renewed += 1;
+                                let grant = answer(&mut fleet_left, lease);
+                                b.ledger(Quota::ALL[q]).expect("ledger").grant(now, grant);
+                                b.asking[q] = false;
+                            }
+                        }
+                        break;
+                    }
+                    Step::Lease(q, lease) => {
+                        waited += 1;
+                        let grant = answer(&mut fleet_left, lease);
+                        b.ledger(q).expect("ledger").grant(now, grant);
+                        b.asking[q as usize] = false;
+                    }
+                    Step::Over { .. } => {
+                        assert_eq!(i, 160, "refused before the window's 16 000 were spent");
+                    }
+                    Step::Wait | Step::Slots { .. } => panic!("one request at a time, no slots"),
+                }
+            }
+        }
+        assert_eq!(waited, 1, "only the first request of the window waits for the fleet");
+        assert!(renewed >= 6, "{renewed} renewals for 15 000 tokens in leases of 2000");
+        // While one renewal is in flight, no second is asked for.
+        let mut b = Bucket::new(&policy(16_000), 1);
+        let Step::Lease(_, lease) = b.try_admit(NOW, want) else {
+            panic!("the first asks")
+        };
+        let mut left = 16_000;
+        b.ledger(Quota::Tokens)
+            .expect("ledger")
+            .grant(NOW, answer(&mut left, lease));
+        b.asking[Quota::Tokens as usize] = false;
+        let mut asked = 0;
+        for _ in 0..19 {
+            if let Step::Held(_, r) = b.try_admit(NOW, want) {
+                asked += r.iter().flat_map(|r| r.iter()).flatten().count();
+            }
+        }
+        assert_eq!(asked, 1);
+        drop(held);
     }
 }

@@ -5,27 +5,26 @@
 //! every replica, or this process alone).
 //!
 //! Not yet: a stream is settled when it ends, not charged as it flows; each replica keeps its own
-//! queue; leases are renewed by the request that finds them spent, and not handed back before
-//! their window ends (docs/limits.md, "Not yet").
+//! queue; leases are not handed back before their window ends (docs/limits.md, "Not yet").
 
 mod bucket;
+mod fleet;
 mod pass;
 mod queue;
 pub mod store;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::config::{Config, LimitPolicy, RedisDown};
+use crate::config::{Config, LimitPolicy};
 use crate::limits::key::{self, BucketKey, KeyInput};
-use crate::limits::ledger::{Grant, Lease};
+use crate::limits::ledger::Lease;
 use crate::limits::prices::{Price, Rate};
 use crate::limits::window::Window;
-use crate::redis::RedisError;
 pub(crate) use bucket::Want;
 use bucket::{Bucket, Held, Quota, Step};
+use fleet::Fleet;
 pub(crate) use pass::{fields, Pass};
 pub(crate) use queue::Place;
 use queue::Waiting;
@@ -40,17 +39,10 @@ const SLOT_TTL: Duration = Duration::from_secs(30);
 /// Every limit of a configuration, and the store their quotas come from.
 pub(crate) struct Limiter {
     limits: HashMap<String, Arc<Limit>>,
-    store: Arc<Store>,
-    /// What this replica counts alone while Redis is away (`redis_down = "local"`).
-    fallback: Store,
-    /// This replica's name in the store's holdings and replica counts.
-    replica: Arc<str>,
-    /// The replicas last seen sharing a bucket.
-    replicas: AtomicU32,
+    /// The store the buckets draw on.
+    fleet: Arc<Fleet>,
     /// `[prices]`, by model (`"*"`: any other).
     prices: HashMap<String, Price>,
-    /// Whether the task renewing this replica's slot holdings runs.
-    renewing: std::sync::atomic::AtomicBool,
 }
 
 /// One `[limits.NAME]`: its policy and this replica's buckets.
@@ -112,14 +104,9 @@ impl Limiter {
                 (name.clone(), Arc::new(limit))
             })
             .collect();
-        let replica: String = (0..16).map(|_| format!("{:x}", rand::random::<u8>() & 0xf)).collect();
         Limiter {
             limits,
-            store,
-            fallback: Store::local(),
-            replica: Arc::from(replica),
-            replicas: AtomicU32::new(1),
-            renewing: std::sync::atomic::AtomicBool::new(false),
+            fleet: Arc::new(Fleet::new(store)),
             prices: config
                 .prices
                 .iter()
@@ -152,8 +139,7 @@ impl Limiter {
     ) -> Result<Pass, Refused> {
         let mut pass = Pass {
             held: Vec::with_capacity(limits.len()),
-            store: self.store.clone(),
-            replica: self.replica.clone(),
+            fleet: self.fleet.clone(),
             price,
         };
         for (limit, bucket) in limits.iter().zip(buckets.iter().copied()) {
@@ -173,7 +159,13 @@ impl Limiter {
     }
 
     /// One limit's admission: from the leases in hand, else after a lease (one round trip).
-    async fn admit_one(&self, limit: &Limit, bucket: BucketKey, want: Want, now_ms: u64) -> Result<Held, (u64, bool)> {
+    async fn admit_one(
+        &self,
+        limit: &Arc<Limit>,
+        bucket: BucketKey,
+        want: Want,
+        now_ms: u64,
+    ) -> Result<Held, (u64, bool)> {
         // One ask of the fleet per quota and one for slots, and a few waits for others' asks: a
         // fleet that grants nothing more ends it.
         for _ in 0..16 {
@@ -188,22 +180,29 @@ impl Limiter {
                 }
                 buckets
                     .entry(bucket)
-                    .or_insert_with(|| Bucket::new(&limit.policy, self.replicas()))
+                    .or_insert_with(|| Bucket::new(&limit.policy, self.fleet.replicas()))
                     .try_admit(now_ms, want)
             };
             match step {
-                Step::Held(held) => return Ok(held),
+                Step::Held(held, renewals) => {
+                    for (i, lease) in renewals.into_iter().flat_map(|r| *r).enumerate() {
+                        if let Some(lease) = lease {
+                            self.renew_in_background((limit.clone(), bucket), (Quota::ALL[i], lease), now_ms);
+                        }
+                    }
+                    return Ok(held);
+                }
                 Step::Over { retry_after_ms, window } => return Err((retry_after_ms, window)),
                 Step::Wait => {
                     let _ = tokio::time::timeout(ASK_WAIT, answered).await;
                 }
                 Step::Lease(quota, lease) => {
                     let asking = Asking::new(limit, bucket, quota as usize);
-                    let grant = self.lease(limit, bucket, quota, lease).await;
+                    let grant = self.fleet.lease(limit, bucket, quota, lease).await;
                     asking.done(|b| {
                         if let Some(l) = b.ledger(quota) {
                             l.grant(now_ms, grant);
-                            l.set_replicas(self.replicas());
+                            l.set_replicas(self.fleet.replicas());
                         }
                     });
                     // Nothing granted though the fleet has more: the store did not answer.
@@ -212,9 +211,11 @@ impl Limiter {
                     }
                 }
                 Step::Slots { want, held } => {
-                    self.renew_slots_in_background();
+                    let with_slots = self.limits.values().filter(|l| l.policy.concurrent.is_some());
+                    self.fleet
+                        .renew_slots_in_background(with_slots.map(Arc::downgrade).collect());
                     let asking = Asking::new(limit, bucket, bucket::SLOTS);
-                    let total = self.hold_slots(limit, bucket, held + want).await;
+                    let total = self.fleet.hold_slots(limit, bucket, held + want).await;
                     asking.done(|b| {
                         if let Some(s) = b.slots.as_mut() {
                             // Held now (releases may have come meanwhile): the fleet's answer is
@@ -229,117 +230,27 @@ impl Limiter {
         Err((1000, false))
     }
 
-    /// A lease from the store; with Redis away, nothing (the request is refused until it is
-    /// back: `redis_down` is next).
-    async fn lease(&self, limit: &Limit, bucket: BucketKey, quota: Quota, lease: Lease) -> Grant {
-        let ledger_limit = quota.limit(&limit.policy).unwrap_or(0);
-        let id = counter(limit, bucket, quota, lease.window);
-        let ttl = window_ttl(lease.window);
-        let liveness = Duration::from_secs(2 * lease.window.period.nominal_secs());
-        let asked = self
-            .store
-            .lease(&id, (lease.want, ledger_limit), ttl, (&self.replica, liveness))
-            .await;
-        let (granted, left) = match asked {
-            Ok(g) => {
-                self.replicas.store(g.replicas.max(1), Ordering::Relaxed);
-                (g.granted, ledger_limit.saturating_sub(g.fleet_used))
-            }
-            Err(e) => {
-                log_store_error(&limit.policy, &e);
-                match limit.policy.redis_down {
-                    RedisDown::Open => (lease.want, ledger_limit),
-                    // Refused while Redis is away, not for the rest of the window.
-                    RedisDown::Closed => (0, ledger_limit),
-                    RedisDown::Local => {
-                        // This replica's share of the limit, from its own count.
-                        let share = self.share(ledger_limit);
-                        let local = self
-                            .fallback
-                            .lease(&id, (lease.want, share), ttl, (&self.replica, liveness))
-                            .await;
-                        local.map_or((0, 0), |g| (g.granted, share.saturating_sub(g.fleet_used)))
-                    }
+    /// Asks the fleet for `lease` of `bucket`'s `quota` off the request path: the lease in hand
+    /// ran low, and the requests after this one spend the new one without waiting. The bucket
+    /// marks the ask in flight (its requests wait for it rather than ask again).
+    fn renew_in_background(
+        &self,
+        (limit, bucket): (Arc<Limit>, BucketKey),
+        (quota, lease): (Quota, Lease),
+        now_ms: u64,
+    ) {
+        let fleet = self.fleet.clone();
+        crate::tasks::spawn("limit lease renewal", async move {
+            let asking = Asking::new(&limit, bucket, quota as usize);
+            let grant = fleet.lease(&limit, bucket, quota, lease).await;
+            asking.done(|b| {
+                if let Some(l) = b.ledger(quota) {
+                    // As of the admission that asked (a later clock read rolls windows there).
+                    l.grant(now_ms, grant);
+                    l.set_replicas(fleet.replicas());
                 }
-            }
-        };
-        Grant {
-            window: lease.window,
-            granted,
-            left,
-        }
-    }
-
-    async fn hold_slots(&self, limit: &Limit, bucket: BucketKey, total: u64) -> u64 {
-        let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
-        let b = bucket.to_string();
-        match self
-            .store
-            .hold_slots((&limit.policy.name, &b), &self.replica, total, (cap, SLOT_TTL))
-            .await
-        {
-            Ok(n) => n,
-            Err(e) => {
-                log_store_error(&limit.policy, &e);
-                match limit.policy.redis_down {
-                    RedisDown::Open => total,
-                    RedisDown::Closed => 0,
-                    RedisDown::Local => total.min(self.share(cap)),
-                }
-            }
-        }
-    }
-
-    /// Starts (once) the task that renews this replica's slot holdings in the store while its
-    /// requests run: a holding not renewed expires after `SLOT_TTL`, and another replica may
-    /// take it. The task ends when the configuration's limits are gone (a reload).
-    fn renew_slots_in_background(&self) {
-        if self.renewing.swap(true, Ordering::Relaxed) || matches!(*self.store, Store::Local(_)) {
-            return;
-        }
-        let limits: Vec<std::sync::Weak<Limit>> = self
-            .limits
-            .values()
-            .filter(|l| l.policy.concurrent.is_some())
-            .map(Arc::downgrade)
-            .collect();
-        let (store, replica) = (self.store.clone(), self.replica.clone());
-        crate::tasks::spawn("limit slot renewal", async move {
-            loop {
-                tokio::time::sleep(SLOT_TTL / 3).await;
-                let mut alive = false;
-                for limit in limits.iter().filter_map(std::sync::Weak::upgrade) {
-                    alive = true;
-                    let held: Vec<(BucketKey, u64)> = limit
-                        .buckets
-                        .lock()
-                        .iter()
-                        .filter_map(|(k, b)| b.slots.as_ref().map(|s| (*k, s.in_use() + s.free())))
-                        .filter(|(_, n)| *n > 0)
-                        .collect();
-                    let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
-                    for (bucket, n) in held {
-                        let b = bucket.to_string();
-                        let _ = store
-                            .hold_slots((&limit.policy.name, &b), &replica, n, (cap, SLOT_TTL))
-                            .await;
-                    }
-                }
-                if !alive {
-                    return;
-                }
-            }
+            });
         });
-    }
-
-    /// This replica's share of `limit` among the replicas last seen (rounded up).
-    fn share(&self, limit: u64) -> u64 {
-        limit.div_ceil(u64::from(self.replicas.load(Ordering::Relaxed).max(1)))
-    }
-
-    /// The replicas last seen sharing a bucket (1 without Redis): the size of leases.
-    fn replicas(&self) -> u32 {
-        self.replicas.load(Ordering::Relaxed).max(1)
     }
 }
 
@@ -397,15 +308,6 @@ impl Drop for Asking<'_> {
 /// A window's counter lives as long as the window, plus a minute (it is made during the window).
 fn window_ttl(window: Window) -> Duration {
     Duration::from_millis(window.end_ms().saturating_sub(window.start_ms())) + Duration::from_secs(60)
-}
-
-fn log_store_error(policy: &LimitPolicy, e: &RedisError) {
-    let mode = match policy.redis_down {
-        RedisDown::Local => "this replica's share enforced",
-        RedisDown::Open => "not enforced",
-        RedisDown::Closed => "requests refused",
-    };
-    tracing::warn!(limit = %policy.name, error = %e, mode, "limit store unavailable");
 }
 
 #[cfg(test)]

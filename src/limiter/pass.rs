@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::bucket::{Held, Quota};
-use super::store::Store;
+use super::fleet::Fleet;
 use super::{counter, window_ttl, Limit, SLOT_TTL};
 use crate::limits::headers::{self, Status, Unit};
 use crate::limits::key::BucketKey;
@@ -18,8 +18,7 @@ use crate::wire::body::Used;
 /// An admitted request's hold on its limits.
 pub(crate) struct Pass {
     pub(super) held: Vec<(Arc<Limit>, BucketKey, Held)>,
-    pub(super) store: Arc<Store>,
-    pub(super) replica: Arc<str>,
+    pub(super) fleet: Arc<Fleet>,
     /// The price of the request's model, for its spend.
     pub(super) price: Option<Price>,
 }
@@ -67,20 +66,21 @@ impl Pass {
             if excess.iter().all(Option::is_none) && slots_after.is_none() {
                 continue;
             }
-            let (store, replica) = (self.store.clone(), self.replica.clone());
+            let fleet = self.fleet.clone();
             crate::tasks::spawn("limit settle", async move {
                 for (i, e) in excess.iter().enumerate() {
                     if let Some((window, n)) = e {
                         let id = counter(&limit, bucket, Quota::ALL[i], *window);
                         let n = i64::try_from(*n).unwrap_or(i64::MAX);
-                        let _ = store.adjust(&id, n, window_ttl(*window)).await;
+                        let _ = fleet.store.adjust(&id, n, window_ttl(*window)).await;
                     }
                 }
                 if let Some(total) = slots_after {
                     let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
                     let b = bucket.to_string();
-                    let _ = store
-                        .hold_slots((&limit.policy.name, &b), &replica, total, (cap, SLOT_TTL))
+                    let _ = fleet
+                        .store
+                        .hold_slots((&limit.policy.name, &b), &fleet.replica, total, (cap, SLOT_TTL))
                         .await;
                 }
             });

@@ -415,7 +415,8 @@ async fn a_replica_killed_holding_a_lease_costs_the_fleet_at_most_that_lease() {
             .await
         }
     };
-    // Alone on the bucket, it leases 40 / 8 = 5 and admits 3 of them; then it dies.
+    // Alone on the bucket, it leases 40 / 8 = 5 and admits 3 of them, renewing in the
+    // background at the low-water mark (2 left): it dies holding 2 + 5.
     for n in 0..3 {
         assert_eq!(doomed_call(n).await.status, 200);
     }
@@ -431,8 +432,8 @@ async fn a_replica_killed_holding_a_lease_costs_the_fleet_at_most_that_lease() {
     }
     assert_eq!(provider.count("kill"), admitted);
     assert!(
-        (35..=40).contains(&admitted),
-        "the limit, less at most the dead replica's unspent lease (2): {admitted}"
+        (33..=40).contains(&admitted),
+        "the limit, less at most the dead replica's unspent leases (7): {admitted}"
     );
 }
 
@@ -528,7 +529,7 @@ async fn with_redis_down_open_a_limit_admits_while_redis_is_away() {
         .limit(
             "open",
             team_limit(|l| {
-                l.requests_per_minute = Some(2);
+                l.requests_per_minute = Some(20);
                 l.redis_down = some("open");
             }),
         )
@@ -537,12 +538,13 @@ async fn with_redis_down_open_a_limit_admits_while_redis_is_away() {
     redis_up(&rebound).await;
     assert_eq!(call(&rebound, "open", "chat").await.status, 200);
     redis.stop();
-    for _ in 0..5 {
+    // Past the leases in hand (3) and past the limit itself.
+    for _ in 0..25 {
         assert_eq!(
             call(&rebound, "open", "chat").await.status,
             200,
             "not enforced while Redis is away"
         );
     }
-    assert_eq!(provider.count("open"), 6);
+    assert_eq!(provider.count("open"), 26);
 }

@@ -1,0 +1,160 @@
+//! This replica's side of the fleet's counters ([`Fleet`]): leases of a window's quota and
+//! holdings of concurrent slots from the store, with `redis_down` deciding what a call that finds
+//! Redis away gets, and the replica count that sizes leases. Asked by a request that finds its
+//! lease spent, or in the background when a lease runs low (`Limiter::admit`).
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::bucket::Quota;
+use super::store::Store;
+use super::{counter, window_ttl, Limit, SLOT_TTL};
+use crate::config::{LimitPolicy, RedisDown};
+use crate::limits::key::BucketKey;
+use crate::limits::ledger::{Grant, Lease};
+use crate::redis::RedisError;
+
+/// The store a replica's buckets draw on, and who this replica is in it.
+pub(crate) struct Fleet {
+    pub(super) store: Arc<Store>,
+    /// What this replica counts alone while Redis is away (`redis_down = "local"`).
+    fallback: Store,
+    /// This replica's name in the store's holdings and replica counts.
+    pub(super) replica: Arc<str>,
+    /// The replicas last seen sharing a bucket.
+    replicas: AtomicU32,
+    /// Whether the task renewing this replica's slot holdings runs.
+    renewing: AtomicBool,
+}
+
+impl Fleet {
+    pub(super) fn new(store: Arc<Store>) -> Fleet {
+        let replica: String = (0..16).map(|_| format!("{:x}", rand::random::<u8>() & 0xf)).collect();
+        Fleet {
+            store,
+            fallback: Store::local(),
+            replica: Arc::from(replica),
+            replicas: AtomicU32::new(1),
+            renewing: AtomicBool::new(false),
+        }
+    }
+
+    /// A lease from the store; with Redis away, what `redis_down` says (this replica's share
+    /// from its own count, everything, or nothing).
+    pub(super) async fn lease(&self, limit: &Limit, bucket: BucketKey, quota: Quota, lease: Lease) -> Grant {
+        let ledger_limit = quota.limit(&limit.policy).unwrap_or(0);
+        let id = counter(limit, bucket, quota, lease.window);
+        let ttl = window_ttl(lease.window);
+        let liveness = Duration::from_secs(2 * lease.window.period.nominal_secs());
+        let asked = self
+            .store
+            .lease(&id, (lease.want, ledger_limit), ttl, (&self.replica, liveness))
+            .await;
+        let (granted, left) = match asked {
+            Ok(g) => {
+                self.replicas.store(g.replicas.max(1), Ordering::Relaxed);
+                (g.granted, ledger_limit.saturating_sub(g.fleet_used))
+            }
+            Err(e) => {
+                log_store_error(&limit.policy, &e);
+                match limit.policy.redis_down {
+                    RedisDown::Open => (lease.want, ledger_limit),
+                    // Refused while Redis is away, not for the rest of the window.
+                    RedisDown::Closed => (0, ledger_limit),
+                    RedisDown::Local => {
+                        // This replica's share of the limit, from its own count.
+                        let share = self.share(ledger_limit);
+                        let local = self
+                            .fallback
+                            .lease(&id, (lease.want, share), ttl, (&self.replica, liveness))
+                            .await;
+                        local.map_or((0, 0), |g| (g.granted, share.saturating_sub(g.fleet_used)))
+                    }
+                }
+            }
+        };
+        Grant {
+            window: lease.window,
+            granted,
+            left,
+        }
+    }
+
+    /// Declares `total` slots of `bucket` held by this replica: the fleet's answer (at most the
+    /// cap, less what others hold), or what `redis_down` allows.
+    pub(super) async fn hold_slots(&self, limit: &Limit, bucket: BucketKey, total: u64) -> u64 {
+        let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
+        let b = bucket.to_string();
+        match self
+            .store
+            .hold_slots((&limit.policy.name, &b), &self.replica, total, (cap, SLOT_TTL))
+            .await
+        {
+            Ok(n) => n,
+            Err(e) => {
+                log_store_error(&limit.policy, &e);
+                match limit.policy.redis_down {
+                    RedisDown::Open => total,
+                    RedisDown::Closed => 0,
+                    RedisDown::Local => total.min(self.share(cap)),
+                }
+            }
+        }
+    }
+
+    /// Starts (once) the task that renews this replica's slot holdings in the store while its
+    /// requests run: a holding not renewed expires after `SLOT_TTL`, and another replica may
+    /// take it. The task ends when `limits` are gone (a reload).
+    pub(super) fn renew_slots_in_background(&self, limits: Vec<std::sync::Weak<Limit>>) {
+        if self.renewing.swap(true, Ordering::Relaxed) || matches!(*self.store, Store::Local(_)) {
+            return;
+        }
+        let (store, replica) = (self.store.clone(), self.replica.clone());
+        crate::tasks::spawn("limit slot renewal", async move {
+            loop {
+                tokio::time::sleep(SLOT_TTL / 3).await;
+                let mut alive = false;
+                for limit in limits.iter().filter_map(std::sync::Weak::upgrade) {
+                    alive = true;
+                    let held: Vec<(BucketKey, u64)> = limit
+                        .buckets
+                        .lock()
+                        .iter()
+                        .filter_map(|(k, b)| b.slots.as_ref().map(|s| (*k, s.in_use() + s.free())))
+                        .filter(|(_, n)| *n > 0)
+                        .collect();
+                    let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
+                    for (bucket, n) in held {
+                        let b = bucket.to_string();
+                        let _ = store
+                            .hold_slots((&limit.policy.name, &b), &replica, n, (cap, SLOT_TTL))
+                            .await;
+                    }
+                }
+                if !alive {
+                    return;
+                }
+            }
+        });
+    }
+
+    /// This replica's share of `limit` among the replicas last seen (rounded up).
+    fn share(&self, limit: u64) -> u64 {
+        limit.div_ceil(u64::from(self.replicas()))
+    }
+
+    /// The replicas last seen sharing a bucket (1 without Redis): the size of leases.
+    pub(super) fn replicas(&self) -> u32 {
+        self.replicas.load(Ordering::Relaxed).max(1)
+    }
+}
+
+fn log_store_error(policy: &LimitPolicy, e: &RedisError) {
+    let mode = match policy.redis_down {
+        RedisDown::Local => "this replica's share enforced",
+        RedisDown::Open => "not enforced",
+        RedisDown::Closed => "requests refused",
+    };
+    tracing::warn!(limit = %policy.name, error = %e, mode, "limit store unavailable");
+}

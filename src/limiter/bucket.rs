@@ -200,6 +200,19 @@ impl Bucket {
         }
     }
 
+    /// Charges `held` with what its stream used so far (`total` per quota; `None`: not counted
+    /// while it flows): what goes beyond a reservation is debited at once.
+    pub(crate) fn charge(&mut self, now_ms: u64, held: &mut Held, total: impl Fn(Quota) -> Option<u64>) {
+        for (i, (ledger, r)) in self.ledgers.iter_mut().zip(held.reserved.iter_mut()).enumerate() {
+            if let (Some(l), Some(r), Some(total)) = (ledger.as_mut(), r.as_mut(), total(Quota::ALL[i])) {
+                let more = total.saturating_sub(r.used());
+                if more > 0 {
+                    l.charge(now_ms, r, more);
+                }
+            }
+        }
+    }
+
     pub(crate) fn ledger(&mut self, quota: Quota) -> Option<&mut Ledger> {
         self.ledgers[quota as usize].as_mut()
     }
@@ -221,7 +234,8 @@ impl Bucket {
         for (i, (ledger, r)) in self.ledgers.iter_mut().zip(held.reserved).enumerate() {
             if let (Some(l), Some(r)) = (ledger.as_mut(), r) {
                 let quota = Quota::ALL[i];
-                let used = actual(quota).unwrap_or(r.reserved());
+                // Unknown: what it reserved, or what its stream was charged when more.
+                let used = actual(quota).unwrap_or(r.reserved().max(r.used()));
                 let window = r.window();
                 let settled = l.settle(now_ms, r, used);
                 if settled.excess > 0 {

@@ -4,8 +4,8 @@
 //! `crate::limits`, pure; where a bucket's quota comes from is [`store`] (Redis leases shared by
 //! every replica, or this process alone).
 //!
-//! Not yet: a stream is settled when it ends, not charged as it flows; each replica keeps its own
-//! queue; leases are not handed back before their window ends (docs/limits.md, "Not yet").
+//! Not yet: each replica keeps its own queue; leases are not handed back before their window ends
+//! (docs/limits.md, "Not yet").
 
 mod bucket;
 mod fleet;

@@ -36,15 +36,33 @@ impl Pass {
         self.settle_with(now_ms, |_| Some(0));
     }
 
+    /// Charges what the request's stream used so far (tokens, and their cost): beyond its
+    /// reservations, debited at once, so that later admissions see it before the stream ends.
+    pub(crate) fn charge(&mut self, used: Used, now_ms: u64) {
+        let cost = self.cost(used);
+        let total = |q: Quota| match q {
+            Quota::Requests => None,
+            Quota::Tokens => Some(used.input + used.cached_input + used.output),
+            Quota::SpendDay | Quota::SpendMonth => Some(cost),
+        };
+        for (limit, bucket, held) in &mut self.held {
+            if let Some(b) = limit.buckets.lock().get_mut(bucket) {
+                b.charge(now_ms, held, total);
+            }
+        }
+    }
+
+    fn cost(&self, u: Used) -> u64 {
+        let usage = Usage {
+            input: u.input,
+            cached_input: u.cached_input,
+            output: u.output,
+        };
+        self.price.map_or(0, |p| p.cost(usage))
+    }
+
     fn settle_held(&mut self, used: Option<Used>, now_ms: u64) {
-        let cost = used.map(|u| {
-            let usage = Usage {
-                input: u.input,
-                cached_input: u.cached_input,
-                output: u.output,
-            };
-            self.price.map_or(0, |p| p.cost(usage))
-        });
+        let cost = used.map(|u| self.cost(u));
         let actual = |q: Quota| match q {
             Quota::Requests => Some(1),
             Quota::Tokens => used.map(|u| u.input + u.cached_input + u.output),

@@ -103,6 +103,11 @@ pub(crate) struct Reservation {
 }
 
 impl Reservation {
+    /// What [`Ledger::charge`] counted so far.
+    pub(crate) fn used(&self) -> u64 {
+        self.used
+    }
+
     /// What the request reserved on admission (at most the limit).
     pub(crate) fn reserved(&self) -> u64 {
         self.reserved

@@ -4,10 +4,12 @@
 //! the request's deadline), or gets 429 `limit_exceeded` with `retry-after`. Every response of a
 //! limited route carries the tightest limit's `RateLimit-Policy` and `RateLimit` fields.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderValue;
+use parking_lot::Mutex;
 
 use super::context::Context;
 use super::routes::Route;
@@ -19,7 +21,7 @@ use crate::limits::estimate;
 use crate::limits::key::{BucketKey, KeyInput};
 use crate::limits::prices::{Price, Usage};
 use crate::time::{self, Instant};
-use crate::wire::body::{RequestLog, Settle, Used};
+use crate::wire::body::{Flow, RequestLog, Settle, Used};
 
 /// The fields an admitted request's response carries.
 pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
@@ -198,9 +200,14 @@ fn admitted(
         }
     }
     let fields = pass.headers(time::now_unix_ms());
+    let charged = route.limits.iter().any(|l| {
+        let p = &l.policy;
+        p.tokens_per_minute.is_some() || p.micro_usd_per_day.is_some() || p.micro_usd_per_month.is_some()
+    });
     log.set_settle(Box::new(Settlement {
-        pass,
+        pass: Arc::new(Mutex::new(Some(pass))),
         settled: settled_series(cx, route),
+        flows: charged.then_some(tokens),
     }));
     fields
 }
@@ -248,9 +255,31 @@ fn count(cx: &Context, route: &Route, (result, refusing): (&str, Option<&str>), 
 
 /// An admitted request's pass, settled when its books close.
 struct Settlement {
-    pass: Pass,
+    /// Shared with the stream's [`Flowing`] charge until then.
+    pass: Arc<Mutex<Option<Pass>>>,
     /// The `settled` token series of the route's token limits.
     settled: Vec<prometheus::IntCounter>,
+    /// On a route with a token or spend limit, the tokens the request reserved: its stream is
+    /// charged as it flows past them.
+    flows: Option<u64>,
+}
+
+/// The delivered stream's usage so far, charged to the pass once it passes what was reserved
+/// (before that, a charge would debit nothing: no lock is taken).
+struct Flowing {
+    pass: Arc<Mutex<Option<Pass>>>,
+    reserved: u64,
+}
+
+impl Flow for Flowing {
+    fn flowed(&self, used: Used) {
+        if used.input + used.cached_input + used.output <= self.reserved {
+            return;
+        }
+        if let Some(pass) = self.pass.lock().as_mut() {
+            pass.charge(used, time::now_unix_ms());
+        }
+    }
 }
 
 fn settled_series(cx: &Context, route: &Route) -> Vec<prometheus::IntCounter> {
@@ -273,6 +302,16 @@ impl Settle for Settlement {
                 c.inc_by(n);
             }
         }
-        self.pass.settle(used, time::now_unix_ms());
+        if let Some(pass) = self.pass.lock().take() {
+            pass.settle(used, time::now_unix_ms());
+        }
+    }
+
+    fn flow(&self) -> Option<Arc<dyn Flow>> {
+        let reserved = self.flows?;
+        Some(Arc::new(Flowing {
+            pass: self.pass.clone(),
+            reserved,
+        }))
     }
 }

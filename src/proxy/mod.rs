@@ -398,7 +398,10 @@ impl Proxy {
         let retry_after = delivery.retry_after.filter(|_| delivery.failed());
         let mut resp = match delivery.result {
             Ok(resp) => {
-                let meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
+                let mut meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
+                if let Some(m) = meter.as_mut() {
+                    m.charge_as_it_flows(resp.body().shape(), log.flow());
+                }
                 let came = Came {
                     attempts,
                     outcome,

@@ -24,6 +24,7 @@ use super::primed::Primed;
 use crate::config::{MetricsConfig, UpstreamConfig};
 use crate::dead_letters::AttemptRecord;
 use crate::metrics::TokenMetrics;
+use crate::wire::body::{Flow, Used};
 use crate::wire::envelope::Reframed;
 use crate::wire::sse::Shape;
 use crate::wire::usage::{request_model, Ledger, UsageScan};
@@ -87,7 +88,53 @@ pub(crate) struct Meter {
     sent: Instant,
     /// The response's error flag: when set, its tokens are wasted.
     error: Option<Arc<AtomicBool>>,
+    /// Where the stream's usage is charged as it flows (the request's limits).
+    flow: Option<Flowed>,
     done: bool,
+}
+
+/// How often (in events) a flowing stream's usage is charged.
+const FLOW_EVERY: u64 = 16;
+
+/// A stream's usage as it flows: the usage it reported so far (Anthropic's input, at its start),
+/// and one token of output for each event (`data:` line) so far, when that is more than it
+/// reported (a delta carries one token or more; the few events that carry none are the
+/// estimate's error, which the settlement corrects).
+struct Flowed {
+    to: Arc<dyn Flow>,
+    events: u64,
+    /// How much of `data:` the current line starts with so far (5: all; [`NOT_DATA`]: it does
+    /// not), carried across frames.
+    matched: usize,
+    /// The count at which to charge next.
+    next: u64,
+}
+
+/// A line that does not start with `data:`.
+const NOT_DATA: usize = 6;
+
+impl Flowed {
+    /// Counts the `data:` lines in the stream's next bytes.
+    fn count(&mut self, mut data: &[u8]) {
+        const DATA: &[u8] = b"data:";
+        loop {
+            if let Some(want) = DATA.get(self.matched..).filter(|w| !w.is_empty()) {
+                let n = want.len().min(data.len());
+                self.matched = match data.get(..n) == want.get(..n) {
+                    true => self.matched + n,
+                    false => NOT_DATA,
+                };
+                self.events += u64::from(self.matched == DATA.len());
+            }
+            match memchr::memchr2(b'\n', b'\r', data) {
+                Some(i) => {
+                    data = data.get(i + 1..).unwrap_or_default();
+                    self.matched = 0;
+                }
+                None => return,
+            }
+        }
+    }
 }
 
 impl Meter {
@@ -110,6 +157,7 @@ impl Meter {
             attempt,
             sent,
             error: None,
+            flow: None,
             done: false,
         })
     }
@@ -137,9 +185,31 @@ impl Meter {
         self.error = flag;
     }
 
+    /// Charges the stream's usage to `to` as it flows (an event stream's only).
+    pub(crate) fn charge_as_it_flows(&mut self, shape: Shape, to: Option<Arc<dyn Flow>>) {
+        self.flow = to.filter(|_| shape == Shape::EventStream).map(|to| Flowed {
+            to,
+            events: 0,
+            matched: 0,
+            next: FLOW_EVERY,
+        });
+    }
+
     /// The body's next data bytes.
     pub fn feed(&mut self, data: &[u8]) {
         self.scan.feed(data);
+        if let Some(f) = self.flow.as_mut() {
+            f.count(data);
+            if f.events >= f.next {
+                f.next = f.events + FLOW_EVERY;
+                let reported = self.scan.usage().unwrap_or_default();
+                f.to.flowed(Used {
+                    input: reported.input + reported.cache_write,
+                    cached_input: reported.cache_read,
+                    output: reported.output.max(f.events),
+                });
+            }
+        }
     }
 
     /// Counts the attempt (once): `whole` when the body reached its end.
@@ -186,4 +256,59 @@ pub(crate) fn with_usage(attempts: &[AttemptRecord], ledger: &Ledger) -> Vec<Att
         a.usage = counted.iter().find(|u| u.attempt as usize == i + 1).cloned();
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use parking_lot::Mutex;
+
+    #[derive(Default)]
+    struct Seen(Mutex<Vec<Used>>);
+
+    impl Flow for Seen {
+        fn flowed(&self, used: Used) {
+            self.0.lock().push(used);
+        }
+    }
+
+    fn meter() -> Meter {
+        let all = crate::metrics::Metrics::new().expect("metrics");
+        let metrics = Arc::new(TokenMetrics::new(&all, "r", "u", "p"));
+        let request = RequestTokens {
+            model: Arc::from("m"),
+            ledger: Ledger::default(),
+        };
+        Meter::for_response(Shape::EventStream, &metrics, &request, 1, crate::time::now()).expect("meter")
+    }
+
+    #[test]
+    fn a_stream_is_charged_every_sixteen_events_however_it_is_framed() {
+        let start = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":12,\"output_tokens\":1}}}\n\n";
+        let delta = "event: content_block_delta\r\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"data: x\"}}\r\n\r\n";
+        let stream = format!("{start}{}", delta.repeat(40));
+        for frame in [1, 7, 64, stream.len()] {
+            let seen = Arc::new(Seen::default());
+            let mut m = meter();
+            m.charge_as_it_flows(Shape::EventStream, Some(seen.clone()));
+            for chunk in stream.as_bytes().chunks(frame) {
+                m.feed(chunk);
+            }
+            let seen = seen.0.lock().clone();
+            // 41 events: charged at 16 and 32 (one frame: once, at 41); a `data:` inside a
+            // string is not an event.
+            let outputs: Vec<u64> = seen.iter().map(|u| u.output).collect();
+            match frame == stream.len() {
+                true => assert_eq!(outputs, [41]),
+                false => assert_eq!(outputs, [16, 32], "frames of {frame}"),
+            }
+            assert!(seen.iter().all(|u| u.input == 12), "frames of {frame}: {seen:?}");
+        }
+        // A JSON body is not charged as it flows.
+        let seen = Arc::new(Seen::default());
+        let mut m = meter();
+        m.charge_as_it_flows(Shape::Json, Some(seen.clone()));
+        m.feed(stream.as_bytes());
+        assert!(seen.0.lock().is_empty());
+    }
 }

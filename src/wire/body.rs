@@ -84,6 +84,17 @@ pub(crate) trait SpanEnd: Send {
 /// provider counted them); `None` when none reported usage.
 pub(crate) trait Settle: Send {
     fn settle(self: Box<Self>, used: Option<Used>);
+
+    /// Where the delivered stream's usage is charged while it flows, if anywhere.
+    fn flow(&self) -> Option<Arc<dyn Flow>> {
+        None
+    }
+}
+
+/// A stream's usage so far (an estimate the settlement corrects), charged to the request's
+/// limits before the stream ends, so that a long stream does not pass them unseen.
+pub(crate) trait Flow: Send + Sync {
+    fn flowed(&self, used: Used);
 }
 
 /// The tokens a request used, every attempt's summed, in three parts that do not overlap.
@@ -288,6 +299,12 @@ impl RequestLog {
     /// Holds `settle` until the books close (then given the tokens every attempt used).
     pub(crate) fn set_settle(&mut self, settle: Box<dyn Settle>) {
         self.settle = Some(settle);
+    }
+
+    /// Where the delivered stream's usage is charged as it flows (a route with token or spend
+    /// limits).
+    pub(crate) fn flow(&self) -> Option<Arc<dyn Flow>> {
+        self.settle.as_ref().and_then(|s| s.flow())
     }
 
     fn route_name(&self) -> &str {

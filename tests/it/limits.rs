@@ -8,6 +8,7 @@ use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{FakeProvider, Step};
 use crate::support::redis::RedisServer;
 use crate::support::*;
+use http_body_util::BodyExt;
 use rebound::hooks::config::raw::{RawLimit, RawPrice};
 
 fn team_limit(edit: impl FnOnce(&mut RawLimit)) -> RawLimit {
@@ -547,4 +548,76 @@ async fn with_redis_down_open_a_limit_admits_while_redis_is_away() {
         );
     }
     assert_eq!(provider.count("open"), 26);
+}
+
+/// A stream is charged as it flows: once it has used more than it reserved, what it uses counts
+/// against the limit before it ends, so that a long stream does not pass the limit unseen.
+#[tokio::test]
+async fn a_long_stream_is_charged_as_it_flows() {
+    whole_minute_ahead(Duration::from_secs(30)).await;
+    let provider = FakeProvider::start().await;
+    // 9000 events, the first 8000 at once, then a pause: the stream is mid-way for 10 s.
+    provider.script(
+        "long",
+        vec![Step::PauseAfter {
+            after: 8000,
+            ms: 10_000,
+        }],
+    );
+    let rebound = TestConfig::new(&provider.url())
+        .limit("team", team_limit(|l| l.tokens_per_minute = Some(10_000)))
+        .start()
+        .await;
+    let url = format!("{}/fake/v1/chat/completions", rebound.url);
+    let h = [
+        ("x-fake-key", "long"),
+        ("x-team", "chat"),
+        ("x-fake-chunks", "9000"),
+        ("content-type", "application/json"),
+    ];
+    // No max_tokens: it reserves its prompt and 4096 of output.
+    let body = r#"{"model":"gpt-4o","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"hi"}]}"#;
+    let resp = send_streaming("POST", &url, &h, body).await;
+    assert_eq!(resp.status(), 200);
+    let mut stream = resp.into_body();
+    let mut read = Vec::new();
+    let mut events = 0;
+    while events < 8000 {
+        let frame = tokio::time::timeout(Duration::from_secs(10), stream.frame())
+            .await
+            .expect("the first 8000 events")
+            .expect("a frame")
+            .expect("no error");
+        if let Some(d) = frame.data_ref() {
+            events += d.windows(5).filter(|w| *w == b"data:").count();
+            read.extend_from_slice(d);
+        }
+    }
+    let ask = |max_tokens: u32| {
+        let url = url.clone();
+        async move {
+            let h = [
+                ("x-fake-key", "other"),
+                ("x-team", "chat"),
+                ("content-type", "application/json"),
+            ];
+            let body = format!(r#"{{"model":"gpt-4o","max_tokens":{max_tokens},"messages":[]}}"#);
+            send("POST", &url, &h, body).await
+        }
+    };
+    // Reserved alone (4096 and its prompt), the stream would leave 5800 of the 10 000: 3000
+    // would pass. Charged the 8000 it has streamed, it leaves 2000.
+    let refused = ask(3000).await;
+    assert_eq!(refused.status, 429, "{}", refused.text());
+    assert!(refused.text().contains("limit_exceeded"), "{}", refused.text());
+    assert_eq!(ask(1000).await.status, 200, "what is left is admitted");
+    let rest = read_body(stream, &read, Duration::from_secs(20)).await;
+    assert!(rest.clean);
+    // The other is settled from the usage it reported (12 + 96); the stream reported none, and
+    // keeps what it was charged (about 9000 of the window), not its reservation.
+    let settled = r#"rebound_limit_tokens_total{kind="settled",limit="team"}"#;
+    until_metric(&rebound, settled, |n| n == 108.0).await;
+    // Its books closed (they are settled as they close).
+    until_metric(&rebound, "rebound_inflight_requests", |n| n == 0.0).await;
+    assert_eq!(ask(1000).await.status, 429);
 }

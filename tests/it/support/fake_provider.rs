@@ -94,6 +94,8 @@ pub enum Step {
     /// all for `ms`, then the rest of the stream (a reasoning model between its first event and
     /// its first token, on a provider that sends no pings).
     PauseAfterFirst { ms: u64 },
+    /// The normal stream's first `after` events at once, then no byte for `ms`, then the rest.
+    PauseAfter { after: usize, ms: u64 },
     /// The normal stream's first event, then the connection freezes for good (as [`Step::Freeze`],
     /// mid-stream: the provider's host is gone after the first bytes).
     FreezeAfterFirst,
@@ -670,13 +672,18 @@ async fn answer(
             frozen.store(true, Ordering::SeqCst);
             return futures_util::future::pending().await;
         }
-        Some(Step::PauseAfterFirst { ms }) => {
+        Some(step @ (Step::PauseAfterFirst { .. } | Step::PauseAfter { .. })) => {
+            let (after, ms) = match step {
+                Step::PauseAfter { after, ms } => (after, ms),
+                Step::PauseAfterFirst { ms } => (1, ms),
+                _ => (1, 0),
+            };
             let events = sse_events(state, key, chunks, gap, anthropic);
             let pause = Duration::from_millis(ms);
             let stream = futures_util::StreamExt::then(
                 futures_util::StreamExt::enumerate(events),
                 move |(i, frame)| async move {
-                    if i == 1 {
+                    if i == after {
                         tokio::time::sleep(pause).await;
                     }
                     frame

@@ -621,3 +621,115 @@ async fn a_long_stream_is_charged_as_it_flows() {
     until_metric(&rebound, "rebound_inflight_requests", |n| n == 0.0).await;
     assert_eq!(ask(1000).await.status, 429);
 }
+
+/// Three replicas on one Redis under bursts of concurrent requests and streams, with a ledger of
+/// every admitted request and the tokens it used: the fleet admits no more than the limit plus
+/// the stated bound (the excess of requests that used more than they reserved), and most of it.
+#[tokio::test]
+async fn three_replicas_keep_a_token_limit_within_the_stated_bound_under_bursts_and_streams() {
+    whole_minute_ahead(Duration::from_secs(40)).await;
+    let minute = || {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap();
+        now.as_secs() / 60
+    };
+    let started = minute();
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    const LIMIT: u64 = 20_000;
+    let config = TestConfig::new(&provider.url())
+        .redis(&redis.url())
+        .limit("team", team_limit(|l| l.tokens_per_minute = Some(LIMIT as i64)));
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        let r = config.start().await;
+        redis_up(&r).await;
+        replicas.push(r);
+    }
+    // What each kind of request sends and what the provider reports it used.
+    // (path, body, deltas, tokens used, max_tokens)
+    let kinds: [(&str, String, &str, u64, u64); 3] = [
+        // A chat completion: 12 + 96, within its reservation.
+        (
+            "chat/completions",
+            r#"{"model":"gpt-4o","max_tokens":200,"messages":[{"role":"user","content":"hi"}]}"#.into(),
+            "5",
+            108,
+            200,
+        ),
+        // A chat stream of 300 deltas with max_tokens 100: 12 + 300, beyond its reservation.
+        (
+            "chat/completions",
+            r#"{"model":"gpt-4o","max_tokens":100,"stream":true,"stream_options":{"include_usage":true},"messages":[]}"#.into(),
+            "300",
+            312,
+            100,
+        ),
+        // A Messages stream of 150 deltas: 12 + 150.
+        (
+            "messages",
+            r#"{"model":"claude-sonnet-4-5","max_tokens":400,"stream":true,"messages":[]}"#.into(),
+            "150",
+            162,
+            400,
+        ),
+    ];
+    let mut ledger: Vec<(u64, u64)> = Vec::new(); // (used, excess) of each admitted request
+    let mut refused = 0;
+    for burst in 0..6 {
+        let mut set = tokio::task::JoinSet::new();
+        for i in 0..30usize {
+            let url = replicas[i % 3].url.clone();
+            let (path, body, chunks, used, max_tokens) = kinds[(i + burst) % 3].clone();
+            set.spawn(async move {
+                let h = [
+                    ("x-fake-key", "ledger"),
+                    ("x-team", "chat"),
+                    ("x-fake-chunks", chunks),
+                    ("content-type", "application/json"),
+                ];
+                // What rebound reserves: the prompt at 4 bytes a token, and max_tokens.
+                let reserved = (body.len() as u64).div_ceil(4) + max_tokens;
+                let a = send("POST", &format!("{url}/fake/v1/{path}"), &h, body).await;
+                (a, used, reserved)
+            });
+        }
+        while let Some(joined) = set.join_next().await {
+            let (a, used, reserved) = joined.expect("task");
+            match a.status.as_u16() {
+                200 => ledger.push((used, used.saturating_sub(reserved))),
+                429 => {
+                    assert_eq!(a.header("x-rebound-error"), Some("limit_exceeded"));
+                    refused += 1;
+                }
+                s => panic!("status {s}: {}", a.text()),
+            }
+        }
+    }
+    assert_eq!(minute(), started, "the run stayed in one window");
+    let used: u64 = ledger.iter().map(|(u, _)| u).sum();
+    let excess: u64 = ledger.iter().map(|(_, e)| e).sum();
+    assert_eq!(
+        provider.count("ledger"),
+        ledger.len(),
+        "every admitted request, and no other, was sent"
+    );
+    assert!(refused > 0, "the bursts asked for more than the limit");
+    assert!(
+        used <= LIMIT + excess,
+        "{} admitted used {used} tokens: more than the limit {LIMIT} + their excess {excess}",
+        ledger.len()
+    );
+    // Idle leases (at most a chunk and a half per replica: 3 x 1250) and the reservations of
+    // requests in flight when the window filled are what keeps it below.
+    assert!(
+        used >= LIMIT / 2,
+        "{} admitted used only {used} of {LIMIT}",
+        ledger.len()
+    );
+    eprintln!(
+        "LEDGER admitted {} used {used} excess {excess} refused {refused}",
+        ledger.len()
+    );
+}

@@ -223,11 +223,12 @@ impl Bucket {
 
     /// Settles `held` with what the request used (`actual` per quota; `None`: unknown, the
     /// reservation stays spent), at `now_ms`: each quota's excess beyond its reservation, with
-    /// its window, and the slots to hold after the release (when some go back to the fleet).
+    /// its window, and the slots to hold after the release (when some go back to the fleet:
+    /// every idle one when `others_wait`, requests waiting for the bucket in the fleet's queue).
     pub(crate) fn settle(
         &mut self,
         now_ms: u64,
-        held: Held,
+        (held, others_wait): (Held, bool),
         actual: impl Fn(Quota) -> Option<u64> + Copy,
     ) -> ([Option<(crate::limits::window::Window, u64)>; 4], Option<u64>) {
         let mut excess: [Option<(crate::limits::window::Window, u64)>; 4] = Default::default();
@@ -245,7 +246,11 @@ impl Bucket {
         }
         let mut slots_after = None;
         if let (Some(s), Some(slot)) = (self.slots.as_mut(), held.slot) {
-            if s.release(slot) > 0 {
+            let mut back = s.release(slot);
+            if others_wait {
+                back += s.give_back_idle();
+            }
+            if back > 0 {
                 slots_after = Some(s.in_use() + s.free());
             }
             // A slot was freed: the next request asks the fleet again.

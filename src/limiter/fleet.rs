@@ -8,12 +8,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::bucket::Quota;
-use super::store::Store;
+use super::queue::Place;
+use super::store::{QueueCaller, QueueOp, Store};
 use super::{counter, window_ttl, Limit, SLOT_TTL};
 use crate::config::{LimitPolicy, RedisDown};
 use crate::limits::key::BucketKey;
 use crate::limits::ledger::{Grant, Lease};
 use crate::redis::RedisError;
+use crate::time::Instant;
+
+/// How long a replica's entries in a fleet queue outlive its last call there (its waiting head
+/// asks every 100 ms): a replica that dies waiting holds the queue up this long at most.
+const QUEUE_LIVENESS: Duration = Duration::from_secs(2);
 
 /// The store a replica's buckets draw on, and who this replica is in it.
 pub(crate) struct Fleet {
@@ -54,6 +60,7 @@ impl Fleet {
         let (granted, left) = match asked {
             Ok(g) => {
                 self.replicas.store(g.replicas.max(1), Ordering::Relaxed);
+                limit.waiting.fleet_saw(bucket, g.waiting);
                 (g.granted, ledger_limit.saturating_sub(g.fleet_used))
             }
             Err(e) => {
@@ -91,7 +98,10 @@ impl Fleet {
             .hold_slots((&limit.policy.name, &b), &self.replica, total, (cap, SLOT_TTL))
             .await
         {
-            Ok(n) => n,
+            Ok((n, waiting)) => {
+                limit.waiting.fleet_saw(bucket, waiting);
+                n
+            }
             Err(e) => {
                 log_store_error(&limit.policy, &e);
                 match limit.policy.redis_down {
@@ -137,6 +147,71 @@ impl Fleet {
                 }
             }
         });
+    }
+
+    /// Puts a waiting request (`place`, under `share` with its weight, until `until`) in the
+    /// bucket's fleet queue, when there is one (Redis): its start tag there. Unreachable, the
+    /// request waits in this replica's queue only.
+    pub(super) async fn queue_join(
+        &self,
+        limit: &Limit,
+        place: &Place,
+        (share, weight): ([u8; 16], u32),
+        until: Instant,
+    ) -> Option<i64> {
+        let left = until.saturating_duration_since(crate::time::now());
+        let deadline_ms = crate::time::now_unix_ms() + u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
+        let share = BucketKey(share).to_string();
+        let op = QueueOp::Join {
+            share: &share,
+            weight,
+            deadline_ms,
+        };
+        self.queue(limit, place, op).await.map(|(tag, _)| tag)
+    }
+
+    /// Whether it is `place`'s turn in the fleet's queue (first in it, or no longer in it: a
+    /// fleet that cannot say does not hold the request back).
+    pub(super) async fn queue_turn(&self, limit: &Limit, place: &Place) -> bool {
+        self.queue(limit, place, QueueOp::Head)
+            .await
+            .is_none_or(|(rank, _)| rank <= 0)
+    }
+
+    /// `place` leaves the fleet's queue (`served`: admitted), told in the background.
+    pub(super) fn queue_leave(self: &Arc<Self>, limit: &Arc<Limit>, place: Place, served: bool) {
+        if place.fleet.is_none() {
+            return;
+        }
+        let (fleet, limit) = (self.clone(), limit.clone());
+        crate::tasks::spawn("limit queue leave", async move {
+            fleet.queue(&limit, &place, QueueOp::Done { served }).await;
+        });
+    }
+
+    /// One call on the fleet's queue; what it says of the queue's length is noted.
+    async fn queue(&self, limit: &Limit, place: &Place, op: QueueOp<'_>) -> Option<(i64, u64)> {
+        let bucket = place.bucket.to_string();
+        let caller = QueueCaller {
+            limit: &limit.policy.name,
+            bucket: &bucket,
+            replica: &self.replica,
+            ticket: place.ticket.number(),
+        };
+        // The keys live while a request may wait; a replica counts as live while it polls.
+        let ttl = limit.policy.max_wait + Duration::from_secs(60);
+        match self.store.queue(caller, op, (ttl, QUEUE_LIVENESS)).await {
+            Ok(answer) => {
+                if let Some((_, waiting)) = answer {
+                    limit.waiting.fleet_saw(place.bucket, waiting);
+                }
+                answer
+            }
+            Err(e) => {
+                tracing::debug!(limit = %limit.policy.name, error = %e, "limit queue unavailable");
+                None
+            }
+        }
     }
 
     /// This replica's share of `limit` among the replicas last seen (rounded up).

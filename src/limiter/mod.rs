@@ -4,8 +4,7 @@
 //! `crate::limits`, pure; where a bucket's quota comes from is [`store`] (Redis leases shared by
 //! every replica, or this process alone).
 //!
-//! Not yet: each replica keeps its own queue; leases are not handed back before their window ends
-//! (docs/limits.md, "Not yet").
+//! Not yet: leases are not handed back before their window ends (docs/limits.md, "Not yet").
 
 mod bucket;
 mod fleet;
@@ -228,6 +227,37 @@ impl Limiter {
             }
         }
         Err((1000, false))
+    }
+
+    /// Queues a request for `limit` (`share` and its weight, until `until`): in the bucket's queue
+    /// here and, with Redis, in the fleet's; its place, or `None` when the queue is full.
+    pub(crate) async fn queue(
+        &self,
+        limit: &Limit,
+        bucket: BucketKey,
+        share: ([u8; 16], u32),
+        until: crate::time::Instant,
+    ) -> Option<Place> {
+        let mut place = limit.waiting.join(bucket, share, until).ok()?;
+        if let Some(tag) = self.fleet.queue_join(limit, &place, share, until).await {
+            limit.waiting.joined_fleet(&mut place, tag);
+        }
+        Some(place)
+    }
+
+    /// Whether a waiting request may try the limit: the first of this replica's queue and, in
+    /// the fleet's queue, the first there.
+    pub(crate) async fn turn(&self, limit: &Limit, place: &Place) -> bool {
+        limit.waiting.is_head(place) && (place.fleet.is_none() || self.fleet.queue_turn(limit, place).await)
+    }
+
+    /// A waiting request leaves the queues: admitted (`served`), or its wait ran out.
+    pub(crate) fn dequeue(&self, limit: &Arc<Limit>, place: Place, served: bool) {
+        match served {
+            true => limit.waiting.served(place),
+            false => limit.waiting.leave(place),
+        }
+        self.fleet.queue_leave(limit, place, served);
     }
 
     /// Asks the fleet for `lease` of `bucket`'s `quota` off the request path: the lease in hand

@@ -74,10 +74,12 @@ impl Pass {
     /// Settles every limit with `actual` per quota (`None`: the reservation stays spent).
     fn settle_with(&mut self, now_ms: u64, actual: impl Fn(Quota) -> Option<u64> + Copy) {
         for (limit, bucket, held) in std::mem::take(&mut self.held) {
+            // Requests wait for the bucket (here or elsewhere in the fleet): idle slots go back.
+            let others_wait = limit.waiting.busy(&bucket);
             let (excess, slots_after) = {
                 let mut buckets = limit.buckets.lock();
                 let Some(b) = buckets.get_mut(&bucket) else { continue };
-                b.settle(now_ms, held, actual)
+                b.settle(now_ms, (held, others_wait), actual)
             };
             // What was given back may admit a waiting request.
             limit.waiting.wake();

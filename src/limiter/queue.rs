@@ -1,10 +1,14 @@
 //! Where requests wait for a limit (`on_limit = "queue"`): one weighted fair queue per bucket on
 //! this replica (`crate::limits::fair_queue`), its share values those of the limit's `share_by`
-//! (else one value: first in, first out). The head of a bucket's queue is the one request that
-//! may try the limit again; a request that arrives while others wait queues behind them. A
-//! release (a request served, one that gave up, a slot freed) wakes the waiters to look again.
+//! (else one value: first in, first out). With Redis, a waiting request is also in the bucket's
+//! fleet queue (`limit_queue_v1.lua`, the same fair order across every replica): this replica's
+//! entries there are kept in the fleet's order, and the first of them is the one that asks the
+//! fleet whether it is its turn. Without the fleet (no Redis, or Redis away when it joined), the
+//! head of the local queue is the one that may try the limit again. A request that arrives while
+//! others wait (here, or in the fleet's queue as last seen) queues behind them. A release (a
+//! request served, one that gave up, a slot freed) wakes the waiters to look again.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -19,8 +23,18 @@ const QUEUE_CAPACITY: usize = 10_000;
 /// One limit's waiting requests on this replica.
 #[derive(Default)]
 pub(crate) struct Waiting {
-    queues: parking_lot::Mutex<HashMap<BucketKey, FairQueue<[u8; 16]>>>,
+    queues: parking_lot::Mutex<Queues>,
     turn: Notify,
+}
+
+#[derive(Default)]
+struct Queues {
+    local: HashMap<BucketKey, FairQueue<[u8; 16]>>,
+    /// This replica's entries in each bucket's fleet queue, in the fleet's order (start tag,
+    /// ticket).
+    fleet: HashMap<BucketKey, BTreeSet<(i64, Ticket)>>,
+    /// Buckets whose fleet queue had requests waiting when last seen.
+    fleet_busy: HashSet<BucketKey>,
 }
 
 /// A request's place in a bucket's queue.
@@ -28,12 +42,24 @@ pub(crate) struct Waiting {
 pub(crate) struct Place {
     pub(crate) bucket: BucketKey,
     pub(crate) ticket: Ticket,
+    /// Its start tag in the fleet's queue, when it is in it.
+    pub(crate) fleet: Option<i64>,
 }
 
 impl Waiting {
-    /// Whether requests wait in `bucket`'s queue.
+    /// Whether requests wait in `bucket`'s queue, here or (as last seen) in the fleet's.
     pub(crate) fn busy(&self, bucket: &BucketKey) -> bool {
-        self.queues.lock().get(bucket).is_some_and(|q| !q.is_empty())
+        let q = self.queues.lock();
+        q.local.get(bucket).is_some_and(|q| !q.is_empty()) || q.fleet_busy.contains(bucket)
+    }
+
+    /// What the fleet said of `bucket`'s queue: `waiting` requests in it.
+    pub(crate) fn fleet_saw(&self, bucket: BucketKey, waiting: u64) {
+        let mut q = self.queues.lock();
+        match waiting > 0 {
+            true => q.fleet_busy.insert(bucket),
+            false => q.fleet_busy.remove(&bucket),
+        };
     }
 
     /// Queues a request under `share` (its `weight`) until `deadline`.
@@ -44,25 +70,50 @@ impl Waiting {
         deadline: Instant,
     ) -> Result<Place, Full> {
         let mut queues = self.queues.lock();
-        let queue = queues.entry(bucket).or_insert_with(|| FairQueue::new(QUEUE_CAPACITY));
+        let queue = queues
+            .local
+            .entry(bucket)
+            .or_insert_with(|| FairQueue::new(QUEUE_CAPACITY));
         let ticket = queue.push(share, weight, 1, deadline)?;
-        Ok(Place { bucket, ticket })
+        Ok(Place {
+            bucket,
+            ticket,
+            fleet: None,
+        })
     }
 
-    /// Whether `place` is the head of its queue (the one that may try the limit).
+    /// `place` joined the fleet's queue with start tag `tag`.
+    pub(crate) fn joined_fleet(&self, place: &mut Place, tag: i64) {
+        place.fleet = Some(tag);
+        let mut q = self.queues.lock();
+        q.fleet.entry(place.bucket).or_default().insert((tag, place.ticket));
+        q.fleet_busy.insert(place.bucket);
+    }
+
+    /// Whether `place` is the one of this replica that may try the limit (or, in the fleet's
+    /// queue, ask the fleet whether it is its turn).
     pub(crate) fn is_head(&self, place: &Place) -> bool {
-        let queues = self.queues.lock();
-        queues
-            .get(&place.bucket)
-            .and_then(FairQueue::peek)
-            .is_some_and(|e| e.ticket == place.ticket)
+        let q = self.queues.lock();
+        match place.fleet {
+            Some(tag) => q
+                .fleet
+                .get(&place.bucket)
+                .and_then(|f| f.first())
+                .is_some_and(|first| *first == (tag, place.ticket)),
+            None => q
+                .local
+                .get(&place.bucket)
+                .and_then(FairQueue::peek)
+                .is_some_and(|e| e.ticket == place.ticket),
+        }
     }
 
     /// The head was admitted: released in its turn (the shares' books move on).
     pub(crate) fn served(&self, place: Place) {
         {
             let mut queues = self.queues.lock();
-            if let Some(q) = queues.get_mut(&place.bucket) {
+            queues.forget_fleet(&place);
+            if let Some(q) = queues.local.get_mut(&place.bucket) {
                 match q.peek().map(|e| e.ticket) {
                     Some(t) if t == place.ticket => {
                         q.pop();
@@ -80,10 +131,11 @@ impl Waiting {
     pub(crate) fn leave(&self, place: Place) {
         {
             let mut queues = self.queues.lock();
-            if let Some(q) = queues.get_mut(&place.bucket) {
+            queues.forget_fleet(&place);
+            if let Some(q) = queues.local.get_mut(&place.bucket) {
                 q.remove(place.ticket);
                 if q.is_empty() {
-                    queues.remove(&place.bucket);
+                    queues.local.remove(&place.bucket);
                 }
             }
         }
@@ -98,6 +150,18 @@ impl Waiting {
     /// Waits for a release, at most `within`.
     pub(crate) async fn next_turn(&self, within: Duration) {
         let _ = tokio::time::timeout(within, self.turn.notified()).await;
+    }
+}
+
+impl Queues {
+    fn forget_fleet(&mut self, place: &Place) {
+        let Some(tag) = place.fleet else { return };
+        if let Some(f) = self.fleet.get_mut(&place.bucket) {
+            f.remove(&(tag, place.ticket));
+            if f.is_empty() {
+                self.fleet.remove(&place.bucket);
+            }
+        }
     }
 }
 
@@ -118,6 +182,26 @@ mod tests {
         w.leave(first);
         assert!(w.is_head(&second));
         w.served(second);
+        assert!(!w.busy(&b));
+    }
+
+    #[test]
+    fn in_the_fleets_queue_the_fleets_order_decides_who_asks() {
+        let w = Waiting::default();
+        let b = BucketKey([1; 16]);
+        let far = crate::time::now() + Duration::from_secs(60);
+        // Joined here first, but the fleet gave it a later tag (a heavier share's turn).
+        let mut first = w.join(b, ([1; 16], 1), far).unwrap();
+        let mut second = w.join(b, ([2; 16], 4), far).unwrap();
+        w.joined_fleet(&mut first, 1 << 20);
+        w.joined_fleet(&mut second, 1 << 18);
+        assert!(w.is_head(&second) && !w.is_head(&first));
+        w.served(second);
+        assert!(w.is_head(&first));
+        w.leave(first);
+        // The fleet's queue was busy when last seen, until the fleet says otherwise.
+        assert!(w.busy(&b));
+        w.fleet_saw(b, 0);
         assert!(!w.busy(&b));
     }
 }

@@ -18,6 +18,7 @@ use crate::redis::{RedisError, RedisHandle};
 
 static LEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_lease_v1.lua")));
 static ADJUST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_adjust_v1.lua")));
+static QUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_queue_v1.lua")));
 static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_slots_v1.lua")));
 
 /// A counter's name: the limit, the bucket (32 hex digits, a hash: no key value), the quota and
@@ -42,6 +43,10 @@ impl CounterId {
     fn replicas_suffix(&self) -> String {
         format!("limit:{{{}:{}}}:replicas", self.limit, self.bucket)
     }
+
+    fn queue_suffix(&self) -> String {
+        queue_key(&self.limit, &self.bucket)
+    }
 }
 
 /// What a lease call granted.
@@ -52,6 +57,13 @@ pub struct Granted {
     pub fleet_used: u64,
     /// The replicas that leased of the bucket lately, this one included.
     pub replicas: u32,
+    /// Requests waiting in the bucket's fleet queue.
+    pub waiting: u64,
+}
+
+/// A bucket's fleet queue key.
+fn queue_key(limit: &str, bucket: &str) -> String {
+    format!("limit:{{{limit}:{bucket}}}:queue")
 }
 
 /// The fleet's counters: Redis, or this process's table.
@@ -80,18 +92,20 @@ impl Store {
                 let mut inv = LEASE.prepare_invoke();
                 inv.key(redis.key(&id.suffix()))
                     .key(redis.key(&id.replicas_suffix()))
+                    .key(redis.key(&id.queue_suffix()))
                     .arg(want)
                     .arg(limit)
                     .arg(ttl_ms(ttl))
                     .arg(replica)
                     .arg(ttl_ms(liveness));
-                let (granted, fleet_used, replicas): (u64, u64, u32) = redis
+                let (granted, fleet_used, replicas, waiting): (u64, u64, u32, u64) = redis
                     .run("limit_lease", |mut c| async move { inv.invoke_async(&mut c).await })
                     .await?;
                 Ok(Granted {
                     granted,
                     fleet_used,
                     replicas,
+                    waiting,
                 })
             }
         }
@@ -113,30 +127,96 @@ impl Store {
     }
 
     /// Declares that `replica` holds `want` of `(limit_name, bucket)`'s `limit` concurrent slots
-    /// for `ttl`: granted up to what the other replicas' live holdings leave.
+    /// for `ttl`: granted up to what the other replicas' live holdings leave; and the requests
+    /// waiting in the bucket's fleet queue.
     pub async fn hold_slots(
         &self,
         (limit_name, bucket): (&str, &str),
         replica: &str,
         want: u64,
         (limit, ttl): (u64, Duration),
-    ) -> Result<u64, RedisError> {
+    ) -> Result<(u64, u64), RedisError> {
         match self {
             // One process: it holds what it asks, within the limit.
-            Store::Local(_) => Ok(want.min(limit)),
+            Store::Local(_) => Ok((want.min(limit), 0)),
             Store::Redis(redis) => {
                 let mut inv = SLOTS.prepare_invoke();
                 inv.key(redis.key(&format!("limit:{{{limit_name}:{bucket}}}:slots")))
+                    .key(redis.key(&queue_key(limit_name, bucket)))
                     .arg(replica)
                     .arg(want)
                     .arg(limit)
                     .arg(ttl_ms(ttl));
-                let (granted, _others): (u64, u64) = redis
+                let (granted, _others, waiting): (u64, u64, u64) = redis
                     .run("limit_slots", |mut c| async move { inv.invoke_async(&mut c).await })
                     .await?;
-                Ok(granted)
+                Ok((granted, waiting))
             }
         }
+    }
+}
+
+/// A call on a bucket's fleet queue (`limit_queue_v1.lua`).
+#[derive(Debug, Clone, Copy)]
+pub enum QueueOp<'a> {
+    /// Queues the ticket under `share` (hex) with `weight`, until `deadline_ms` (unix ms).
+    Join {
+        share: &'a str,
+        weight: u32,
+        deadline_ms: u64,
+    },
+    /// The ticket's rank in the fleet's queue (0: its turn; -1: not queued).
+    Head,
+    /// The ticket leaves the queue; `served`: it was admitted (the fair books move on).
+    Done { served: bool },
+}
+
+/// Who calls the fleet's queue: the limit, the bucket (hex), this replica and its ticket.
+pub struct QueueCaller<'a> {
+    pub limit: &'a str,
+    pub bucket: &'a str,
+    pub replica: &'a str,
+    pub ticket: u64,
+}
+
+impl Store {
+    /// One call on the fleet's queue of a bucket: the start tag (join) or the rank (head), and
+    /// how many wait fleet-wide. `None` without Redis (one process: its own queue is the fleet's).
+    pub async fn queue(
+        &self,
+        caller: QueueCaller<'_>,
+        op: QueueOp<'_>,
+        (ttl, liveness): (Duration, Duration),
+    ) -> Result<Option<(i64, u64)>, RedisError> {
+        let Store::Redis(redis) = self else { return Ok(None) };
+        let base = format!("limit:{{{}:{}}}", caller.limit, caller.bucket);
+        let mut inv = QUEUE.prepare_invoke();
+        inv.key(redis.key(&queue_key(caller.limit, caller.bucket)))
+            .key(redis.key(&format!("{base}:deadlines")))
+            .key(redis.key(&format!("{base}:books")));
+        let name = match op {
+            QueueOp::Join { .. } => "join",
+            QueueOp::Head => "head",
+            QueueOp::Done { served: true } => "served",
+            QueueOp::Done { served: false } => "done",
+        };
+        inv.arg(name)
+            .arg(caller.replica)
+            .arg(caller.ticket)
+            .arg(ttl_ms(ttl))
+            .arg(ttl_ms(liveness));
+        if let QueueOp::Join {
+            share,
+            weight,
+            deadline_ms,
+        } = op
+        {
+            inv.arg(share).arg(weight).arg(deadline_ms);
+        }
+        let answer: (i64, u64) = redis
+            .run("limit_queue", |mut c| async move { inv.invoke_async(&mut c).await })
+            .await?;
+        Ok(Some(answer))
     }
 }
 
@@ -161,6 +241,7 @@ impl LocalCounters {
             granted,
             fleet_used: *used,
             replicas: 1,
+            waiting: 0,
         }
     }
 
@@ -200,7 +281,8 @@ mod tests {
             Granted {
                 granted: 60,
                 fleet_used: 60,
-                replicas: 1
+                replicas: 1,
+                waiting: 0
             }
         );
         assert_eq!(
@@ -208,7 +290,8 @@ mod tests {
             Granted {
                 granted: 40,
                 fleet_used: 100,
-                replicas: 1
+                replicas: 1,
+                waiting: 0
             }
         );
         assert_eq!(t.lease(&id(1), 60, 100).granted, 0);

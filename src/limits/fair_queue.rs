@@ -25,6 +25,13 @@ const SCALE: u128 = 1 << 20;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub(crate) struct Ticket(u64);
 
+impl Ticket {
+    /// Its number (unique within its queue).
+    pub(crate) fn number(self) -> u64 {
+        self.0
+    }
+}
+
 /// One waiting request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry<K> {

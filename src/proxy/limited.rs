@@ -54,77 +54,55 @@ pub(super) async fn admit(
     let started = time::now();
     // Each limit's bucket, hashed once.
     let buckets: smallvec::SmallVec<[BucketKey; 2]> = limits.iter().map(|l| l.bucket(&input)).collect();
-    // A request that finds others waiting for a limit waits behind them.
-    let mut waiting: Option<(&Limit, Place, Instant)> = None;
+    // A request that finds others waiting for a limit (here or in the fleet) waits behind them.
+    let mut waiting: Option<InQueue> = None;
     for (l, bucket) in limits.iter().zip(buckets.iter().copied()) {
         if l.policy.on_limit == OnLimit::Queue && l.waiting.busy(&bucket) {
             let until = started + l.policy.max_wait.min(deadline);
-            match l.waiting.join(bucket, l.share(bucket, &input), until) {
-                Ok(place) => waiting = Some((l, place, until)),
-                Err(_) => {
-                    return Err(rejected(
-                        cx,
-                        route,
-                        (Some((l, bucket)), &l.policy.name),
-                        SLOT_POLL,
-                        started,
-                    ))
-                }
-            }
+            let Some(place) = cx.limiter.queue(l, bucket, l.share(bucket, &input), until).await else {
+                let refusing = (Some((&**l, bucket)), l.policy.name.as_str());
+                return Err(rejected(cx, route, refusing, SLOT_POLL, started));
+            };
+            waiting = Some(InQueue::new(cx, l, place, until));
             break;
         }
     }
     loop {
         let mut pause = QUEUE_POLL;
-        if waiting.as_ref().is_none_or(|(l, place, _)| l.waiting.is_head(place)) {
+        let turn = match &waiting {
+            None => true,
+            Some(q) => cx.limiter.turn(q.limit, &q.place).await,
+        };
+        if turn {
             let refused = match cx.limiter.admit((limits, &buckets), want, time::now_unix_ms()).await {
                 Ok(pass) => {
-                    if let Some((l, place, _)) = waiting {
-                        l.waiting.served(place);
-                    }
                     let result = if waiting.is_some() { "queued" } else { "admitted" };
+                    if let Some(q) = waiting {
+                        q.leave(true);
+                    }
                     return Ok(admitted(cx, route, pass, (result, tokens, started), log));
                 }
                 Err(refused) => refused,
             };
             if waiting.is_none() {
-                // Queue where the limit allows it and may open within the wait.
-                let at = limits.iter().position(|l| l.policy.name == refused.limit);
-                let l = at.and_then(|i| limits.get(i));
-                let until = l.map(|l| started + l.policy.max_wait.min(deadline));
-                let opens_in_time = until.is_some_and(|u| !refused.window || time::now() + refused.retry_after < u);
-                let queued = match (l.filter(|l| l.policy.on_limit == OnLimit::Queue), until) {
-                    (Some(l), Some(until)) if opens_in_time => {
-                        let bucket = at
-                            .and_then(|i| buckets.get(i).copied())
-                            .unwrap_or_else(|| l.bucket(&input));
-                        l.waiting
-                            .join(bucket, l.share(bucket, &input), until)
-                            .ok()
-                            .map(|place| (&**l, place, until))
-                    }
-                    _ => None,
-                };
-                let Some(q) = queued else {
-                    let refusing = at.and_then(|i| Some((&**limits.get(i)?, *buckets.get(i)?)));
-                    return Err(rejected(
-                        cx,
-                        route,
-                        (refusing, &refused.limit),
-                        refused.retry_after,
-                        started,
-                    ));
-                };
-                waiting = Some(q);
+                let asked = (&buckets[..], &input, deadline);
+                waiting = Some(queue_refused(cx, route, asked, &refused, started).await?);
             }
             pause = refused.retry_after;
+            // A slot may free on any replica: the fleet's head looks again soon.
+            if !refused.window && waiting.as_ref().is_some_and(|q| q.place.fleet.is_some()) {
+                pause = pause.min(QUEUE_POLL);
+            }
         }
-        let Some((l, place, until)) = waiting else {
+        let Some(q) = waiting.as_ref() else {
             return Err(rejected(cx, route, (None, ""), SLOT_POLL, started));
         };
+        let (l, place, until) = (q.limit, q.place, q.until);
         let now = time::now();
         if now >= until {
-            l.waiting.leave(place);
+            if let Some(q) = waiting.take() {
+                q.leave(false);
+            }
             return Err(rejected(
                 cx,
                 route,
@@ -137,6 +115,72 @@ pub(super) async fn admit(
         l.waiting
             .next_turn(pause.min(until - now).max(Duration::from_millis(1)))
             .await;
+    }
+}
+
+/// A request the limits refused, queued where the refusing limit allows it and may open within
+/// the wait (`buckets`: the request's, one per limit), or its 429.
+async fn queue_refused<'a>(
+    cx: &'a Context,
+    route: &'a Route,
+    (buckets, input, deadline): (&[BucketKey], &KeyInput<'_>, Duration),
+    refused: &crate::limiter::Refused,
+    started: Instant,
+) -> Result<InQueue<'a>, Refusal> {
+    let limits = &route.limits;
+    let at = limits.iter().position(|l| l.policy.name == refused.limit);
+    let l = at.and_then(|i| limits.get(i));
+    let until = l.map(|l| started + l.policy.max_wait.min(deadline));
+    let opens_in_time = until.is_some_and(|u| !refused.window || time::now() + refused.retry_after < u);
+    let queued = match (l.filter(|l| l.policy.on_limit == OnLimit::Queue), until) {
+        (Some(l), Some(until)) if opens_in_time => {
+            let bucket = at
+                .and_then(|i| buckets.get(i).copied())
+                .unwrap_or_else(|| l.bucket(input));
+            let place = cx.limiter.queue(l, bucket, l.share(bucket, input), until).await;
+            place.map(|place| InQueue::new(cx, l, place, until))
+        }
+        _ => None,
+    };
+    queued.ok_or_else(|| {
+        let refusing = at.and_then(|i| Some((&**limits.get(i)?, *buckets.get(i)?)));
+        rejected(cx, route, (refusing, &refused.limit), refused.retry_after, started)
+    })
+}
+
+/// A request's place in a limit's queues, left when it is admitted, when its wait runs out, or
+/// when it goes away (its client gone: its future dropped), so that it never holds a queue up.
+struct InQueue<'a> {
+    cx: &'a Context,
+    limit: &'a Arc<Limit>,
+    place: Place,
+    until: Instant,
+    left: bool,
+}
+
+impl<'a> InQueue<'a> {
+    fn new(cx: &'a Context, limit: &'a Arc<Limit>, place: Place, until: Instant) -> InQueue<'a> {
+        InQueue {
+            cx,
+            limit,
+            place,
+            until,
+            left: false,
+        }
+    }
+
+    /// Leaves the queues: admitted (`served`), or not.
+    fn leave(mut self, served: bool) {
+        self.left = true;
+        self.cx.limiter.dequeue(self.limit, self.place, served);
+    }
+}
+
+impl Drop for InQueue<'_> {
+    fn drop(&mut self) {
+        if !self.left {
+            self.cx.limiter.dequeue(self.limit, self.place, false);
+        }
     }
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebound::hooks::limiter::store::{CounterId, Store};
+use rebound::hooks::limiter::store::{CounterId, QueueCaller, QueueOp, Store};
 use rebound::hooks::metrics::Metrics;
 use rebound::hooks::redis::RedisHandle;
 use tokio_util::sync::CancellationToken;
@@ -141,25 +141,131 @@ async fn a_replica_that_stops_renewing_loses_its_slots() {
     let bucket = ("team", "cd".repeat(16));
     let bucket = (bucket.0, bucket.1.as_str());
     let ttl = Duration::from_millis(300);
-    assert_eq!(a.hold_slots(bucket, "a", 8, (10, ttl)).await.unwrap(), 8);
+    assert_eq!(a.hold_slots(bucket, "a", 8, (10, ttl)).await.unwrap().0, 8);
     assert_eq!(
-        b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap(),
+        b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap().0,
         2,
         "what a's holding leaves"
     );
     // a renews with fewer: b may take more.
-    assert_eq!(a.hold_slots(bucket, "a", 5, (10, ttl)).await.unwrap(), 5);
-    assert_eq!(b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap(), 5);
+    assert_eq!(a.hold_slots(bucket, "a", 5, (10, ttl)).await.unwrap().0, 5);
+    assert_eq!(b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap().0, 5);
     // a dies (stops renewing): once its holding expires, b may hold them all.
     let got = until("a's slots expired", Duration::from_secs(10), || {
         let b = &b;
         async move {
-            let n = b.hold_slots(bucket, "b", 10, (10, ttl)).await.unwrap();
+            let n = b.hold_slots(bucket, "b", 10, (10, ttl)).await.unwrap().0;
             (n == 10).then_some(n).ok_or_else(|| format!("{n} slots"))
         }
     })
     .await;
     assert_eq!(got, 10);
+    stop_a.cancel();
+    stop_b.cancel();
+}
+
+/// Calls the fleet queue of bucket `ef..` of limit `shared` as `replica` with `ticket`.
+async fn queue(store: &Store, (replica, ticket): (&str, u64), op: QueueOp<'_>, liveness: Duration) -> (i64, u64) {
+    let bucket = "ef".repeat(16);
+    let caller = QueueCaller {
+        limit: "shared",
+        bucket: &bucket,
+        replica,
+        ticket,
+    };
+    store
+        .queue(caller, op, (Duration::from_secs(60), liveness))
+        .await
+        .expect("redis")
+        .expect("a fleet queue")
+}
+
+fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
+
+/// The fleet's queue on a real Redis: two replicas' waiting requests are released in one fair
+/// order (4 : 1 by weight, first in first out within a share), whichever replica they wait on;
+/// a replica that stops asking (it died) and a request past its deadline stop holding it up.
+#[tokio::test]
+async fn the_fleet_queue_releases_every_replicas_waiters_in_one_fair_order() {
+    let redis = RedisServer::start();
+    let (a, stop_a) = store(&redis).await;
+    let (b, stop_b) = store(&redis).await;
+    let live = Duration::from_secs(10);
+    let join = |share: &'static str, weight: u32| QueueOp::Join {
+        share,
+        weight,
+        deadline_ms: unix_ms() + 60_000,
+    };
+    // Chat waits on replica a (weight 4), batch on replica b (weight 1), ten each.
+    let mut waiting = Vec::new();
+    for t in 0..10 {
+        queue(&a, ("a", t), join("chat", 4), live).await;
+        waiting.push(("a", t, "chat"));
+        queue(&b, ("b", t), join("batch", 1), live).await;
+        waiting.push(("b", t, "batch"));
+    }
+    let mut released = Vec::new();
+    while released.len() < 10 {
+        let mut head = None;
+        for (i, (replica, ticket, _)) in waiting.iter().enumerate() {
+            let store = if *replica == "a" { &a } else { &b };
+            let (rank, len) = queue(store, (replica, *ticket), QueueOp::Head, live).await;
+            assert_eq!(len as usize, waiting.len());
+            if rank == 0 {
+                assert!(head.is_none(), "one head");
+                head = Some(i);
+            }
+        }
+        let (replica, ticket, share) = waiting.remove(head.expect("a head"));
+        let store = if replica == "a" { &a } else { &b };
+        queue(store, (replica, ticket), QueueOp::Done { served: true }, live).await;
+        released.push((share, ticket));
+    }
+    let chat: Vec<u64> = released.iter().filter(|(s, _)| *s == "chat").map(|(_, t)| *t).collect();
+    let batch: Vec<u64> = released
+        .iter()
+        .filter(|(s, _)| *s == "batch")
+        .map(|(_, t)| *t)
+        .collect();
+    assert_eq!(chat, [0, 1, 2, 3, 4, 5, 6, 7], "4 : 1, in order: {released:?}");
+    assert_eq!(batch, [0, 1], "{released:?}");
+    // Another replica joins ahead of everyone (a new share starts at the virtual time, and its
+    // name sorts first on a tie) and dies: it stops asking, and once its liveness runs out the
+    // queue moves past it.
+    queue(&a, ("0dead", 0), join("new", 1), Duration::from_millis(300)).await;
+    let (rank, _) = queue(&a, ("a", 8), QueueOp::Head, live).await;
+    assert!(rank > 0, "c's request is ahead");
+    let moved = until("c's entry dropped", Duration::from_secs(10), || {
+        let a = &a;
+        async move {
+            let (rank, _) = queue(a, ("a", 8), QueueOp::Head, live).await;
+            (rank == 0).then_some(()).ok_or_else(|| format!("rank {rank}"))
+        }
+    })
+    .await;
+    assert_eq!(moved, ());
+    // A request past its deadline is dropped too.
+    let short = QueueOp::Join {
+        share: "newer",
+        weight: 1,
+        deadline_ms: unix_ms() + 300,
+    };
+    queue(&b, ("0late", 0), short, live).await;
+    let (rank, _) = queue(&a, ("a", 8), QueueOp::Head, live).await;
+    assert!(rank > 0, "the short request is ahead");
+    until("the expired entry dropped", Duration::from_secs(10), || {
+        let a = &a;
+        async move {
+            let (rank, _) = queue(a, ("a", 8), QueueOp::Head, live).await;
+            (rank == 0).then_some(()).ok_or_else(|| format!("rank {rank}"))
+        }
+    })
+    .await;
     stop_a.cancel();
     stop_b.cancel();
 }

@@ -733,3 +733,55 @@ async fn three_replicas_keep_a_token_limit_within_the_stated_bound_under_bursts_
         ledger.len()
     );
 }
+
+/// The queue is the fleet's: chat waits on one replica, batch on another, for one slot the
+/// whole fleet shares, and the releases still go 4 : 1 by the weights (each replica releasing
+/// its own queue would go about 1 : 1, by who asks first).
+#[tokio::test]
+async fn two_replicas_release_a_shared_limits_queue_four_to_one() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let shared = RawLimit {
+        key: some("route"),
+        concurrent: Some(1),
+        on_limit: some("queue"),
+        max_wait: some("60s"),
+        share_by: some("header:x-team"),
+        weights: Some([("chat".to_string(), 4), ("batch".to_string(), 1)].into()),
+        ..RawLimit::default()
+    };
+    let config = TestConfig::new(&provider.url())
+        .redis(&redis.url())
+        .limit("shared", shared);
+    let (chat_replica, batch_replica) = (config.start().await, config.start().await);
+    redis_up(&chat_replica).await;
+    redis_up(&batch_replica).await;
+    provider.script("fleetw", vec![Step::Delay { ms: 10 }; 200]);
+    let mut set = tokio::task::JoinSet::new();
+    for i in 0..120 {
+        let (team, url) = match i % 2 {
+            0 => ("chat", chat_replica.url.clone()),
+            _ => ("batch", batch_replica.url.clone()),
+        };
+        set.spawn(async move {
+            let h = [("x-fake-key", "fleetw"), ("x-team", team)];
+            let url = format!("{url}/fake/v1/chat/completions");
+            send_within(Duration::from_secs(60), "POST", &url, &h, format!(r#"{{"n":{i}}}"#)).await
+        });
+    }
+    while let Some(a) = set.join_next().await {
+        assert_eq!(a.unwrap().status, 200);
+    }
+    let order: Vec<String> = provider
+        .requests("fleetw")
+        .iter()
+        .map(|r| r.header("x-team").unwrap_or("").to_string())
+        .collect();
+    assert_eq!(order.len(), 120);
+    // While both teams wait (the first releases may come before every request queued).
+    let chat = order[10..60].iter().filter(|t| *t == "chat").count();
+    assert!(
+        (36..=44).contains(&chat),
+        "chat had {chat} of 50 releases, 40 expected: {order:?}"
+    );
+}

@@ -2,8 +2,9 @@
 -- each call (a renewal, a larger or a smaller holding): granted up to what the other replicas'
 -- live holdings leave. A replica that stops renewing loses its slots when its holding expires.
 -- KEYS[1] the bucket's holdings, a hash: replica id -> "slots:expiry ms" (Redis time).
+-- KEYS[2] the bucket's fleet queue (limit_queue_v1.lua), read for its length only.
 -- ARGV: 1 replica id, 2 slots wanted, 3 limit, 4 ttl ms.
--- Returns {granted, slots held by the others}.
+-- Returns {granted, slots held by the others, requests waiting in the fleet's queue}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local others = 0
@@ -24,4 +25,4 @@ else
   redis.call('HDEL', KEYS[1], ARGV[1])
 end
 redis.call('PEXPIRE', KEYS[1], ttl * 2)
-return {grant, others}
+return {grant, others, redis.call('ZCARD', KEYS[2])}

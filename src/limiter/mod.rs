@@ -21,6 +21,7 @@ use crate::limits::key::{self, BucketKey, KeyInput};
 use crate::limits::ledger::Lease;
 use crate::limits::prices::{Price, Rate};
 use crate::limits::window::Window;
+use crate::metrics::{LimitMetrics, Metrics};
 pub(crate) use bucket::Want;
 use bucket::{Bucket, Held, Quota, Step};
 use fleet::Fleet;
@@ -52,6 +53,8 @@ pub(crate) struct Limit {
     pub(crate) waiting: Waiting,
     /// Woken when an ask of the fleet is answered.
     answered: tokio::sync::Notify,
+    /// Its series of the limit families.
+    pub(crate) metrics: LimitMetrics,
 }
 
 impl Limit {
@@ -89,7 +92,7 @@ pub(crate) struct Refused {
 
 impl Limiter {
     /// The limits of `config`, their quotas from `store`.
-    pub(crate) fn new(config: &Config, store: Arc<Store>) -> Limiter {
+    pub(crate) fn new(config: &Config, store: Arc<Store>, metrics: &Metrics) -> Limiter {
         let limits = config
             .limits
             .iter()
@@ -99,6 +102,7 @@ impl Limiter {
                     buckets: parking_lot::Mutex::new(HashMap::new()),
                     waiting: Waiting::default(),
                     answered: tokio::sync::Notify::new(),
+                    metrics: LimitMetrics::new(metrics, name),
                 };
                 (name.clone(), Arc::new(limit))
             })
@@ -351,7 +355,7 @@ mod tests {
             "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\nlimits = [\"team\"]\n[limits.team]\nkey = \"header:x-team\"\non_limit = \"reject\"\n{limit}"
         );
         let config = Config::parse(&src, std::path::Path::new("t.toml"), &|_| None).expect("config");
-        Limiter::new(&config, Arc::new(Store::local()))
+        Limiter::new(&config, Arc::new(Store::local()), &Metrics::new().expect("metrics"))
     }
 
     fn input(headers: &HeaderMap) -> KeyInput<'_> {
@@ -457,7 +461,7 @@ mod tests {
     async fn a_request_a_later_limit_refuses_gives_back_what_the_earlier_took() {
         let src = "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\nlimits = [\"rpm\", \"one\"]\n[limits.rpm]\nkey = \"route\"\non_limit = \"reject\"\nrequests_per_minute = 2\n[limits.one]\nkey = \"route\"\non_limit = \"reject\"\nconcurrent = 1\n";
         let config = Config::parse(src, std::path::Path::new("t.toml"), &|_| None).expect("config");
-        let l = Limiter::new(&config, Arc::new(Store::local()));
+        let l = Limiter::new(&config, Arc::new(Store::local()), &Metrics::new().expect("metrics"));
         let limits = l.for_route(&["rpm".into(), "one".into()]);
         let h = HeaderMap::new();
         let first = l

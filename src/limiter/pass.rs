@@ -62,6 +62,15 @@ impl Pass {
     }
 
     fn settle_held(&mut self, used: Option<Used>, now_ms: u64) {
+        if let Some(n) = used.map(|u| u.input + u.cached_input + u.output) {
+            for (limit, _, _) in self
+                .held
+                .iter()
+                .filter(|(l, _, _)| l.policy.tokens_per_minute.is_some())
+            {
+                limit.metrics.settled.inc_by(n);
+            }
+        }
         let cost = used.map(|u| self.cost(u));
         let actual = |q: Quota| match q {
             Quota::Requests => Some(1),

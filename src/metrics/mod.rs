@@ -6,6 +6,8 @@
 
 mod series;
 
+pub(crate) use series::LimitMetrics;
+
 use prometheus::core::Collector;
 
 use crate::words::AttemptOutcome;

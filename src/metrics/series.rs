@@ -4,6 +4,8 @@
 use crate::config::{Config, CooldownMode, PacingMode};
 use crate::words::{Stop, TargetState};
 
+use prometheus::{Histogram, IntCounter};
+
 use super::{
     Metrics, CACHE_RESULTS, IDEMPOTENCY_COMPLETION_RESULTS, IDEMPOTENCY_RESULTS, STREAM_ERROR_POSITIONS, TOKEN_OUTCOMES,
 };
@@ -127,15 +129,50 @@ impl Metrics {
     /// The series of each `[limits.*]`.
     fn init_limit_series(&self, config: &Config) {
         for (name, l) in &config.limits {
-            for result in ["admitted", "queued", "rejected"] {
+            for result in LIMIT_RESULTS {
                 self.limit_decisions_total.with_label_values(&[name, result]);
             }
             self.limit_queue_seconds.with_label_values(&[name]);
             if l.tokens_per_minute.is_some() {
-                for kind in ["reserved", "settled"] {
+                for kind in LIMIT_TOKEN_KINDS {
                     self.limit_tokens_total.with_label_values(&[name, kind]);
                 }
             }
+        }
+    }
+}
+
+/// The `result` label values of `rebound_limit_decisions_total`.
+const LIMIT_RESULTS: [&str; 3] = ["admitted", "queued", "rejected"];
+
+/// The `kind` label values of `rebound_limit_tokens_total`.
+const LIMIT_TOKEN_KINDS: [&str; 2] = ["reserved", "settled"];
+
+/// One `[limits.NAME]`'s children of the limit families, resolved once: a decision hashes no
+/// labels.
+pub(crate) struct LimitMetrics {
+    /// By result, in the order of [`LIMIT_RESULTS`].
+    decisions: [IntCounter; 3],
+    pub(crate) queue_seconds: Histogram,
+    pub(crate) reserved: IntCounter,
+    pub(crate) settled: IntCounter,
+}
+
+impl LimitMetrics {
+    pub(crate) fn new(m: &Metrics, limit: &str) -> LimitMetrics {
+        let [reserved, settled] = LIMIT_TOKEN_KINDS.map(|k| m.limit_tokens_total.with_label_values(&[limit, k]));
+        LimitMetrics {
+            decisions: LIMIT_RESULTS.map(|r| m.limit_decisions_total.with_label_values(&[limit, r])),
+            queue_seconds: m.limit_queue_seconds.with_label_values(&[limit]),
+            reserved,
+            settled,
+        }
+    }
+
+    /// Counts a decision: `admitted`, `queued` or `rejected`.
+    pub(crate) fn decided(&self, result: &str) {
+        if let Some(i) = LIMIT_RESULTS.iter().position(|r| *r == result) {
+            self.decisions[i].inc();
         }
     }
 }

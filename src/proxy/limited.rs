@@ -61,7 +61,7 @@ pub(super) async fn admit(
             let until = started + l.policy.max_wait.min(deadline);
             let Some(place) = cx.limiter.queue(l, bucket, l.share(bucket, &input), until).await else {
                 let refusing = (Some((&**l, bucket)), l.policy.name.as_str());
-                return Err(rejected(cx, route, refusing, SLOT_POLL, started));
+                return Err(rejected(route, refusing, SLOT_POLL, started));
             };
             waiting = Some(InQueue::new(cx, l, place, until));
             break;
@@ -80,7 +80,7 @@ pub(super) async fn admit(
                     if let Some(q) = waiting {
                         q.leave(true);
                     }
-                    return Ok(admitted(cx, route, pass, (result, tokens, started), log));
+                    return Ok(admitted(route, pass, (result, tokens, started), log));
                 }
                 Err(refused) => refused,
             };
@@ -95,7 +95,7 @@ pub(super) async fn admit(
             }
         }
         let Some(q) = waiting.as_ref() else {
-            return Err(rejected(cx, route, (None, ""), SLOT_POLL, started));
+            return Err(rejected(route, (None, ""), SLOT_POLL, started));
         };
         let (l, place, until) = (q.limit, q.place, q.until);
         let now = time::now();
@@ -104,7 +104,6 @@ pub(super) async fn admit(
                 q.leave(false);
             }
             return Err(rejected(
-                cx,
                 route,
                 (Some((l, place.bucket)), &l.policy.name),
                 pause,
@@ -144,7 +143,7 @@ async fn queue_refused<'a>(
     };
     queued.ok_or_else(|| {
         let refusing = at.and_then(|i| Some((&**limits.get(i)?, *buckets.get(i)?)));
-        rejected(cx, route, (refusing, &refused.limit), refused.retry_after, started)
+        rejected(route, (refusing, &refused.limit), refused.retry_after, started)
     })
 }
 
@@ -228,19 +227,15 @@ fn asks<'b>(
 
 /// The pass held by `log` until the response ends; the `RateLimit` fields.
 fn admitted(
-    cx: &Context,
     route: &Route,
     pass: Pass,
     (result, tokens, started): (&str, u64, Instant),
     log: &mut RequestLog,
 ) -> RateLimitFields {
-    count(cx, route, (result, None), started);
+    count(route, (result, None), started);
     if tokens > 0 {
         for l in route.limits.iter().filter(|l| l.policy.tokens_per_minute.is_some()) {
-            cx.metrics
-                .limit_tokens_total
-                .with_label_values(&[&l.policy.name, "reserved"])
-                .inc_by(tokens);
+            l.metrics.reserved.inc_by(tokens);
         }
     }
     let fields = pass.headers(time::now_unix_ms());
@@ -250,7 +245,6 @@ fn admitted(
     });
     log.set_settle(Box::new(Settlement {
         pass: Arc::new(Mutex::new(Some(pass))),
-        settled: settled_series(cx, route),
         flows: charged.then_some(tokens),
     }));
     fields
@@ -261,13 +255,12 @@ pub(super) type Refusal = (ProxyError, RateLimitFields);
 
 /// 429 `limit_exceeded` for `limit` (its bucket, when known, for the fields), counted.
 fn rejected(
-    cx: &Context,
     route: &Route,
     (refusing, limit): (Option<(&Limit, BucketKey)>, &str),
     retry_after: Duration,
     started: Instant,
 ) -> Refusal {
-    count(cx, route, ("rejected", Some(limit)), started);
+    count(route, ("rejected", Some(limit)), started);
     let fields = refusing.and_then(|spot| fields(std::iter::once(spot), time::now_unix_ms()));
     let err = ProxyError::LimitExceeded {
         limit: limit.to_string(),
@@ -278,21 +271,14 @@ fn rejected(
 
 /// Counts a decision: an admission under every limit of the route, a rejection under the limit
 /// that refused; the wait of a request that waited.
-fn count(cx: &Context, route: &Route, (result, refusing): (&str, Option<&str>), started: Instant) {
+fn count(route: &Route, (result, refusing): (&str, Option<&str>), started: Instant) {
     for l in &route.limits {
-        let name = l.policy.name.as_str();
-        if refusing.is_some_and(|r| r != name) {
+        if refusing.is_some_and(|r| r != l.policy.name) {
             continue;
         }
-        cx.metrics
-            .limit_decisions_total
-            .with_label_values(&[name, result])
-            .inc();
+        l.metrics.decided(result);
         if result != "admitted" {
-            cx.metrics
-                .limit_queue_seconds
-                .with_label_values(&[name])
-                .observe(started.elapsed().as_secs_f64());
+            l.metrics.queue_seconds.observe(started.elapsed().as_secs_f64());
         }
     }
 }
@@ -301,8 +287,6 @@ fn count(cx: &Context, route: &Route, (result, refusing): (&str, Option<&str>), 
 struct Settlement {
     /// Shared with the stream's [`Flowing`] charge until then.
     pass: Arc<Mutex<Option<Pass>>>,
-    /// The `settled` token series of the route's token limits.
-    settled: Vec<prometheus::IntCounter>,
     /// On a route with a token or spend limit, the tokens the request reserved: its stream is
     /// charged as it flows past them.
     flows: Option<u64>,
@@ -326,26 +310,8 @@ impl Flow for Flowing {
     }
 }
 
-fn settled_series(cx: &Context, route: &Route) -> Vec<prometheus::IntCounter> {
-    route
-        .limits
-        .iter()
-        .filter(|l| l.policy.tokens_per_minute.is_some())
-        .map(|l| {
-            cx.metrics
-                .limit_tokens_total
-                .with_label_values(&[&l.policy.name, "settled"])
-        })
-        .collect()
-}
-
 impl Settle for Settlement {
     fn settle(self: Box<Self>, used: Option<Used>) {
-        if let Some(n) = used.map(|u| u.input + u.cached_input + u.output) {
-            for c in &self.settled {
-                c.inc_by(n);
-            }
-        }
         if let Some(pass) = self.pass.lock().take() {
             pass.settle(used, time::now_unix_ms());
         }

@@ -101,7 +101,11 @@ impl Proxy {
     /// Resolves routes against upstreams and policies and builds the connection pools.
     pub fn new(config: &Config, shared: &Shared) -> Result<Proxy, BuildError> {
         shared.metrics.init_series(config);
-        let limiter = Arc::new(crate::limiter::Limiter::new(config, shared.limit_store.clone()));
+        let limiter = Arc::new(crate::limiter::Limiter::new(
+            config,
+            shared.limit_store.clone(),
+            &shared.metrics,
+        ));
         let routes = routes::build(config, shared, &limiter)?;
         let Shared {
             metrics,
@@ -399,8 +403,10 @@ impl Proxy {
         let mut resp = match delivery.result {
             Ok(resp) => {
                 let mut meter = Meter::for_delivered(&resp, &target.tokens, &delivery.tokens, attempts, delivery.sent);
-                if let Some(m) = meter.as_mut() {
-                    m.charge_as_it_flows(resp.body().shape(), log.flow());
+                // A stream's usage is charged to its limits as it flows (no handle for a body).
+                let shape = resp.body().shape();
+                if let Some(m) = meter.as_mut().filter(|_| shape == crate::wire::sse::Shape::EventStream) {
+                    m.charge_as_it_flows(shape, log.flow());
                 }
                 let came = Came {
                     attempts,

@@ -9,6 +9,7 @@
 //! request served, one that gave up, a slot freed) wakes the waiters to look again.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Notify;
@@ -24,6 +25,9 @@ const QUEUE_CAPACITY: usize = 10_000;
 #[derive(Default)]
 pub(crate) struct Waiting {
     queues: parking_lot::Mutex<Queues>,
+    /// Whether anything waits, here or (as last seen) in the fleet: while nothing does (the
+    /// common case), a request looks no further, taking no lock.
+    any: AtomicBool,
     turn: Notify,
 }
 
@@ -49,17 +53,24 @@ pub(crate) struct Place {
 impl Waiting {
     /// Whether requests wait in `bucket`'s queue, here or (as last seen) in the fleet's.
     pub(crate) fn busy(&self, bucket: &BucketKey) -> bool {
+        if !self.any.load(Ordering::Acquire) {
+            return false;
+        }
         let q = self.queues.lock();
         q.local.get(bucket).is_some_and(|q| !q.is_empty()) || q.fleet_busy.contains(bucket)
     }
 
     /// What the fleet said of `bucket`'s queue: `waiting` requests in it.
     pub(crate) fn fleet_saw(&self, bucket: BucketKey, waiting: u64) {
+        if waiting == 0 && !self.any.load(Ordering::Acquire) {
+            return;
+        }
         let mut q = self.queues.lock();
         match waiting > 0 {
             true => q.fleet_busy.insert(bucket),
             false => q.fleet_busy.remove(&bucket),
         };
+        self.any.store(q.any(), Ordering::Release);
     }
 
     /// Queues a request under `share` (its `weight`) until `deadline`.
@@ -75,6 +86,7 @@ impl Waiting {
             .entry(bucket)
             .or_insert_with(|| FairQueue::new(QUEUE_CAPACITY));
         let ticket = queue.push(share, weight, 1, deadline)?;
+        self.any.store(true, Ordering::Release);
         Ok(Place {
             bucket,
             ticket,
@@ -88,6 +100,7 @@ impl Waiting {
         let mut q = self.queues.lock();
         q.fleet.entry(place.bucket).or_default().insert((tag, place.ticket));
         q.fleet_busy.insert(place.bucket);
+        self.any.store(true, Ordering::Release);
     }
 
     /// Whether `place` is the one of this replica that may try the limit (or, in the fleet's
@@ -122,7 +135,11 @@ impl Waiting {
                         q.remove(place.ticket);
                     }
                 }
+                if q.is_empty() {
+                    queues.local.remove(&place.bucket);
+                }
             }
+            self.any.store(queues.any(), Ordering::Release);
         }
         self.turn.notify_waiters();
     }
@@ -138,13 +155,16 @@ impl Waiting {
                     queues.local.remove(&place.bucket);
                 }
             }
+            self.any.store(queues.any(), Ordering::Release);
         }
         self.turn.notify_waiters();
     }
 
     /// Something was released: the waiters look again.
     pub(crate) fn wake(&self) {
-        self.turn.notify_waiters();
+        if self.any.load(Ordering::Acquire) {
+            self.turn.notify_waiters();
+        }
     }
 
     /// Waits for a release, at most `within`.
@@ -154,6 +174,11 @@ impl Waiting {
 }
 
 impl Queues {
+    /// Whether anything waits (an empty bucket's queue is removed).
+    fn any(&self) -> bool {
+        !self.local.is_empty() || !self.fleet_busy.is_empty()
+    }
+
     fn forget_fleet(&mut self, place: &Place) {
         let Some(tag) = place.fleet else { return };
         if let Some(f) = self.fleet.get_mut(&place.bucket) {

@@ -10,6 +10,7 @@ pub(crate) mod circuit;
 pub mod cli;
 pub(crate) mod cloud;
 pub(crate) mod config;
+pub(crate) mod continuation;
 pub(crate) mod credentials;
 pub(crate) mod dead_letters;
 pub(crate) mod error;

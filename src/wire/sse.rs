@@ -105,6 +105,12 @@ pub(crate) fn event_data(event: &[u8]) -> std::borrow::Cow<'_, [u8]> {
     fields(event).1
 }
 
+/// An event's name (its `event` field; empty when it has none) and its data (its `data` lines
+/// joined by `\n`): what a continuation reads of each event it tracks or rewrites.
+pub(crate) fn event_fields(event: &[u8]) -> (&[u8], std::borrow::Cow<'_, [u8]>) {
+    fields(event)
+}
+
 /// An event's name and its data (its `data` lines joined by `\n`; borrowed when there is one).
 fn fields(event: &[u8]) -> (&[u8], std::borrow::Cow<'_, [u8]>) {
     let mut name: &[u8] = b"";

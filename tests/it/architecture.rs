@@ -168,8 +168,8 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "policy (pure)",
-        &["retry", "limits"],
-        "retry decisions, backoff, Retry-After, budgets, quotas; limits' buckets, ledgers and fair queue",
+        &["retry", "limits", "continuation"],
+        "retry decisions, backoff, Retry-After, budgets, quotas; limits' buckets, ledgers and fair queue; a cut stream's transcript, continuation request, seam and splice",
     ),
     (
         "I/O edges",

@@ -451,6 +451,8 @@ pub struct RouteConfig {
     pub dead_letters: bool,
     pub dead_letter_bodies: bool,
     pub async_jobs: bool,
+    /// A streamed generation cut after bytes reached the app is finished by another attempt.
+    pub continue_streams: bool,
 }
 
 /// What a retry policy may retry on.

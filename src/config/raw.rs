@@ -160,6 +160,7 @@ pub struct RawRoute {
     pub dead_letter_bodies: Option<bool>,
     #[serde(rename = "async")]
     pub async_jobs: Option<bool>,
+    pub continue_streams: Option<bool>,
 }
 
 #[derive(Debug, Default, Clone, Deserialize, Serialize)]

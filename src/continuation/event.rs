@@ -42,6 +42,13 @@ impl Framer {
         Some(std::mem::replace(&mut self.buf, rest))
     }
 
+    /// The bytes held (an event not complete yet), taken: what a stream that ended left.
+    pub(crate) fn take_held(&mut self) -> Option<Vec<u8>> {
+        self.scanned = 0;
+        self.end = EventEnd::default();
+        (!self.buf.is_empty()).then(|| std::mem::take(&mut self.buf))
+    }
+
     /// The bytes held: an event not complete yet (the caller bounds it).
     pub(crate) fn held(&self) -> usize {
         self.buf.len()

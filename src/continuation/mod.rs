@@ -66,9 +66,6 @@
 //! (kept as they came, not re-cut); text in a block the seam does not watch (a second text
 //! block) is not checked for repeats; the bytes a [`Framer`] holds are bounded by the caller.
 
-// The pipeline wiring comes next: until then only the tests use this module.
-#![cfg_attr(not(test), allow(dead_code, unused_imports))]
-
 mod anthropic;
 mod chat;
 pub(crate) mod event;
@@ -84,9 +81,8 @@ mod tests;
 pub(crate) use event::Framer;
 pub(crate) use seam::SeamError;
 pub(crate) use splice::Splicer;
-pub(crate) use transcript::{Spent, Transcript};
+pub(crate) use transcript::Transcript;
 
-use crate::wire::envelope::Op;
 use crate::words::spelled;
 
 /// The API a stream speaks.
@@ -98,18 +94,6 @@ pub(crate) enum Dialect {
     Chat,
     /// OpenAI Responses.
     Responses,
-}
-
-impl Dialect {
-    /// The dialect of a streamed operation, if it is one a continuation knows.
-    pub(crate) fn of(op: &Op<'_>) -> Option<Dialect> {
-        match op {
-            Op::Messages { stream: true } => Some(Dialect::Messages),
-            Op::OpenAi("chat/completions") => Some(Dialect::Chat),
-            Op::OpenAi("responses") => Some(Dialect::Responses),
-            _ => None,
-        }
-    }
 }
 
 /// How a cut stream is continued.

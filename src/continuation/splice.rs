@@ -134,6 +134,7 @@ impl Splicer {
     }
 
     /// Whether the app's stream has its end.
+    #[cfg(test)]
     pub(crate) fn done(&self) -> bool {
         self.done
     }

@@ -92,6 +92,7 @@ pub struct Metrics {
     /// Admission decisions of each `[limits.*]`: `admitted`, `queued` (waited, then admitted),
     /// `rejected`.
     pub(crate) limit_decisions_total: IntCounterVec,
+    pub(crate) continuations_total: IntCounterVec,
     /// How long requests waited for a limit before their decision.
     pub(crate) limit_queue_seconds: HistogramVec,
     /// Tokens of each limit: `reserved` on admission, `settled` from the usage reported.
@@ -272,6 +273,11 @@ impl Metrics {
                 "client_retries_total",
                 "Requests that repeated a failure for good moments ago: a client's retry, given one attempt.",
                 &["route"],
+            )?,
+            continuations_total: counter(
+                "continuations_total",
+                "Streams cut after bytes reached the app on a continue_streams route, by route and result (continued, refused_tool_call, refused_thinking, failed).",
+                &["route", "result"],
             )?,
             limit_decisions_total: counter(
                 "limit_decisions_total",

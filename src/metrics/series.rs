@@ -107,6 +107,7 @@ impl Metrics {
             }
         }
         self.init_limit_series(config);
+        self.init_continuation_series(config);
         if config.redis.is_some() {
             self.redis_errors_total.with_label_values(&["ping"]);
             self.redis_errors_total.with_label_values(&["connect"]);
@@ -124,6 +125,15 @@ impl Metrics {
         self.retries_exhausted_total.with_label_values(&[route]);
         self.retry_budget_exhausted_total.with_label_values(&[route]);
         self.client_retries_total.with_label_values(&[route]);
+    }
+
+    /// The series of each route that continues cut streams.
+    fn init_continuation_series(&self, config: &Config) {
+        for r in config.routes.iter().filter(|r| r.continue_streams) {
+            for result in ["continued", "refused_tool_call", "refused_thinking", "failed"] {
+                self.continuations_total.with_label_values(&[&r.name, result]);
+            }
+        }
     }
 
     /// The series of each `[limits.*]`.

@@ -23,6 +23,7 @@ mod call;
 mod client_retry;
 mod commit;
 mod context;
+mod continued;
 mod cursor;
 mod delivery;
 mod idempotent;
@@ -84,7 +85,7 @@ pub struct Proxy {
     max_request_body: u64,
     max_request_head: u64,
     /// What every step shares: metrics, tasks, credential forms, circuits.
-    cx: Context,
+    cx: Arc<Context>,
     dead_letters: DeadLetters,
     dead_letter_config: crate::config::DeadLettersConfig,
     /// The job queue, when a route is async.
@@ -123,14 +124,14 @@ impl Proxy {
             routes,
             max_request_body: config.server.max_request_body,
             max_request_head: config.server.max_request_head,
-            cx: Context {
+            cx: Arc::new(Context {
                 metrics,
                 tasks,
                 hard_stop,
                 credentials: config.server.credentials.clone(),
                 circuits,
                 limiter,
-            },
+            }),
             dead_letters,
             dead_letter_config: config.dead_letters.clone(),
             jobs: jobs.for_config(config),
@@ -200,6 +201,7 @@ impl Proxy {
     {
         let (parts, body) = req.into_parts();
         async move {
+            let arrived = time::now();
             let mut log = RequestLog::start(&self.cx.metrics, &parts.method, &parts.uri);
             log.set_trace(&parts.headers);
             log.set_accept(&parts.headers);
@@ -315,7 +317,10 @@ impl Proxy {
                 (None, None) => (Claims::none(bypassed), delivery),
                 (claim, cache) => Box::pin(Claims::settle((claim, bypassed), cache, delivery)).await,
             };
-            self.respond(&route, delivery, claims, job_run, log)
+            // A stream cut later is continued (`continue_streams`).
+            let asked = (&parts, &*path, &body);
+            let again = continued::Again::of(&self.cx, &route, asked, (&delivery.tokens, &trace, arrived));
+            self.respond(&route, delivery, (claims, again), job_run, log)
         }
     }
 
@@ -388,7 +393,7 @@ impl Proxy {
         &self,
         route: &Route,
         delivery: Delivery,
-        claims: Claims,
+        (claims, again): (Claims, Option<Box<continued::Again>>),
         job_run: bool,
         log: RequestLog,
     ) -> Response<ProxyBody> {
@@ -413,6 +418,7 @@ impl Proxy {
                     outcome,
                     meter,
                     shape: resp.body().shape(),
+                    again,
                 };
                 let mut resp = upstream_response(resp, (route, target), came, claims, log);
                 if let Some(after) = retry_after {

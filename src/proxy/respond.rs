@@ -27,6 +27,8 @@ pub(super) struct Came {
     pub(super) outcome: Outcome,
     pub(super) meter: Option<Meter>,
     pub(super) shape: Shape,
+    /// How the stream is continued when cut, on a route with `continue_streams`.
+    pub(super) again: Option<Box<super::continued::Again>>,
 }
 
 /// The upstream's response as it came, minus hop-by-hop headers, plus `x-rebound-attempts`. A
@@ -48,6 +50,7 @@ where
         outcome,
         meter,
         shape,
+        again,
     } = came;
     let (mut parts, body) = resp.into_parts();
     headers::strip_hop_by_hop(&mut parts.headers, false);
@@ -65,6 +68,16 @@ where
     let first_event_error = matches!(outcome, Outcome::InBand(_));
     let (body, stream_error) = ErrorWatch::for_response(body, shape, first_event_error, &target.attempts, meter);
     let body = IdleTimeout::new(body, route.retry.stream_idle_timeout);
+    // A stream of a route that continues cut streams: finished elsewhere when it is cut.
+    let body = match again.filter(|_| status == 200 && shape == Shape::EventStream) {
+        Some(again) => {
+            parts
+                .headers
+                .insert(headers::X_REBOUND_CONTINUABLE, super::continued::Again::header());
+            Either::Left(again.wrap(body, stream_error.clone(), attempts))
+        }
+        None => Either::Right(body),
+    };
     // The cache entry's recorder first: an answer it does not keep is still shared with its
     // followers, then the entry freed at its end.
     let body = match claims.cache.and_then(|c| c.recording) {

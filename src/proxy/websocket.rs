@@ -66,6 +66,7 @@ pub(super) async fn pass_through<B>(
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // The upstream declined the upgrade: its answer goes back as it came.
         let came = Came {
+            again: None,
             attempts: 1,
             outcome: crate::retry::policy::Outcome::Status(resp.status()),
             meter: None,

@@ -15,6 +15,8 @@ pub(crate) const X_REBOUND_CACHE: HeaderName = HeaderName::from_static("x-reboun
 pub(crate) const X_SHOULD_RETRY: HeaderName = HeaderName::from_static("x-should-retry");
 pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
 pub(crate) const X_REBOUND_DEADLINE_MS: HeaderName = HeaderName::from_static("x-rebound-deadline-ms");
+/// On a stream of a route that continues cut streams (`continue_streams`): `true`.
+pub(crate) const X_REBOUND_CONTINUABLE: HeaderName = HeaderName::from_static("x-rebound-continuable");
 pub(crate) const X_REBOUND_MAX_ATTEMPTS: HeaderName = HeaderName::from_static("x-rebound-max-attempts");
 pub(crate) const X_REBOUND_CALLBACK: HeaderName = HeaderName::from_static("x-rebound-callback");
 /// A job's id, on its 202, its `GET /jobs/{id}` answers and its callback.

@@ -15,6 +15,7 @@ mod cloud_aws;
 mod cloud_azure;
 mod cloud_gcp;
 mod config_files;
+mod continuation;
 mod credentials;
 mod dead_letters;
 mod docs;

@@ -110,6 +110,7 @@ impl Validator<'_> {
             dead_letters: r.dead_letters.unwrap_or(false),
             dead_letter_bodies: r.dead_letter_bodies.unwrap_or(false),
             async_jobs: r.async_jobs.unwrap_or(false),
+            continue_streams: r.continue_streams.unwrap_or(false),
         })
     }
 

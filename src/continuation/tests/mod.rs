@@ -7,8 +7,8 @@ mod sdk;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 
-use super::{request, Decision, Dialect, Framer, How, Refusal, SeamError, Spent, SpliceError, Splicer, Transcript};
-use crate::wire::envelope::Op;
+use super::transcript::Spent;
+use super::{request, Decision, Dialect, Framer, How, Refusal, SeamError, SpliceError, Splicer, Transcript};
 
 /// The whole answer every fixture streams.
 const WHOLE: &str = "Here are three tips for better sleep:\n\n1. Keep a regular schedule.\n2. Avoid screens before bed.\n3. Keep your room cool and dark.";
@@ -77,15 +77,6 @@ fn claude() -> Value {
 /// A cut attempt's estimated output: one token per 4 characters.
 fn estimate(text: &str) -> u64 {
     text.chars().count().div_ceil(4) as u64
-}
-
-#[test]
-fn the_dialects_of_streamed_operations() {
-    assert_eq!(Dialect::of(&Op::Messages { stream: true }), Some(Dialect::Messages));
-    assert_eq!(Dialect::of(&Op::Messages { stream: false }), None);
-    assert_eq!(Dialect::of(&Op::OpenAi("chat/completions")), Some(Dialect::Chat));
-    assert_eq!(Dialect::of(&Op::OpenAi("responses")), Some(Dialect::Responses));
-    assert_eq!(Dialect::of(&Op::OpenAi("embeddings")), None);
 }
 
 #[test]

@@ -96,6 +96,12 @@ pub enum Step {
     PauseAfterFirst { ms: u64 },
     /// The normal stream's first `after` events at once, then no byte for `ms`, then the rest.
     PauseAfter { after: usize, ms: u64 },
+    /// The normal answer from its start, even to a request that carries a partial answer to go
+    /// on from (a model that starts over).
+    FromStart,
+    /// An Anthropic stream whose text is `text`, one delta per word (a model that answers
+    /// something else).
+    AnthropicText { text: String },
     /// The normal stream's first event, then the connection freezes for good (as [`Step::Freeze`],
     /// mid-stream: the provider's host is gone after the first bytes).
     FreezeAfterFirst,
@@ -600,6 +606,7 @@ async fn answer(
         }
         other => other,
     };
+    let from_start = matches!(step, Some(Step::FromStart));
     match step {
         Some(Step::Status { status, headers, body }) => {
             let mut resp = Response::builder()
@@ -751,7 +758,17 @@ async fn answer(
             let stream = futures_util::StreamExt::chain(head, cut);
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
-        None => {}
+        Some(Step::AnthropicText { text }) => {
+            let mut events = vec![anthropic_stream_start().to_string()];
+            let words: Vec<&str> = text.split_inclusive(' ').collect();
+            for w in &words {
+                let delta = serde_json::json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": w}});
+                events.push(format!("event: content_block_delta\ndata: {delta}\n\n"));
+            }
+            events.push(anthropic_stream_end(words.len()));
+            return Ok(listed_events(state, key, events, gap, "text/event-stream"));
+        }
+        Some(Step::FromStart) | None => {}
     }
 
     if let Some(call) = &call {
@@ -762,7 +779,7 @@ async fn answer(
                 return Ok(resp);
             }
             fake_hosts::HostAnswer::AnthropicStream => {
-                return Ok(sse_stream(state, key, chunks, gap, true, false));
+                return Ok(sse_stream(state, key, (0, chunks), gap, true, false));
             }
             fake_hosts::HostAnswer::Events { events, content_type } => {
                 return Ok(listed_events(state, key, events, gap, content_type));
@@ -796,6 +813,13 @@ async fn answer(
     }
     if path.ends_with("/chat/completions") || path.ends_with("/messages") {
         if wants_stream {
+            // A continuation of a partial answer goes on from where it stopped.
+            let from = if from_start {
+                0
+            } else {
+                continued_from(request.as_ref())
+            };
+            let chunks = (from, chunks);
             return Ok(sse_stream(state, key, chunks, gap, anthropic, include_usage));
         }
         let body = if anthropic {
@@ -1060,12 +1084,12 @@ fn thinking(
 fn sse_stream(
     state: Arc<State>,
     key: String,
-    chunks: usize,
+    (from, chunks): (usize, usize),
     gap: Duration,
     anthropic: bool,
     include_usage: bool,
 ) -> Response<Body> {
-    let events = sse_events(state, key, chunks, gap, anthropic);
+    let events = sse_events_from(state, key, (from, chunks), gap, anthropic);
     if !include_usage || anthropic {
         return sse_response(BodyExt::boxed(StreamBody::new(events)));
     }
@@ -1098,27 +1122,64 @@ fn sse_events(
     gap: Duration,
     anthropic: bool,
 ) -> impl futures_util::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send {
-    futures_util::stream::unfold(0usize, move |i| {
+    sse_events_from(state, key, (0, chunks), gap, anthropic)
+}
+
+/// Where a continuation of an answer picks up: after the `tokenN` words of the request's last
+/// assistant message (a prefill, or the partial answer of a continuation turn); 0 for a request
+/// that carries none.
+fn continued_from(request: Option<&serde_json::Value>) -> usize {
+    let Some(messages) = request.and_then(|r| r.get("messages")).and_then(|m| m.as_array()) else {
+        return 0;
+    };
+    let Some(assistant) = messages
+        .iter()
+        .rev()
+        .take(2)
+        .find(|m| m.get("role").and_then(|r| r.as_str()) == Some("assistant"))
+    else {
+        return 0;
+    };
+    let text = match assistant.get("content") {
+        Some(serde_json::Value::String(s)) => s.clone(),
+        Some(serde_json::Value::Array(blocks)) => blocks
+            .iter()
+            .filter_map(|b| b.get("text").and_then(|t| t.as_str()))
+            .collect(),
+        _ => String::new(),
+    };
+    text.matches("token").count()
+}
+
+/// The normal stream's events `from..chunks` (the first carries the stream's start).
+fn sse_events_from(
+    state: Arc<State>,
+    key: String,
+    (from, chunks): (usize, usize),
+    gap: Duration,
+    anthropic: bool,
+) -> impl futures_util::Stream<Item = Result<Frame<Bytes>, std::io::Error>> + Send {
+    futures_util::stream::unfold(from, move |i| {
         let state = state.clone();
         let key = key.clone();
         async move {
             if i > chunks {
                 return None;
             }
-            if i > 0 && !gap.is_zero() {
+            if i > from && !gap.is_zero() {
                 tokio::time::sleep(gap).await;
             }
             let data = if i == chunks {
                 *lock(&state.streams_completed).entry(key).or_insert(0) += 1;
                 if anthropic {
-                    let start = if chunks == 0 { anthropic_stream_start() } else { "" };
+                    let start = if chunks == from { anthropic_stream_start() } else { "" };
                     format!("{start}{}", anthropic_stream_end(chunks))
                 } else {
                     "data: [DONE]\n\n".to_string()
                 }
-            } else if anthropic && i == 0 {
+            } else if anthropic && i == from {
                 // One frame, so that the timing of the stream is the same as OpenAI's.
-                format!("{}{}", anthropic_stream_start(), anthropic_event(0))
+                format!("{}{}", anthropic_stream_start(), anthropic_event(i))
             } else if anthropic {
                 anthropic_event(i)
             } else {

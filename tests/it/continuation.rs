@@ -1,0 +1,213 @@
+//! Mid-stream continuation (`continue_streams`) through real sockets: a stream the fake provider
+//! cuts after some events (an error event mid-stream, a reset) is finished by another attempt
+//! and reaches the app as one valid stream whose text is the whole answer; what is not continued
+//! stays a visible cut.
+
+use crate::support::config_builder::TestConfig;
+use crate::support::fake_provider::{FakeProvider, Step};
+use crate::support::*;
+
+/// A route that continues cut streams.
+async fn rebound(provider: &FakeProvider) -> Rebound {
+    TestConfig::new(&provider.url())
+        .route(|r| r.continue_streams = Some(true))
+        .start()
+        .await
+}
+
+/// One SSE event as an SDK reads it: its name and its JSON data.
+fn events(body: &str) -> Vec<(String, serde_json::Value)> {
+    body.split("\n\n")
+        .filter(|e| !e.trim().is_empty())
+        .filter_map(|e| {
+            let name = e.lines().find_map(|l| l.strip_prefix("event:")).unwrap_or("").trim();
+            let data: String = e
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .collect::<Vec<_>>()
+                .join("\n");
+            let data = data.trim();
+            if data.is_empty() {
+                return None; // a comment
+            }
+            let json = serde_json::from_str(data).unwrap_or(serde_json::Value::String(data.to_string()));
+            Some((name.to_string(), json))
+        })
+        .collect()
+}
+
+/// The whole answer of a fake stream of `chunks` deltas.
+fn whole(chunks: usize) -> String {
+    (0..chunks).map(|i| format!("token{i} ")).collect()
+}
+
+/// Checks an Anthropic stream as the SDK reads it: one message, block 0, one end; its text.
+fn anthropic_text(body: &str) -> String {
+    let events = events(body);
+    let count = |t: &str| events.iter().filter(|(_, d)| d["type"] == t).count();
+    assert_eq!(count("message_start"), 1, "{body}");
+    assert_eq!(count("message_stop"), 1, "{body}");
+    assert_eq!(count("message_delta"), 1, "{body}");
+    assert_eq!(count("error"), 0, "{body}");
+    assert_eq!(count("content_block_start"), count("content_block_stop"), "{body}");
+    events
+        .iter()
+        .filter(|(_, d)| d["type"] == "content_block_delta")
+        .map(|(_, d)| {
+            assert_eq!(d["index"], 0, "{body}");
+            d["delta"]["text"].as_str().unwrap_or("").to_string()
+        })
+        .collect()
+}
+
+fn continued(page: &str, result: &str) -> f64 {
+    metric(
+        page,
+        &format!(r#"rebound_continuations_total{{result="{result}",route="fake"}}"#),
+    )
+}
+
+#[tokio::test]
+async fn an_anthropic_stream_cut_by_an_error_event_is_finished_by_a_prefill() {
+    let provider = FakeProvider::start().await;
+    let error = "overloaded_error".to_string();
+    provider.script(
+        "cut",
+        vec![Step::MidStreamError {
+            after: 3,
+            error_type: error,
+        }],
+    );
+    let rebound = rebound(&provider).await;
+    let h = [
+        ("x-fake-key", "cut"),
+        ("x-fake-chunks", "8"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let a = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(a.header("x-rebound-continuable"), Some("true"));
+    assert_eq!(anthropic_text(&a.text()), whole(8), "one answer, whole: {}", a.text());
+    // The continuation carried the partial answer as the start of the assistant's.
+    let sent = provider.requests("cut");
+    assert_eq!(sent.len(), 2);
+    let second: serde_json::Value = serde_json::from_slice(&sent[1].body).unwrap();
+    let last = &second["messages"].as_array().unwrap().last().unwrap().clone();
+    assert_eq!(last["role"], "assistant", "{second}");
+    assert_eq!(last["content"], "token0 token1 token2", "{second}");
+    let page = rebound.metrics().await;
+    assert_eq!(continued(&page, "continued"), 1.0);
+}
+
+#[tokio::test]
+async fn a_chat_stream_cut_by_a_reset_is_finished_by_a_continuation_turn() {
+    let provider = FakeProvider::start().await;
+    provider.script("reset", vec![Step::CutAfterFirstChunk]);
+    let rebound = rebound(&provider).await;
+    let h = [
+        ("x-fake-key", "reset"),
+        ("x-fake-chunks", "6"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let a = send("POST", &format!("{}/fake/v1/chat/completions", rebound.url), &h, body).await;
+    assert_eq!(a.status, 200);
+    let events = events(&a.text());
+    let done = events.iter().filter(|(_, d)| d == &serde_json::json!("[DONE]")).count();
+    assert_eq!(done, 1, "{}", a.text());
+    let chunks: Vec<&serde_json::Value> = events.iter().map(|(_, d)| d).filter(|d| d.is_object()).collect();
+    assert!(
+        chunks.iter().all(|c| c["id"] == chunks[0]["id"]),
+        "one id: {}",
+        a.text()
+    );
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(text, whole(6), "{}", a.text());
+    let finishes = chunks
+        .iter()
+        .filter(|c| c["choices"][0]["finish_reason"].is_string())
+        .count();
+    assert_eq!(finishes, 1, "{}", a.text());
+    // A turn: the partial as the assistant's, then a user message asking to go on.
+    let sent = provider.requests("reset");
+    let second: serde_json::Value = serde_json::from_slice(&sent[1].body).unwrap();
+    let messages = second["messages"].as_array().unwrap();
+    assert_eq!(messages[messages.len() - 2]["role"], "assistant", "{second}");
+    assert_eq!(messages[messages.len() - 1]["role"], "user", "{second}");
+}
+
+#[tokio::test]
+async fn a_target_that_refuses_a_prefill_is_asked_again_with_a_turn() {
+    let provider = FakeProvider::start().await;
+    let refusal = r#"{"type":"error","error":{"type":"invalid_request_error","message":"This model does not support assistant message prefill. The conversation must end with a user message."}}"#;
+    provider.script(
+        "noprefill",
+        vec![
+            Step::MidStreamError {
+                after: 2,
+                error_type: "overloaded_error".into(),
+            },
+            Step::Status {
+                status: 400,
+                headers: Vec::new(),
+                body: Some(refusal.into()),
+            },
+        ],
+    );
+    let rebound = rebound(&provider).await;
+    let h = [
+        ("x-fake-key", "noprefill"),
+        ("x-fake-chunks", "5"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let a = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(anthropic_text(&a.text()), whole(5), "{}", a.text());
+    assert_eq!(provider.count("noprefill"), 3, "the cut, the refused prefill, the turn");
+    let page = rebound.metrics().await;
+    assert_eq!(continued(&page, "continued"), 1.0);
+    assert_eq!(
+        continued(&page, "failed"),
+        0.0,
+        "the refused prefill is not the failure"
+    );
+}
+
+#[tokio::test]
+async fn a_continuation_that_starts_over_is_not_spliced_and_the_cut_stays_visible() {
+    let provider = FakeProvider::start().await;
+    let error = "overloaded_error".to_string();
+    // Every continuation starts the answer over, and then says something else: never spliced.
+    let over = "token0 token1 token2 token3 token4 token5 but this time it goes another way ";
+    let mut script = vec![Step::MidStreamError {
+        after: 12,
+        error_type: error,
+    }];
+    script.extend(std::iter::repeat_n(Step::AnthropicText { text: over.into() }, 5));
+    provider.script("over", script);
+    let rebound = rebound(&provider).await;
+    let h = [
+        ("x-fake-key", "over"),
+        ("x-fake-chunks", "20"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let resp = send_streaming("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body(), b"", std::time::Duration::from_secs(10)).await;
+    assert!(!read.clean, "the cut is visible");
+    let text = String::from_utf8_lossy(&read.bytes).to_string();
+    assert!(!text.contains("another way"), "never spliced: {text}");
+    assert_eq!(text.matches("event: message_start").count(), 1, "{text}");
+    until_metric(
+        &rebound,
+        r#"rebound_continuations_total{result="failed",route="fake"}"#,
+        |n| n == 1.0,
+    )
+    .await;
+}

@@ -166,9 +166,12 @@ impl Again {
         parts.headers.remove(http::header::CONTENT_LENGTH);
         if how == How::Resume {
             let resume = app.resume_path().ok_or("no response to resume")?;
-            // The route's own prefix before the API path (`/v1/responses/...`).
+            let (resume, query) = resume.split_once('?').unwrap_or((&resume, ""));
+            // The route's own prefix before the API path (`/v1/responses/...`); the query goes
+            // upstream from the request's URI.
             let base = self.path.split("/v1/").next().unwrap_or("");
             let path = format!("{base}{resume}");
+            parts.uri = format!("{}?{query}", parts.uri.path()).parse()?;
             parts.method = Method::GET;
             parts.headers.remove(http::header::CONTENT_TYPE);
             return Ok((parts, path, Bytes::new()));

@@ -3,7 +3,11 @@
 //! and reaches the app as one valid stream whose text is the whole answer; what is not continued
 //! stays a visible cut.
 
-use crate::support::config_builder::TestConfig;
+use std::time::Duration;
+
+use rebound::hooks::config::raw::{RawIdempotency, RawRetry};
+
+use crate::support::config_builder::{some, TestConfig};
 use crate::support::fake_provider::{FakeProvider, Step};
 use crate::support::*;
 
@@ -210,4 +214,211 @@ async fn a_continuation_that_starts_over_is_not_spliced_and_the_cut_stays_visibl
         |n| n == 1.0,
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_stream_that_stalls_past_the_idle_timeout_is_finished_elsewhere() {
+    let provider = FakeProvider::start().await;
+    provider.script("stall", vec![Step::StallAfterFirstChunk]);
+    let rebound = TestConfig::new(&provider.url())
+        .retry(
+            "idle",
+            RawRetry {
+                stream_idle_timeout: some("300ms"),
+                ..RawRetry::default()
+            },
+        )
+        .route(|r| {
+            r.continue_streams = Some(true);
+            r.retry = some("idle");
+        })
+        .start()
+        .await;
+    let h = [
+        ("x-fake-key", "stall"),
+        ("x-fake-chunks", "4"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let a = send("POST", &format!("{}/fake/v1/chat/completions", rebound.url), &h, body).await;
+    assert_eq!(a.status, 200);
+    let text: String = events(&a.text())
+        .iter()
+        .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, whole(4), "{}", a.text());
+    assert_eq!(provider.count("stall"), 2);
+}
+
+#[tokio::test]
+async fn a_stream_cut_inside_a_tool_calls_arguments_is_not_continued() {
+    let provider = FakeProvider::start().await;
+    let start = crate::support::fake_provider::anthropic_stream_start().to_string();
+    let events = vec![
+        start,
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"Let me look. \"}}\n\n".to_string(),
+        "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n".to_string(),
+        "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":1,\"content_block\":{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"weather\",\"input\":{}}}\n\n".to_string(),
+        "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":1,\"delta\":{\"type\":\"input_json_delta\",\"partial_json\":\"{\\\"city\\\": \\\"Par\"}}\n\n".to_string(),
+    ];
+    provider.script("tool", vec![Step::EventsThenCut { events }]);
+    let rebound = rebound(&provider).await;
+    let h = [("x-fake-key", "tool"), ("content-type", "application/json")];
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"weather?"}]}"#;
+    let resp = send_streaming("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body(), b"", Duration::from_secs(10)).await;
+    assert!(
+        !read.clean,
+        "the cut is visible: the tool call's JSON is never repaired"
+    );
+    assert!(String::from_utf8_lossy(&read.bytes).contains("Par"));
+    assert_eq!(provider.count("tool"), 1, "no continuation was asked for");
+    until_metric(
+        &rebound,
+        r#"rebound_continuations_total{result="refused_tool_call",route="fake"}"#,
+        |n| n == 1.0,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn with_an_idempotency_key_the_stored_answer_is_the_continued_whole() {
+    let provider = FakeProvider::start().await;
+    let error = "overloaded_error".to_string();
+    provider.script(
+        "idem",
+        vec![Step::MidStreamError {
+            after: 3,
+            error_type: error,
+        }],
+    );
+    let rebound = TestConfig::new(&provider.url())
+        .idempotency(
+            "keys",
+            RawIdempotency {
+                wait_timeout: some("5s"),
+                ..RawIdempotency::default()
+            },
+        )
+        .route(|r| {
+            r.continue_streams = Some(true);
+            r.idempotency = some("keys");
+        })
+        .start()
+        .await;
+    let h = [
+        ("x-fake-key", "idem"),
+        ("x-fake-chunks", "8"),
+        ("content-type", "application/json"),
+        ("idempotency-key", "cont-1"),
+    ];
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let url = format!("{}/fake/v1/messages", rebound.url);
+    let first = send("POST", &url, &h, body).await;
+    assert_eq!(anthropic_text(&first.text()), whole(8));
+    let replay = until("the answer stored", Duration::from_secs(10), || async {
+        let a = send("POST", &url, &h, body).await;
+        match a.header("idempotent-replayed") {
+            Some("true") => Ok(a),
+            other => Err(format!("not replayed yet: {other:?}")),
+        }
+    })
+    .await;
+    assert_eq!(
+        anthropic_text(&replay.text()),
+        whole(8),
+        "the continued whole: {}",
+        replay.text()
+    );
+    assert_eq!(provider.count("idem"), 2, "the cut and its continuation, never a third");
+}
+
+#[tokio::test]
+async fn a_responses_background_stream_is_resumed_after_its_last_event() {
+    let provider = FakeProvider::start().await;
+    // The response's first four events (created, three deltas), then a reset.
+    let first = crate::support::fake_hosts::responses_events(8, true)
+        .into_iter()
+        .take(4)
+        .collect();
+    provider.script("bg", vec![Step::EventsThenCut { events: first }]);
+    let rebound = rebound(&provider).await;
+    let h = [
+        ("x-fake-key", "bg"),
+        ("x-fake-chunks", "8"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"gpt-4o","stream":true,"background":true,"input":"count"}"#;
+    let a = send("POST", &format!("{}/fake/v1/responses", rebound.url), &h, body).await;
+    assert_eq!(a.status, 200);
+    let events = events(&a.text());
+    let text: String = events
+        .iter()
+        .filter(|(_, d)| d["type"] == "response.output_text.delta")
+        .filter_map(|(_, d)| d["delta"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, whole(8), "{}", a.text());
+    let seqs: Vec<u64> = events
+        .iter()
+        .filter_map(|(_, d)| d["sequence_number"].as_u64())
+        .collect();
+    assert_eq!(
+        seqs,
+        (0..10).collect::<Vec<u64>>(),
+        "each event once, in order: {}",
+        a.text()
+    );
+    let completed: Vec<_> = events
+        .iter()
+        .filter(|(_, d)| d["type"] == "response.completed")
+        .collect();
+    assert_eq!(completed.len(), 1);
+    // The same generation read again, not a second one.
+    let sent = provider.requests("bg");
+    assert_eq!(sent.len(), 2);
+    assert_eq!(sent[1].method, "GET");
+    assert_eq!(sent[1].path, "/v1/responses/resp_fake");
+    assert_eq!(sent[1].query.as_deref(), Some("stream=true&starting_after=3"));
+}
+
+#[tokio::test]
+async fn a_cut_stream_is_finished_on_the_next_target_when_its_own_is_overloaded() {
+    let (a, b) = (FakeProvider::start().await, FakeProvider::start().await);
+    let error = "overloaded_error".to_string();
+    // The first target cuts the stream, then answers 529 to the continuation.
+    a.script(
+        "next",
+        vec![
+            Step::MidStreamError {
+                after: 3,
+                error_type: error,
+            },
+            Step::status(529),
+        ],
+    );
+    let rebound = TestConfig::new(&a.url())
+        .upstream_named("backup", &b.url(), |_| {})
+        .route(|r| {
+            r.fallback = Some(vec!["backup".into()]);
+            r.continue_streams = Some(true);
+        })
+        .start()
+        .await;
+    let h = [
+        ("x-fake-key", "next"),
+        ("x-fake-chunks", "8"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let r = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(anthropic_text(&r.text()), whole(8), "{}", r.text());
+    assert_eq!(a.count("next"), 2, "the cut, the refused continuation");
+    assert_eq!(b.count("next"), 1, "finished on the next target");
+    let on_b: serde_json::Value = serde_json::from_slice(&b.requests("next")[0].body).unwrap();
+    assert_eq!(
+        on_b["messages"].as_array().unwrap().last().unwrap()["role"],
+        "assistant"
+    );
 }

@@ -770,7 +770,7 @@ pub fn openai_extra(path: &str, request: Option<&Value>, chunks: usize) -> Optio
     if path.ends_with("responses") {
         if streams {
             return Some(HostAnswer::Events {
-                events: responses_events(chunks),
+                events: responses_events(chunks, background(request)),
                 content_type: "text/event-stream",
             });
         }
@@ -848,25 +848,48 @@ fn responses_object(status: &str, text: &str, output_tokens: usize) -> String {
     .to_string()
 }
 
-/// The Responses API's stream of `chunks` deltas: `response.created`, the deltas,
-/// `response.completed` (with usage).
-pub fn responses_events(chunks: usize) -> Vec<String> {
-    let created = r#"{"type":"response.created","response":{"id":"resp_fake","object":"response","status":"in_progress","model":"gpt-fake","output":[]}}"#;
+/// Whether a Responses request asks for background mode.
+fn background(request: Option<&Value>) -> bool {
+    request.and_then(|r| r.get("background")).and_then(Value::as_bool) == Some(true)
+}
+
+/// The Responses API's stream of `chunks` deltas: `response.created` (`background` as asked),
+/// the deltas, `response.completed` (with usage), each with its `sequence_number` (from 0).
+pub fn responses_events(chunks: usize, background: bool) -> Vec<String> {
+    let created = serde_json::json!({
+        "type": "response.created", "sequence_number": 0,
+        "response": {"id": "resp_fake", "object": "response", "status": "in_progress", "background": background, "model": "gpt-fake", "output": []},
+    });
     let mut events = vec![format!("event: response.created\ndata: {created}\n\n")];
     let mut text = String::new();
     for i in 0..chunks {
         let delta = format!("token{i} ");
         text.push_str(&delta);
         let data = serde_json::json!({
-            "type": "response.output_text.delta", "item_id": "msg_fake", "output_index": 0, "content_index": 0,
-            "delta": delta,
+            "type": "response.output_text.delta", "sequence_number": i + 1, "item_id": "msg_fake",
+            "output_index": 0, "content_index": 0, "delta": delta,
         });
         events.push(format!("event: response.output_text.delta\ndata: {data}\n\n"));
     }
     let response: Value = serde_json::from_str(&responses_object("completed", &text, chunks)).unwrap_or_default();
-    let completed = serde_json::json!({ "type": "response.completed", "response": response });
+    let completed =
+        serde_json::json!({ "type": "response.completed", "sequence_number": chunks + 1, "response": response });
     events.push(format!("event: response.completed\ndata: {completed}\n\n"));
     events
+}
+
+/// A background response read again (`GET .../responses/{id}?stream=true&starting_after=N`):
+/// its events after sequence number N, or `None` for another request.
+pub fn resumed(path: &str, query: Option<&str>, chunks: usize) -> Option<Vec<String>> {
+    if !path.contains("/responses/") {
+        return None;
+    }
+    let after: usize = query?
+        .split('&')
+        .find_map(|p| p.strip_prefix("starting_after="))?
+        .parse()
+        .ok()?;
+    Some(responses_events(chunks, true).into_iter().skip(after + 1).collect())
 }
 
 /// A Gemini `GenerateContentResponse` with the fake's text and `usageMetadata`.

@@ -102,6 +102,8 @@ pub enum Step {
     /// An Anthropic stream whose text is `text`, one delta per word (a model that answers
     /// something else).
     AnthropicText { text: String },
+    /// These events, one frame each, then the stream aborted (a reset mid-stream).
+    EventsThenCut { events: Vec<String> },
     /// The normal stream's first event, then the connection freezes for good (as [`Step::Freeze`],
     /// mid-stream: the provider's host is gone after the first bytes).
     FreezeAfterFirst,
@@ -768,6 +770,15 @@ async fn answer(
             events.push(anthropic_stream_end(words.len()));
             return Ok(listed_events(state, key, events, gap, "text/event-stream"));
         }
+        Some(Step::EventsThenCut { events }) => {
+            let frames = events.into_iter().map(|e| Ok(Frame::data(Bytes::from(e))));
+            let cut = futures_util::stream::once(async {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                Err(std::io::Error::other("scripted cut"))
+            });
+            let stream = futures_util::StreamExt::chain(futures_util::stream::iter(frames.collect::<Vec<_>>()), cut);
+            return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
+        }
         Some(Step::FromStart) | None => {}
     }
 
@@ -786,6 +797,8 @@ async fn answer(
             }
             fake_hosts::HostAnswer::Generic => {}
         }
+    } else if let Some(events) = fake_hosts::resumed(&path, parts.uri.query(), chunks) {
+        return Ok(listed_events(state, key, events, gap, "text/event-stream"));
     } else if let Some(extra) = fake_hosts::openai_extra(&path, request.as_ref(), chunks) {
         match extra {
             fake_hosts::HostAnswer::Json { body, headers } => {

@@ -29,7 +29,7 @@ def test_the_anthropic_sdk_reads_one_whole_message(fake, fake_tls, start_rebound
     fake.script(key, [mid_stream_error(3, "overloaded_error")])
     client = anthropic_client(base_url(None, fake, fake_tls, start_rebound), max_retries=0)
     with client.messages.stream(
-        model="claude-sonnet-4-5",
+        model="claude-fake",
         max_tokens=100,
         messages=[{"role": "user", "content": "count"}],
         extra_headers={"x-fake-chunks": str(CHUNKS)},
@@ -50,7 +50,7 @@ def test_the_openai_sdk_reads_one_whole_completion(fake, fake_tls, start_rebound
     client: openai.OpenAI = openai_client(base_url(None, fake, fake_tls, start_rebound), max_retries=0)
     chunks = list(
         client.chat.completions.create(
-            model="gpt-4o",
+            model="gpt-fake",
             messages=[{"role": "user", "content": "count"}],
             stream=True,
             extra_headers={"x-fake-chunks": str(CHUNKS)},

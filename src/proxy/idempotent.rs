@@ -88,9 +88,22 @@ pub(super) fn replay_response(stored: StoredResponse, log: RequestLog) -> Respon
 }
 
 /// The response of an original still in flight, as it is produced: no upstream call.
-pub(super) fn follow_response(followed: Followed, log: RequestLog) -> Response<ProxyBody> {
+///
+/// On a route with `continue_streams`, a followed stream cut (its owner died, its stream was cut)
+/// is continued here from what this request received (`again`).
+pub(super) fn follow_response(
+    followed: Followed,
+    again: Option<Box<super::continued::Again>>,
+    log: RequestLog,
+) -> Response<ProxyBody> {
     let status = StatusCode::from_u16(followed.head.status).unwrap_or(StatusCode::OK);
-    let body = ProxyBody::new(followed.body, log, status.as_u16());
+    let streams = followed.head.headers.iter().any(|(k, v)| {
+        k.eq_ignore_ascii_case("content-type") && v.to_ascii_lowercase().starts_with("text/event-stream")
+    });
+    let body = match again.filter(|_| status == StatusCode::OK && streams) {
+        Some(again) => ProxyBody::new(again.wrap(followed.body, None, 0), log, status.as_u16()),
+        None => ProxyBody::new(followed.body, log, status.as_u16()),
+    };
     shared_response(status, &followed.head.headers, body)
 }
 

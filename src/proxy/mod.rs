@@ -272,6 +272,11 @@ impl Proxy {
                 }
             }
 
+            // The request's token books, and how its stream is continued when cut (a route with
+            // `continue_streams`: its own stream, or the one it follows).
+            let tokens = self.models.for_request(&body);
+            let again = continued::Again::of(&self.cx, &route, (&parts, &path, &body), (&tokens, &trace, arrived));
+
             // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
             // In a block of its own: the step's result would otherwise keep its place in the
             // request's future through every later await.
@@ -284,7 +289,7 @@ impl Proxy {
                 match step {
                     Ok(go_on) => go_on,
                     Err(Answered::Replay(stored)) => return replay_response(stored, log),
-                    Err(Answered::Follow(followed)) => return follow_response(followed, log),
+                    Err(Answered::Follow(followed)) => return follow_response(followed, again, log),
                     Err(Answered::Refuse(err)) => return error_response(err, log),
                 }
             };
@@ -305,7 +310,7 @@ impl Proxy {
             describe_span(&trace, &route, &path, &body);
             let repeat = Repeat::check(&self.cx, &route, &parts, &body, time::now());
             let asked = Asked::of(&route, &parts, &path, &body, repeat.is_repeat);
-            let delivery = self.deliver(asked, &mut log, &trace).await;
+            let delivery = self.deliver(asked, tokens, &mut log, &trace).await;
 
             // 7. The books; a failure for good is a dead letter and marks the request.
             let delivery = self.account(&route, (&parts, &body), &mut log, delivery, repeat);
@@ -317,26 +322,29 @@ impl Proxy {
                 (None, None) => (Claims::none(bypassed), delivery),
                 (claim, cache) => Box::pin(Claims::settle((claim, bypassed), cache, delivery)).await,
             };
-            // A stream cut later is continued (`continue_streams`).
-            let asked = (&parts, &*path, &body);
-            let again = continued::Again::of(&self.cx, &route, asked, (&delivery.tokens, &trace, arrived));
             self.respond(&route, delivery, (claims, again), job_run, log)
         }
     }
 
     /// Steps 5c and 6: the route's limits (boxed where there are any: most routes have none),
     /// then the attempts.
-    async fn deliver(&self, asked: Asked<'_>, log: &mut RequestLog, trace: &traces::RequestSpan) -> Delivery {
+    async fn deliver(
+        &self,
+        asked: Asked<'_>,
+        tokens: tokens::RequestTokens,
+        log: &mut RequestLog,
+        trace: &traces::RequestSpan,
+    ) -> Delivery {
         let (route, body) = (asked.route, asked.body);
         let limited = match route.limits.is_empty() {
             true => Ok(None),
             false => Box::pin(self.limited(route, (asked.parts, body), log)).await,
         };
         match limited {
-            Ok(fields) => call::attempts(&self.cx, asked, self.models.for_request(body), trace)
+            Ok(fields) => call::attempts(&self.cx, asked, tokens, trace)
                 .await
                 .with_ratelimit(fields),
-            Err((refused, fields)) => Delivery::refused(refused, self.models.for_request(body)).with_ratelimit(fields),
+            Err((refused, fields)) => Delivery::refused(refused, tokens).with_ratelimit(fields),
         }
     }
 

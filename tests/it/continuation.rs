@@ -422,3 +422,70 @@ async fn a_cut_stream_is_finished_on_the_next_target_when_its_own_is_overloaded(
         "assistant"
     );
 }
+
+/// A replica that owns a live generation dies: its follower on another replica is continued
+/// there from what it received, and ends with the whole answer instead of an abort; so does a
+/// duplicate that comes just after the death and joins the dead stream.
+#[tokio::test]
+async fn a_dead_owners_followers_are_continued_on_their_replica() {
+    use crate::support::redis::RedisServer;
+    use crate::support::shipped;
+    use crate::support::sidecar::ReboundProcess;
+    use http_body_util::BodyExt as _;
+
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let mut doc = shipped::doc(&provider.url(), &[]);
+    doc["routes"][0]["continue_streams"] = toml_edit::value(true);
+    doc["redis"]["url"] = toml_edit::value(redis.url());
+    let toml = doc.to_string();
+    let mut a = ReboundProcess::start(&toml, &[]).await;
+    let b = ReboundProcess::start(&toml, &[]).await;
+    // B takes A for dead only once its own heartbeats have landed for a whole liveness.
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let key = "owner-dies-continued";
+    let call = |base: String| async move {
+        send_streaming_within(
+            Duration::from_secs(60),
+            "POST",
+            &format!("{base}/openai/v1/chat/completions"),
+            &[
+                ("x-fake-key", key),
+                ("idempotency-key", key),
+                ("x-fake-chunks", "30"),
+                ("x-fake-gap-ms", "100"),
+                ("content-type", "application/json"),
+                ("authorization", "Bearer sk-test"),
+            ],
+            r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"count"}]}"#,
+        )
+        .await
+    };
+    let original = call(a.proxy.clone()).await;
+    assert_eq!(original.status(), 200);
+    let mut original = original.into_body();
+    let _ = original.frame().await;
+    let follower = call(b.proxy.clone()).await;
+    assert_eq!(follower.headers()["idempotent-replayed"], "true", "a follower");
+    let follower = tokio::spawn(read_body(follower.into_body(), b"", Duration::from_secs(30)));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    a.child.start_kill().unwrap();
+    let _ = a.child.wait().await;
+    drop(original);
+    // A duplicate 0.3 s after the death joins the dead stream on B.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let late = call(b.proxy.clone()).await;
+    assert_eq!(late.status(), 200);
+    let late = tokio::spawn(read_body(late.into_body(), b"", Duration::from_secs(30)));
+    for (name, read) in [("follower", follower), ("duplicate", late)] {
+        let read = read.await.unwrap();
+        let body = String::from_utf8_lossy(&read.bytes).to_string();
+        assert!(read.clean, "{name}: a whole answer, not an abort: {body}");
+        let text: String = events(&body)
+            .iter()
+            .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+            .collect();
+        assert_eq!(text, whole(30), "{name}: {body}");
+        assert_eq!(body.matches("[DONE]").count(), 1, "{name}: {body}");
+    }
+}

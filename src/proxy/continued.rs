@@ -26,8 +26,8 @@ use http_body_util::BodyExt;
 use super::call::{self, Asked};
 use super::context::Context;
 use super::routes::Route;
-use super::stream::IdleTimeout;
-use super::tokens::RequestTokens;
+use super::stream::{ErrorWatch, IdleTimeout};
+use super::tokens::{Meter, RequestTokens};
 use crate::continuation::{request, Decision, Dialect, Framer, How, Outcome, Splicer, Transcript};
 use crate::time::{self, Instant};
 use crate::traces::RequestSpan;
@@ -59,6 +59,8 @@ pub(super) struct Again {
     dialect: Dialect,
     /// The request's deadline.
     until: Instant,
+    /// The delivered attempt's number: continuations are numbered after it.
+    delivered: u32,
 }
 
 impl Again {
@@ -85,6 +87,7 @@ impl Again {
             trace: trace.clone(),
             dialect,
             until: arrived + deadline,
+            delivered: 0,
         }))
     }
 
@@ -92,10 +95,11 @@ impl Again {
     /// `error_seen` is the response's mid-stream error flag, cleared when a continuation ends
     /// the stream whole (the idempotency record and the cache keep the continued answer).
     /// `attempts`: the delivered attempt's number (continuations are counted after it).
-    pub(super) fn wrap<B>(self: Box<Self>, body: B, error_seen: Option<Arc<AtomicBool>>, attempts: u32) -> Continued
+    pub(super) fn wrap<B>(mut self: Box<Self>, body: B, error_seen: Option<Arc<AtomicBool>>, attempts: u32) -> Continued
     where
         B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
     {
+        self.delivered = attempts;
         let route = self.route.name.clone();
         let transcript = Transcript::new(self.dialect);
         Continued {
@@ -107,7 +111,6 @@ impl Again {
             out: VecDeque::new(),
             again: Arc::from(self),
             hops: 0,
-            attempts,
             error_seen,
             route,
             done: false,
@@ -121,7 +124,9 @@ impl Again {
 
     /// Asks the target to go on from `app` (`how`): the continuation's stream, under the
     /// route's idle timeout, and its splicer; or why not.
-    async fn ask(self: Arc<Self>, app: Transcript, mut how: How) -> Result<(Stream, Splicer), BoxError> {
+    /// Each continuation's tokens are metered as its body passes, as the attempt it is (number
+    /// `hop` after the delivered one): `rebound_tokens_total`, and the request's ledger.
+    async fn ask(self: Arc<Self>, app: Transcript, mut how: How, hop: u32) -> Result<(Stream, Splicer), BoxError> {
         loop {
             let left = self.until.saturating_duration_since(time::now());
             if left.is_zero() {
@@ -133,8 +138,13 @@ impl Again {
             let resp = delivery.result.map_err(|e| -> BoxError { e.to_string().into() })?;
             let status = resp.status().as_u16();
             if status == 200 {
+                let target = self.route.targets.get(delivery.target).unwrap_or(self.route.primary());
+                let n = self.delivered + hop;
+                let meter = Meter::for_delivered(&resp, &target.tokens, &self.tokens, n, delivery.sent);
+                let shape = resp.body().shape();
+                let (body, _) = ErrorWatch::for_response(resp.into_body(), shape, false, &target.attempts, meter);
                 let idle = self.route.retry.stream_idle_timeout;
-                let stream = IdleTimeout::new(resp.into_body(), idle).boxed_unsync();
+                let stream = IdleTimeout::new(body, idle).boxed_unsync();
                 return Ok((stream, Splicer::new(app, how, &self.body)));
             }
             let refused = http_body_util::Limited::new(resp.into_body(), MAX_REFUSAL)
@@ -216,8 +226,6 @@ pub(super) struct Continued {
     out: VecDeque<Bytes>,
     again: Arc<Again>,
     hops: u32,
-    /// The delivered attempt's number.
-    attempts: u32,
     error_seen: Option<Arc<AtomicBool>>,
     route: Arc<str>,
     done: bool,
@@ -247,7 +255,7 @@ impl Continued {
             Decision::Continue(how) if self.hops < MAX_HOPS => {
                 self.hops += 1;
                 tracing::info!(route = %self.route, how = how.as_str(), hop = self.hops, error = %why, "continuing a cut stream");
-                self.asking = Some(Box::pin(self.again.clone().ask(app, how)));
+                self.asking = Some(Box::pin(self.again.clone().ask(app, how, self.hops)));
                 self.framer = Framer::default();
                 Ok(())
             }
@@ -297,13 +305,6 @@ impl Continued {
                 Ok(bytes) => {
                     if !bytes.is_empty() {
                         self.out.push_back(Bytes::from(bytes));
-                    }
-                    // The continuations' tokens, in the request's ledger (the delivered attempt's
-                    // were counted by its meter, wasted: it was cut); the last one delivered.
-                    let spent = s.attempts();
-                    for (i, a) in spent.iter().enumerate().skip(1) {
-                        let n = self.attempts + i as u32;
-                        self.again.tokens.ledger.add(n, a.usage, i + 1 < spent.len());
                     }
                     self.count(Outcome::Continued);
                     if let Some(flag) = &self.error_seen {

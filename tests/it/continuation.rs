@@ -102,6 +102,17 @@ async fn an_anthropic_stream_cut_by_an_error_event_is_finished_by_a_prefill() {
     assert_eq!(last["content"], "token0 token1 token2", "{second}");
     let page = rebound.metrics().await;
     assert_eq!(continued(&page, "continued"), 1.0);
+    // The tokens of both attempts: the cut one wasted (its input, as its first event said), the
+    // continuation delivered (its input and its output).
+    let tokens = |outcome: &str, kind: &str| {
+        let series = format!(
+            r#"rebound_tokens_total{{kind="{kind}",model="other",outcome="{outcome}",route="fake",upstream="fake"}}"#
+        );
+        metric(&page, &series)
+    };
+    assert_eq!(tokens("wasted", "input"), 12.0);
+    assert_eq!(tokens("delivered", "input"), 12.0);
+    assert_eq!(tokens("delivered", "output"), 8.0);
 }
 
 #[tokio::test]

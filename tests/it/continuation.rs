@@ -500,3 +500,64 @@ async fn a_dead_owners_followers_are_continued_on_their_replica() {
         assert_eq!(body.matches("[DONE]").count(), 1, "{name}: {body}");
     }
 }
+
+#[tokio::test]
+async fn what_a_continuation_repeats_of_the_partial_answer_is_dropped_at_the_seam() {
+    let provider = FakeProvider::start().await;
+    let error = "overloaded_error".to_string();
+    // The app has token0 to token4; the continuation says the last three words again (21
+    // characters: a repeat, not a chance match) before going on.
+    let again = "token2 token3 token4 token5 ";
+    provider.script(
+        "seam",
+        vec![
+            Step::MidStreamError {
+                after: 5,
+                error_type: error,
+            },
+            Step::AnthropicText { text: again.into() },
+        ],
+    );
+    let rebound = rebound(&provider).await;
+    let h = [
+        ("x-fake-key", "seam"),
+        ("x-fake-chunks", "6"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let a = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
+    assert_eq!(a.status, 200);
+    assert_eq!(anthropic_text(&a.text()), whole(6), "no word twice: {}", a.text());
+}
+
+#[tokio::test]
+async fn a_stream_cut_inside_a_thinking_block_is_not_continued() {
+    let provider = FakeProvider::start().await;
+    let start = r#"event: message_start
+data: {"type":"message_start","message":{"id":"msg_t","type":"message","role":"assistant","model":"claude-fake","content":[],"stop_reason":null,"stop_sequence":null,"usage":{"input_tokens":12,"output_tokens":1}}}
+
+"#;
+    let thinking = r#"event: content_block_start
+data: {"type":"content_block_start","index":0,"content_block":{"type":"thinking","thinking":"","signature":""}}
+
+event: content_block_delta
+data: {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","thinking":"First, the user wants"}}
+
+"#;
+    let events = vec![start.to_string(), thinking.to_string()];
+    provider.script("think", vec![Step::EventsThenCut { events }]);
+    let rebound = rebound(&provider).await;
+    let h = [("x-fake-key", "think"), ("content-type", "application/json")];
+    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":2000,"stream":true,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"why?"}]}"#;
+    let resp = send_streaming("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body(), b"", Duration::from_secs(10)).await;
+    assert!(!read.clean, "the cut is visible");
+    assert_eq!(provider.count("think"), 1, "no continuation was asked for");
+    until_metric(
+        &rebound,
+        r#"rebound_continuations_total{result="refused_thinking",route="fake"}"#,
+        |n| n == 1.0,
+    )
+    .await;
+}

@@ -253,7 +253,12 @@ impl Transcript {
         if part >= MAX_PARTS {
             return;
         }
-        let Some(block) = self.block_mut(index) else { return };
+        // Text for a block the stream never opened: a stream not understood, never continued
+        // (the app has text the transcript would not know of).
+        let Some(block) = self.block_mut(index) else {
+            self.unsupported = true;
+            return;
+        };
         let part = part as usize;
         if block.parts.len() <= part {
             block.parts.resize(part + 1, String::new());

@@ -348,10 +348,11 @@ async fn with_an_idempotency_key_the_stored_answer_is_the_continued_whole() {
 #[tokio::test]
 async fn a_responses_background_stream_is_resumed_after_its_last_event() {
     let provider = FakeProvider::start().await;
-    // The response's first four events (created, three deltas), then a reset.
+    // The response's first seven events (created, in progress, its item and part added, three
+    // deltas), then a reset.
     let first = crate::support::fake_hosts::responses_events(8, true)
         .into_iter()
-        .take(4)
+        .take(7)
         .collect();
     provider.script("bg", vec![Step::EventsThenCut { events: first }]);
     let rebound = rebound(&provider).await;
@@ -374,9 +375,10 @@ async fn a_responses_background_stream_is_resumed_after_its_last_event() {
         .iter()
         .filter_map(|(_, d)| d["sequence_number"].as_u64())
         .collect();
+    let all = crate::support::fake_hosts::responses_events(8, true).len() as u64;
     assert_eq!(
         seqs,
-        (0..10).collect::<Vec<u64>>(),
+        (0..all).collect::<Vec<u64>>(),
         "each event once, in order: {}",
         a.text()
     );
@@ -390,7 +392,7 @@ async fn a_responses_background_stream_is_resumed_after_its_last_event() {
     assert_eq!(sent.len(), 2);
     assert_eq!(sent[1].method, "GET");
     assert_eq!(sent[1].path, "/v1/responses/resp_fake");
-    assert_eq!(sent[1].query.as_deref(), Some("stream=true&starting_after=3"));
+    assert_eq!(sent[1].query.as_deref(), Some("stream=true&starting_after=6"));
 }
 
 #[tokio::test]
@@ -560,4 +562,55 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","
         |n| n == 1.0,
     )
     .await;
+}
+
+#[tokio::test]
+async fn a_responses_stream_is_finished_by_a_continuation_turn() {
+    let provider = FakeProvider::start().await;
+    // Its first seven events (three deltas), then a reset.
+    let first = crate::support::fake_hosts::responses_events(8, false)
+        .into_iter()
+        .take(7)
+        .collect();
+    provider.script("resp", vec![Step::EventsThenCut { events: first }]);
+    let rebound = rebound(&provider).await;
+    let h = [
+        ("x-fake-key", "resp"),
+        ("x-fake-chunks", "8"),
+        ("content-type", "application/json"),
+    ];
+    let body = r#"{"model":"gpt-4o","stream":true,"input":"count"}"#;
+    let a = send("POST", &format!("{}/fake/v1/responses", rebound.url), &h, body).await;
+    assert_eq!(a.status, 200);
+    let events = events(&a.text());
+    let text: String = events
+        .iter()
+        .filter(|(_, d)| d["type"] == "response.output_text.delta")
+        .filter_map(|(_, d)| d["delta"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, whole(8), "{}", a.text());
+    let created = events.iter().filter(|(_, d)| d["type"] == "response.created").count();
+    let completed: Vec<_> = events
+        .iter()
+        .filter(|(_, d)| d["type"] == "response.completed")
+        .collect();
+    assert_eq!((created, completed.len()), (1, 1), "{}", a.text());
+    assert_eq!(completed[0].1["response"]["id"], "resp_fake");
+    let whole_output = completed[0].1["response"]["output"][0]["content"][0]["text"].clone();
+    assert_eq!(
+        whole_output,
+        whole(8),
+        "the completed response carries the whole answer"
+    );
+    let seqs: Vec<u64> = events
+        .iter()
+        .filter_map(|(_, d)| d["sequence_number"].as_u64())
+        .collect();
+    assert!(
+        seqs.windows(2).all(|w| w[1] == w[0] + 1),
+        "sequence numbers run on: {seqs:?}"
+    );
+    let sent = provider.requests("resp");
+    let second: serde_json::Value = serde_json::from_slice(&sent[1].body).unwrap();
+    assert!(second["input"].is_array(), "a turn: {second}");
 }

@@ -770,7 +770,7 @@ pub fn openai_extra(path: &str, request: Option<&Value>, chunks: usize) -> Optio
     if path.ends_with("responses") {
         if streams {
             return Some(HostAnswer::Events {
-                events: responses_events(chunks, background(request)),
+                events: responses_events_from(continued_from(request), chunks, background(request)),
                 content_type: "text/event-stream",
             });
         }
@@ -853,29 +853,85 @@ fn background(request: Option<&Value>) -> bool {
     request.and_then(|r| r.get("background")).and_then(Value::as_bool) == Some(true)
 }
 
-/// The Responses API's stream of `chunks` deltas: `response.created` (`background` as asked),
-/// the deltas, `response.completed` (with usage), each with its `sequence_number` (from 0).
+/// Where a continuation of a Responses answer picks up: after the `tokenN` words of the
+/// assistant message in its `input` (0 for a fresh request).
+fn continued_from(request: Option<&Value>) -> usize {
+    let Some(input) = request.and_then(|r| r.get("input")).and_then(Value::as_array) else {
+        return 0;
+    };
+    let assistant = input
+        .iter()
+        .rev()
+        .find(|m| m.get("role").and_then(Value::as_str) == Some("assistant"));
+    let text = match assistant.and_then(|m| m.get("content")) {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Array(parts)) => parts
+            .iter()
+            .filter_map(|p| p.get("text").and_then(Value::as_str))
+            .collect(),
+        _ => String::new(),
+    };
+    text.matches("token").count()
+}
+
+/// The Responses API's stream of `chunks` deltas, as OpenAI sends it: `response.created` and
+/// `response.in_progress` (`background` as asked), the message item and its text part added, the
+/// deltas, the text, part and item done, `response.completed` (with usage); each event with its
+/// `sequence_number` (from 0).
 pub fn responses_events(chunks: usize, background: bool) -> Vec<String> {
-    let created = serde_json::json!({
-        "type": "response.created", "sequence_number": 0,
-        "response": {"id": "resp_fake", "object": "response", "status": "in_progress", "background": background, "model": "gpt-fake", "output": []},
-    });
-    let mut events = vec![format!("event: response.created\ndata: {created}\n\n")];
+    responses_events_from(0, chunks, background)
+}
+
+/// [`responses_events`] of a continuation: its deltas from `from` on.
+pub fn responses_events_from(from: usize, chunks: usize, background: bool) -> Vec<String> {
     let mut text = String::new();
-    for i in 0..chunks {
-        let delta = format!("token{i} ");
-        text.push_str(&delta);
-        let data = serde_json::json!({
-            "type": "response.output_text.delta", "sequence_number": i + 1, "item_id": "msg_fake",
-            "output_index": 0, "content_index": 0, "delta": delta,
-        });
-        events.push(format!("event: response.output_text.delta\ndata: {data}\n\n"));
+    for i in from..chunks {
+        text.push_str(&format!("token{i} "));
     }
-    let response: Value = serde_json::from_str(&responses_object("completed", &text, chunks)).unwrap_or_default();
-    let completed =
-        serde_json::json!({ "type": "response.completed", "sequence_number": chunks + 1, "response": response });
-    events.push(format!("event: response.completed\ndata: {completed}\n\n"));
-    events
+    let response = |status: &str| {
+        serde_json::json!({"id": "resp_fake", "object": "response", "created_at": 1_700_000_000, "status": status,
+            "background": background, "model": "gpt-fake", "output": []})
+    };
+    let item = |status: &str, text: Option<&str>| {
+        let content = match text {
+            Some(t) => serde_json::json!([{"type": "output_text", "text": t, "annotations": []}]),
+            None => serde_json::json!([]),
+        };
+        serde_json::json!({"id": "msg_fake", "type": "message", "status": status, "role": "assistant", "content": content})
+    };
+    let part = |text: &str| serde_json::json!({"type": "output_text", "text": text, "annotations": []});
+    let mut data = vec![
+        serde_json::json!({"type": "response.created", "response": response("in_progress")}),
+        serde_json::json!({"type": "response.in_progress", "response": response("in_progress")}),
+        serde_json::json!({"type": "response.output_item.added", "output_index": 0, "item": item("in_progress", None)}),
+        serde_json::json!({"type": "response.content_part.added", "item_id": "msg_fake", "output_index": 0,
+            "content_index": 0, "part": part("")}),
+    ];
+    for i in from..chunks {
+        data.push(
+            serde_json::json!({"type": "response.output_text.delta", "item_id": "msg_fake", "output_index": 0,
+            "content_index": 0, "delta": format!("token{i} ")}),
+        );
+    }
+    let mut completed: Value =
+        serde_json::from_str(&responses_object("completed", &text, chunks - from)).unwrap_or_default();
+    completed["background"] = Value::from(background);
+    data.extend([
+        serde_json::json!({"type": "response.output_text.done", "item_id": "msg_fake", "output_index": 0,
+            "content_index": 0, "text": text}),
+        serde_json::json!({"type": "response.content_part.done", "item_id": "msg_fake", "output_index": 0,
+            "content_index": 0, "part": part(&text)}),
+        serde_json::json!({"type": "response.output_item.done", "output_index": 0, "item": item("completed", Some(&text))}),
+        serde_json::json!({"type": "response.completed", "response": completed}),
+    ]);
+    data.into_iter()
+        .enumerate()
+        .map(|(seq, mut d)| {
+            d["sequence_number"] = Value::from(seq);
+            let name = d["type"].as_str().unwrap_or("").to_string();
+            format!("event: {name}\ndata: {d}\n\n")
+        })
+        .collect()
 }
 
 /// A background response read again (`GET .../responses/{id}?stream=true&starting_after=N`):

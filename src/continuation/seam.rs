@@ -374,18 +374,7 @@ mod tests {
         (all, starts)
     }
 
-    /// `s` cut into pieces at the given points.
-    fn pieces(s: &str, cuts: &[usize]) -> Vec<String> {
-        let mut points: Vec<usize> = cuts
-            .iter()
-            .map(|c| c % (s.len() + 1))
-            .filter(|&c| s.is_char_boundary(c))
-            .collect();
-        points.extend([0, s.len()]);
-        points.sort_unstable();
-        points.dedup();
-        points.windows(2).map(|w| s[w[0]..w[1]].to_string()).collect()
-    }
+    use crate::continuation::tests::pieces;
 
     proptest! {
         #![proptest_config(crate::testing::proptest_config(512))]
@@ -407,7 +396,6 @@ mod tests {
             let j = if overlap && !before.is_empty() { before[back % before.len()] } else { i };
             let (p, c) = (&t[..i], &t[j..]);
             let parts = pieces(c, &cuts);
-            let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
             let out = splice(p, SeamMode::Turn, &parts);
             prop_assert_eq!(out.map(|o| format!("{p}{o}")), Ok(t.clone()), "P={:?} C={:?}", p, c);
             if j == i {
@@ -420,7 +408,6 @@ mod tests {
         #[test]
         fn the_seam_never_panics(p in any::<String>(), c in any::<String>(), cuts in proptest::collection::vec(any::<usize>(), 0..4)) {
             let parts = pieces(&c, &cuts);
-            let parts: Vec<&str> = parts.iter().map(String::as_str).collect();
             for mode in [SeamMode::Prefill, SeamMode::Turn] {
                 if let Ok(out) = splice(&p, mode, &parts) {
                     // What goes through is always a piece of the continuation's end.

@@ -64,6 +64,29 @@ fn anthropic_text(body: &str) -> String {
         .collect()
 }
 
+/// The text of a chat stream's deltas.
+fn chat_text(body: &str) -> String {
+    events(body)
+        .iter()
+        .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Reads a stream that must stay cut (`why`): its body fails, and the cut is counted under
+/// `result`. Its bytes, as text.
+async fn visible_cut(
+    rebound: &Rebound,
+    resp: http::Response<hyper::body::Incoming>,
+    (result, why): (&str, &str),
+) -> String {
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body(), b"", Duration::from_secs(10)).await;
+    assert!(!read.clean, "the cut is visible: {why}");
+    let series = format!(r#"rebound_continuations_total{{result="{result}",route="fake"}}"#);
+    until_metric(rebound, &series, |n| n == 1.0).await;
+    String::from_utf8_lossy(&read.bytes).to_string()
+}
+
 fn continued(page: &str, result: &str) -> f64 {
     metric(
         page,
@@ -137,11 +160,7 @@ async fn a_chat_stream_cut_by_a_reset_is_finished_by_a_continuation_turn() {
         "one id: {}",
         a.text()
     );
-    let text: String = chunks
-        .iter()
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
-        .collect();
-    assert_eq!(text, whole(6), "{}", a.text());
+    assert_eq!(chat_text(&a.text()), whole(6), "{}", a.text());
     let finishes = chunks
         .iter()
         .filter(|c| c["choices"][0]["finish_reason"].is_string())
@@ -213,18 +232,9 @@ async fn a_continuation_that_starts_over_is_not_spliced_and_the_cut_stays_visibl
     ];
     let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
     let resp = send_streaming("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
-    assert_eq!(resp.status(), 200);
-    let read = read_body(resp.into_body(), b"", std::time::Duration::from_secs(10)).await;
-    assert!(!read.clean, "the cut is visible");
-    let text = String::from_utf8_lossy(&read.bytes).to_string();
+    let text = visible_cut(&rebound, resp, ("failed", "the continuations disagree")).await;
     assert!(!text.contains("another way"), "never spliced: {text}");
     assert_eq!(text.matches("event: message_start").count(), 1, "{text}");
-    until_metric(
-        &rebound,
-        r#"rebound_continuations_total{result="failed",route="fake"}"#,
-        |n| n == 1.0,
-    )
-    .await;
 }
 
 #[tokio::test]
@@ -253,11 +263,7 @@ async fn a_stream_that_stalls_past_the_idle_timeout_is_finished_elsewhere() {
     let body = r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"count"}]}"#;
     let a = send("POST", &format!("{}/fake/v1/chat/completions", rebound.url), &h, body).await;
     assert_eq!(a.status, 200);
-    let text: String = events(&a.text())
-        .iter()
-        .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str().map(str::to_string))
-        .collect();
-    assert_eq!(text, whole(4), "{}", a.text());
+    assert_eq!(chat_text(&a.text()), whole(4), "{}", a.text());
     assert_eq!(provider.count("stall"), 2);
 }
 
@@ -277,20 +283,10 @@ async fn a_stream_cut_inside_a_tool_calls_arguments_is_not_continued() {
     let h = [("x-fake-key", "tool"), ("content-type", "application/json")];
     let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"weather?"}]}"#;
     let resp = send_streaming("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
-    assert_eq!(resp.status(), 200);
-    let read = read_body(resp.into_body(), b"", Duration::from_secs(10)).await;
-    assert!(
-        !read.clean,
-        "the cut is visible: the tool call's JSON is never repaired"
-    );
-    assert!(String::from_utf8_lossy(&read.bytes).contains("Par"));
+    let why = "the tool call's JSON is never repaired";
+    let text = visible_cut(&rebound, resp, ("refused_tool_call", why)).await;
+    assert!(text.contains("Par"));
     assert_eq!(provider.count("tool"), 1, "no continuation was asked for");
-    until_metric(
-        &rebound,
-        r#"rebound_continuations_total{result="refused_tool_call",route="fake"}"#,
-        |n| n == 1.0,
-    )
-    .await;
 }
 
 #[tokio::test]
@@ -494,11 +490,7 @@ async fn a_dead_owners_followers_are_continued_on_their_replica() {
         let read = read.await.unwrap();
         let body = String::from_utf8_lossy(&read.bytes).to_string();
         assert!(read.clean, "{name}: a whole answer, not an abort: {body}");
-        let text: String = events(&body)
-            .iter()
-            .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str().map(str::to_string))
-            .collect();
-        assert_eq!(text, whole(30), "{name}: {body}");
+        assert_eq!(chat_text(&body), whole(30), "{name}: {body}");
         assert_eq!(body.matches("[DONE]").count(), 1, "{name}: {body}");
     }
 }
@@ -552,16 +544,8 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"thinking_delta","
     let h = [("x-fake-key", "think"), ("content-type", "application/json")];
     let body = r#"{"model":"claude-sonnet-4-5","max_tokens":2000,"stream":true,"thinking":{"type":"enabled","budget_tokens":1024},"messages":[{"role":"user","content":"why?"}]}"#;
     let resp = send_streaming("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
-    assert_eq!(resp.status(), 200);
-    let read = read_body(resp.into_body(), b"", Duration::from_secs(10)).await;
-    assert!(!read.clean, "the cut is visible");
+    visible_cut(&rebound, resp, ("refused_thinking", "inside a thinking block")).await;
     assert_eq!(provider.count("think"), 1, "no continuation was asked for");
-    until_metric(
-        &rebound,
-        r#"rebound_continuations_total{result="refused_thinking",route="fake"}"#,
-        |n| n == 1.0,
-    )
-    .await;
 }
 
 #[tokio::test]

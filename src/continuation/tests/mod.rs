@@ -519,7 +519,7 @@ fn gpt_stream(id: &str, contents: &[&str], ended: bool) -> String {
 const DISTINCT: &str = "Rivers drift north over copper stone, lanterns hum under ivory glass.\n\nMaple groves yield brisk ember light; quiet harbors wander.";
 
 /// `s` cut at the given points (character boundaries), empty pieces left out.
-fn pieces<'a>(s: &'a str, cuts: &[usize]) -> Vec<&'a str> {
+pub(super) fn pieces<'a>(s: &'a str, cuts: &[usize]) -> Vec<&'a str> {
     let mut points: Vec<usize> = cuts
         .iter()
         .map(|c| c % (s.len() + 1))

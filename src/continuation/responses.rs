@@ -463,4 +463,27 @@ mod tests {
         let t = transcript(&[created(false), reasoning]);
         assert_eq!(t.decide(b"{}", false), Decision::Refuse(Refusal::Thinking));
     }
+
+    #[test]
+    fn a_responses_stream_with_its_item_and_part_events_keeps_its_text() {
+        let mut t = Transcript::new(super::super::Dialect::Responses);
+        for e in [
+            r#"{"type":"response.created","response":{"id":"resp_fake","status":"in_progress","background":false,"model":"m","output":[]},"sequence_number":0}"#,
+            r#"{"type":"response.in_progress","response":{"id":"resp_fake","status":"in_progress","background":false,"model":"m","output":[]},"sequence_number":1}"#,
+            r#"{"item":{"content":[],"id":"msg_fake","role":"assistant","status":"in_progress","type":"message"},"output_index":0,"sequence_number":2,"type":"response.output_item.added"}"#,
+            r#"{"content_index":0,"item_id":"msg_fake","output_index":0,"part":{"annotations":[],"text":"","type":"output_text"},"sequence_number":3,"type":"response.content_part.added"}"#,
+            r#"{"content_index":0,"delta":"token0 ","item_id":"msg_fake","output_index":0,"sequence_number":4,"type":"response.output_text.delta"}"#,
+        ] {
+            let name = serde_json::from_str::<serde_json::Value>(e).unwrap()["type"]
+                .as_str()
+                .unwrap()
+                .to_string();
+            t.observe(format!("event: {name}\ndata: {e}\n\n").as_bytes());
+        }
+        assert_eq!(t.text(), "token0 ");
+        assert_eq!(
+            t.decide(br#"{"model":"m","stream":true,"input":"count"}"#, false),
+            super::super::Decision::Continue(super::super::How::Turn)
+        );
+    }
 }

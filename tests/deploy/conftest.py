@@ -94,6 +94,7 @@ strip_prefix = true
 retry = "fast"
 idempotency = "idem"
 dead_letters = true
+continue_streams = true
 
 [[routes]]
 name = "nobudget"

@@ -257,7 +257,12 @@ async fn serve(
     accept_until_shutdown(&listener, &proxy, &shutdown, &drain.tasks, &limits, &builders, &signal).await;
     drop(listener);
     admin.draining.store(true, Ordering::SeqCst);
-    drain_connections(drain, signal).await
+    let exit = drain_connections(drain, signal).await;
+    // What this replica leased of the fleet's limits and did not spend goes back to the others
+    // (bounded: a Redis that does not answer does not hold the exit up).
+    let proxy = proxy.load_full();
+    let _ = tokio::time::timeout(Duration::from_secs(2), proxy.hand_back_limits()).await;
+    exit
 }
 
 /// The connection builders: hyper's HTTP/1.1 for a connection that cannot be HTTP/2, and

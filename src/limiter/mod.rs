@@ -4,7 +4,7 @@
 //! `crate::limits`, pure; where a bucket's quota comes from is [`store`] (Redis leases shared by
 //! every replica, or this process alone).
 //!
-//! Not yet: leases are not handed back before their window ends (docs/limits.md, "Not yet").
+//! Not yet: leases are handed back at shutdown only, not on a reload (docs/limits.md, "Not yet").
 
 mod bucket;
 mod fleet;
@@ -231,6 +231,38 @@ impl Limiter {
             }
         }
         Err((1000, false))
+    }
+
+    /// Hands this replica's unspent leases and idle slots back to the fleet's counts (a replica
+    /// shutting down, after its drain): the other replicas may use them in this window. Nothing
+    /// to do without Redis (the process is the fleet).
+    pub(crate) async fn hand_back(&self, now_ms: u64) {
+        if matches!(*self.fleet.store, Store::Local(_)) {
+            return;
+        }
+        for limit in self.limits.values() {
+            // Taken under the lock, told to the store after it.
+            let mut leases = Vec::new();
+            let mut slots = Vec::new();
+            for (key, b) in limit.buckets.lock().iter_mut() {
+                for quota in Quota::ALL {
+                    if let Some((window, n)) = b.ledger(quota).and_then(|l| l.give_back(now_ms)) {
+                        leases.push((counter(limit, *key, quota, window), window, n));
+                    }
+                }
+                if let Some(s) = b.slots.as_mut().filter(|s| s.free() > 0) {
+                    s.give_back_idle();
+                    slots.push((*key, s.in_use()));
+                }
+            }
+            for (id, window, n) in leases {
+                let n = i64::try_from(n).unwrap_or(i64::MAX);
+                let _ = self.fleet.store.adjust(&id, -n, window_ttl(window)).await;
+            }
+            for (bucket, held) in slots {
+                self.fleet.hold_slots(limit, bucket, held).await;
+            }
+        }
     }
 
     /// Queues a request for `limit` (`share` and its weight, until `until`): in the bucket's queue

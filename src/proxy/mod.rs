@@ -144,6 +144,12 @@ impl Proxy {
         })
     }
 
+    /// Hands this replica's unspent limit leases and idle slots back to the fleet (after the
+    /// drain: every request has settled).
+    pub(crate) async fn hand_back_limits(&self) {
+        self.cx.limiter.hand_back(time::now_unix_ms()).await;
+    }
+
     /// Sets `rebound_cache_entries` and `rebound_cache_bytes` (called at each scrape; 0 with
     /// Redis, whose own INFO tells).
     pub(crate) fn refresh_cache_usage(&self) {

@@ -785,3 +785,38 @@ async fn two_replicas_release_a_shared_limits_queue_four_to_one() {
         "chat had {chat} of 50 releases, 40 expected: {order:?}"
     );
 }
+
+/// A replica that shuts down hands its unspent leases back: the others admit the whole rest of
+/// the window (a replica killed loses its leases instead: the test above).
+#[tokio::test]
+async fn a_replica_shut_down_hands_its_leases_back_to_the_fleet() {
+    whole_minute_ahead(Duration::from_secs(30)).await;
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = TestConfig::new(&provider.url())
+        .redis(&redis.url())
+        .limit("team", team_limit(|l| l.requests_per_minute = Some(40)));
+    let mut leaving = config.start().await;
+    redis_up(&leaving).await;
+    // Alone on the bucket, it leases 40 / 8 = 5, admits 3 and renews at the low-water mark: it
+    // holds 2 + 5 when it shuts down.
+    for _ in 0..3 {
+        assert_eq!(call(&leaving, "back", "chat").await.status, 200);
+    }
+    leaving.shutdown().await;
+    let other = config.start().await;
+    redis_up(&other).await;
+    let mut admitted = 3;
+    for _ in 0..50 {
+        match call(&other, "back", "chat").await.status.as_u16() {
+            200 => admitted += 1,
+            429 => {}
+            s => panic!("status {s}"),
+        }
+    }
+    assert_eq!(
+        admitted, 40,
+        "the whole limit, the leaving replica's unspent leases included"
+    );
+    assert_eq!(provider.count("back"), 40);
+}

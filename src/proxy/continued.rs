@@ -285,7 +285,12 @@ impl Continued {
                 continue;
             }
             if classify_event(&event).is_some() {
-                return self.cut("an error event mid-stream".into());
+                // Not continued: the provider's error event goes to the app as it came, and the
+                // stream ends there, as it would without the feature.
+                if self.cut("an error event mid-stream".into()).is_err() {
+                    self.out.push_back(Bytes::from(event));
+                }
+                return Ok(());
             }
             if let Some(app) = self.app.as_mut() {
                 app.observe(&event);

@@ -40,6 +40,10 @@ fn events(body: &str) -> Vec<(String, serde_json::Value)> {
         .collect()
 }
 
+/// A streamed Messages request.
+const MESSAGES: &str =
+    r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+
 /// The whole answer of a fake stream of `chunks` deltas.
 fn whole(chunks: usize) -> String {
     (0..chunks).map(|i| format!("token{i} ")).collect()
@@ -597,4 +601,35 @@ async fn a_responses_stream_is_finished_by_a_continuation_turn() {
     let sent = provider.requests("resp");
     let second: serde_json::Value = serde_json::from_slice(&sent[1].body).unwrap();
     assert!(second["input"].is_array(), "a turn: {second}");
+}
+
+#[tokio::test]
+async fn an_error_event_in_a_stream_that_is_not_continued_reaches_the_app_as_it_came() {
+    let provider = FakeProvider::start().await;
+    let start = crate::support::fake_provider::anthropic_stream_start().to_string();
+    let tool = r#"event: content_block_start
+data: {"type":"content_block_start","index":1,"content_block":{"type":"tool_use","id":"toolu_1","name":"weather","input":{}}}
+
+"#;
+    let error = crate::support::fake_provider::error_event("overloaded_error", true);
+    provider.script(
+        "toolerr",
+        vec![Step::EventsThenCut {
+            events: vec![start, tool.to_string(), error],
+        }],
+    );
+    let rebound = rebound(&provider).await;
+    let h = [("x-fake-key", "toolerr"), ("content-type", "application/json")];
+    let resp = send_streaming("POST", &format!("{}/fake/v1/messages", rebound.url), &h, MESSAGES).await;
+    assert_eq!(resp.status(), 200);
+    let read = read_body(resp.into_body(), b"", Duration::from_secs(10)).await;
+    let text = String::from_utf8_lossy(&read.bytes).to_string();
+    // The SDK raises the provider's own error, as without continue_streams.
+    assert!(
+        text.ends_with(&crate::support::fake_provider::error_event("overloaded_error", true)),
+        "{text}"
+    );
+    assert_eq!(provider.count("toolerr"), 1);
+    let series = r#"rebound_continuations_total{result="refused_tool_call",route="fake"}"#;
+    until_metric(&rebound, series, |n| n == 1.0).await;
 }

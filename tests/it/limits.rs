@@ -1,4 +1,4 @@
-//! Fleet-wide limits through real sockets (issue 49): `[limits.*]` on the `fake` route, what the
+//! Fleet-wide limits through real sockets: `[limits.*]` on the `fake` route, what the
 //! app sees (200 with the `RateLimit` fields, 429 `limit_exceeded` with `retry-after`), what the
 //! provider sees (nothing of a refused request), and the fleet's share of a limit on one Redis.
 

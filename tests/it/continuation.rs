@@ -115,7 +115,7 @@ async fn an_anthropic_stream_cut_by_an_error_event_is_finished_by_a_prefill() {
         ("x-fake-chunks", "8"),
         ("content-type", "application/json"),
     ];
-    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let body = MESSAGES;
     let a = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
     assert_eq!(a.status, 200);
     assert_eq!(a.header("x-rebound-continuable"), Some("true"));
@@ -202,7 +202,7 @@ async fn a_target_that_refuses_a_prefill_is_asked_again_with_a_turn() {
         ("x-fake-chunks", "5"),
         ("content-type", "application/json"),
     ];
-    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let body = MESSAGES;
     let a = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
     assert_eq!(a.status, 200);
     assert_eq!(anthropic_text(&a.text()), whole(5), "{}", a.text());
@@ -234,7 +234,7 @@ async fn a_continuation_that_starts_over_is_not_spliced_and_the_cut_stays_visibl
         ("x-fake-chunks", "20"),
         ("content-type", "application/json"),
     ];
-    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let body = MESSAGES;
     let resp = send_streaming("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
     let text = visible_cut(&rebound, resp, ("failed", "the continuations disagree")).await;
     assert!(!text.contains("another way"), "never spliced: {text}");
@@ -324,7 +324,7 @@ async fn with_an_idempotency_key_the_stored_answer_is_the_continued_whole() {
         ("content-type", "application/json"),
         ("idempotency-key", "cont-1"),
     ];
-    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let body = MESSAGES;
     let url = format!("{}/fake/v1/messages", rebound.url);
     let first = send("POST", &url, &h, body).await;
     assert_eq!(anthropic_text(&first.text()), whole(8));
@@ -423,7 +423,7 @@ async fn a_cut_stream_is_finished_on_the_next_target_when_its_own_is_overloaded(
         ("x-fake-chunks", "8"),
         ("content-type", "application/json"),
     ];
-    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let body = MESSAGES;
     let r = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
     assert_eq!(r.status, 200);
     assert_eq!(anthropic_text(&r.text()), whole(8), "{}", r.text());
@@ -522,7 +522,7 @@ async fn what_a_continuation_repeats_of_the_partial_answer_is_dropped_at_the_sea
         ("x-fake-chunks", "6"),
         ("content-type", "application/json"),
     ];
-    let body = r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
+    let body = MESSAGES;
     let a = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
     assert_eq!(a.status, 200);
     assert_eq!(anthropic_text(&a.text()), whole(6), "no word twice: {}", a.text());

@@ -34,6 +34,8 @@ pub enum ProxyError {
     BadRequestBody(String),
     #[error("the request target cannot be forwarded: {0}")]
     InvalidRequestTarget(String),
+    #[error("the model {detail}; nothing was sent upstream")]
+    InvalidModel { detail: String },
     #[error("absolute-form request targets are refused: rebound is a reverse proxy, not an open proxy; send the path only, e.g. POST /openai/v1/chat/completions")]
     AbsoluteForm,
     #[error("CONNECT is refused: rebound is a reverse proxy, not an open proxy")]
@@ -121,6 +123,7 @@ error_kinds! {
     RequestHeadTooLarge,
     BadRequestBody,
     InvalidRequestTarget,
+    InvalidModel,
     AbsoluteForm,
     Connect,
     UpstreamUnreachable,
@@ -186,6 +189,7 @@ impl ErrorKind {
                 "Invalid request target",
                 false,
             ),
+            K::InvalidModel => (S::BAD_REQUEST, "invalid_model", "Invalid model", false),
             K::AbsoluteForm => (S::BAD_REQUEST, "forward_proxy_refused", "Not a forward proxy", false),
             K::Connect => (
                 S::METHOD_NOT_ALLOWED,
@@ -301,6 +305,7 @@ impl ProxyError {
             ProxyError::RequestHeadTooLarge { .. } => K::RequestHeadTooLarge,
             ProxyError::BadRequestBody(_) => K::BadRequestBody,
             ProxyError::InvalidRequestTarget(_) => K::InvalidRequestTarget,
+            ProxyError::InvalidModel { .. } => K::InvalidModel,
             ProxyError::AbsoluteForm => K::AbsoluteForm,
             ProxyError::Connect => K::Connect,
             ProxyError::UpstreamUnreachable { .. } => K::UpstreamUnreachable,

@@ -342,16 +342,3 @@ impl AttemptSpan {
         span.end();
     }
 }
-
-/// `gen_ai.operation.name` from the request path.
-pub(crate) fn operation_name(path: &str) -> Option<&'static str> {
-    if path.ends_with("/chat/completions") || path.ends_with("/messages") || path.ends_with("/responses") {
-        Some("chat")
-    } else if path.ends_with("/completions") {
-        Some("text_completion")
-    } else if path.ends_with("/embeddings") {
-        Some("embeddings")
-    } else {
-        None
-    }
-}

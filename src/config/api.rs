@@ -54,6 +54,54 @@ impl Family {
 }
 
 impl Api {
+    /// Whether this API's hosts name the model in their paths (Bedrock's `/model/{id}/...`, Vertex
+    /// AI's and Gemini's `/models/{m}:{method}`, Azure's `/openai/deployments/{d}/...`).
+    pub(crate) fn names_model_in_path(self) -> bool {
+        matches!(
+            self,
+            Api::Bedrock | Api::VertexAnthropic | Api::VertexGemini | Api::Gemini | Api::AzureOpenAi
+        )
+    }
+
+    /// Why `name` is no name this API's hosts allow as one segment of their paths, if it is not:
+    /// letters, digits, `-`, `_` and `.`, with `:` on Bedrock (model ids end in `-v1:0`) and `/`
+    /// in a Bedrock ARN (sent encoded), `@` on Vertex AI (`claude-sonnet-4@20250514`); at most 256
+    /// bytes (2048 on Bedrock, an ARN's bound); never empty, `.` or `..` (nor an ARN part that
+    /// is). Everything else (`/`, `?`, `#`, `%`, spaces, control characters) would let a request
+    /// choose another resource on the host.
+    pub(crate) fn path_name_fault(self, name: &str) -> Option<&'static str> {
+        let arn = self == Api::Bedrock && name.starts_with("arn:");
+        let allowed = |b: u8| {
+            b.is_ascii_alphanumeric()
+                || matches!(b, b'-' | b'_' | b'.')
+                || match self {
+                    Api::Bedrock => b == b':' || (arn && b == b'/'),
+                    Api::VertexAnthropic | Api::VertexGemini => b == b'@',
+                    _ => false,
+                }
+        };
+        let dots = |part: &str| part.is_empty() || part.bytes().all(|b| b == b'.');
+        if name.is_empty() {
+            Some("is empty")
+        } else if self == Api::Bedrock && name.len() > 2048 {
+            Some("is longer than 2048 bytes")
+        } else if self != Api::Bedrock && name.len() > 256 {
+            Some("is longer than 256 bytes")
+        } else if let Some(b) = name.bytes().find(|b| !allowed(*b)) {
+            Some(match b {
+                b'/' => "holds '/', which would name another path on the host",
+                b'?' | b'#' => "holds '?' or '#', which would end the path on the host",
+                b'%' => "holds '%': a name is sent percent-encoded, never pre-encoded",
+                b if b.is_ascii_control() => "holds a control character",
+                _ => "holds a character the host's model names do not have",
+            })
+        } else if dots(name) || (arn && name.split('/').any(dots)) {
+            Some("is a dot segment, which would name another path on the host")
+        } else {
+            None
+        }
+    }
+
     pub fn family(self) -> Family {
         match self {
             Api::OpenAi | Api::AzureOpenAi => Family::OpenAi,

@@ -37,6 +37,7 @@ use crate::retry::{self, RetryHint};
 use crate::time;
 use crate::traces::{AttemptSpan, RequestSpan};
 use crate::upstream::{AttemptError, UpstreamBody};
+use crate::wire::named::Named;
 use std::sync::Arc;
 
 /// An attempt's result: the response read ahead to its commit point, or why it failed.
@@ -159,13 +160,7 @@ impl<'r> Call<'r> {
     /// credential's exhaustion, pacing and cooldown: each may move the request to another target,
     /// or hold it when none is left), and the request for it.
     fn admit(&mut self, now: Instant) -> Admit<'r> {
-        let Asked {
-            route,
-            parts,
-            path,
-            body,
-            ..
-        } = self.asked;
+        let (asked, route) = (self.asked, self.asked.route);
         let failovers = self.at.failovers;
         if self.state.deadline <= now {
             let upstream = route
@@ -198,17 +193,18 @@ impl<'r> Call<'r> {
                     continue;
                 }
             };
-            let (req, rewritten) = match request::build(target, parts, path, body.clone(), &self.cx.credentials) {
+            let request = (asked.parts, asked.path, asked.body.clone(), asked.named);
+            let sent = request::build(target, request, &self.cx.credentials);
+            let (req, rewritten) = match sent {
                 Ok(r) => r,
                 Err(e) => {
                     self.progress.forget();
-                    let err = || ProxyError::InvalidRequestTarget(e.to_string());
-                    return Admit::Stop(self.progress.stop_before_attempt(Stop::NotRetryable, failovers, err));
+                    return Admit::Stop(self.progress.stop_before_attempt(Stop::NotRetryable, failovers, || e));
                 }
             };
             // The credential is hashed only when some hold concerns this upstream, or after a 429.
             let credential = self.cx.credentials.presented(req.headers(), req.uri().query());
-            let limits = Limits::new(credential, body, path);
+            let limits = Limits::new(credential, asked.named.model_or_empty());
             let bounds = Bounds {
                 others: self.at.others(route, index).next().is_some(),
                 deadline: self.state.deadline,
@@ -238,7 +234,7 @@ impl<'r> Call<'r> {
                         own = crate::cloud::sigv4::payload_hash(sent);
                         &own
                     }
-                    (true, None, None) => self.payload.insert(crate::cloud::sigv4::payload_hash(body)),
+                    (true, None, None) => self.payload.insert(crate::cloud::sigv4::payload_hash(asked.body)),
                     (_, _, p) => p.as_deref().unwrap_or_default(),
                 };
                 match auth.apply(&mut req, payload, time::wall_now()) {
@@ -500,6 +496,8 @@ pub(super) struct Asked<'r> {
     /// The path forwarded (after `strip_prefix`).
     pub(super) path: &'r str,
     pub(super) body: &'r Bytes,
+    /// What it names (`wire::named`), read once.
+    pub(super) named: &'r Named,
     /// The request repeats one that failed for good moments ago: a client's own retry, given one
     /// attempt in all (`crate::retry::client_retry`).
     pub(super) client_retry: bool,
@@ -508,9 +506,7 @@ pub(super) struct Asked<'r> {
 impl<'r> Asked<'r> {
     pub(super) fn of(
         route: &'r Route,
-        parts: &'r http::request::Parts,
-        path: &'r str,
-        body: &'r Bytes,
+        (parts, path, body, named): (&'r http::request::Parts, &'r str, &'r Bytes, &'r Named),
         client_retry: bool,
     ) -> Asked<'r> {
         Asked {
@@ -518,6 +514,7 @@ impl<'r> Asked<'r> {
             parts,
             path,
             body,
+            named,
             client_retry,
         }
     }

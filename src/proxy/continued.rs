@@ -28,11 +28,13 @@ use super::context::Context;
 use super::routes::Route;
 use super::stream::{ErrorWatch, IdleTimeout};
 use super::tokens::{Meter, RequestTokens};
+use crate::config::Api;
 use crate::continuation::{request, Decision, Dialect, Framer, How, Outcome, Splicer, Transcript};
 use crate::time::{self, Instant};
 use crate::traces::RequestSpan;
 use crate::wire::body::BoxError;
 use crate::wire::headers;
+use crate::wire::named::{Named, Op};
 use crate::wire::sse::classify_event;
 
 /// Continuations of one request at most (a continuation cut in turn is continued again).
@@ -54,6 +56,8 @@ pub(super) struct Again {
     parts: http::request::Parts,
     path: String,
     body: Bytes,
+    /// What the request names (a continuation names the same).
+    named: Named,
     tokens: RequestTokens,
     trace: RequestSpan,
     dialect: Dialect,
@@ -69,13 +73,13 @@ impl Again {
     pub(super) fn of(
         cx: &Arc<Context>,
         route: &Arc<Route>,
-        (parts, path, body): (&http::request::Parts, &str, &Bytes),
+        (parts, path, body, named): (&http::request::Parts, &str, &Bytes, &Named),
         (tokens, trace, arrived): (&RequestTokens, &RequestSpan, Instant),
     ) -> Option<Box<Again>> {
         if !route.config.continue_streams || parts.method != Method::POST {
             return None;
         }
-        let dialect = dialect(path, body)?;
+        let dialect = dialect(route.config.api, named)?;
         let deadline = crate::retry::policy::request_limits(&parts.headers, &route.retry).deadline;
         Some(Box::new(Again {
             cx: cx.clone(),
@@ -83,6 +87,7 @@ impl Again {
             parts: parts.clone(),
             path: path.to_string(),
             body: body.clone(),
+            named: named.clone(),
             tokens: tokens.clone(),
             trace: trace.clone(),
             dialect,
@@ -133,7 +138,7 @@ impl Again {
                 return Err("the request's deadline passed before its stream could be continued".into());
             }
             let (parts, path, body) = self.request(&app, how, left)?;
-            let asked = Asked::of(&self.route, &parts, &path, &body, false);
+            let asked = Asked::of(&self.route, (&parts, &path, &body, &self.named), false);
             let delivery = call::attempts(&self.cx, asked, self.tokens.clone(), &self.trace).await;
             let resp = delivery.result.map_err(|e| -> BoxError { e.to_string().into() })?;
             let status = resp.status().as_u16();
@@ -191,21 +196,16 @@ impl Again {
     }
 }
 
-/// The API of a streamed request by its path, when a continuation knows it.
-fn dialect(path: &str, body: &[u8]) -> Option<Dialect> {
-    let path = path.split('?').next().unwrap_or(path).trim_end_matches('/');
-    let streams = memchr::memmem::find(body, b"\"stream\"").is_some();
-    if !streams {
-        return None;
-    }
-    if path.ends_with("/messages") {
-        Some(Dialect::Messages)
-    } else if path.ends_with("/chat/completions") {
-        Some(Dialect::Chat)
-    } else if path.ends_with("/responses") {
-        Some(Dialect::Responses)
-    } else {
-        None
+/// The API of a streamed request, when a continuation knows it: Anthropic Messages, Chat
+/// Completions and Responses (Bedrock's, Vertex AI's and Gemini's paths are not continued).
+fn dialect(api: Api, named: &Named) -> Option<Dialect> {
+    match (api, named.op.as_ref()?) {
+        _ if !named.stream => None,
+        (Api::Bedrock | Api::VertexAnthropic | Api::Gemini | Api::VertexGemini, _) => None,
+        (_, Op::Messages) => Some(Dialect::Messages),
+        (_, Op::OpenAi("chat/completions")) => Some(Dialect::Chat),
+        (_, Op::OpenAi("responses")) => Some(Dialect::Responses),
+        _ => None,
     }
 }
 
@@ -390,11 +390,29 @@ mod tests {
 
     #[test]
     fn streamed_requests_of_the_three_apis_are_continuable() {
-        let stream = br#"{"model":"m","stream":true}"#;
-        assert_eq!(dialect("/v1/messages", stream), Some(Dialect::Messages));
-        assert_eq!(dialect("/v1/chat/completions", stream), Some(Dialect::Chat));
-        assert_eq!(dialect("/openai/v1/responses?x=1", stream), Some(Dialect::Responses));
-        assert_eq!(dialect("/v1/embeddings", stream), None);
-        assert_eq!(dialect("/v1/messages", br#"{"model":"m"}"#), None);
+        let read = |api, path: &str, body: &str| dialect(api, &Named::read(api, path, body.as_bytes()).expect("read"));
+        let stream = r#"{"model":"m","stream":true}"#;
+        assert_eq!(read(Api::Anthropic, "/v1/messages", stream), Some(Dialect::Messages));
+        assert_eq!(read(Api::OpenAi, "/v1/messages", stream), Some(Dialect::Messages));
+        assert_eq!(read(Api::OpenAi, "/v1/chat/completions", stream), Some(Dialect::Chat));
+        assert_eq!(
+            read(Api::OpenAi, "/openai/v1/responses?x=1", stream),
+            Some(Dialect::Responses)
+        );
+        assert_eq!(read(Api::OpenAi, "/v1/embeddings", stream), None);
+        assert_eq!(read(Api::Anthropic, "/v1/messages", r#"{"model":"m"}"#), None);
+        assert_eq!(
+            read(Api::Anthropic, "/v1/messages", r#"{"model":"m","stream":false}"#),
+            None
+        );
+        assert_eq!(
+            read(
+                Api::Anthropic,
+                "/v1/messages",
+                r#"{"model":"m","tools":[{"stream":true}]}"#
+            ),
+            None
+        );
+        assert_eq!(read(Api::Bedrock, "/model/m/invoke-with-response-stream", "{}"), None);
     }
 }

@@ -22,6 +22,7 @@ use crate::limits::key::{BucketKey, KeyInput};
 use crate::limits::prices::{Price, Usage};
 use crate::time::{self, Instant};
 use crate::wire::body::{Flow, RequestLog, Settle, Used};
+use crate::wire::named::Named;
 
 /// The fields an admitted request's response carries.
 pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
@@ -38,12 +39,12 @@ const SLOT_POLL: Duration = Duration::from_secs(1);
 pub(super) async fn admit(
     cx: &Context,
     route: &Route,
-    (parts, body): (&http::request::Parts, &Bytes),
+    (parts, body, named): (&http::request::Parts, &Bytes, &Named),
     deadline: Duration,
     log: &mut RequestLog,
 ) -> Result<RateLimitFields, Refusal> {
     let limits = &route.limits;
-    let (credential, model, want) = asks(cx, route, (parts, body));
+    let (credential, model, want) = asks(cx, route, (parts, body, named));
     let tokens = want.0.tokens;
     let input = KeyInput {
         route: &route.name,
@@ -188,7 +189,7 @@ impl Drop for InQueue<'_> {
 fn asks<'b>(
     cx: &Context,
     route: &Route,
-    (parts, body): (&'b http::request::Parts, &'b Bytes),
+    (parts, body, named): (&'b http::request::Parts, &'b Bytes, &'b Named),
 ) -> (CredentialHash, Option<&'b str>, (Want, Option<Price>)) {
     let limits = &route.limits;
     let keys = || limits.iter().map(|l| &l.policy.key);
@@ -202,9 +203,10 @@ fn asks<'b>(
     let spends = limits
         .iter()
         .any(|l| l.policy.micro_usd_per_day.is_some() || l.policy.micro_usd_per_month.is_some());
-    let model = (spends || keys().any(|k| k.uses_model()))
-        .then(|| crate::wire::model::of_request(body, parts.uri.path()))
-        .flatten();
+    let model = named
+        .model
+        .as_deref()
+        .filter(|_| spends || keys().any(|k| k.uses_model()));
     let counts_tokens = spends || limits.iter().any(|l| l.policy.tokens_per_minute.is_some());
     let (prompt, output) = match counts_tokens {
         true => estimate::split(body),

@@ -4,8 +4,8 @@
 //! (`rate_limit_scope = "model"`, the default); `"credential"` keeps one scope per credential. A
 //! used-up quota (`insufficient_quota`, billing) is the whole credential's whatever the scope.
 //!
-//! The model is the one the target is asked for: the request body's `model` (after the target's
-//! model rewrite), else the one its path names ([`crate::wire::model`]); a request that names none
+//! The model is the one the target is asked for: the one the request names
+//! ([`crate::wire::named`], after the target's model rewrite); a request that names none
 //! is kept under the credential's own key, which is also what a replica keeping limits per
 //! credential uses. Nothing is hashed or searched until a hold needs it.
 
@@ -15,20 +15,18 @@ use super::routes::Target;
 use crate::config::RateLimitScope;
 use crate::credentials::{Credentials, LimitKey, Presented};
 
-/// What one attempt asked for, as far as limits go: its credential and its request.
+/// What one attempt asked for, as far as limits go: its credential and the model it names.
 pub(super) struct Limits<'a> {
     credential: Presented,
-    body: &'a [u8],
-    path: &'a str,
+    model: &'a str,
     per_model: OnceCell<LimitKey>,
 }
 
 impl<'a> Limits<'a> {
-    pub(super) fn new(credential: Presented, body: &'a [u8], path: &'a str) -> Limits<'a> {
+    pub(super) fn new(credential: Presented, model: &'a str) -> Limits<'a> {
         Limits {
             credential,
-            body,
-            path,
+            model,
             per_model: OnceCell::new(),
         }
     }
@@ -44,14 +42,13 @@ impl<'a> Limits<'a> {
             let credential = self.credential.hash(forms);
             match target.upstream.config.rate_limit_scope {
                 RateLimitScope::Credential => LimitKey::from(credential),
-                RateLimitScope::Model => LimitKey::new(credential, model_for(target, self.body, self.path)),
+                RateLimitScope::Model => LimitKey::new(credential, model_for(target, self.model)),
             }
         })
     }
 }
 
 /// The model `target` is asked for: the request's, renamed by the target's `models` map.
-fn model_for<'a>(target: &'a Target, body: &'a [u8], path: &'a str) -> &'a str {
-    let asked = crate::wire::model::of_request(body, path).unwrap_or("");
+fn model_for<'a>(target: &'a Target, asked: &'a str) -> &'a str {
     target.config.models.get(asked).map_or(asked, String::as_str)
 }

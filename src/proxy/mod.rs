@@ -59,6 +59,7 @@ use crate::time;
 use crate::traces::{self, Traces};
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
+use crate::wire::named::Named;
 use crate::words::TargetState;
 use call::Asked;
 use client_retry::Repeat;
@@ -186,8 +187,8 @@ impl Proxy {
     }
 
     /// Counts a cached answer's usage as tokens saved on `route` (the request's model label).
-    fn saved(&self, route: &Arc<Route>, body: &[u8]) -> cached::Saved {
-        let (route, model) = (route.clone(), self.models.for_request(body).model);
+    fn saved(&self, route: &Arc<Route>, named: &Named) -> cached::Saved {
+        let (route, model) = (route.clone(), self.models.for_request(named).model);
         Box::new(move |scan| route.cache.iter().for_each(|c| c.count_scanned(&model, scan)))
     }
 
@@ -237,7 +238,7 @@ impl Proxy {
 
             // 2. Route.
             let Some((prefix, route)) = self.routes.find(parts.uri.path()) else {
-                log.set_api_of_path(parts.uri.path());
+                log.set_api(crate::wire::named::api_of_path(parts.uri.path()));
                 let err = ProxyError::NoRoute {
                     path: crate::error::asked_path(parts.uri.path()),
                 };
@@ -260,15 +261,14 @@ impl Proxy {
             let job_run = parts.extensions.get::<jobs::JobRun>().is_some();
             let body = match body::read_capped(body, &parts.headers, self.max_request_body).await {
                 Ok(b) => b,
-                Err(BodyError::TooLarge) => {
-                    return error_response(
-                        ProxyError::BodyTooLarge {
-                            limit: self.max_request_body,
-                        },
-                        log,
-                    )
-                }
-                Err(BodyError::Read(e)) => return error_response(ProxyError::BadRequestBody(e), log),
+                Err(e) => return error_response(self.body_error(e), log),
+            };
+
+            // What the request names (its operation, model, stream), read once for every later
+            // step; a name that would leave its path segment on a target is refused here.
+            let named = match route.named(&path, &body) {
+                Ok(named) => named,
+                Err(err) => return error_response(err, log),
             };
 
             // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
@@ -280,8 +280,13 @@ impl Proxy {
 
             // The request's token books, and how its stream is continued when cut (a route with
             // `continue_streams`: its own stream, or the one it follows).
-            let tokens = self.models.for_request(&body);
-            let again = continued::Again::of(&self.cx, &route, (&parts, &path, &body), (&tokens, &trace, arrived));
+            let tokens = self.models.for_request(&named);
+            let again = continued::Again::of(
+                &self.cx,
+                &route,
+                (&parts, &path, &body, &named),
+                (&tokens, &trace, arrived),
+            );
 
             // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
             // In a block of its own: the step's result would otherwise keep its place in the
@@ -304,8 +309,8 @@ impl Proxy {
             // becomes the idempotency key's response); otherwise the entry is claimed.
             let cache = match &route.cache {
                 Some(c) => match Box::pin(c.lookup(&parts, &body, &mut log)).await {
-                    Looked::Hit(stored) => return cached::hit_response(stored, claim, log, self.saved(&route, &body)),
-                    Looked::Follow(f) => return cached::follow_response(f, claim, log, self.saved(&route, &body)),
+                    Looked::Hit(stored) => return cached::hit_response(stored, claim, log, self.saved(&route, &named)),
+                    Looked::Follow(f) => return cached::follow_response(f, claim, log, self.saved(&route, &named)),
                     looked => Some(looked),
                 },
                 None => None,
@@ -313,9 +318,9 @@ impl Proxy {
 
             // 5c. The route's limits: admitted (held until the response ends), queued, or 429;
             // 6. then the attempts until delivered (a client's retry of a failure for good: one).
-            describe_span(&trace, &route, &path, &body);
+            describe_span(&trace, &route, &named);
             let repeat = Repeat::check(&self.cx, &route, &parts, &body, time::now());
-            let asked = Asked::of(&route, &parts, &path, &body, repeat.is_repeat);
+            let asked = Asked::of(&route, (&parts, &path, &body, &named), repeat.is_repeat);
             let delivery = self.deliver(asked, tokens, &mut log, &trace).await;
 
             // 7. The books; a failure for good is a dead letter and marks the request.
@@ -332,6 +337,16 @@ impl Proxy {
         }
     }
 
+    /// Step 4's answer to a body that cannot be taken.
+    fn body_error(&self, e: BodyError) -> ProxyError {
+        match e {
+            BodyError::TooLarge => ProxyError::BodyTooLarge {
+                limit: self.max_request_body,
+            },
+            BodyError::Read(e) => ProxyError::BadRequestBody(e),
+        }
+    }
+
     /// Steps 5c and 6: the route's limits (boxed where there are any: most routes have none),
     /// then the attempts.
     async fn deliver(
@@ -344,7 +359,7 @@ impl Proxy {
         let (route, body) = (asked.route, asked.body);
         let limited = match route.limits.is_empty() {
             true => Ok(None),
-            false => Box::pin(self.limited(route, (asked.parts, body), log)).await,
+            false => Box::pin(self.limited(route, (asked.parts, body, asked.named), log)).await,
         };
         match limited {
             Ok(fields) => call::attempts(&self.cx, asked, tokens, trace)
@@ -358,11 +373,11 @@ impl Proxy {
     async fn limited(
         &self,
         route: &Route,
-        (parts, body): (&http::request::Parts, &Bytes),
+        (parts, body, named): (&http::request::Parts, &Bytes, &Named),
         log: &mut RequestLog,
     ) -> Result<limited::RateLimitFields, limited::Refusal> {
         let deadline = crate::retry::policy::request_limits(&parts.headers, &route.retry).deadline;
-        limited::admit(&self.cx, route, (parts, body), deadline, log).await
+        limited::admit(&self.cx, route, (parts, body, named), deadline, log).await
     }
 
     /// Step 7: the delivery in the request's books, and a failure for good as a dead letter.
@@ -483,12 +498,12 @@ impl Proxy {
 }
 
 /// The request's span, when it is recorded, names its route, provider, model and operation.
-fn describe_span(trace: &traces::RequestSpan, route: &Route, path: &str, body: &[u8]) {
+fn describe_span(trace: &traces::RequestSpan, route: &Route, named: &Named) {
     if trace.is_recording() {
         let target = route.primary();
         let provider = tokens::provider_name(&target.name, &target.upstream.config);
-        let model = crate::wire::usage::request_model(body);
-        trace.set_route(&route.name, &provider, model, traces::operation_name(path));
+        let operation = named.op.as_ref().and_then(crate::wire::named::Op::operation_name);
+        trace.set_route(&route.name, &provider, named.model.as_deref(), operation);
     }
 }
 

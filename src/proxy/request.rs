@@ -12,6 +12,7 @@ use crate::error::ProxyError;
 use crate::upstream::AttemptError;
 use crate::wire::envelope::{self, Adapted, Host};
 use crate::wire::headers;
+use crate::wire::named::{Invalid, Named};
 
 /// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
 /// `host` from the upstream URL, the upstream's `set_headers` in. An upstream that sets a
@@ -22,15 +23,16 @@ use crate::wire::headers;
 /// app's (a model rewritten, an envelope adapted): what a signature must cover.
 pub(super) fn build(
     target: &Target,
-    parts: &http::request::Parts,
-    path: &str,
-    body: Bytes,
+    (parts, path, body, named): (&http::request::Parts, &str, Bytes, &Named),
     forms: &Credentials,
-) -> Result<(Request<Full<Bytes>>, Option<Bytes>), http::uri::InvalidUri> {
+) -> Result<(Request<Full<Bytes>>, Option<Bytes>), ProxyError> {
     let upstream = &target.upstream.config;
-    let mut adapted = target
-        .adapt_from
-        .and_then(|from| adapt(target, from, parts, path, &body));
+    let mut adapted = match target.adapt_from {
+        Some(from) => adapt(target, from, parts, named, &body).map_err(|e| ProxyError::InvalidModel {
+            detail: format!("{e} for upstream {}", target.name),
+        })?,
+        None => None,
+    };
     let rewritten = match adapted.as_mut() {
         Some(a) => a.body.take(),
         // The target's name for the requested model, when it has one (the rest of the body as sent).
@@ -44,11 +46,10 @@ pub(super) fn build(
         None => (path, parts.uri.query()),
     };
     let uri = match (query, upstream.sets_credential) {
-        (Some(q), true) => target
-            .upstream
-            .target_for(path, credentials::strip_query(q).as_deref())?,
-        (q, _) => target.upstream.target_for(path, q)?,
-    };
+        (Some(q), true) => target.upstream.target_for(path, credentials::strip_query(q).as_deref()),
+        (q, _) => target.upstream.target_for(path, q),
+    }
+    .map_err(|e| ProxyError::InvalidRequestTarget(e.to_string()))?;
     let body_len = body.len();
     let mut req = Request::new(Full::new(body));
     *req.method_mut() = parts.method.clone();
@@ -84,12 +85,17 @@ pub(super) fn build(
 }
 
 /// The request's envelope for a target that speaks another API of the route's family than the
-/// route (`from`), naming the target's model; `None`: a request the envelope does not know, sent
-/// as it came (the host answers it).
-fn adapt(target: &Target, from: Api, parts: &http::request::Parts, path: &str, body: &[u8]) -> Option<Adapted> {
-    let asked = envelope::read(from, path, body)?;
+/// route (`from`), naming the target's model; `Ok(None)`: a request the envelope does not know,
+/// sent as it came (the host answers it); `Err`: a model the target's paths cannot hold.
+fn adapt(
+    target: &Target,
+    from: Api,
+    parts: &http::request::Parts,
+    named: &Named,
+    body: &[u8],
+) -> Result<Option<Adapted>, Invalid> {
     let models = &target.config.models;
-    let model = asked.model.as_deref().map(|m| models.get(m).map_or(m, String::as_str));
+    let model = named.model.as_deref().map(|m| models.get(m).map_or(m, String::as_str));
     let upstream = &target.upstream.config;
     let host = Host {
         api: target.config.api,
@@ -98,7 +104,7 @@ fn adapt(target: &Target, from: Api, parts: &http::request::Parts, path: &str, b
         gcp_location: upstream.gcp_location.as_deref(),
         azure_api_version: upstream.azure_api_version.as_deref(),
     };
-    envelope::adapt(&asked, from, &host, (parts.uri.query(), body, &parts.headers), model)
+    envelope::adapt(named, from, &host, (parts.uri.query(), body, &parts.headers), model)
 }
 
 pub(super) fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {

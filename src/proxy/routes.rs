@@ -8,6 +8,7 @@ use super::tokens;
 use crate::cache::Cache;
 use crate::cloud::CloudAuth;
 use crate::config::{Api, Balance, Config, FailoverOn, RetryPolicy, RouteConfig, TargetConfig};
+use crate::error::ProxyError;
 use crate::idempotency::Idempotency;
 use crate::metrics::{AttemptMetrics, Metrics, RouteMetrics, TokenMetrics};
 use crate::retry::client_retry::ClientRetries;
@@ -15,6 +16,7 @@ use crate::retry::{Backoff, RetryBudget};
 use crate::routing::RouteTable;
 use crate::targets::Load;
 use crate::upstream::Upstream;
+use crate::wire::named::{self, Named};
 use http::HeaderValue;
 use std::sync::Arc;
 
@@ -121,6 +123,44 @@ impl Route {
     /// The route's first target.
     pub fn primary(&self) -> &Target {
         &self.targets.list[0]
+    }
+
+    /// What a request to this route names (`wire::named`), read once from its forwarded path and
+    /// body; refused (400, before any upstream is asked) when its path holds a dot segment, or
+    /// when its model is no name a target that places it in its path allows there (the target's
+    /// name for it, after its `models` map).
+    pub(crate) fn named(&self, path: &str, body: &[u8]) -> Result<Named, ProxyError> {
+        let invalid = |e: named::Invalid, to: Option<&Target>| {
+            ProxyError::InvalidModel {
+            detail: match to {
+                None => e.to_string(),
+                Some(t) => format!(
+                    "{e} for upstream {} ({}), which names it in its paths; map it to a name {} allows in the target's `models`",
+                    t.name,
+                    t.config.api.as_str(),
+                    t.config.api.as_str()
+                ),
+            },
+        }
+        };
+        let read = Named::read(self.config.api, path, body).map_err(|e| invalid(e, None))?;
+        if named::has_dot_segment(path) {
+            return Err(ProxyError::InvalidRequestTarget(
+                "the path holds a dot segment ('.' or '..', encoded or not), which would name another path on the host"
+                    .into(),
+            ));
+        }
+        if let Some(model) = read.model.as_deref() {
+            for t in self
+                .targets
+                .iter()
+                .filter(|t| t.adapt_from.is_some() && named::in_path(t.config.api))
+            {
+                let name = t.config.models.get(model).map_or(model, String::as_str);
+                named::segment(t.config.api, name).map_err(|e| invalid(e, Some(t)))?;
+            }
+        }
+        Ok(read)
     }
 }
 

@@ -26,8 +26,9 @@ use crate::dead_letters::AttemptRecord;
 use crate::metrics::TokenMetrics;
 use crate::wire::body::{Flow, Used};
 use crate::wire::envelope::Reframed;
+use crate::wire::named::Named;
 use crate::wire::sse::Shape;
-use crate::wire::usage::{request_model, Ledger, UsageScan};
+use crate::wire::usage::{Ledger, UsageScan};
 
 /// A response extension: this attempt's tokens are counted already.
 #[derive(Debug, Clone, Copy)]
@@ -57,13 +58,12 @@ impl Models {
         }
     }
 
-    /// A request's label: the request body's `model` when it is listed, else `other` (the body
-    /// is not searched when no model is listed).
-    pub(crate) fn for_request(&self, body: &[u8]) -> RequestTokens {
-        let model = match self.listed.is_empty() {
-            true => None,
-            false => request_model(body).and_then(|m| self.listed.iter().find(|l| &***l == m)),
-        };
+    /// A request's label: the model it names when it is listed, else `other`.
+    pub(crate) fn for_request(&self, named: &Named) -> RequestTokens {
+        let model = named
+            .model
+            .as_deref()
+            .and_then(|m| self.listed.iter().find(|l| &***l == m));
         RequestTokens {
             model: model.unwrap_or(&self.other).clone(),
             ledger: Ledger::default(),

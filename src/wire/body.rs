@@ -244,27 +244,6 @@ impl RequestLog {
         }
     }
 
-    /// Before a route matched (`no_route`), the path says the API the client speaks: the paths
-    /// of Anthropic's Messages API (and Bedrock's invoke paths, which carry Claude), Gemini's
-    /// `models/{model}:{method}`, else OpenAI's. Clients that read only their own API's envelope
-    /// (`@ai-sdk/anthropic`, google-genai) then show the app rebound's message.
-    pub(crate) fn set_api_of_path(&mut self, path: &str) {
-        use crate::config::Api;
-        let path = path.trim_end_matches('/');
-        let last = path.rsplit('/').next().unwrap_or("");
-        let api =
-            if path.ends_with("/messages") || path.ends_with("/messages/count_tokens") || path.ends_with("/complete") {
-                Api::Anthropic
-            } else if path.contains("/model/") && (last == "invoke" || last == "invoke-with-response-stream") {
-                Api::Bedrock
-            } else if last.contains(':') && path.contains("/models/") {
-                Api::Gemini
-            } else {
-                Api::OpenAi
-            };
-        self.set_api(api);
-    }
-
     /// The route's API says the shape of rebound's own errors (unless RFC 9457 was asked for).
     pub(crate) fn set_api(&mut self, api: crate::config::Api) {
         use crate::config::Family;

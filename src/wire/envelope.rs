@@ -14,12 +14,24 @@
 //! | `gemini` | `/v1beta/models/{m}:{method}` (`?alt=sse` to stream) |
 //! | `vertex-gemini` | `/v1/projects/{p}/locations/{l}/publishers/google/models/{m}:{method}` |
 
-use std::borrow::Cow;
-
 use http::{HeaderMap, HeaderName, HeaderValue};
-use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
+use super::json::{self, members};
+use super::named::{segment, Invalid, Named, Op};
 use crate::config::Api;
+
+/// What `encodeURIComponent` leaves as it is (a query value is encoded so).
+const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'_')
+    .remove(b'.')
+    .remove(b'!')
+    .remove(b'~')
+    .remove(b'*')
+    .remove(b'\'')
+    .remove(b'(')
+    .remove(b')');
 
 /// `anthropic_version` on Bedrock.
 pub(crate) const BEDROCK_VERSION: &str = "bedrock-2023-05-31";
@@ -35,21 +47,6 @@ static NOT_TO_BEDROCK: [HeaderName; 2] = [ANTHROPIC_VERSION_HEADER, ANTHROPIC_BE
 /// What Vertex AI takes in the body.
 static NOT_TO_VERTEX: [HeaderName; 1] = [ANTHROPIC_VERSION_HEADER];
 
-/// What `encodeURIComponent` leaves as it is (the SDKs encode a Bedrock model id so).
-const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'!')
-    .remove(b'~')
-    .remove(b'*')
-    .remove(b'\'')
-    .remove(b'(')
-    .remove(b')');
-
-/// The OpenAI operations, by the path's tail.
-const OPENAI_OPS: [&str; 4] = ["chat/completions", "completions", "embeddings", "responses"];
-
 /// A request extension: its answer is Bedrock's event stream, which the app reads as
 /// Anthropic's SSE.
 #[derive(Debug, Clone, Copy)]
@@ -59,96 +56,6 @@ pub(crate) struct Reframe;
 /// Bedrock's invocation metrics).
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Reframed;
-
-/// What a request asks, as its API names it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Op<'a> {
-    /// Anthropic Messages; `stream`: the answer is an event stream.
-    Messages { stream: bool },
-    /// Anthropic's token count.
-    CountTokens,
-    /// An OpenAI operation (`chat/completions`, `completions`, `embeddings`, `responses`).
-    OpenAi(&'a str),
-    /// A Gemini method (`generateContent`, `streamGenerateContent`, `countTokens`, ...).
-    Gemini(&'a str),
-}
-
-/// A request read in its API: the operation and the model it names.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Asked<'a> {
-    pub(crate) op: Op<'a>,
-    pub(crate) model: Option<Cow<'a, str>>,
-}
-
-/// Reads what a request to an `api` host asks; `None`: a path the envelope does not know.
-pub(crate) fn read<'a>(api: Api, path: &'a str, body: &'a [u8]) -> Option<Asked<'a>> {
-    let path = path.trim_end_matches('/');
-    let in_body = || super::usage::request_model(body).map(Cow::Borrowed);
-    let (op, model) = match api {
-        Api::Anthropic if path.ends_with("/messages/count_tokens") => (Op::CountTokens, in_body()),
-        Api::Anthropic if path.ends_with("/messages") => (Op::Messages { stream: streams(body) }, in_body()),
-        Api::Anthropic => return None,
-        Api::Bedrock => {
-            let (_, rest) = path.split_once("/model/")?;
-            let (id, action) = rest.rsplit_once('/')?;
-            let stream = match action {
-                "invoke" => false,
-                "invoke-with-response-stream" => true,
-                _ => return None,
-            };
-            (
-                Op::Messages { stream },
-                Some(percent_decode_str(id).decode_utf8_lossy()),
-            )
-        }
-        Api::VertexAnthropic => {
-            let (model, method) = vertex_model(path, "anthropic")?;
-            match (model, method) {
-                ("count-tokens", "rawPredict") => (Op::CountTokens, in_body()),
-                (m, "rawPredict") => (Op::Messages { stream: false }, Some(Cow::Borrowed(m))),
-                (m, "streamRawPredict") => (Op::Messages { stream: true }, Some(Cow::Borrowed(m))),
-                _ => return None,
-            }
-        }
-        Api::OpenAi => (Op::OpenAi(openai_op(path)?), in_body()),
-        Api::AzureOpenAi => {
-            let (_, rest) = path.split_once("/openai/")?;
-            match rest.strip_prefix("deployments/").and_then(|r| r.split_once('/')) {
-                Some((deployment, op)) => (
-                    Op::OpenAi(OPENAI_OPS.into_iter().find(|o| *o == op)?),
-                    Some(Cow::Borrowed(deployment)),
-                ),
-                None => (Op::OpenAi(openai_op(path)?), in_body()),
-            }
-        }
-        Api::Gemini | Api::VertexGemini => {
-            let (_, rest) = path.rsplit_once("/models/")?;
-            let (model, method) = rest.split_once(':')?;
-            (Op::Gemini(method), Some(Cow::Borrowed(model)))
-        }
-    };
-    Some(Asked { op, model })
-}
-
-/// The OpenAI operation a path ends with.
-fn openai_op(path: &str) -> Option<&'static str> {
-    OPENAI_OPS.into_iter().find(|op| {
-        path.strip_suffix(op).is_some_and(|p| p.ends_with('/'))
-            && !(*op == "completions" && path.ends_with("/chat/completions"))
-    })
-}
-
-/// A Vertex AI path's model and method: `.../publishers/{publisher}/models/{m}:{method}`.
-fn vertex_model<'a>(path: &'a str, publisher: &str) -> Option<(&'a str, &'a str)> {
-    let (_, rest) = path.split_once("/publishers/")?;
-    let rest = rest.strip_prefix(publisher)?.strip_prefix("/models/")?;
-    rest.split_once(':')
-}
-
-/// Whether a JSON body asks for a stream (`"stream": true` at its top level).
-pub(crate) fn streams(body: &[u8]) -> bool {
-    members(body).is_some_and(|m| m.iter().any(|(k, v)| *k == b"stream" && *v == b"true"))
-}
 
 /// The host a request is adapted for.
 #[derive(Debug, Clone, Copy)]
@@ -196,15 +103,22 @@ pub(crate) struct Adapted {
     pub(crate) reframe: bool,
 }
 
-/// `asked` (read from a request in `from`'s API) as `to` takes it, naming `model` (the target's
-/// name for the requested model). `None`: nothing can be adapted (the request goes as it came).
+/// `named` (read from a request in `from`'s API) as `to` takes it, naming `model` (the target's
+/// name for the requested model). `Ok(None)`: nothing can be adapted (the request goes as it
+/// came); `Err`: the model is no name `to` allows in its paths ([`segment`]).
 pub(crate) fn adapt(
-    asked: &Asked<'_>,
+    named: &Named,
     from: Api,
     to: &Host<'_>,
     (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
     model: Option<&str>,
-) -> Option<Adapted> {
+) -> Result<Option<Adapted>, Invalid> {
+    let Some(op) = &named.op else { return Ok(None) };
+    // The model as one segment of `to`'s paths, checked and encoded once.
+    let in_path = match model.filter(|_| super::named::in_path(to.api)) {
+        Some(m) => Some(segment(to.api, m)?),
+        None => None,
+    };
     let mut out = Adapted {
         path: String::new(),
         query: query.map(str::to_string),
@@ -213,28 +127,41 @@ pub(crate) fn adapt(
         insert: None,
         reframe: false,
     };
-    match asked.op {
-        Op::Messages { .. } | Op::CountTokens => to_claude(&mut out, asked, from, to, (query, body, headers), model)?,
-        Op::OpenAi(_) | Op::Gemini(_) => to_gpt_or_gemini(&mut out, asked, to, (query, body), model)?,
-    }
-    Some(out)
+    let names = Names {
+        body: model,
+        path: in_path.as_deref(),
+    };
+    let adapted = match op {
+        Op::Messages | Op::CountTokens => {
+            to_claude(&mut out, (op, named.stream), from, to, (query, body, headers), names)
+        }
+        Op::OpenAi(_) | Op::Gemini(_) => to_gpt_or_gemini(&mut out, op, to, (query, body), names),
+    };
+    Ok(adapted.map(|()| out))
+}
+
+/// The target's name for the model: as a body's member, and as a checked, encoded path segment.
+#[derive(Clone, Copy)]
+struct Names<'a> {
+    body: Option<&'a str>,
+    path: Option<&'a str>,
 }
 
 /// An Anthropic Messages request for a host of `to`'s shape.
 fn to_claude(
     out: &mut Adapted,
-    asked: &Asked<'_>,
+    (op, stream): (&Op, bool),
     from: Api,
     to: &Host<'_>,
     (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
-    model: Option<&str>,
+    model: Names<'_>,
 ) -> Option<()> {
-    match (&asked.op, to.api) {
-        (Op::Messages { stream }, Api::Anthropic) => {
+    match (op, to.api) {
+        (Op::Messages, Api::Anthropic) => {
             out.path = to.v1("/messages");
             out.query = query.filter(|_| from == Api::Anthropic).map(str::to_string);
-            let (remove, stream) = stream_from_path(from, *stream);
-            out.body = edit(body, remove, model_entry(model)?.into_iter().chain(stream));
+            let (remove, stream) = stream_from_path(from, stream);
+            out.body = edit(body, remove, model_entry(model.body)?.into_iter().chain(stream));
             if !headers.contains_key(ANTHROPIC_VERSION_HEADER) {
                 out.insert = Some((ANTHROPIC_VERSION_HEADER, HeaderValue::from_static(ANTHROPIC_VERSION)));
             }
@@ -242,13 +169,13 @@ fn to_claude(
         (Op::CountTokens, Api::Anthropic) => {
             out.path = to.v1("/messages/count_tokens");
             out.query = None;
-            out.body = edit(body, &["model", "anthropic_version"], model_entry(model)?);
+            out.body = edit(body, &["model", "anthropic_version"], model_entry(model.body)?);
             if !headers.contains_key(ANTHROPIC_VERSION_HEADER) {
                 out.insert = Some((ANTHROPIC_VERSION_HEADER, HeaderValue::from_static(ANTHROPIC_VERSION)));
             }
         }
-        (Op::Messages { stream }, Api::Bedrock) => {
-            let id = utf8_percent_encode(model?, COMPONENT);
+        (Op::Messages, Api::Bedrock) => {
+            let id = model.path?;
             out.path = match stream {
                 true => format!("/model/{id}/invoke-with-response-stream"),
                 false => format!("/model/{id}/invoke"),
@@ -259,14 +186,14 @@ fn to_claude(
             let remove = ["model", "stream", "anthropic_version", "anthropic_beta"];
             out.body = edit(body, &remove, std::iter::once(version).chain(beta));
             out.remove = &NOT_TO_BEDROCK;
-            out.reframe = *stream;
+            out.reframe = stream;
         }
-        (Op::Messages { stream }, Api::VertexAnthropic) => {
-            let method = if *stream { "streamRawPredict" } else { "rawPredict" };
-            out.path = to.vertex("anthropic", model?, method)?;
+        (Op::Messages, Api::VertexAnthropic) => {
+            let method = if stream { "streamRawPredict" } else { "rawPredict" };
+            out.path = to.vertex("anthropic", model.path?, method)?;
             out.query = None;
             let version = ("anthropic_version", json_string(VERTEX_VERSION));
-            let (remove, stream) = stream_from_path(from, *stream);
+            let (remove, stream) = stream_from_path(from, stream);
             out.body = edit(body, remove, std::iter::once(version).chain(stream));
             out.remove = &NOT_TO_VERTEX;
         }
@@ -277,7 +204,7 @@ fn to_claude(
             out.body = edit(
                 body,
                 &["model", "anthropic_version"],
-                model_entry(model)?.into_iter().chain([version]),
+                model_entry(model.body)?.into_iter().chain([version]),
             );
             out.remove = &NOT_TO_VERTEX;
         }
@@ -289,16 +216,16 @@ fn to_claude(
 /// An OpenAI or Gemini request for a host of `to`'s shape.
 fn to_gpt_or_gemini(
     out: &mut Adapted,
-    asked: &Asked<'_>,
+    op: &Op,
     to: &Host<'_>,
     (query, body): (Option<&str>, &[u8]),
-    model: Option<&str>,
+    model: Names<'_>,
 ) -> Option<()> {
-    match (&asked.op, to.api) {
+    match (op, to.api) {
         (Op::OpenAi(op), Api::OpenAi) => {
             out.path = to.v1(&format!("/{op}"));
             out.query = without(query, "api-version");
-            out.body = edit(body, &["model"], model_entry(model)?);
+            out.body = edit(body, &["model"], model_entry(model.body)?);
         }
         (Op::OpenAi(op), Api::AzureOpenAi) => {
             // A URL that ends in `/openai` already holds the first segment of Azure's paths.
@@ -313,7 +240,7 @@ fn to_gpt_or_gemini(
                     out.query = Some(with_first(query, "api-version", version));
                 }
                 (Some(version), op) => {
-                    out.path = format!("{root}/deployments/{}/{op}", utf8_percent_encode(model?, COMPONENT));
+                    out.path = format!("{root}/deployments/{}/{op}", model.path?);
                     out.query = Some(with_first(query, "api-version", version));
                 }
                 (None, op) => {
@@ -321,13 +248,13 @@ fn to_gpt_or_gemini(
                     out.query = without(query, "api-version");
                 }
             }
-            out.body = edit(body, &["model"], model_entry(model)?);
+            out.body = edit(body, &["model"], model_entry(model.body)?);
         }
         (Op::Gemini(method), Api::Gemini) => {
-            out.path = format!("/v1beta/models/{}:{method}", model?);
+            out.path = format!("/v1beta/models/{}:{method}", model.path?);
         }
         (Op::Gemini(method), Api::VertexGemini) => {
-            out.path = to.vertex("google", model?, method)?;
+            out.path = to.vertex("google", model.path?, method)?;
         }
         _ => return None,
     }
@@ -402,7 +329,7 @@ fn edit<'k>(body: &[u8], remove: &[&str], add: impl IntoIterator<Item = (&'k str
         out.push(b',');
     }
     for (key, value) in members {
-        if !remove.iter().any(|r| r.as_bytes() == key) {
+        if !remove.iter().any(|r| json::key_is(key, r)) {
             out.push(b'"');
             out.extend_from_slice(key);
             out.extend_from_slice(b"\":");
@@ -415,97 +342,6 @@ fn edit<'k>(body: &[u8], remove: &[&str], add: impl IntoIterator<Item = (&'k str
         _ => out.push(b'}'),
     }
     Some(out)
-}
-
-/// The top-level members of the JSON object `body`, in order: each key as written between its
-/// quotes and its value's bytes, found without parsing the values (strings are skipped with
-/// `memchr`, the bytes between them counted for nesting). `None` when `body` is not one object
-/// (a malformed value inside is left for the host to refuse).
-fn members(body: &[u8]) -> Option<Vec<(&[u8], &[u8])>> {
-    let mut i = ws(body, 0);
-    if body.get(i) != Some(&b'{') {
-        return None;
-    }
-    i = ws(body, i + 1);
-    let mut out = Vec::new();
-    if body.get(i) == Some(&b'}') {
-        return (ws(body, i + 1) == body.len()).then_some(out);
-    }
-    loop {
-        if body.get(i) != Some(&b'"') {
-            return None;
-        }
-        let key_end = string_end(body, i + 1)?;
-        let key = &body[i + 1..key_end];
-        i = ws(body, key_end + 1);
-        if body.get(i) != Some(&b':') {
-            return None;
-        }
-        let start = ws(body, i + 1);
-        let end = value_end(body, start)?;
-        out.push((key, &body[start..end]));
-        i = ws(body, end);
-        match body.get(i) {
-            Some(b',') => i = ws(body, i + 1),
-            Some(b'}') => return (ws(body, i + 1) == body.len()).then_some(out),
-            _ => return None,
-        }
-    }
-}
-
-/// The first index from `i` that is not JSON whitespace.
-fn ws(b: &[u8], mut i: usize) -> usize {
-    while b.get(i).is_some_and(|c| matches!(c, b' ' | b'\t' | b'\n' | b'\r')) {
-        i += 1;
-    }
-    i
-}
-
-/// The index of the quote that closes the string whose contents start at `i`.
-fn string_end(b: &[u8], mut i: usize) -> Option<usize> {
-    loop {
-        let at = i + memchr::memchr2(b'"', b'\\', b.get(i..)?)?;
-        if b[at] == b'"' {
-            return Some(at);
-        }
-        i = at + 2; // an escape, and the byte it escapes
-    }
-}
-
-/// The index just past the value that starts at `i`.
-fn value_end(b: &[u8], i: usize) -> Option<usize> {
-    match b.get(i)? {
-        b'"' => string_end(b, i + 1).map(|e| e + 1),
-        b'{' | b'[' => {
-            let (mut depth, mut j) = (0usize, i);
-            loop {
-                match b.get(j)? {
-                    b'"' => {
-                        j = string_end(b, j + 1)? + 1;
-                        continue;
-                    }
-                    b'{' | b'[' => depth += 1,
-                    b'}' | b']' => {
-                        depth -= 1;
-                        if depth == 0 {
-                            return Some(j + 1);
-                        }
-                    }
-                    _ => {}
-                }
-                j += 1;
-            }
-        }
-        // A number or a literal.
-        _ => {
-            let rest = &b[i..];
-            let len = rest
-                .iter()
-                .position(|c| matches!(c, b',' | b'}' | b']' | b' ' | b'\t' | b'\n' | b'\r'))
-                .unwrap_or(rest.len());
-            (len > 0).then_some(i + len)
-        }
-    }
 }
 
 #[cfg(test)]
@@ -533,87 +369,14 @@ mod tests {
         headers: &HeaderMap,
         model: &str,
     ) -> Adapted {
-        let asked = read(from, path, body.as_bytes()).expect("a known path");
-        adapt(&asked, from, &to, (query, body.as_bytes(), headers), Some(model)).expect("adapted")
+        let named = Named::read(from, path, body.as_bytes()).expect("read");
+        adapt(&named, from, &to, (query, body.as_bytes(), headers), Some(model))
+            .expect("a valid name")
+            .expect("adapted")
     }
 
     fn body(a: &Adapted) -> serde_json::Value {
         serde_json::from_slice(a.body.as_deref().expect("a body")).expect("JSON")
-    }
-
-    #[test]
-    fn requests_are_read_in_their_api() {
-        let read = |api, path: &'static str, body: &'static str| read(api, path, body.as_bytes());
-        let model = |m: &'static str| Some(Cow::Borrowed(m));
-        assert_eq!(
-            read(Api::Anthropic, "/v1/messages", MESSAGES),
-            Some(Asked {
-                op: Op::Messages { stream: true },
-                model: model("claude-sonnet-4-5")
-            })
-        );
-        assert_eq!(
-            read(Api::Anthropic, "/v1/messages/count_tokens", r#"{"model":"m"}"#).map(|a| a.op),
-            Some(Op::CountTokens)
-        );
-        assert_eq!(read(Api::Anthropic, "/v1/models", ""), None);
-        let bedrock = read(
-            Api::Bedrock,
-            "/model/us.anthropic.claude-sonnet-4-5-20250929-v1%3A0/invoke-with-response-stream",
-            "{}",
-        );
-        assert_eq!(
-            bedrock,
-            Some(Asked {
-                op: Op::Messages { stream: true },
-                model: Some(Cow::Owned("us.anthropic.claude-sonnet-4-5-20250929-v1:0".into()))
-            })
-        );
-        let vertex = read(
-            Api::VertexAnthropic,
-            "/v1/projects/p/locations/us-east5/publishers/anthropic/models/claude-sonnet-4-5@20250929:rawPredict",
-            "{}",
-        );
-        assert_eq!(
-            vertex,
-            Some(Asked {
-                op: Op::Messages { stream: false },
-                model: model("claude-sonnet-4-5@20250929")
-            })
-        );
-        assert_eq!(
-            read(Api::OpenAi, "/v1/chat/completions", r#"{"model":"gpt-4o"}"#),
-            Some(Asked {
-                op: Op::OpenAi("chat/completions"),
-                model: model("gpt-4o")
-            })
-        );
-        assert_eq!(
-            read(Api::OpenAi, "/v1/completions", "{}").map(|a| a.op),
-            Some(Op::OpenAi("completions"))
-        );
-        assert_eq!(read(Api::OpenAi, "/v1/files", "{}"), None);
-        assert_eq!(
-            read(Api::AzureOpenAi, "/openai/deployments/gpt4o-eu/chat/completions", "{}"),
-            Some(Asked {
-                op: Op::OpenAi("chat/completions"),
-                model: model("gpt4o-eu")
-            })
-        );
-        assert_eq!(
-            read(Api::AzureOpenAi, "/openai/v1/embeddings", r#"{"model":"e"}"#),
-            Some(Asked {
-                op: Op::OpenAi("embeddings"),
-                model: model("e")
-            })
-        );
-        assert_eq!(
-            read(Api::Gemini, "/v1beta/models/gemini-2.5-pro:streamGenerateContent", "{}"),
-            Some(Asked {
-                op: Op::Gemini("streamGenerateContent"),
-                model: model("gemini-2.5-pro")
-            })
-        );
     }
 
     #[test]
@@ -821,79 +584,66 @@ mod tests {
 
     #[test]
     fn what_cannot_be_adapted_goes_as_it_came() {
-        let asked = read(Api::Anthropic, "/v1/messages", MESSAGES.as_bytes()).expect("read");
+        let named = Named::read(Api::Anthropic, "/v1/messages", MESSAGES.as_bytes()).expect("read");
         let mut no_project = host(Api::VertexAnthropic);
         no_project.gcp_project = None;
+        let empty = HeaderMap::new();
+        let messages = (None, MESSAGES.as_bytes(), &empty);
         assert_eq!(
-            adapt(
-                &asked,
-                Api::Anthropic,
-                &no_project,
-                (None, MESSAGES.as_bytes(), &HeaderMap::new()),
-                Some("m")
-            ),
-            None
+            adapt(&named, Api::Anthropic, &no_project, messages, Some("m")),
+            Ok(None)
         );
         assert_eq!(
-            adapt(
-                &asked,
-                Api::Anthropic,
-                &host(Api::Bedrock),
-                (None, MESSAGES.as_bytes(), &HeaderMap::new()),
-                None
-            ),
-            None
+            adapt(&named, Api::Anthropic, &host(Api::Bedrock), messages, None),
+            Ok(None)
+        );
+        let unknown = Named::read(Api::Anthropic, "/v1/models", b"").expect("read");
+        assert_eq!(
+            adapt(&unknown, Api::Anthropic, &host(Api::Bedrock), messages, Some("m")),
+            Ok(None)
         );
         let a = adapt(
-            &asked,
+            &named,
             Api::Anthropic,
             &host(Api::Bedrock),
             (None, b"not json", &HeaderMap::new()),
             Some("m"),
         )
+        .expect("a valid name")
         .expect("adapted");
         assert_eq!(a.body, None, "a body that is not a JSON object is the host's to refuse");
     }
 
     #[test]
-    fn members_are_found_as_serde_reads_them() {
-        for body in [
-            r#"{}"#,
-            r#" { "a" : 1 , "b":[1,{"c":"}]\"{"}], "d":{"e":null,"f":[true,false]},"g":"x\\\"y","h":-1.5e3 } "#,
-            r#"{"model":"m","messages":[{"role":"user","content":"a \"quoted\" {brace}"}],"stream":true}"#,
-            r#"{"k\"ey":"v","n":{"deep":{"deeper":[[[]]]}}}"#,
-        ] {
-            let got = members(body.as_bytes()).unwrap_or_else(|| panic!("{body}"));
-            let want: serde_json::Map<String, serde_json::Value> = serde_json::from_str(body).expect("JSON");
-            let read: serde_json::Map<String, serde_json::Value> = got
-                .iter()
-                .map(|(key, value)| {
-                    let key: String = serde_json::from_slice(&[b"\"", *key, b"\""].concat()).expect("a key");
-                    (key, serde_json::from_slice(value).expect("a value"))
-                })
-                .collect();
-            assert_eq!((got.len(), read), (want.len(), want), "{body}");
+    fn a_name_no_host_allows_in_its_paths_is_never_placed_there() {
+        let named = Named::read(Api::Anthropic, "/v1/messages", MESSAGES.as_bytes()).expect("read");
+        let empty = HeaderMap::new();
+        for api in [Api::Bedrock, Api::VertexAnthropic] {
+            for bad in ["..", "../../x", "a#b", "a?b", "a%2Fb", ""] {
+                let got = adapt(
+                    &named,
+                    Api::Anthropic,
+                    &host(api),
+                    (None, MESSAGES.as_bytes(), &empty),
+                    Some(bad),
+                );
+                assert!(got.is_err(), "{api:?} {bad:?}: {got:?}");
+            }
         }
-        for not_one in [
-            "",
-            "[]",
-            "{",
-            r#"{"a"}"#,
-            r#"{"a":}"#,
-            r#"{"a":1,}"#,
-            r#"{"a":1} x"#,
-            r#"{"a":"1}"#,
-            r#"{"a":[1}"#,
-        ] {
-            assert_eq!(members(not_one.as_bytes()), None, "{not_one}");
-        }
-    }
-
-    #[test]
-    fn streams_reads_the_top_level_flag() {
-        assert!(streams(MESSAGES.as_bytes()));
-        assert!(!streams(br#"{"model":"m","stream":false}"#));
-        assert!(!streams(br#"{"model":"m","tools":[{"stream":true}]}"#));
-        assert!(!streams(b"not json"));
+        let chat = Named::read(Api::OpenAi, "/v1/chat/completions", br#"{"model":"x"}"#).expect("read");
+        let mut azure = host(Api::AzureOpenAi);
+        azure.azure_api_version = Some("2024-10-21");
+        let got = adapt(&chat, Api::OpenAi, &azure, (None, b"{}", &empty), Some("../x"));
+        assert!(got.is_err());
+        // A name only a body carries is not a path's to check.
+        let openai = Named::read(Api::AzureOpenAi, "/openai/v1/chat/completions", b"{}").expect("read");
+        let got = adapt(
+            &openai,
+            Api::AzureOpenAi,
+            &host(Api::OpenAi),
+            (None, b"{}", &empty),
+            Some("a/b"),
+        );
+        assert!(matches!(got, Ok(Some(_))), "{got:?}");
     }
 }

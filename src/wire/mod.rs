@@ -13,6 +13,7 @@ pub mod body;
 pub(crate) mod envelope;
 pub(crate) mod eventstream;
 pub mod headers;
-pub(crate) mod model;
+pub(crate) mod json;
+pub(crate) mod named;
 pub mod sse;
 pub mod usage;

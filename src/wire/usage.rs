@@ -34,8 +34,6 @@ mod object;
 
 /// The searchers, built once (building one per frame costs more than the search).
 static USAGE_KEY: std::sync::LazyLock<memmem::Finder<'static>> = std::sync::LazyLock::new(|| memmem::Finder::new(KEY));
-static MODEL_KEY: std::sync::LazyLock<memmem::Finder<'static>> =
-    std::sync::LazyLock::new(|| memmem::Finder::new(b"\"model\""));
 use serde::{Deserialize, Serialize};
 
 /// The most bytes carried over a frame boundary for one usage value.
@@ -364,66 +362,26 @@ impl UsageScan {
     }
 }
 
-/// The top-level `"model"` string of a JSON request body, found without parsing the body: the
-/// first `"model"` key whose value is a string (a request's `model` comes first in practice; a
-/// tool schema's `"model": {..}` property is an object and skipped).
-pub(crate) fn request_model(body: &[u8]) -> Option<&str> {
-    let (start, end) = model_span(body)?;
-    std::str::from_utf8(&body[start..end]).ok()
-}
-
-/// The body with its `model` replaced by `models[model]` (a target's model rewrite), or `None`
-/// when nothing is to change: no top-level string `model`, or one the map does not name. Only the
-/// model's bytes change; the rest of the body is sent as it came.
+/// The body with its top-level `model` replaced by `models[model]` (a target's model rewrite),
+/// or `None` when nothing is to change: no top-level string `model`, or one the map does not
+/// name. Only the model's bytes change; the rest of the body is sent as it came.
 pub(crate) fn rewrite_model(body: &[u8], models: &std::collections::BTreeMap<String, String>) -> Option<Vec<u8>> {
-    #[derive(serde::Deserialize)]
-    struct Top<'a> {
-        #[serde(borrow, default)]
-        model: Option<&'a str>,
-    }
-    let (start, end) = model_span(body)?;
-    let found = std::str::from_utf8(&body[start..end]).ok()?;
-    // The first `"model"` key must be the top-level one (not a tool's or a message's).
-    let top = serde_json::from_slice::<Top>(body).ok()?.model?;
-    if top != found {
-        return None;
-    }
-    let to = serde_json::to_string(models.get(found)?).ok()?;
+    let mut value = None;
+    super::json::each_member(body, |key, v| {
+        if super::json::key_is(key, "model") {
+            value = Some(v);
+        }
+    });
+    let value = value?;
+    let to = serde_json::to_string(models.get(&*super::json::string_value(value)?)?).ok()?;
+    // Where the value lies in the body (it is a slice of it).
+    let start = (value.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let end = start + value.len();
     let mut out = Vec::with_capacity(body.len() + to.len());
-    out.extend_from_slice(&body[..start - 1]);
+    out.extend_from_slice(body.get(..start)?);
     out.extend_from_slice(to.as_bytes());
-    out.extend_from_slice(&body[end + 1..]);
+    out.extend_from_slice(body.get(end..)?);
     Some(out)
-}
-
-/// Where the first `"model": "..."` string value of a JSON body lies (without its quotes), if it
-/// has no escapes.
-fn model_span(body: &[u8]) -> Option<(usize, usize)> {
-    let mut at = 0;
-    while let Some(k) = MODEL_KEY.find(&body[at..]) {
-        let mut i = at + k + 7;
-        at = i;
-        while body.get(i).is_some_and(u8::is_ascii_whitespace) {
-            i += 1;
-        }
-        if body.get(i) != Some(&b':') {
-            continue;
-        }
-        i += 1;
-        while body.get(i).is_some_and(u8::is_ascii_whitespace) {
-            i += 1;
-        }
-        if body.get(i) != Some(&b'"') {
-            continue;
-        }
-        let start = i + 1;
-        let len = memchr::memchr2(b'"', b'\\', &body[start..])?;
-        if body[start + len] == b'\\' {
-            return None; // an escaped model name: not one of the configured names
-        }
-        return Some((start, start + len));
-    }
-    None
 }
 
 #[cfg(test)]
@@ -447,6 +405,11 @@ mod tests {
         assert_eq!(
             rewrite_model(br#"{"tools":[{"model":"gpt-4o"}],"model":"x"}"#, &models),
             None
+        );
+        // The top-level one, wherever it is, escaped or not.
+        assert_eq!(
+            rewrite_model(br#"{"tools":[{"model":"x"}],"mod\u0065l":"gpt\u002d4o"}"#, &models).as_deref(),
+            Some(&br#"{"tools":[{"model":"x"}],"mod\u0065l":"gpt4o-eu-prod"}"#[..])
         );
     }
     use proptest::prelude::*;
@@ -563,24 +526,6 @@ data: {"type":"message_stop","amazon-bedrock-invocationMetrics":{"inputTokenCoun
         assert_eq!(s.usage(), u(0, 3, 0, 0));
     }
 
-    #[test]
-    fn the_request_model() {
-        assert_eq!(request_model(br#"{"model":"gpt-4o","messages":[]}"#), Some("gpt-4o"));
-        assert_eq!(
-            request_model(
-                br#"{"tools":[{"parameters":{"properties":{"model":{"type":"string"}}}}], "model" : "claude-3"}"#
-            ),
-            Some("claude-3")
-        );
-        assert_eq!(
-            request_model(br#"{"messages":[{"content":"say \"model\": \"x\""}]}"#),
-            None
-        );
-        assert_eq!(request_model(b""), None);
-        assert_eq!(request_model(br#"{"model":"#), None);
-        assert_eq!(request_model(br#"{"model":"abc"#), None);
-    }
-
     fn cut(bytes: &[u8], cuts: &[usize]) -> Vec<Vec<u8>> {
         let mut points: Vec<usize> = cuts.iter().map(|c| c % (bytes.len() + 1)).collect();
         points.push(0);
@@ -616,7 +561,7 @@ data: {"type":"message_stop","amazon-bedrock-invocationMetrics":{"inputTokenCoun
         fn never_panics(bytes in any::<Vec<u8>>(), cuts in proptest::collection::vec(any::<usize>(), 0..4)) {
             let chunks = cut(&bytes, &cuts);
             let _ = scan(&chunks.iter().map(Vec::as_slice).collect::<Vec<_>>());
-            let _ = request_model(&bytes);
+            let _ = rewrite_model(&bytes, &[("m".to_string(), "n".to_string())].into());
         }
     }
 }

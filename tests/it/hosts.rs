@@ -15,7 +15,7 @@ use crate::support::sidecar::Rebound;
 use crate::support::{metric, send, until_metric, Answer};
 
 /// A target of `upstream` with `models`.
-fn target(upstream: &str, models: &[(&str, &str)]) -> RawTarget {
+pub(crate) fn target(upstream: &str, models: &[(&str, &str)]) -> RawTarget {
     RawTarget {
         upstream: some(upstream),
         models: (!models.is_empty()).then(|| {
@@ -61,7 +61,7 @@ fn clouds(name: &str, u: &mut RawUpstream) {
     }
 }
 
-const SONNET: (&str, &str) = ("claude-sonnet-4-5", "us.anthropic.claude-sonnet-4-5-20250929-v1:0");
+pub(crate) const SONNET: (&str, &str) = ("claude-sonnet-4-5", "us.anthropic.claude-sonnet-4-5-20250929-v1:0");
 
 #[test]
 fn hosts_of_one_family_make_one_route() {
@@ -195,16 +195,16 @@ fn messages(stream: bool) -> String {
 /// Claude on four hosts: Anthropic (`fake`, first: the route's API), Bedrock in two regions and
 /// Vertex AI, each a fake host that checks what it receives (SigV4 with AWS's example keys, the
 /// body's `anthropic_version`, no `model`).
-struct Claude {
-    anthropic: FakeProvider,
-    east: FakeProvider,
-    west: FakeProvider,
-    vertex: FakeProvider,
-    rebound: Rebound,
+pub(crate) struct Claude {
+    pub(crate) anthropic: FakeProvider,
+    pub(crate) east: FakeProvider,
+    pub(crate) west: FakeProvider,
+    pub(crate) vertex: FakeProvider,
+    pub(crate) rebound: Rebound,
 }
 
 impl Claude {
-    async fn start(edit: impl FnOnce(TestConfig) -> TestConfig) -> Claude {
+    pub(crate) async fn start(edit: impl FnOnce(TestConfig) -> TestConfig) -> Claude {
         let (anthropic, east, west, vertex) = (
             FakeProvider::start().await,
             FakeProvider::start().await,
@@ -265,7 +265,12 @@ impl Claude {
     }
 
     /// An Anthropic SDK call under the fake's `key`, with the app's own Anthropic key.
-    async fn call(&self, key: &str, stream: bool, extra: &[(&str, &str)]) -> Answer {
+    pub(crate) async fn call(&self, key: &str, stream: bool, extra: &[(&str, &str)]) -> Answer {
+        self.send(key, messages(stream), extra).await
+    }
+
+    /// The app's `body` under the fake's `key`, as [`Claude::call`] sends it.
+    pub(crate) async fn send(&self, key: &str, body: String, extra: &[(&str, &str)]) -> Answer {
         let mut headers = vec![
             ("content-type", "application/json"),
             ("x-api-key", "sk-ant-app-own"),
@@ -277,7 +282,7 @@ impl Claude {
             "POST",
             &format!("{}/fake/v1/messages", self.rebound.url),
             &headers,
-            messages(stream),
+            body,
         )
         .await
     }

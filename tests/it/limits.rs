@@ -44,7 +44,7 @@ async fn redis_up(rebound: &Rebound) {
 
 /// Waits, when less than `margin` is left of the current UTC minute, for the next one: a test
 /// that counts a minute's requests must not straddle two windows.
-async fn whole_minute_ahead(margin: Duration) {
+pub(crate) async fn whole_minute_ahead(margin: Duration) {
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap();

@@ -34,6 +34,7 @@ mod limit_scope;
 mod limiter_store;
 mod limits;
 mod long_generation;
+mod named;
 mod owner_liveness;
 mod passthrough;
 mod pool;

@@ -33,10 +33,8 @@ impl Validator<'_> {
             .or_else(|| route.targets.iter().filter_map(api_of).find_map(ApiOf::family));
         route.api = first.on(family);
         let family = route.api.family();
-        for t in &mut route.targets {
-            if let Some(api) = api_of(t) {
-                t.api = api.on(Some(family));
-            }
+        for (t, api) in route.targets.iter_mut().filter_map(|t| api_of(t).map(|a| (t, a))) {
+            t.api = api.on(Some(family));
         }
         let key = |j: usize, k: &str| match (&r.targets, j) {
             (Some(_), _) => format!("routes[{i}].targets[{j}].{k}"),
@@ -69,6 +67,7 @@ impl Validator<'_> {
             }
         }
         for (j, t) in route.targets.iter().enumerate() {
+            self.path_names(&key(j, "models"), t);
             if t.api == route.api {
                 continue;
             }
@@ -116,6 +115,29 @@ impl Validator<'_> {
                 }
                 _ => {}
             }
+        }
+    }
+}
+
+impl Validator<'_> {
+    /// A name a target's `models` places in its host's path is one segment that host allows (as
+    /// a request's is: `wire::named`).
+    fn path_names(&mut self, key: &str, t: &TargetConfig) {
+        if !t.api.names_model_in_path() {
+            return;
+        }
+        let fault = t
+            .models
+            .iter()
+            .find_map(|(from, to)| t.api.path_name_fault(to).map(|why| (from, to, why)));
+        if let Some((from, to, why)) = fault {
+            self.err(
+                key,
+                format!(
+                    "expected a name {} allows as one segment of its paths (letters, digits, '-', '_', '.'; see docs/errors.md#invalid_model), found {from:?} = {to:?}, which {why}",
+                    t.api.as_str()
+                ),
+            );
         }
     }
 }

@@ -1,7 +1,7 @@
 //! The HTTP vocabulary every layer shares, and nothing else: header names and header hygiene
 //! ([`headers`]), the body types and the per-request log that rides on a response body ([`body`]),
-//! the reading of errors that providers report inside a successful body ([`sse`]), the model
-//! a request names ([`model`]), a request's envelope in each API of a model family
+//! the reading of errors that providers report inside a successful body ([`sse`]), what a
+//! request names ([`named`]) and the JSON scan it reads it with ([`json`]), a request's envelope in each API of a model family
 //! ([`envelope`]), and Bedrock's binary event stream re-framed as Anthropic's server-sent events
 //! ([`eventstream`]).
 //!

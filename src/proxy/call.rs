@@ -146,7 +146,7 @@ impl<'r> Call<'r> {
         Call {
             cx,
             asked,
-            state: RetryState::new(limits.max_attempts, started + limits.deadline),
+            state: RetryState::new(limits.max_attempts, asked.deadline),
             at: Cursor::new(),
             progress: Progress::new(limits.deadline, tokens, started),
             waited: (Duration::ZERO, None),
@@ -498,6 +498,8 @@ pub(super) struct Asked<'r> {
     pub(super) body: &'r Bytes,
     /// What it names (`wire::named`), read once.
     pub(super) named: &'r Named,
+    /// Its deadline, counted from its arrival (a queue's wait has spent some of it).
+    pub(super) deadline: Instant,
     /// The request repeats one that failed for good moments ago: a client's own retry, given one
     /// attempt in all (`crate::retry::client_retry`).
     pub(super) client_retry: bool,
@@ -508,6 +510,7 @@ impl<'r> Asked<'r> {
         route: &'r Route,
         (parts, path, body, named): (&'r http::request::Parts, &'r str, &'r Bytes, &'r Named),
         client_retry: bool,
+        deadline: Instant,
     ) -> Asked<'r> {
         Asked {
             route,
@@ -515,6 +518,7 @@ impl<'r> Asked<'r> {
             path,
             body,
             named,
+            deadline,
             client_retry,
         }
     }

@@ -74,13 +74,12 @@ impl Again {
         cx: &Arc<Context>,
         route: &Arc<Route>,
         (parts, path, body, named): (&http::request::Parts, &str, &Bytes, &Named),
-        (tokens, trace, arrived): (&RequestTokens, &RequestSpan, Instant),
+        (tokens, trace, deadline): (&RequestTokens, &RequestSpan, Instant),
     ) -> Option<Box<Again>> {
         if !route.config.continue_streams || parts.method != Method::POST {
             return None;
         }
         let dialect = dialect(route.config.api, named)?;
-        let deadline = crate::retry::policy::request_limits(&parts.headers, &route.retry).deadline;
         Some(Box::new(Again {
             cx: cx.clone(),
             route: route.clone(),
@@ -91,7 +90,7 @@ impl Again {
             tokens: tokens.clone(),
             trace: trace.clone(),
             dialect,
-            until: arrived + deadline,
+            until: deadline,
             delivered: 0,
         }))
     }
@@ -138,7 +137,7 @@ impl Again {
                 return Err("the request's deadline passed before its stream could be continued".into());
             }
             let (parts, path, body) = self.request(&app, how, left)?;
-            let asked = Asked::of(&self.route, (&parts, &path, &body, &self.named), false);
+            let asked = Asked::of(&self.route, (&parts, &path, &body, &self.named), false, self.until);
             let delivery = call::attempts(&self.cx, asked, self.tokens.clone(), &self.trace).await;
             let resp = delivery.result.map_err(|e| -> BoxError { e.to_string().into() })?;
             let status = resp.status().as_u16();

@@ -40,7 +40,7 @@ pub(super) async fn admit(
     cx: &Context,
     route: &Route,
     (parts, body, named): (&http::request::Parts, &Bytes, &Named),
-    deadline: Duration,
+    deadline: Instant,
     log: &mut RequestLog,
 ) -> Result<RateLimitFields, Refusal> {
     let limits = &route.limits;
@@ -59,7 +59,7 @@ pub(super) async fn admit(
     let mut waiting: Option<InQueue> = None;
     for (l, bucket) in limits.iter().zip(buckets.iter().copied()) {
         if l.policy.on_limit == OnLimit::Queue && l.waiting.busy(&bucket) {
-            let until = started + l.policy.max_wait.min(deadline);
+            let until = (started + l.policy.max_wait).min(deadline);
             let Some(place) = cx.limiter.queue(l, bucket, l.share(bucket, &input), until).await else {
                 let refusing = (Some((&**l, bucket)), l.policy.name.as_str());
                 return Err(rejected(route, refusing, SLOT_POLL, started));
@@ -123,14 +123,14 @@ pub(super) async fn admit(
 async fn queue_refused<'a>(
     cx: &'a Context,
     route: &'a Route,
-    (buckets, input, deadline): (&[BucketKey], &KeyInput<'_>, Duration),
+    (buckets, input, deadline): (&[BucketKey], &KeyInput<'_>, Instant),
     refused: &crate::limiter::Refused,
     started: Instant,
 ) -> Result<InQueue<'a>, Refusal> {
     let limits = &route.limits;
     let at = limits.iter().position(|l| l.policy.name == refused.limit);
     let l = at.and_then(|i| limits.get(i));
-    let until = l.map(|l| started + l.policy.max_wait.min(deadline));
+    let until = l.map(|l| (started + l.policy.max_wait).min(deadline));
     let opens_in_time = until.is_some_and(|u| !refused.window || time::now() + refused.retry_after < u);
     let queued = match (l.filter(|l| l.policy.on_limit == OnLimit::Queue), until) {
         (Some(l), Some(until)) if opens_in_time => {

@@ -270,6 +270,9 @@ impl Proxy {
                 Ok(named) => named,
                 Err(err) => return error_response(err, log),
             };
+            // One deadline, counted from the request's arrival: the limits' queue, the attempts
+            // and any continuation all spend it.
+            let deadline = arrived + crate::retry::policy::request_limits(&parts.headers, &route.retry).deadline;
 
             // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
             if route.config.async_jobs {
@@ -285,7 +288,7 @@ impl Proxy {
                 &self.cx,
                 &route,
                 (&parts, &path, &body, &named),
-                (&tokens, &trace, arrived),
+                (&tokens, &trace, deadline),
             );
 
             // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
@@ -320,7 +323,7 @@ impl Proxy {
             // 6. then the attempts until delivered (a client's retry of a failure for good: one).
             describe_span(&trace, &route, &named);
             let repeat = Repeat::check(&self.cx, &route, &parts, &body, time::now());
-            let asked = Asked::of(&route, (&parts, &path, &body, &named), repeat.is_repeat);
+            let asked = Asked::of(&route, (&parts, &path, &body, &named), repeat.is_repeat, deadline);
             let delivery = self.deliver(asked, tokens, &mut log, &trace).await;
 
             // 7. The books; a failure for good is a dead letter and marks the request.
@@ -359,7 +362,7 @@ impl Proxy {
         let (route, body) = (asked.route, asked.body);
         let limited = match route.limits.is_empty() {
             true => Ok(None),
-            false => Box::pin(self.limited(route, (asked.parts, body, asked.named), log)).await,
+            false => Box::pin(self.limited(route, (asked.parts, body, asked.named), asked.deadline, log)).await,
         };
         match limited {
             Ok(fields) => call::attempts(&self.cx, asked, tokens, trace)
@@ -374,9 +377,9 @@ impl Proxy {
         &self,
         route: &Route,
         (parts, body, named): (&http::request::Parts, &Bytes, &Named),
+        deadline: Instant,
         log: &mut RequestLog,
     ) -> Result<limited::RateLimitFields, limited::Refusal> {
-        let deadline = crate::retry::policy::request_limits(&parts.headers, &route.retry).deadline;
         limited::admit(&self.cx, route, (parts, body, named), deadline, log).await
     }
 

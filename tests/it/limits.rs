@@ -820,3 +820,55 @@ async fn a_replica_shut_down_hands_its_leases_back_to_the_fleet() {
     );
     assert_eq!(provider.count("back"), 40);
 }
+
+/// One deadline per request, counted from its arrival: what a request waited in the queue is not
+/// given back to its attempts (a client that gave up at its deadline may have sent it again).
+#[tokio::test]
+async fn a_queued_request_spends_one_deadline_from_its_arrival() {
+    let provider = FakeProvider::start().await;
+    let rebound = TestConfig::new(&provider.url())
+        .limit(
+            "one",
+            team_limit(|l| {
+                l.concurrent = Some(1);
+                l.on_limit = some("queue");
+                l.max_wait = some("60s");
+            }),
+        )
+        .start()
+        .await;
+    provider.script("hold", vec![Step::Delay { ms: 2700 }]);
+    // Sent now, its answer would come 2.7 s (queued) + 3 s later: past its 4 s.
+    provider.script("late", vec![Step::Delay { ms: 3000 }]);
+    let url = rebound.url.clone();
+    let first = tokio::spawn(async move {
+        let h = [("x-fake-key", "hold"), ("x-team", "chat")];
+        send("POST", &format!("{url}/fake/v1/chat/completions"), &h, "{}").await
+    });
+    until_metric(
+        &rebound,
+        r#"rebound_limit_decisions_total{limit="one",result="admitted"}"#,
+        |v| v >= 1.0,
+    )
+    .await;
+    let sent = std::time::Instant::now();
+    let h = [
+        ("x-fake-key", "late"),
+        ("x-team", "chat"),
+        ("x-rebound-deadline-ms", "4000"),
+    ];
+    let second = send("POST", &format!("{}/fake/v1/chat/completions", rebound.url), &h, "{}").await;
+    let took = sent.elapsed();
+    assert_eq!(second.status, 504, "{}", second.text());
+    assert_eq!(second.header("x-rebound-error"), Some("deadline_exceeded"));
+    assert!(
+        took >= Duration::from_millis(3900) && took < Duration::from_millis(5500),
+        "answered at its deadline, 4 s after it arrived: {took:?}"
+    );
+    assert_eq!(
+        provider.count("late"),
+        1,
+        "it was admitted and sent, then cut at its deadline"
+    );
+    assert_eq!(first.await.unwrap().status, 200);
+}

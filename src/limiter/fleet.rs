@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::bucket::Quota;
 use super::queue::Place;
-use super::store::{QueueCaller, QueueOp, Store};
+use super::store::{QueueAnswer, QueueCaller, QueueOp, Store};
 use super::{counter, window_ttl, Limit, SLOT_TTL};
 use crate::config::{LimitPolicy, RedisDown};
 use crate::limits::key::BucketKey;
@@ -167,15 +167,20 @@ impl Fleet {
             weight,
             deadline_ms,
         };
-        self.queue(limit, place, op).await.map(|(tag, _)| tag)
+        self.queue(limit, place, op).await.map(|a| a.result)
     }
 
     /// Whether it is `place`'s turn in the fleet's queue (first in it, or no longer in it: a
-    /// fleet that cannot say does not hold the request back).
+    /// fleet that cannot say does not hold the request back). When the fleet's first is another
+    /// of this replica's waiters, that one is told to ask instead.
     pub(super) async fn queue_turn(&self, limit: &Limit, place: &Place) -> bool {
-        self.queue(limit, place, QueueOp::Head)
-            .await
-            .is_none_or(|(rank, _)| rank <= 0)
+        let Some(answer) = self.queue(limit, place, QueueOp::Head).await else {
+            return true;
+        };
+        if let Some(first) = answer.mine.filter(|t| *t != place.ticket.number()) {
+            limit.waiting.fleet_first(place.bucket, first);
+        }
+        answer.result <= 0
     }
 
     /// `place` leaves the fleet's queue (`served`: admitted), told in the background.
@@ -190,7 +195,7 @@ impl Fleet {
     }
 
     /// One call on the fleet's queue; what it says of the queue's length is noted.
-    async fn queue(&self, limit: &Limit, place: &Place, op: QueueOp<'_>) -> Option<(i64, u64)> {
+    async fn queue(&self, limit: &Limit, place: &Place, op: QueueOp<'_>) -> Option<QueueAnswer> {
         let bucket = place.bucket.to_string();
         let caller = QueueCaller {
             limit: &limit.policy.name,
@@ -202,8 +207,8 @@ impl Fleet {
         let ttl = limit.policy.max_wait + Duration::from_secs(60);
         match self.store.queue(caller, op, (ttl, QUEUE_LIVENESS)).await {
             Ok(answer) => {
-                if let Some((_, waiting)) = answer {
-                    limit.waiting.fleet_saw(place.bucket, waiting);
+                if let Some(a) = answer {
+                    limit.waiting.fleet_saw(place.bucket, a.waiting);
                 }
                 answer
             }

@@ -1,7 +1,7 @@
 //! Where requests wait for a limit (`on_limit = "queue"`): one weighted fair queue per bucket on
 //! this replica (`crate::limits::fair_queue`), its share values those of the limit's `share_by`
 //! (else one value: first in, first out). With Redis, a waiting request is also in the bucket's
-//! fleet queue (`limit_queue_v1.lua`, the same fair order across every replica): this replica's
+//! fleet queue (`limit_queue_v2.lua`, the same fair order across every replica): this replica's
 //! entries there are kept in the fleet's order, and the first of them is the one that asks the
 //! fleet whether it is its turn. Without the fleet (no Redis, or Redis away when it joined), the
 //! head of the local queue is the one that may try the limit again. A request that arrives while
@@ -39,6 +39,12 @@ struct Queues {
     fleet: HashMap<BucketKey, BTreeSet<(i64, Ticket)>>,
     /// Buckets whose fleet queue had requests waiting when last seen.
     fleet_busy: HashSet<BucketKey>,
+    /// The ticket the fleet last said is its first, where it is one of this replica's waiters
+    /// (it, not the first by this replica's order, asks next).
+    fleet_first: HashMap<BucketKey, u64>,
+    /// The next ticket number, for every bucket of the limit: a bucket's queue that empties and
+    /// comes back does not reuse a number the fleet's queue may still hear about.
+    next_ticket: u64,
 }
 
 /// A request's place in a bucket's queue.
@@ -81,11 +87,13 @@ impl Waiting {
         deadline: Instant,
     ) -> Result<Place, Full> {
         let mut queues = self.queues.lock();
+        let first = queues.next_ticket;
         let queue = queues
             .local
             .entry(bucket)
-            .or_insert_with(|| FairQueue::new(QUEUE_CAPACITY));
+            .or_insert_with(|| FairQueue::numbering_from(QUEUE_CAPACITY, first));
         let ticket = queue.push(share, weight, 1, deadline)?;
+        queues.next_ticket = queues.next_ticket.max(ticket.number() + 1);
         self.any.store(true, Ordering::Release);
         Ok(Place {
             bucket,
@@ -108,11 +116,17 @@ impl Waiting {
     pub(crate) fn is_head(&self, place: &Place) -> bool {
         let q = self.queues.lock();
         match place.fleet {
-            Some(tag) => q
-                .fleet
-                .get(&place.bucket)
-                .and_then(|f| f.first())
-                .is_some_and(|first| *first == (tag, place.ticket)),
+            Some(tag) => {
+                let ours = q.fleet.get(&place.bucket);
+                match q.fleet_first.get(&place.bucket) {
+                    Some(first) if ours.is_some_and(|f| f.iter().any(|(_, t)| t.number() == *first)) => {
+                        *first == place.ticket.number()
+                    }
+                    _ => ours
+                        .and_then(|f| f.first())
+                        .is_some_and(|first| *first == (tag, place.ticket)),
+                }
+            }
             None => q
                 .local
                 .get(&place.bucket)
@@ -160,6 +174,12 @@ impl Waiting {
         self.turn.notify_waiters();
     }
 
+    /// The fleet's first waiter of `bucket` is this replica's `ticket`: it asks next.
+    pub(crate) fn fleet_first(&self, bucket: BucketKey, ticket: u64) {
+        self.queues.lock().fleet_first.insert(bucket, ticket);
+        self.turn.notify_waiters();
+    }
+
     /// Something was released: the waiters look again.
     pub(crate) fn wake(&self) {
         if self.any.load(Ordering::Acquire) {
@@ -181,6 +201,9 @@ impl Queues {
 
     fn forget_fleet(&mut self, place: &Place) {
         let Some(tag) = place.fleet else { return };
+        if self.fleet_first.get(&place.bucket) == Some(&place.ticket.number()) {
+            self.fleet_first.remove(&place.bucket);
+        }
         if let Some(f) = self.fleet.get_mut(&place.bucket) {
             f.remove(&(tag, place.ticket));
             if f.is_empty() {
@@ -228,5 +251,36 @@ mod tests {
         assert!(w.busy(&b));
         w.fleet_saw(b, 0);
         assert!(!w.busy(&b));
+    }
+
+    #[test]
+    fn the_fleets_first_asks_even_when_this_replica_ordered_it_later() {
+        let w = Waiting::default();
+        let b = BucketKey([1; 16]);
+        let far = crate::time::now() + Duration::from_secs(60);
+        let mut batch = w.join(b, ([1; 16], 1), far).unwrap();
+        let mut chat = w.join(b, ([2; 16], 4), far).unwrap();
+        w.joined_fleet(&mut batch, 100);
+        w.joined_fleet(&mut chat, 120);
+        assert!(w.is_head(&batch));
+        // Chat's requests elsewhere gave up: the fleet's first is this replica's chat request.
+        w.fleet_first(b, chat.ticket.number());
+        assert!(w.is_head(&chat) && !w.is_head(&batch));
+        w.served(chat);
+        assert!(w.is_head(&batch), "once it left, this replica's order decides again");
+    }
+
+    #[test]
+    fn tickets_are_never_reused_when_a_bucket_empties() {
+        let w = Waiting::default();
+        let b = BucketKey([1; 16]);
+        let far = crate::time::now() + Duration::from_secs(60);
+        let first = w.join(b, ([1; 16], 1), far).unwrap();
+        w.leave(first);
+        let second = w.join(b, ([1; 16], 1), far).unwrap();
+        assert_ne!(
+            first.ticket, second.ticket,
+            "a late `done` for the first must not remove the second"
+        );
     }
 }

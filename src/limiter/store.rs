@@ -18,7 +18,7 @@ use crate::redis::{RedisError, RedisHandle};
 
 static LEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_lease_v1.lua")));
 static ADJUST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_adjust_v1.lua")));
-static QUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_queue_v1.lua")));
+static QUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_queue_v2.lua")));
 static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_slots_v1.lua")));
 
 /// A counter's name: the limit, the bucket (32 hex digits, a hash: no key value), the quota and
@@ -61,9 +61,10 @@ pub struct Granted {
     pub waiting: u64,
 }
 
-/// A bucket's fleet queue key.
+/// A bucket's fleet queue key: its waiting set (every entry, by deadline), whose length the
+/// lease and slot scripts read.
 fn queue_key(limit: &str, bucket: &str) -> String {
-    format!("limit:{{{limit}:{bucket}}}:queue")
+    format!("limit:{{{limit}:{bucket}}}:waiting")
 }
 
 /// The fleet's counters: Redis, or this process's table.
@@ -156,7 +157,7 @@ impl Store {
     }
 }
 
-/// A call on a bucket's fleet queue (`limit_queue_v1.lua`).
+/// A call on a bucket's fleet queue (`limit_queue_v2.lua`).
 #[derive(Debug, Clone, Copy)]
 pub enum QueueOp<'a> {
     /// Queues the ticket under `share` (hex) with `weight`, until `deadline_ms` (unix ms).
@@ -165,7 +166,8 @@ pub enum QueueOp<'a> {
         weight: u32,
         deadline_ms: u64,
     },
-    /// The ticket's rank in the fleet's queue (0: its turn; -1: not queued).
+    /// Whether it is the ticket's turn in the fleet's queue (0: its turn; 1: not yet; -1: not
+    /// queued), and the fleet's first ticket when it is the caller's.
     Head,
     /// The ticket leaves the queue; `served`: it was admitted (the fair books move on).
     Done { served: bool },
@@ -179,21 +181,33 @@ pub struct QueueCaller<'a> {
     pub ticket: u64,
 }
 
+/// What the fleet's queue answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueAnswer {
+    /// Join: the entry's start tag as of now; head: 0 its turn, 1 not yet, -1 not queued.
+    pub result: i64,
+    /// Head: the ticket of the fleet's first entry, when it is the caller's.
+    pub mine: Option<u64>,
+    /// Requests waiting fleet-wide.
+    pub waiting: u64,
+}
+
 impl Store {
-    /// One call on the fleet's queue of a bucket: the start tag (join) or the rank (head), and
-    /// how many wait fleet-wide. `None` without Redis (one process: its own queue is the fleet's).
+    /// One call on the fleet's queue of a bucket (see [`QueueAnswer`]). `None` without Redis
+    /// (one process: its own queue is the fleet's).
     pub async fn queue(
         &self,
         caller: QueueCaller<'_>,
         op: QueueOp<'_>,
         (ttl, liveness): (Duration, Duration),
-    ) -> Result<Option<(i64, u64)>, RedisError> {
+    ) -> Result<Option<QueueAnswer>, RedisError> {
         let Store::Redis(redis) = self else { return Ok(None) };
         let base = format!("limit:{{{}:{}}}", caller.limit, caller.bucket);
         let mut inv = QUEUE.prepare_invoke();
         inv.key(redis.key(&queue_key(caller.limit, caller.bucket)))
-            .key(redis.key(&format!("{base}:deadlines")))
-            .key(redis.key(&format!("{base}:books")));
+            .key(redis.key(&format!("{base}:ready")))
+            .key(redis.key(&format!("{base}:fifo")))
+            .key(redis.key(&format!("{base}:books2")));
         let name = match op {
             QueueOp::Join { .. } => "join",
             QueueOp::Head => "head",
@@ -213,10 +227,14 @@ impl Store {
         {
             inv.arg(share).arg(weight).arg(deadline_ms);
         }
-        let answer: (i64, u64) = redis
+        let (result, mine, waiting): (i64, i64, u64) = redis
             .run("limit_queue", |mut c| async move { inv.invoke_async(&mut c).await })
             .await?;
-        Ok(Some(answer))
+        Ok(Some(QueueAnswer {
+            result,
+            mine: u64::try_from(mine).ok(),
+            waiting,
+        }))
     }
 }
 

@@ -79,11 +79,17 @@ pub(crate) struct FairQueue<K> {
 impl<K: Ord + Copy> FairQueue<K> {
     /// An empty queue of at most `capacity` entries.
     pub(crate) fn new(capacity: usize) -> FairQueue<K> {
+        FairQueue::numbering_from(capacity, 0)
+    }
+
+    /// An empty queue whose tickets are numbered from `first` (a queue that replaces an emptied
+    /// one of the same bucket: tickets stay unique for as long as a number may still be in use).
+    pub(crate) fn numbering_from(capacity: usize, first: u64) -> FairQueue<K> {
         FairQueue {
             capacity,
             len: 0,
             vtime: 0,
-            next_ticket: 0,
+            next_ticket: first,
             shares: BTreeMap::new(),
             ready: BTreeSet::new(),
             idle: BTreeSet::new(),

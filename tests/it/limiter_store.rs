@@ -177,6 +177,7 @@ async fn queue(store: &Store, (replica, ticket): (&str, u64), op: QueueOp<'_>, l
         .queue(caller, op, (Duration::from_secs(60), liveness))
         .await
         .expect("redis")
+        .map(|a| (a.result, a.waiting))
         .expect("a fleet queue")
 }
 
@@ -268,4 +269,91 @@ async fn the_fleet_queue_releases_every_replicas_waiters_in_one_fair_order() {
     .await;
     stop_a.cancel();
     stop_b.cancel();
+}
+
+/// Under saturation the clients of both teams give up and send again: a request that leaves the
+/// queue unserved charges its team nothing, so the weights still hold (4 : 1). Three replicas,
+/// a seeded mix of joins, services of the fleet's first and abandonments; the fleet's first is
+/// found as a replica finds it (the `head` of its own waiters, and `mine` when it is another).
+#[tokio::test]
+async fn teams_whose_requests_give_up_keep_their_weighted_share() {
+    use rand::{Rng, SeedableRng};
+    let redis = RedisServer::start();
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(store(&redis).await);
+    }
+    let names = ["ra", "rb", "rc"];
+    let live = Duration::from_secs(30);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(58);
+    // (replica, ticket, team) of every waiting request; each team keeps 6 waiting.
+    let mut waiting: Vec<(usize, u64, &str)> = Vec::new();
+    let mut next = 0u64;
+    let mut served = Vec::new();
+    let deadline = unix_ms() + 600_000;
+    while served.len() < 400 {
+        for team in ["chat", "batch"] {
+            while waiting.iter().filter(|w| w.2 == team).count() < 6 {
+                let r = rng.random_range(0..3);
+                let weight = if team == "chat" { 4 } else { 1 };
+                let op = QueueOp::Join {
+                    share: team,
+                    weight,
+                    deadline_ms: deadline,
+                };
+                queue(&replicas[r].0, (names[r], next), op, live).await;
+                waiting.push((r, next, team));
+                next += 1;
+            }
+        }
+        if rng.random_bool(0.5) {
+            // A client gives up (either team, at random): it leaves unserved.
+            let gone = waiting.remove(rng.random_range(0..waiting.len()));
+            queue(
+                &replicas[gone.0].0,
+                (names[gone.0], gone.1),
+                QueueOp::Done { served: false },
+                live,
+            )
+            .await;
+            continue;
+        }
+        // The fleet's first: any waiter asks, and is told whether it is first or which of its
+        // replica's waiters is.
+        let mut first = None;
+        for (i, (r, ticket, _)) in waiting.iter().enumerate() {
+            let bucket = "ef".repeat(16);
+            let caller = QueueCaller {
+                limit: "shared",
+                bucket: &bucket,
+                replica: names[*r],
+                ticket: *ticket,
+            };
+            let a = replicas[*r]
+                .0
+                .queue(caller, QueueOp::Head, (Duration::from_secs(60), live))
+                .await
+                .expect("redis")
+                .expect("a fleet queue");
+            if a.result == 0 {
+                first = Some(i);
+                break;
+            }
+            if let Some(t) = a.mine {
+                first = waiting.iter().position(|w| w.0 == *r && w.1 == t);
+                break;
+            }
+        }
+        let (r, ticket, team) = waiting.remove(first.expect("a first"));
+        queue(&replicas[r].0, (names[r], ticket), QueueOp::Done { served: true }, live).await;
+        served.push(team);
+    }
+    let chat = served.iter().filter(|t| **t == "chat").count();
+    assert!(
+        (300..=340).contains(&chat),
+        "chat served {chat} of 400, 320 expected (4 : 1)"
+    );
+    for (_, stop) in replicas {
+        stop.cancel();
+    }
 }

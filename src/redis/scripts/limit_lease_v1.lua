@@ -4,7 +4,7 @@
 -- share is while Redis is away, and how large its leases should be.
 -- KEYS[1] the window's counter ({prefix}limit:{NAME:BUCKET}:QUOTA:WINDOW).
 -- KEYS[2] the bucket's replicas ({prefix}limit:{NAME:BUCKET}:replicas), a hash: id -> expiry ms.
--- KEYS[3] the bucket's fleet queue (limit_queue_v1.lua), read for its length only.
+-- KEYS[3] the bucket's fleet queue (limit_queue_v2.lua: its waiting set), read for its length only.
 -- ARGV: 1 want, 2 limit, 3 ttl ms (until the window's end, plus a margin), 4 replica id,
 -- 5 how long a replica counts after its last lease (ms).
 -- Returns {granted, granted to the fleet so far, replicas, requests waiting in the fleet's queue}.

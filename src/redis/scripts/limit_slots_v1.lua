@@ -2,7 +2,7 @@
 -- each call (a renewal, a larger or a smaller holding): granted up to what the other replicas'
 -- live holdings leave. A replica that stops renewing loses its slots when its holding expires.
 -- KEYS[1] the bucket's holdings, a hash: replica id -> "slots:expiry ms" (Redis time).
--- KEYS[2] the bucket's fleet queue (limit_queue_v1.lua), read for its length only.
+-- KEYS[2] the bucket's fleet queue (limit_queue_v2.lua: its waiting set), read for its length only.
 -- ARGV: 1 replica id, 2 slots wanted, 3 limit, 4 ttl ms.
 -- Returns {granted, slots held by the others, requests waiting in the fleet's queue}.
 local t = redis.call('TIME')

@@ -58,6 +58,9 @@ pub(crate) struct Want {
     pub(crate) tokens: u64,
     /// What that may cost, in micro-USD.
     pub(crate) cost: u64,
+    /// Others wait for the bucket (here or in the fleet): a slot is asked for alone, not a
+    /// chunk that would lie idle here while they wait.
+    pub(crate) sparing: bool,
 }
 
 impl Want {
@@ -152,7 +155,7 @@ impl Bucket {
                 }
             }
         }
-        let slot = match self.slots.as_mut().map(Slots::try_acquire) {
+        let slot = match self.slots.as_mut().map(|s| s.try_acquire(want.sparing)) {
             None => None,
             Some(Acquire::Ok(slot)) => Some(slot),
             Some(other) => {
@@ -301,7 +304,11 @@ mod tests {
     fn a_lease_running_low_is_renewed_before_a_request_has_to_wait_for_it() {
         let mut b = Bucket::new(&policy(16_000), 1); // leases of 2000
         let mut fleet_left = 16_000;
-        let want = Want { tokens: 100, cost: 0 };
+        let want = Want {
+            tokens: 100,
+            cost: 0,
+            sparing: false,
+        };
         let mut waited = 0;
         let mut renewed = 0;
         let mut held = Vec::new();

@@ -89,8 +89,9 @@ impl Fleet {
     }
 
     /// Declares `total` slots of `bucket` held by this replica: the fleet's answer (at most the
-    /// cap, less what others hold), or what `redis_down` allows.
-    pub(super) async fn hold_slots(&self, limit: &Limit, bucket: BucketKey, total: u64) -> u64 {
+    /// cap, less what others hold) and the replicas holding slots of it, or what `redis_down`
+    /// allows.
+    pub(super) async fn hold_slots(&self, limit: &Limit, bucket: BucketKey, total: u64) -> (u64, Option<u32>) {
         let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
         let b = bucket.to_string();
         match self
@@ -98,17 +99,18 @@ impl Fleet {
             .hold_slots((&limit.policy.name, &b), &self.replica, total, (cap, SLOT_TTL))
             .await
         {
-            Ok((n, waiting)) => {
-                limit.waiting.fleet_saw(bucket, waiting);
-                n
+            Ok(held) => {
+                limit.waiting.fleet_saw(bucket, held.waiting);
+                (held.granted, Some(held.holders))
             }
             Err(e) => {
                 log_store_error(&limit.policy, &e);
-                match limit.policy.redis_down {
+                let granted = match limit.policy.redis_down {
                     RedisDown::Open => total,
                     RedisDown::Closed => 0,
                     RedisDown::Local => total.min(self.share(cap)),
-                }
+                };
+                (granted, None)
             }
         }
     }
@@ -127,19 +129,29 @@ impl Fleet {
                 let mut alive = false;
                 for limit in limits.iter().filter_map(std::sync::Weak::upgrade) {
                     alive = true;
+                    // Idle slots of a bucket others wait for go back with the renewal.
                     let held: Vec<(BucketKey, u64)> = limit
                         .buckets
                         .lock()
-                        .iter()
-                        .filter_map(|(k, b)| b.slots.as_ref().map(|s| (*k, s.in_use() + s.free())))
+                        .iter_mut()
+                        .filter_map(|(k, b)| {
+                            let s = b.slots.as_mut()?;
+                            if limit.waiting.busy(k) {
+                                s.give_back_idle();
+                            }
+                            Some((*k, s.in_use() + s.free()))
+                        })
                         .filter(|(_, n)| *n > 0)
                         .collect();
                     let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
                     for (bucket, n) in held {
                         let b = bucket.to_string();
-                        let _ = store
+                        let renewed = store
                             .hold_slots((&limit.policy.name, &b), &replica, n, (cap, SLOT_TTL))
                             .await;
+                        if let Ok(held) = renewed {
+                            limit.waiting.fleet_saw(bucket, held.waiting);
+                        }
                     }
                 }
                 if !alive {
@@ -191,6 +203,7 @@ impl Fleet {
         let (fleet, limit) = (self.clone(), limit.clone());
         crate::tasks::spawn("limit queue leave", async move {
             fleet.queue(&limit, &place, QueueOp::Done { served }).await;
+            limit.waiting.wake();
         });
     }
 

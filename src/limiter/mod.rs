@@ -169,6 +169,10 @@ impl Limiter {
         want: Want,
         now_ms: u64,
     ) -> Result<Held, (u64, bool)> {
+        let want = Want {
+            sparing: limit.policy.concurrent.is_some() && limit.waiting.busy(&bucket),
+            ..want
+        };
         // One ask of the fleet per quota and one for slots, and a few waits for others' asks: a
         // fleet that grants nothing more ends it.
         for _ in 0..16 {
@@ -218,9 +222,12 @@ impl Limiter {
                     self.fleet
                         .renew_slots_in_background(with_slots.map(Arc::downgrade).collect());
                     let asking = Asking::new(limit, bucket, bucket::SLOTS);
-                    let total = self.fleet.hold_slots(limit, bucket, held + want).await;
+                    let (total, holders) = self.fleet.hold_slots(limit, bucket, held + want).await;
                     asking.done(|b| {
                         if let Some(s) = b.slots.as_mut() {
+                            if let Some(n) = holders {
+                                s.set_replicas(n);
+                            }
                             // Held now (releases may have come meanwhile): the fleet's answer is
                             // the whole holding, so only what it adds is granted.
                             let now_held = s.in_use() + s.free();
@@ -410,7 +417,14 @@ mod tests {
     }
 
     fn tokens(n: u64) -> (Want, Option<Price>) {
-        (Want { tokens: n, cost: 0 }, None)
+        (
+            Want {
+                tokens: n,
+                cost: 0,
+                sparing: false,
+            },
+            None,
+        )
     }
 
     fn used(output: u64) -> crate::wire::body::Used {

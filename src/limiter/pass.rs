@@ -107,10 +107,16 @@ impl Pass {
                 if let Some(total) = slots_after {
                     let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
                     let b = bucket.to_string();
-                    let _ = fleet
+                    let declared = fleet
                         .store
                         .hold_slots((&limit.policy.name, &b), &fleet.replica, total, (cap, SLOT_TTL))
                         .await;
+                    if let Ok(held) = declared {
+                        limit.waiting.fleet_saw(bucket, held.waiting);
+                    }
+                    // The slots given back may be another replica's waiter's: the fleet's
+                    // queue moves on (this replica's waiters look again too).
+                    limit.waiting.wake();
                 }
             });
         }

@@ -155,7 +155,7 @@ impl Waiting {
             }
             self.any.store(queues.any(), Ordering::Release);
         }
-        self.turn.notify_waiters();
+        self.after_leaving(&place);
     }
 
     /// A request stopped waiting without being admitted (its wait ran out, its client left).
@@ -171,7 +171,16 @@ impl Waiting {
             }
             self.any.store(queues.any(), Ordering::Release);
         }
-        self.turn.notify_waiters();
+        self.after_leaving(&place);
+    }
+
+    /// The waiters look again once `place` left: at once when it waited here only; in the
+    /// fleet's queue, once the fleet has heard (`Fleet::queue_leave` wakes them): woken before,
+    /// the next one would still find it first there and sleep a whole poll.
+    fn after_leaving(&self, place: &Place) {
+        if place.fleet.is_none() {
+            self.turn.notify_waiters();
+        }
     }
 
     /// The fleet's first waiter of `bucket` is this replica's `ticket`: it asks next.
@@ -190,6 +199,14 @@ impl Waiting {
     /// Waits for a release, at most `within`.
     pub(crate) async fn next_turn(&self, within: Duration) {
         let _ = tokio::time::timeout(within, self.turn.notified()).await;
+    }
+
+    /// A wake-up registered now, to wait for after looking: a release that comes while a waiter
+    /// asks the fleet whether it may go is not missed (it would sleep a whole poll).
+    pub(crate) fn listen(&self) -> std::pin::Pin<Box<tokio::sync::futures::Notified<'_>>> {
+        let mut woken = Box::pin(self.turn.notified());
+        woken.as_mut().enable();
+        woken
     }
 }
 

@@ -2,7 +2,7 @@
 //! shares of each window's quota there (`limit_lease_v1.lua`: the counter holds what the fleet
 //! was granted and never grants past the limit), reports what it spent beyond its lease or did not
 //! spend (`limit_adjust_v1.lua`), and declares the concurrent-request slots it holds
-//! (`limit_slots_v1.lua`: a holding expires unless renewed, so a replica that dies loses only its
+//! (`limit_slots_v2.lua`: a holding expires unless renewed, so a replica that dies loses only its
 //! own). Without Redis, one process is the fleet: the same arithmetic on a local table.
 //!
 //! One round trip per call, off the request path in the common case: the pipeline spends leases
@@ -19,7 +19,7 @@ use crate::redis::{RedisError, RedisHandle};
 static LEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_lease_v1.lua")));
 static ADJUST: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_adjust_v1.lua")));
 static QUEUE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_queue_v2.lua")));
-static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_slots_v1.lua")));
+static SLOTS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("../redis/scripts/limit_slots_v2.lua")));
 
 /// A counter's name: the limit, the bucket (32 hex digits, a hash: no key value), the quota and
 /// the window; the first two are the hash tag, so a bucket's keys share a Cluster slot.
@@ -128,18 +128,22 @@ impl Store {
     }
 
     /// Declares that `replica` holds `want` of `(limit_name, bucket)`'s `limit` concurrent slots
-    /// for `ttl`: granted up to what the other replicas' live holdings leave; and the requests
-    /// waiting in the bucket's fleet queue.
+    /// for `ttl`: granted up to what the other replicas' live holdings leave; the requests
+    /// waiting in the bucket's fleet queue; the replicas holding slots of it.
     pub async fn hold_slots(
         &self,
         (limit_name, bucket): (&str, &str),
         replica: &str,
         want: u64,
         (limit, ttl): (u64, Duration),
-    ) -> Result<(u64, u64), RedisError> {
+    ) -> Result<SlotsHeld, RedisError> {
         match self {
             // One process: it holds what it asks, within the limit.
-            Store::Local(_) => Ok((want.min(limit), 0)),
+            Store::Local(_) => Ok(SlotsHeld {
+                granted: want.min(limit),
+                waiting: 0,
+                holders: 1,
+            }),
             Store::Redis(redis) => {
                 let mut inv = SLOTS.prepare_invoke();
                 inv.key(redis.key(&format!("limit:{{{limit_name}:{bucket}}}:slots")))
@@ -148,13 +152,28 @@ impl Store {
                     .arg(want)
                     .arg(limit)
                     .arg(ttl_ms(ttl));
-                let (granted, _others, waiting): (u64, u64, u64) = redis
+                let (granted, _others, waiting, holders): (u64, u64, u64, u32) = redis
                     .run("limit_slots", |mut c| async move { inv.invoke_async(&mut c).await })
                     .await?;
-                Ok((granted, waiting))
+                Ok(SlotsHeld {
+                    granted,
+                    waiting,
+                    holders,
+                })
             }
         }
     }
+}
+
+/// What a slot declaration was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotsHeld {
+    /// The slots this replica holds now.
+    pub granted: u64,
+    /// Requests waiting in the bucket's fleet queue.
+    pub waiting: u64,
+    /// The replicas holding slots of the bucket, this one included.
+    pub holders: u32,
 }
 
 /// A call on a bucket's fleet queue (`limit_queue_v2.lua`).

@@ -15,6 +15,10 @@ pub(crate) struct Slots {
     limit: u64,
     /// The most this replica asks for at once beyond its need, and keeps idle.
     chunk: u64,
+    /// Whether idle slots are kept at all: only while a chunk is a true share of the limit
+    /// (`limit >= 4 x replicas`); a limit smaller than that has no slot to spare, and one kept
+    /// idle here is one a request on another replica waits for.
+    keep_idle: bool,
     held: u64,
     in_use: u64,
     /// The fleet had no slot left at the last answer: wait for a release before asking again.
@@ -43,17 +47,28 @@ impl Slots {
     /// Slots of a bucket of `limit` concurrent requests on a fleet of about `replicas` replicas:
     /// leases of `limit / (4 × replicas)`, at least 1.
     pub(crate) fn new(limit: u64, replicas: u32) -> Slots {
-        Slots {
+        let mut slots = Slots {
             limit,
-            chunk: (limit / (4 * u64::from(replicas.max(1)))).max(1),
+            chunk: 1,
+            keep_idle: false,
             held: 0,
             in_use: 0,
             full: false,
-        }
+        };
+        slots.set_replicas(replicas);
+        slots
     }
 
-    /// Admits a request on a free slot held here, if there is one.
-    pub(crate) fn try_acquire(&mut self) -> Acquire {
+    /// The fleet's size as last seen (the replicas holding slots of the bucket): the chunk.
+    pub(crate) fn set_replicas(&mut self, replicas: u32) {
+        let share = 4 * u64::from(replicas.max(1));
+        self.chunk = (self.limit / share).max(1);
+        self.keep_idle = self.limit >= share;
+    }
+
+    /// Admits a request on a free slot held here, if there is one. `sparing`: others wait for
+    /// the bucket, so only the one slot this request needs is asked for.
+    pub(crate) fn try_acquire(&mut self, sparing: bool) -> Acquire {
         if self.in_use < self.held {
             self.in_use += 1;
             return Acquire::Ok(Slot(()));
@@ -61,8 +76,9 @@ impl Slots {
         if self.full || self.limit == 0 {
             return Acquire::Full;
         }
+        let want = if sparing { 1 } else { self.chunk };
         Acquire::NeedSlots {
-            want: self.chunk.min(self.limit),
+            want: want.min(self.limit),
         }
     }
 
@@ -74,14 +90,14 @@ impl Slots {
 
     /// A request ended. Returns how many slots to give back to the fleet now ([`SlotPool::give_back`]):
     /// once two chunks lie idle, all but one; every idle one while the fleet is full (others may
-    /// be waiting).
+    /// be waiting), or when the limit is too small to keep any.
     pub(crate) fn release(&mut self, slot: Slot) -> u64 {
         let Slot(()) = slot;
         self.in_use = self.in_use.saturating_sub(1);
         let idle = self.held - self.in_use;
         // Back to one chunk idle once two have gathered (not at every release: each give-back is
         // a round trip); every idle slot while the fleet is full (others may be waiting).
-        let back = match self.full {
+        let back = match self.full || !self.keep_idle {
             true => idle,
             false if idle >= 2 * self.chunk => idle - self.chunk,
             false => 0,
@@ -158,12 +174,12 @@ mod tests {
     #[test]
     fn a_replica_admits_on_slots_it_holds_and_asks_for_more() {
         let (mut s, mut pool) = (Slots::new(8, 1), SlotPool::new(8));
-        assert_eq!(s.try_acquire(), Acquire::NeedSlots { want: 2 });
+        assert_eq!(s.try_acquire(false), Acquire::NeedSlots { want: 2 });
         s.grant(pool.lease(2));
-        let a = ok(s.try_acquire());
-        let b = ok(s.try_acquire());
+        let a = ok(s.try_acquire(false));
+        let b = ok(s.try_acquire(false));
         assert_eq!((s.in_use(), s.free()), (2, 0));
-        assert!(matches!(s.try_acquire(), Acquire::NeedSlots { .. }));
+        assert!(matches!(s.try_acquire(false), Acquire::NeedSlots { .. }));
         // Up to a chunk of idle slots is kept.
         assert_eq!(s.release(a), 0);
         assert_eq!(s.release(b), 0);
@@ -173,27 +189,51 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_too_small_to_share_keeps_no_slot_idle_and_one_that_is_keeps_a_chunk() {
+        // concurrent = 1 on three replicas: the slot a request freed is the fleet's at once.
+        let mut one = Slots::new(1, 3);
+        one.grant(1);
+        let s = ok(one.try_acquire(false));
+        assert_eq!(one.release(s), 1);
+        // concurrent = 48 on three replicas: chunks of 4, one kept idle, the rest given back.
+        let mut many = Slots::new(48, 3);
+        assert_eq!(many.try_acquire(false), Acquire::NeedSlots { want: 4 });
+        many.grant(8);
+        let held: Vec<Slot> = (0..8).map(|_| ok(many.try_acquire(false))).collect();
+        let back: u64 = held.into_iter().map(|s| many.release(s)).sum();
+        assert_eq!((back, many.free()), (4, 4));
+        // Others wait: one slot is asked for, not a chunk to keep idle.
+        assert_eq!(Slots::new(48, 3).try_acquire(true), Acquire::NeedSlots { want: 1 });
+        // Learning the fleet's size resizes the chunk.
+        let mut learned = Slots::new(16, 1);
+        assert_eq!(learned.try_acquire(false), Acquire::NeedSlots { want: 4 });
+        learned.set_replicas(3);
+        assert_eq!(learned.try_acquire(false), Acquire::NeedSlots { want: 1 });
+    }
+
+    #[test]
     fn a_full_fleet_is_waited_for_and_given_back_to() {
         let mut pool = SlotPool::new(2);
         let (mut a, mut b) = (Slots::new(2, 2), Slots::new(2, 2));
         a.grant(pool.lease(2));
-        let x = ok(a.try_acquire());
-        let _y = ok(a.try_acquire());
-        let Acquire::NeedSlots { want } = b.try_acquire() else {
+        let x = ok(a.try_acquire(false));
+        let _y = ok(a.try_acquire(false));
+        let Acquire::NeedSlots { want } = b.try_acquire(false) else {
             panic!("b holds nothing")
         };
         b.grant(pool.lease(want));
-        assert_eq!(b.try_acquire(), Acquire::Full);
+        assert_eq!(b.try_acquire(false), Acquire::Full);
         // b heard nothing: it keeps waiting until told to ask again.
-        assert_eq!(b.try_acquire(), Acquire::Full);
-        // a has not seen the fleet full: it keeps a chunk of idle slots (b waits for its
-        // turn in the queue, or until a sees the fleet full and gives back at once).
-        assert_eq!(a.release(x), 0);
-        a.grant(0); // a's next ask finds the fleet full
-        let _z = ok(a.try_acquire());
+        assert_eq!(b.try_acquire(false), Acquire::Full);
+        // A limit of 2 on 2 replicas has no slot to spare: a gives its freed one back at once,
+        // though it has not seen the fleet full (b's next ask gets it).
+        assert_eq!(a.release(x), 1);
+        pool.give_back(1);
         b.ask_again();
-        assert!(matches!(b.try_acquire(), Acquire::NeedSlots { .. }));
-        let zero = Slots::new(0, 1).try_acquire();
+        assert_eq!(b.try_acquire(false), Acquire::NeedSlots { want: 1 });
+        b.grant(pool.lease(1));
+        let _z = ok(b.try_acquire(false));
+        let zero = Slots::new(0, 1).try_acquire(false);
         assert_eq!(zero, Acquire::Full);
     }
 
@@ -202,7 +242,7 @@ mod tests {
         let mut pool = SlotPool::new(3);
         let mut a = Slots::new(3, 1);
         a.grant(pool.lease(3));
-        let x = ok(a.try_acquire());
+        let x = ok(a.try_acquire(false));
         a.grant(pool.lease(1)); // nothing left: full
         assert_eq!(a.release(x), 3);
         pool.give_back(3);
@@ -238,7 +278,7 @@ mod tests {
                 (0..3).map(|_| (Slots::new(limit, 3), Vec::new(), None)).collect();
             for op in ops {
                 match op {
-                    Op::Acquire(r) => match replicas[r].0.try_acquire() {
+                    Op::Acquire(r) => match replicas[r].0.try_acquire(false) {
                         Acquire::Ok(slot) => replicas[r].1.push(slot),
                         Acquire::NeedSlots { want } => replicas[r].2 = Some(want),
                         Acquire::Full => {}

@@ -141,20 +141,20 @@ async fn a_replica_that_stops_renewing_loses_its_slots() {
     let bucket = ("team", "cd".repeat(16));
     let bucket = (bucket.0, bucket.1.as_str());
     let ttl = Duration::from_millis(300);
-    assert_eq!(a.hold_slots(bucket, "a", 8, (10, ttl)).await.unwrap().0, 8);
+    assert_eq!(a.hold_slots(bucket, "a", 8, (10, ttl)).await.unwrap().granted, 8);
     assert_eq!(
-        b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap().0,
+        b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap().granted,
         2,
         "what a's holding leaves"
     );
     // a renews with fewer: b may take more.
-    assert_eq!(a.hold_slots(bucket, "a", 5, (10, ttl)).await.unwrap().0, 5);
-    assert_eq!(b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap().0, 5);
+    assert_eq!(a.hold_slots(bucket, "a", 5, (10, ttl)).await.unwrap().granted, 5);
+    assert_eq!(b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap().granted, 5);
     // a dies (stops renewing): once its holding expires, b may hold them all.
     let got = until("a's slots expired", Duration::from_secs(10), || {
         let b = &b;
         async move {
-            let n = b.hold_slots(bucket, "b", 10, (10, ttl)).await.unwrap().0;
+            let n = b.hold_slots(bucket, "b", 10, (10, ttl)).await.unwrap().granted;
             (n == 10).then_some(n).ok_or_else(|| format!("{n} slots"))
         }
     })

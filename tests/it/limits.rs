@@ -11,7 +11,7 @@ use crate::support::*;
 use http_body_util::BodyExt;
 use rebound::hooks::config::raw::{RawLimit, RawPrice};
 
-fn team_limit(edit: impl FnOnce(&mut RawLimit)) -> RawLimit {
+pub(crate) fn team_limit(edit: impl FnOnce(&mut RawLimit)) -> RawLimit {
     let mut l = RawLimit {
         key: some("header:x-team"),
         on_limit: some("reject"),
@@ -21,7 +21,7 @@ fn team_limit(edit: impl FnOnce(&mut RawLimit)) -> RawLimit {
     l
 }
 
-async fn call(rebound: &Rebound, key: &str, team: &str) -> Answer {
+pub(crate) async fn call(rebound: &Rebound, key: &str, team: &str) -> Answer {
     let h = [
         ("x-fake-key", key),
         ("x-team", team),
@@ -32,7 +32,7 @@ async fn call(rebound: &Rebound, key: &str, team: &str) -> Answer {
 }
 
 /// Waits until `rebound` reports its Redis connection up.
-async fn redis_up(rebound: &Rebound) {
+pub(crate) async fn redis_up(rebound: &Rebound) {
     until("redis up", Duration::from_secs(10), || async {
         let page = rebound.metrics().await;
         (metric(&page, "rebound_redis_up") == 1.0)

@@ -33,6 +33,7 @@ mod jobs;
 mod limit_scope;
 mod limiter_store;
 mod limits;
+mod limits_fleet;
 mod long_generation;
 mod named;
 mod owner_liveness;

@@ -1,13 +1,15 @@
--- limit_slots_v1: the concurrent-request slots one replica holds of a bucket, declared afresh on
+-- limit_slots_v2: the concurrent-request slots one replica holds of a bucket, declared afresh on
 -- each call (a renewal, a larger or a smaller holding): granted up to what the other replicas'
 -- live holdings leave. A replica that stops renewing loses its slots when its holding expires.
+-- (v2: also says how many replicas hold slots, which sizes each one's chunk; same keys as v1.)
 -- KEYS[1] the bucket's holdings, a hash: replica id -> "slots:expiry ms" (Redis time).
 -- KEYS[2] the bucket's fleet queue (limit_queue_v2.lua: its waiting set), read for its length only.
 -- ARGV: 1 replica id, 2 slots wanted, 3 limit, 4 ttl ms.
--- Returns {granted, slots held by the others, requests waiting in the fleet's queue}.
+-- Returns {granted, slots held by the others, requests waiting in the fleet's queue, the replicas
+-- holding slots of the bucket, this one included}.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local others = 0
+local others, holders = 0, 1
 local all = redis.call('HGETALL', KEYS[1])
 for i = 1, #all, 2 do
   local slots, expiry = string.match(all[i + 1], '^(%d+):(%d+)$')
@@ -15,6 +17,7 @@ for i = 1, #all, 2 do
     redis.call('HDEL', KEYS[1], all[i])
   elseif all[i] ~= ARGV[1] then
     others = others + tonumber(slots)
+    holders = holders + 1
   end
 end
 local grant = math.max(0, math.min(tonumber(ARGV[2]), tonumber(ARGV[3]) - others))
@@ -25,4 +28,4 @@ else
   redis.call('HDEL', KEYS[1], ARGV[1])
 end
 redis.call('PEXPIRE', KEYS[1], ttl * 2)
-return {grant, others, redis.call('ZCARD', KEYS[2])}
+return {grant, others, redis.call('ZCARD', KEYS[2]), holders}

@@ -1,0 +1,138 @@
+//! Fleet-wide limits on three replicas sharing one Redis, as issue 58 found them broken: capacity
+//! freed on one replica reaches a request waiting on another, and a queued limit keeps its slots
+//! busy. (The weights under abandonment: `limiter_store`; one deadline: `limits`.)
+
+use std::time::{Duration, Instant};
+
+use crate::limits::{redis_up, team_limit};
+use crate::support::config_builder::{some, TestConfig};
+use crate::support::fake_provider::{FakeProvider, Step};
+use crate::support::redis::RedisServer;
+use crate::support::sidecar::Rebound;
+use crate::support::{send_within, until_metric, Answer};
+
+/// A chat request to `rebound` under the fake's `key`, with `deadline_ms` (none: the route's).
+async fn ask(rebound: &Rebound, key: &str, deadline_ms: Option<&str>) -> Answer {
+    let mut h = vec![("x-fake-key", key), ("x-team", "chat")];
+    if let Some(ms) = deadline_ms {
+        h.push(("x-rebound-deadline-ms", ms));
+    }
+    send_within(
+        Duration::from_secs(30),
+        "POST",
+        &format!("{}/fake/v1/chat/completions", rebound.url),
+        &h,
+        "{}",
+    )
+    .await
+}
+
+async fn three(config: &TestConfig) -> Vec<Rebound> {
+    let mut replicas = Vec::new();
+    for _ in 0..3 {
+        replicas.push(config.start().await);
+    }
+    for r in &replicas {
+        redis_up(r).await;
+    }
+    replicas
+}
+
+/// `concurrent = 1`, queued: one request holds the slot 4 s on replica A; two queued on B and C
+/// give up at their short deadlines (429 in time); one sent to B 2 s in, with 6 s left, gets the
+/// slot when A frees it (it waited its 6 s and got 429 before: A kept the freed slot idle).
+#[tokio::test]
+async fn a_slot_freed_on_one_replica_reaches_a_waiter_on_another() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = TestConfig::new(&provider.url()).redis(&redis.url()).limit(
+        "one",
+        team_limit(|l| {
+            l.concurrent = Some(1);
+            l.on_limit = some("queue");
+            l.max_wait = some("60s");
+        }),
+    );
+    let r = three(&config).await;
+    provider.script("hold", vec![Step::Delay { ms: 4000 }]);
+    let started = Instant::now();
+    let (a, b, c) = (&r[0], &r[1], &r[2]);
+    let holding = ask(a, "hold", None);
+    let others = async {
+        until_metric(
+            a,
+            r#"rebound_limit_decisions_total{limit="one",result="admitted"}"#,
+            |v| v >= 1.0,
+        )
+        .await;
+        let (short_b, short_c) = tokio::join!(ask(b, "short", Some("800")), ask(c, "short", Some("1500")));
+        for short in [&short_b, &short_c] {
+            assert_eq!(short.status, 429, "{}", short.text());
+            assert_eq!(short.header("x-rebound-error"), Some("limit_exceeded"));
+        }
+        tokio::time::sleep(Duration::from_secs(2).saturating_sub(started.elapsed())).await;
+        let sent = Instant::now();
+        let late = ask(b, "late", Some("6000")).await;
+        (late, sent.elapsed())
+    };
+    let (held, (late, waited)) = tokio::join!(holding, others);
+    assert_eq!(held.status, 200);
+    assert_eq!(late.status, 200, "the slot A freed reached B's waiter: {}", late.text());
+    assert!(
+        waited < Duration::from_millis(3500),
+        "admitted when A's request ended (about 2 s after it was sent), not at its deadline: {waited:?}"
+    );
+    assert_eq!(provider.count("short"), 0);
+}
+
+/// `concurrent = 16`, queued, three replicas, clients offering twice that: the waiting requests
+/// take freed slots promptly (about 7 of 16 were busy before: slots taken in chunks lay idle on
+/// one replica while the fleet's next waiter was on another).
+#[tokio::test]
+async fn a_saturated_queued_limit_keeps_its_slots_busy() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = TestConfig::new(&provider.url()).redis(&redis.url()).limit(
+        "pool",
+        team_limit(|l| {
+            l.concurrent = Some(16);
+            l.on_limit = some("queue");
+            l.max_wait = some("60s");
+        }),
+    );
+    let r = three(&config).await;
+    provider.script("busy", vec![Step::Delay { ms: 250 }; 10_000]);
+    let run = Duration::from_secs(5);
+    let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..32 {
+        let replica = r[i % 3].url.clone();
+        clients.spawn(async move {
+            let mut done = 0u32;
+            while started.elapsed() < run {
+                let a = send_within(
+                    Duration::from_secs(30),
+                    "POST",
+                    &format!("{replica}/fake/v1/chat/completions"),
+                    &[("x-fake-key", "busy"), ("x-team", "chat")],
+                    "{}",
+                )
+                .await;
+                assert_eq!(a.status, 200, "{}", a.text());
+                done += 1;
+            }
+            done
+        });
+    }
+    let mut done = 0;
+    while let Some(n) = clients.join_next().await {
+        done += n.expect("a client");
+    }
+    let took = started.elapsed().as_secs_f64();
+    // 16 slots of 250 ms requests: 64 a second at most.
+    let busy = f64::from(done) * 0.25 / took;
+    assert!(
+        busy >= 12.0,
+        "{busy:.1} of 16 slots busy on average ({done} requests in {took:.1} s)"
+    );
+}

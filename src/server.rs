@@ -135,6 +135,7 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
             Some(r) => crate::limiter::store::Store::Redis(r),
             None => crate::limiter::store::Store::local(),
         }),
+        limit_fleet_size: Arc::default(),
     };
     let traces = shared.traces.clone();
     shared

@@ -24,31 +24,45 @@ const QUEUE_LIVENESS: Duration = Duration::from_secs(2);
 /// The store a replica's buckets draw on, and who this replica is in it.
 pub(crate) struct Fleet {
     pub(super) store: Arc<Store>,
-    /// What this replica counts alone while Redis is away (`redis_down = "local"`).
-    fallback: Store,
     /// This replica's name in the store's holdings and replica counts.
     pub(super) replica: Arc<str>,
-    /// The replicas last seen sharing a bucket.
+    /// The replicas last seen sharing a bucket (the size of a new bucket's leases).
     replicas: AtomicU32,
+    /// The most replicas ever seen sharing a bucket, by this process (it outlives reloads): a
+    /// replica counting alone while Redis is away takes no more than `limit / this`, whatever
+    /// bucket it counts (a bucket only this replica used so far is still the fleet's).
+    most: Arc<AtomicU32>,
     /// Whether the task renewing this replica's slot holdings runs.
     renewing: AtomicBool,
 }
 
 impl Fleet {
-    pub(super) fn new(store: Arc<Store>) -> Fleet {
+    pub(super) fn new(store: Arc<Store>, most: Arc<AtomicU32>) -> Fleet {
         let replica: String = (0..16).map(|_| format!("{:x}", rand::random::<u8>() & 0xf)).collect();
         Fleet {
             store,
-            fallback: Store::local(),
             replica: Arc::from(replica),
-            replicas: AtomicU32::new(1),
+            replicas: AtomicU32::new(most.load(Ordering::Relaxed).max(1)),
+            most,
             renewing: AtomicBool::new(false),
         }
     }
 
-    /// A lease from the store; with Redis away, what `redis_down` says (this replica's share
-    /// from its own count, everything, or nothing).
-    pub(super) async fn lease(&self, limit: &Limit, bucket: BucketKey, quota: Quota, lease: Lease) -> Grant {
+    /// The fleet's store said `replicas` share a bucket.
+    fn saw(&self, replicas: u32) {
+        self.replicas.store(replicas.max(1), Ordering::Relaxed);
+        self.most.fetch_max(replicas, Ordering::Relaxed);
+    }
+
+    /// A lease from the store, and the replicas it says share the bucket; with Redis away, what
+    /// `redis_down` says (this replica's share of the window, everything, or nothing).
+    pub(super) async fn lease(
+        &self,
+        limit: &Limit,
+        bucket: BucketKey,
+        quota: Quota,
+        lease: Lease,
+    ) -> (Grant, Option<u32>) {
         let ledger_limit = quota.limit(&limit.policy).unwrap_or(0);
         let id = counter(limit, bucket, quota, lease.window);
         let ttl = window_ttl(lease.window);
@@ -57,35 +71,36 @@ impl Fleet {
             .store
             .lease(&id, (lease.want, ledger_limit), ttl, (&self.replica, liveness))
             .await;
-        let (granted, left) = match asked {
+        let (granted, left, replicas) = match asked {
             Ok(g) => {
-                self.replicas.store(g.replicas.max(1), Ordering::Relaxed);
+                self.saw(g.replicas);
                 limit.waiting.fleet_saw(bucket, g.waiting);
-                (g.granted, ledger_limit.saturating_sub(g.fleet_used))
+                (g.granted, ledger_limit.saturating_sub(g.fleet_used), Some(g.replicas))
             }
             Err(e) => {
                 log_store_error(&limit.policy, &e);
-                match limit.policy.redis_down {
+                let (granted, left) = match limit.policy.redis_down {
                     RedisDown::Open => (lease.want, ledger_limit),
                     // Refused while Redis is away, not for the rest of the window.
                     RedisDown::Closed => (0, ledger_limit),
+                    // This replica's share of the window, less what it was granted in it
+                    // already (from the fleet before Redis went away, or counting alone since).
                     RedisDown::Local => {
-                        // This replica's share of the limit, from its own count.
-                        let share = self.share(ledger_limit);
-                        let local = self
-                            .fallback
-                            .lease(&id, (lease.want, share), ttl, (&self.replica, liveness))
-                            .await;
-                        local.map_or((0, 0), |g| (g.granted, share.saturating_sub(g.fleet_used)))
+                        let share = self.share(ledger_limit, lease.replicas);
+                        let left = share.saturating_sub(lease.granted);
+                        let granted = lease.want.min(left);
+                        (granted, left - granted)
                     }
-                }
+                };
+                (granted, left, None)
             }
         };
-        Grant {
+        let grant = Grant {
             window: lease.window,
             granted,
             left,
-        }
+        };
+        (grant, replicas)
     }
 
     /// Declares `total` slots of `bucket` held by this replica: the fleet's answer (at most the
@@ -101,6 +116,7 @@ impl Fleet {
         {
             Ok(held) => {
                 limit.waiting.fleet_saw(bucket, held.waiting);
+                self.most.fetch_max(held.holders, Ordering::Relaxed);
                 (held.granted, Some(held.holders))
             }
             Err(e) => {
@@ -108,7 +124,7 @@ impl Fleet {
                 let granted = match limit.policy.redis_down {
                     RedisDown::Open => total,
                     RedisDown::Closed => 0,
-                    RedisDown::Local => total.min(self.share(cap)),
+                    RedisDown::Local => total.min(self.share(cap, 0)),
                 };
                 (granted, None)
             }
@@ -232,9 +248,12 @@ impl Fleet {
         }
     }
 
-    /// This replica's share of `limit` among the replicas last seen (rounded up).
-    fn share(&self, limit: u64) -> u64 {
-        limit.div_ceil(u64::from(self.replicas()))
+    /// This replica's share of `limit` (rounded up) when it counts alone: among the most
+    /// replicas this process has seen sharing a bucket, or `bucket_replicas` (the bucket's own
+    /// last count), whichever is more.
+    fn share(&self, limit: u64, bucket_replicas: u32) -> u64 {
+        let replicas = self.most.load(Ordering::Relaxed).max(bucket_replicas).max(1);
+        limit.div_ceil(u64::from(replicas))
     }
 
     /// The replicas last seen sharing a bucket (1 without Redis): the size of leases.

@@ -13,6 +13,7 @@ mod queue;
 pub mod store;
 
 use std::collections::HashMap;
+use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -92,7 +93,8 @@ pub(crate) struct Refused {
 
 impl Limiter {
     /// The limits of `config`, their quotas from `store`.
-    pub(crate) fn new(config: &Config, store: Arc<Store>, metrics: &Metrics) -> Limiter {
+    /// `most`: the most replicas this process has seen share a bucket (kept across reloads).
+    pub(crate) fn new(config: &Config, (store, most): (Arc<Store>, Arc<AtomicU32>), metrics: &Metrics) -> Limiter {
         let limits = config
             .limits
             .iter()
@@ -109,7 +111,7 @@ impl Limiter {
             .collect();
         Limiter {
             limits,
-            fleet: Arc::new(Fleet::new(store)),
+            fleet: Arc::new(Fleet::new(store, most)),
             prices: config
                 .prices
                 .iter()
@@ -205,11 +207,13 @@ impl Limiter {
                 }
                 Step::Lease(quota, lease) => {
                     let asking = Asking::new(limit, bucket, quota as usize);
-                    let grant = self.fleet.lease(limit, bucket, quota, lease).await;
+                    let (grant, replicas) = self.fleet.lease(limit, bucket, quota, lease).await;
                     asking.done(|b| {
                         if let Some(l) = b.ledger(quota) {
                             l.grant(now_ms, grant);
-                            l.set_replicas(self.fleet.replicas());
+                            if let Some(n) = replicas {
+                                l.set_replicas(n);
+                            }
                         }
                     });
                     // Nothing granted though the fleet has more: the store did not answer.
@@ -315,12 +319,14 @@ impl Limiter {
         let fleet = self.fleet.clone();
         crate::tasks::spawn("limit lease renewal", async move {
             let asking = Asking::new(&limit, bucket, quota as usize);
-            let grant = fleet.lease(&limit, bucket, quota, lease).await;
+            let (grant, replicas) = fleet.lease(&limit, bucket, quota, lease).await;
             asking.done(|b| {
                 if let Some(l) = b.ledger(quota) {
                     // As of the admission that asked (a later clock read rolls windows there).
                     l.grant(now_ms, grant);
-                    l.set_replicas(fleet.replicas());
+                    if let Some(n) = replicas {
+                        l.set_replicas(n);
+                    }
                 }
             });
         });
@@ -394,7 +400,11 @@ mod tests {
             "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\nlimits = [\"team\"]\n[limits.team]\nkey = \"header:x-team\"\non_limit = \"reject\"\n{limit}"
         );
         let config = Config::parse(&src, std::path::Path::new("t.toml"), &|_| None).expect("config");
-        Limiter::new(&config, Arc::new(Store::local()), &Metrics::new().expect("metrics"))
+        Limiter::new(
+            &config,
+            (Arc::new(Store::local()), Arc::default()),
+            &Metrics::new().expect("metrics"),
+        )
     }
 
     fn input(headers: &HeaderMap) -> KeyInput<'_> {
@@ -507,7 +517,11 @@ mod tests {
     async fn a_request_a_later_limit_refuses_gives_back_what_the_earlier_took() {
         let src = "[upstreams.u]\nurl = \"http://127.0.0.1:9\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\nlimits = [\"rpm\", \"one\"]\n[limits.rpm]\nkey = \"route\"\non_limit = \"reject\"\nrequests_per_minute = 2\n[limits.one]\nkey = \"route\"\non_limit = \"reject\"\nconcurrent = 1\n";
         let config = Config::parse(src, std::path::Path::new("t.toml"), &|_| None).expect("config");
-        let l = Limiter::new(&config, Arc::new(Store::local()), &Metrics::new().expect("metrics"));
+        let l = Limiter::new(
+            &config,
+            (Arc::new(Store::local()), Arc::default()),
+            &Metrics::new().expect("metrics"),
+        );
         let limits = l.for_route(&["rpm".into(), "one".into()]);
         let h = HeaderMap::new();
         let first = l

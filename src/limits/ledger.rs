@@ -56,6 +56,10 @@ pub(crate) struct Ledger {
     fleet_left: Option<u64>,
     /// Excess charged here in this window (usage beyond reservations).
     excess: u64,
+    /// What this replica was granted in this window.
+    granted: u64,
+    /// The replicas the fleet's count last said share the bucket (0: never asked).
+    replicas: u32,
 }
 
 /// A lease request: ask the fleet's count of the bucket for `want` in `window`.
@@ -63,6 +67,11 @@ pub(crate) struct Ledger {
 pub(crate) struct Lease {
     pub(crate) window: Window,
     pub(crate) want: u64,
+    /// What this replica was granted already in `window` (what a replica counting alone while
+    /// the fleet's count is away takes its share from).
+    pub(crate) granted: u64,
+    /// The replicas that shared the bucket, as the fleet's count last said (0: not asked yet).
+    pub(crate) replicas: u32,
 }
 
 /// The fleet's answer to a [`Lease`]: `granted` (at most what was wanted) and what it has `left`
@@ -143,16 +152,35 @@ impl Ledger {
             balance: 0,
             fleet_left: None,
             excess: 0,
+            granted: 0,
+            replicas: 0,
         };
-        ledger.set_replicas(replicas);
+        ledger.size_leases(replicas);
         ledger
     }
 
     /// Sizes leases for a fleet of `replicas` (as the liveness records count it; 0 counts as 1):
     /// `limit / (8 × replicas)`, at least 1.
-    pub(crate) fn set_replicas(&mut self, replicas: u32) {
+    fn size_leases(&mut self, replicas: u32) {
         let share = self.limit / (LEASES_PER_WINDOW * u64::from(replicas.max(1)));
         self.chunk = share.max(1);
+    }
+
+    /// The fleet's count said `replicas` share the bucket: leases are sized for them, and a
+    /// replica counting alone while the count is away takes `limit / replicas`.
+    pub(crate) fn set_replicas(&mut self, replicas: u32) {
+        self.size_leases(replicas);
+        self.replicas = replicas.max(1);
+    }
+
+    /// The lease asking for `want` in the current window.
+    fn lease(&self, want: u64) -> Lease {
+        Lease {
+            window: self.window,
+            want,
+            granted: self.granted,
+            replicas: self.replicas,
+        }
     }
 
     /// The limit per window.
@@ -187,10 +215,7 @@ impl Ledger {
             };
         }
         let shortfall = u64::try_from(i128::from(amount) - self.balance).unwrap_or(u64::MAX);
-        Reserve::NeedLease(Lease {
-            window: self.window,
-            want: shortfall.max(self.chunk).min(self.limit),
-        })
+        Reserve::NeedLease(self.lease(shortfall.max(self.chunk).min(self.limit)))
     }
 
     /// A lease arrived. One of a window that has passed is worth nothing.
@@ -201,6 +226,7 @@ impl Ledger {
         }
         if grant.window == self.window {
             self.balance += i128::from(grant.granted);
+            self.granted = self.granted.saturating_add(grant.granted);
             self.fleet_left = Some(grant.left);
         }
     }
@@ -252,10 +278,7 @@ impl Ledger {
     pub(crate) fn renewal(&self, now_ms: u64) -> Option<Lease> {
         let stale = self.period.window(now_ms) > self.window;
         let low = self.balance <= i128::from(self.chunk / 2);
-        (!stale && low && self.limit > 0 && self.fleet_left != Some(0)).then_some(Lease {
-            window: self.window,
-            want: self.chunk.min(self.limit),
-        })
+        (!stale && low && self.limit > 0 && self.fleet_left != Some(0)).then(|| self.lease(self.chunk.min(self.limit)))
     }
 
     /// Hands the unspent lease back (a replica shutting down, or a bucket gone idle): the amount
@@ -304,6 +327,7 @@ impl Ledger {
         self.balance = 0;
         self.fleet_left = None;
         self.excess = 0;
+        self.granted = 0;
     }
 }
 
@@ -501,6 +525,8 @@ mod tests {
         let new = pool.lease(Lease {
             window: Period::Minute.window(T0 + 60_000),
             want: 5,
+            granted: 0,
+            replicas: 0,
         });
         assert_eq!(new.granted, 5);
         assert_eq!(pool.lease(old).granted, 0);

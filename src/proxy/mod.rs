@@ -105,7 +105,7 @@ impl Proxy {
         shared.metrics.init_series(config);
         let limiter = Arc::new(crate::limiter::Limiter::new(
             config,
-            shared.limit_store.clone(),
+            (shared.limit_store.clone(), shared.limit_fleet_size.clone()),
             &shared.metrics,
         ));
         let routes = routes::build(config, shared, &limiter)?;
@@ -120,6 +120,7 @@ impl Proxy {
             traces,
             clouds: _,
             limit_store: _,
+            limit_fleet_size: _,
         } = shared.clone();
         Ok(Proxy {
             routes,

@@ -136,3 +136,59 @@ async fn a_saturated_queued_limit_keeps_its_slots_busy() {
         "{busy:.1} of 16 slots busy on average ({done} requests in {took:.1} s)"
     );
 }
+
+/// Redis frozen (SIGSTOP: it accepts connections and answers nothing, as a stalled primary does)
+/// with `redis_down = "local"`: a replica of three counts alone up to its share of the window,
+/// `limit / 3`, less what the fleet granted it already (it admitted all 81 requests of a
+/// 120-a-minute limit before: it divided by the replicas of whichever bucket it last leased).
+#[tokio::test]
+async fn with_redis_frozen_each_of_three_replicas_keeps_to_its_share() {
+    crate::limits::whole_minute_ahead(Duration::from_secs(40)).await;
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = TestConfig::new(&provider.url())
+        .redis_with(&redis.url(), |r| r.command_timeout = some("200ms"))
+        .limit(
+            "team",
+            team_limit(|l| {
+                l.requests_per_minute = Some(120);
+                l.redis_down = some("local");
+            }),
+        );
+    let r = three(&config).await;
+    // Traffic on every replica: each has leased the bucket since the others joined, and the
+    // fleet's count told it three share it.
+    for _ in 0..10 {
+        for replica in &r {
+            assert_eq!(ask(replica, "share", None).await.status, 200);
+        }
+    }
+    // Then a team only replica A serves: its bucket's count says one replica (a replica that
+    // took its share from the last count it heard, whichever bucket, took all 120).
+    let solo = send_within(
+        Duration::from_secs(10),
+        "POST",
+        &format!("{}/fake/v1/chat/completions", r[0].url),
+        &[("x-fake-key", "share"), ("x-team", "solo")],
+        "{}",
+    )
+    .await;
+    assert_eq!(solo.status, 200);
+    redis.freeze();
+    let mut admitted_frozen = 0;
+    for _ in 0..81 {
+        match ask(&r[0], "share", None).await.status.as_u16() {
+            200 => admitted_frozen += 1,
+            429 => {}
+            s => panic!("status {s}"),
+        }
+    }
+    redis.thaw();
+    // Ten before the freeze, then at most the rest of its share of 40.
+    assert!(
+        admitted_frozen + 10 <= 40,
+        "replica A admitted {} in the window, its share is 40",
+        admitted_frozen + 10
+    );
+    assert!(admitted_frozen >= 20, "it kept serving its share: {admitted_frozen}");
+}

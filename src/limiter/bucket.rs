@@ -82,8 +82,10 @@ pub(crate) struct Bucket {
     /// concurrent requests would each ask for a lease, and one told "nothing left" before the
     /// others' grants were credited would be refused with the quota far from used.
     pub(crate) asking: [bool; 5],
-    /// When it was last used (unix ms), to drop idle buckets.
+    /// When it was last used (unix ms).
     pub(crate) used_ms: u64,
+    /// Requests holding something of it (admitted, not yet settled).
+    holders: u32,
 }
 
 /// What a bucket says to a request.
@@ -121,7 +123,25 @@ impl Bucket {
             slots: policy.concurrent.map(|n| Slots::new(u64::from(n), replicas)),
             asking: [false; 5],
             used_ms: 0,
+            holders: 0,
         }
+    }
+
+    /// Whether it must stay in the table: a request holds something of it, or the fleet is being
+    /// asked for it (the answer is credited to it).
+    pub(crate) fn pinned(&self) -> bool {
+        self.holders > 0 || self.asking.iter().any(|a| *a)
+    }
+
+    /// What it holds of the fleet that nobody uses, given back (it is dropped): each quota's
+    /// unspent lease with its window, and whether it held idle slots.
+    pub(crate) fn unspent(&mut self, now_ms: u64) -> ([Option<(crate::limits::window::Window, u64)>; 4], bool) {
+        let mut leases: [Option<(crate::limits::window::Window, u64)>; 4] = Default::default();
+        for (i, ledger) in self.ledgers.iter_mut().enumerate() {
+            leases[i] = ledger.as_mut().and_then(|l| l.give_back(now_ms));
+        }
+        let slots = self.slots.as_mut().is_some_and(|s| s.give_back_idle() > 0);
+        (leases, slots)
     }
 
     /// Admits a request that wants `want` at `now_ms` on everything the bucket limits, or says
@@ -191,6 +211,7 @@ impl Bucket {
                 renewals.get_or_insert_default()[i] = Some(lease);
             }
         }
+        self.holders += 1;
         Step::Held(Held { reserved, slot }, renewals)
     }
 
@@ -234,6 +255,7 @@ impl Bucket {
         (held, others_wait): (Held, bool),
         actual: impl Fn(Quota) -> Option<u64> + Copy,
     ) -> ([Option<(crate::limits::window::Window, u64)>; 4], Option<u64>) {
+        self.holders = self.holders.saturating_sub(1);
         let mut excess: [Option<(crate::limits::window::Window, u64)>; 4] = Default::default();
         for (i, (ledger, r)) in self.ledgers.iter_mut().zip(held.reserved).enumerate() {
             if let (Some(l), Some(r)) = (ledger.as_mut(), r) {

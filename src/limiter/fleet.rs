@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::bucket::Quota;
+use super::bucket::{Bucket, Quota};
 use super::queue::Place;
 use super::store::{QueueAnswer, QueueCaller, QueueOp, Store};
 use super::{counter, window_ttl, Limit, SLOT_TTL};
+
 use crate::config::{LimitPolicy, RedisDown};
 use crate::limits::key::BucketKey;
 use crate::limits::ledger::{Grant, Lease};
@@ -129,6 +130,33 @@ impl Fleet {
                 (granted, None)
             }
         }
+    }
+
+    /// A bucket left this replica's table (a new one took its place): its unspent leases go back
+    /// to the fleet's counts (Redis, or this process's), its idle slots to the fleet, told in the
+    /// background.
+    pub(super) fn hand_back_evicted(&self, limit: &Arc<Limit>, (key, bucket): (BucketKey, &mut Bucket), now_ms: u64) {
+        let (leases, slots) = bucket.unspent(now_ms);
+        if leases.iter().all(Option::is_none) && !slots {
+            return;
+        }
+        let (store, replica, limit) = (self.store.clone(), self.replica.clone(), limit.clone());
+        crate::tasks::spawn("limit bucket hand-back", async move {
+            for (i, lease) in leases.iter().enumerate() {
+                if let Some((window, n)) = lease {
+                    let id = counter(&limit, key, Quota::ALL[i], *window);
+                    let n = i64::try_from(*n).unwrap_or(i64::MAX);
+                    let _ = store.adjust(&id, -n, window_ttl(*window)).await;
+                }
+            }
+            if slots {
+                let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
+                let b = key.to_string();
+                let _ = store
+                    .hold_slots((&limit.policy.name, &b), &replica, 0, (cap, SLOT_TTL))
+                    .await;
+            }
+        });
     }
 
     /// Starts (once) the task that renews this replica's slot holdings in the store while its

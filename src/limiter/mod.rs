@@ -11,6 +11,7 @@ mod fleet;
 mod pass;
 mod queue;
 pub mod store;
+mod table;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;
@@ -31,7 +32,9 @@ pub(crate) use queue::Place;
 use queue::Waiting;
 use store::{CounterId, Store};
 
-/// Buckets kept per limit at most: past it, buckets idle for a window are dropped first.
+/// Buckets kept per limit at most (beyond those in use): past it, a new bucket takes the place of
+/// one not used lately ([`table::Table`]), whose unspent leases and idle slots go back to the
+/// fleet.
 const MAX_BUCKETS: usize = 100_000;
 
 /// How long a replica's slot holding lives in Redis without a renewal.
@@ -49,7 +52,7 @@ pub(crate) struct Limiter {
 /// One `[limits.NAME]`: its policy and this replica's buckets.
 pub(crate) struct Limit {
     pub(crate) policy: Arc<LimitPolicy>,
-    buckets: parking_lot::Mutex<HashMap<BucketKey, Bucket>>,
+    buckets: parking_lot::Mutex<table::Table<Bucket>>,
     /// Requests waiting for it (`on_limit = "queue"`).
     pub(crate) waiting: Waiting,
     /// Woken when an ask of the fleet is answered.
@@ -101,7 +104,7 @@ impl Limiter {
             .map(|(name, policy)| {
                 let limit = Limit {
                     policy: policy.clone(),
-                    buckets: parking_lot::Mutex::new(HashMap::new()),
+                    buckets: parking_lot::Mutex::new(table::Table::new(MAX_BUCKETS)),
                     waiting: Waiting::default(),
                     answered: tokio::sync::Notify::new(),
                     metrics: LimitMetrics::new(metrics, name),
@@ -182,16 +185,15 @@ impl Limiter {
             let answered = limit.answered.notified();
             tokio::pin!(answered);
             answered.as_mut().enable();
-            let step = {
+            let (step, evicted) = {
                 let mut buckets = limit.buckets.lock();
-                if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(&bucket) {
-                    buckets.retain(|_, b| now_ms.saturating_sub(b.used_ms) < 120_000);
-                }
-                buckets
-                    .entry(bucket)
-                    .or_insert_with(|| Bucket::new(&limit.policy, self.fleet.replicas()))
-                    .try_admit(now_ms, want)
+                let make = || Bucket::new(&limit.policy, self.fleet.replicas());
+                let (b, evicted) = buckets.get_or_insert(bucket, make, |k, b| b.pinned() || limit.waiting.busy(k));
+                (b.try_admit(now_ms, want), evicted)
             };
+            if let Some((key, mut old)) = evicted {
+                self.fleet.hand_back_evicted(limit, (key, &mut old), now_ms);
+            }
             match step {
                 Step::Held(held, renewals) => {
                     for (i, lease) in renewals.into_iter().flat_map(|r| *r).enumerate() {
@@ -560,5 +562,37 @@ mod tests {
         assert!(l.admit((&limits, &buckets(&limits, &a)), tokens(0), NOW).await.is_err());
         drop(one); // the response ended, however it ended
         assert!(l.admit((&limits, &buckets(&limits, &a)), tokens(0), NOW).await.is_ok());
+    }
+    /// Past the table's cap a new bucket takes an idle one's place in O(1): the table stays
+    /// bounded, a bucket a request holds stays (its concurrent slot is not forgotten), and an
+    /// evicted bucket's unspent lease goes back to the count (its team loses nothing).
+    #[tokio::test]
+    async fn a_flood_of_new_buckets_evicts_idle_ones_and_gives_their_leases_back() {
+        let l = limiter("requests_per_minute = 80\nconcurrent = 1");
+        let limits = l.for_route(&["team".into()]);
+        *limits[0].buckets.lock() = table::Table::new(4);
+        let ask = |h: HeaderMap| {
+            let (l, limits) = (&l, &limits);
+            async move { l.admit((limits, &buckets(limits, &h)), tokens(0), NOW).await }
+        };
+        let held = ask(team("t0")).await.expect("t0 holds its slot");
+        ask(team("e")).await.expect("admitted").settle(None, NOW);
+        for n in 0..10_000 {
+            ask(team(&format!("flood-{n}")))
+                .await
+                .expect("admitted")
+                .settle(None, NOW);
+            assert!(limits[0].buckets.lock().len() <= 5, "the cap and the pinned t0");
+        }
+        assert!(ask(team("t0")).await.is_err(), "t0's slot is still held");
+        for _ in 0..100 {
+            tokio::task::yield_now().await; // the hand-backs
+        }
+        // e used 1 of its 80: the 9 of its first lease it never spent came back.
+        for _ in 0..79 {
+            ask(team("e")).await.expect("admitted").settle(None, NOW);
+        }
+        assert!(ask(team("e")).await.is_err(), "80 in the window");
+        held.settle(None, NOW);
     }
 }

@@ -192,3 +192,65 @@ async fn with_redis_frozen_each_of_three_replicas_keeps_to_its_share() {
     );
     assert!(admitted_frozen >= 20, "it kept serving its share: {admitted_frozen}");
 }
+
+/// One shared capacity (`key = "route"`, `concurrent = 4`) split by team 4 : 1, both teams
+/// saturating it through three replicas, their clients giving up after 1 s in the queue and
+/// sending again: chat was admitted 244 times and batch once (a team was charged for every
+/// request that joined the fleet's queue, served or not).
+#[tokio::test]
+async fn a_shared_capacity_is_split_by_weight_across_three_replicas() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let shared = crate::support::config_builder::some("route");
+    let config = TestConfig::new(&provider.url()).redis(&redis.url()).limit(
+        "shared",
+        team_limit(|l| {
+            l.key = shared;
+            l.concurrent = Some(4);
+            l.on_limit = some("queue");
+            l.max_wait = some("1s");
+            l.share_by = some("header:x-team");
+            l.weights = Some([("chat".to_string(), 4), ("batch".to_string(), 1)].into());
+        }),
+    );
+    let r = three(&config).await;
+    provider.script("w", vec![Step::Delay { ms: 40 }; 100_000]);
+    let run = Duration::from_secs(6);
+    let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..24 {
+        let replica = r[i % 3].url.clone();
+        let team = if i % 2 == 0 { "chat" } else { "batch" };
+        clients.spawn(async move {
+            while started.elapsed() < run {
+                let a = send_within(
+                    Duration::from_secs(30),
+                    "POST",
+                    &format!("{replica}/fake/v1/chat/completions"),
+                    &[("x-fake-key", "w"), ("x-team", team)],
+                    "{}",
+                )
+                .await;
+                assert!(matches!(a.status.as_u16(), 200 | 429), "{}", a.text());
+            }
+        });
+    }
+    while let Some(done) = clients.join_next().await {
+        done.expect("a client");
+    }
+    let teams: Vec<String> = provider
+        .requests("w")
+        .iter()
+        .map(|r| r.header("x-team").unwrap_or("").to_string())
+        .collect();
+    // While both saturate it (the first second's releases may come before every team waits).
+    let cut = teams.len() / 6;
+    let steady = &teams[cut..];
+    let chat = steady.iter().filter(|t| *t == "chat").count() as f64 / steady.len() as f64;
+    assert!(
+        (0.72..=0.88).contains(&chat),
+        "chat had {:.0}% of {} admissions, 80% expected (4 : 1)",
+        chat * 100.0,
+        steady.len()
+    );
+}

@@ -12,6 +12,7 @@ mod pass;
 mod queue;
 pub mod store;
 mod table;
+mod wait;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU32;

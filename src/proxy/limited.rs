@@ -13,10 +13,9 @@ use parking_lot::Mutex;
 
 use super::context::Context;
 use super::routes::Route;
-use crate::config::OnLimit;
 use crate::credentials::CredentialHash;
 use crate::error::ProxyError;
-use crate::limiter::{fields, Limit, Pass, Place, Want};
+use crate::limiter::{fields, Limit, Pass, Want};
 use crate::limits::estimate;
 use crate::limits::key::{BucketKey, KeyInput};
 use crate::limits::prices::{Price, Usage};
@@ -26,16 +25,6 @@ use crate::wire::named::Named;
 
 /// The fields an admitted request's response carries.
 pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
-
-/// How often a waiting request looks again when no release woke it (a release elsewhere in the
-/// fleet, a notification missed). The fleet's first waiter on a replica asks Redis this often
-/// (only while requests wait): at 100 ms, a saturated queued limit of 16 slots on three
-/// replicas kept 8 busy, each release waiting for a poll; at 20 ms, 14.5
-/// (`limits_fleet::a_saturated_queued_limit_keeps_its_slots_busy`).
-const QUEUE_POLL: Duration = Duration::from_millis(20);
-
-/// The `retry-after` of a refusal that names no time (a queue full).
-const SLOT_POLL: Duration = Duration::from_secs(1);
 
 /// Admits the request (`parts`, `body`) on `route`'s limits: its pass is held by `log` until the
 /// response ends; the `RateLimit` fields to send; or rebound's 429.
@@ -58,140 +47,25 @@ pub(super) async fn admit(
     let started = time::now();
     // Each limit's bucket, hashed once.
     let buckets: smallvec::SmallVec<[BucketKey; 2]> = limits.iter().map(|l| l.bucket(&input)).collect();
-    // A request that finds others waiting for a limit (here or in the fleet) waits behind them.
-    let mut waiting: Option<InQueue> = None;
-    for (l, bucket) in limits.iter().zip(buckets.iter().copied()) {
-        if l.policy.on_limit == OnLimit::Queue && l.waiting.busy(&bucket) {
-            let until = (started + l.policy.max_wait).min(deadline);
-            let Some(place) = cx.limiter.queue(l, bucket, l.share(bucket, &input), until).await else {
-                let refusing = (Some((&**l, bucket)), l.policy.name.as_str());
-                return Err(rejected(route, refusing, SLOT_POLL, started));
-            };
-            waiting = Some(InQueue::new(cx, l, place, until));
-            break;
+    let share = |l: &Limit, bucket: BucketKey| l.share(bucket, &input);
+    let waited = cx
+        .limiter
+        .wait_admit(
+            limits,
+            (&buckets, &share),
+            want,
+            (started, deadline),
+            &time::now_unix_ms,
+        )
+        .await;
+    match waited {
+        Ok(a) => {
+            let result = if a.queued { "queued" } else { "admitted" };
+            Ok(admitted(route, a.pass, (result, tokens, started), log))
         }
-    }
-    loop {
-        let mut pause = QUEUE_POLL;
-        // Registered before it looks: a release while it asks wakes it at once.
-        let woken = waiting.as_ref().map(|q| {
-            let limit = q.limit;
-            limit.waiting.listen()
-        });
-        let turn = match &waiting {
-            None => true,
-            Some(q) => cx.limiter.turn(q.limit, &q.place).await,
-        };
-        if turn {
-            let refused = match cx.limiter.admit((limits, &buckets), want, time::now_unix_ms()).await {
-                Ok(pass) => {
-                    let result = if waiting.is_some() { "queued" } else { "admitted" };
-                    if let Some(q) = waiting {
-                        q.leave(true);
-                    }
-                    return Ok(admitted(route, pass, (result, tokens, started), log));
-                }
-                Err(refused) => refused,
-            };
-            if waiting.is_none() {
-                let asked = (&buckets[..], &input, deadline);
-                waiting = Some(queue_refused(cx, route, asked, &refused, started).await?);
-            }
-            pause = refused.retry_after;
-            // A slot may free on any replica: the fleet's head looks again soon.
-            if !refused.window && waiting.as_ref().is_some_and(|q| q.place.fleet.is_some()) {
-                pause = pause.min(QUEUE_POLL);
-            }
-        }
-        let Some(q) = waiting.as_ref() else {
-            return Err(rejected(route, (None, ""), SLOT_POLL, started));
-        };
-        let (l, place, until) = (q.limit, q.place, q.until);
-        let now = time::now();
-        if now >= until {
-            if let Some(q) = waiting.take() {
-                q.leave(false);
-            }
-            return Err(rejected(
-                route,
-                (Some((l, place.bucket)), &l.policy.name),
-                pause,
-                started,
-            ));
-        }
-        // Woken by a release, else in time for the limit's reset and the end of the wait.
-        let within = pause.min(until - now).max(Duration::from_millis(1));
-        match woken {
-            Some(woken) => {
-                let _ = tokio::time::timeout(within, woken).await;
-            }
-            None => l.waiting.next_turn(within).await,
-        }
-    }
-}
-
-/// A request the limits refused, queued where the refusing limit allows it and may open within
-/// the wait (`buckets`: the request's, one per limit), or its 429.
-async fn queue_refused<'a>(
-    cx: &'a Context,
-    route: &'a Route,
-    (buckets, input, deadline): (&[BucketKey], &KeyInput<'_>, Instant),
-    refused: &crate::limiter::Refused,
-    started: Instant,
-) -> Result<InQueue<'a>, Refusal> {
-    let limits = &route.limits;
-    let at = limits.iter().position(|l| l.policy.name == refused.limit);
-    let l = at.and_then(|i| limits.get(i));
-    let until = l.map(|l| (started + l.policy.max_wait).min(deadline));
-    let opens_in_time = until.is_some_and(|u| !refused.window || time::now() + refused.retry_after < u);
-    let queued = match (l.filter(|l| l.policy.on_limit == OnLimit::Queue), until) {
-        (Some(l), Some(until)) if opens_in_time => {
-            let bucket = at
-                .and_then(|i| buckets.get(i).copied())
-                .unwrap_or_else(|| l.bucket(input));
-            let place = cx.limiter.queue(l, bucket, l.share(bucket, input), until).await;
-            place.map(|place| InQueue::new(cx, l, place, until))
-        }
-        _ => None,
-    };
-    queued.ok_or_else(|| {
-        let refusing = at.and_then(|i| Some((&**limits.get(i)?, *buckets.get(i)?)));
-        rejected(route, (refusing, &refused.limit), refused.retry_after, started)
-    })
-}
-
-/// A request's place in a limit's queues, left when it is admitted, when its wait runs out, or
-/// when it goes away (its client gone: its future dropped), so that it never holds a queue up.
-struct InQueue<'a> {
-    cx: &'a Context,
-    limit: &'a Arc<Limit>,
-    place: Place,
-    until: Instant,
-    left: bool,
-}
-
-impl<'a> InQueue<'a> {
-    fn new(cx: &'a Context, limit: &'a Arc<Limit>, place: Place, until: Instant) -> InQueue<'a> {
-        InQueue {
-            cx,
-            limit,
-            place,
-            until,
-            left: false,
-        }
-    }
-
-    /// Leaves the queues: admitted (`served`), or not.
-    fn leave(mut self, served: bool) {
-        self.left = true;
-        self.cx.limiter.dequeue(self.limit, self.place, served);
-    }
-}
-
-impl Drop for InQueue<'_> {
-    fn drop(&mut self) {
-        if !self.left {
-            self.cx.limiter.dequeue(self.limit, self.place, false);
+        Err(t) => {
+            let refusing = t.at.and_then(|i| Some((&**limits.get(i)?, *buckets.get(i)?)));
+            Err(rejected(route, (refusing, &t.limit), t.retry_after, started))
         }
     }
 }

@@ -3,13 +3,13 @@
 //! Redis away gets, and the replica count that sizes leases. Asked by a request that finds its
 //! lease spent, or in the background when a lease runs low (`Limiter::admit`).
 
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::bucket::{Bucket, Quota};
 use super::queue::Place;
-use super::store::{QueueAnswer, QueueCaller, QueueOp, Store};
+use super::store::{QueueAnswer, QueueCaller, QueueOp, SlotsHeld, Store};
 use super::{counter, window_ttl, Limit, SLOT_TTL};
 
 use crate::config::{LimitPolicy, RedisDown};
@@ -35,6 +35,9 @@ pub(crate) struct Fleet {
     most: Arc<AtomicU32>,
     /// Whether the task renewing this replica's slot holdings runs.
     renewing: AtomicBool,
+    /// The sequence of this replica's slot declarations (`limit_slots_v2.lua` applies them in
+    /// this order, whatever order they land in).
+    declared: AtomicU64,
 }
 
 impl Fleet {
@@ -46,7 +49,34 @@ impl Fleet {
             replicas: AtomicU32::new(most.load(Ordering::Relaxed).max(1)),
             most,
             renewing: AtomicBool::new(false),
+            declared: AtomicU64::new(0),
         }
+    }
+
+    /// The number of a slot declaration counted now (under the buckets' lock, where the count is
+    /// read).
+    pub(super) fn next_declaration(&self) -> u64 {
+        self.declared.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Declares `total` slots of `bucket` (counted as declaration `seq`); what the store said.
+    pub(super) async fn declare(
+        &self,
+        limit: &Limit,
+        bucket: BucketKey,
+        (total, seq): (u64, u64),
+    ) -> Result<SlotsHeld, RedisError> {
+        let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
+        let b = bucket.to_string();
+        let held = self
+            .store
+            .hold_slots((&limit.policy.name, &b), (&self.replica, seq), total, (cap, SLOT_TTL))
+            .await;
+        if let Ok(h) = &held {
+            limit.waiting.fleet_saw(bucket, h.waiting);
+            self.most.fetch_max(h.holders, Ordering::Relaxed);
+        }
+        held
     }
 
     /// The fleet's store said `replicas` share a bucket.
@@ -107,19 +137,15 @@ impl Fleet {
     /// Declares `total` slots of `bucket` held by this replica: the fleet's answer (at most the
     /// cap, less what others hold) and the replicas holding slots of it, or what `redis_down`
     /// allows.
-    pub(super) async fn hold_slots(&self, limit: &Limit, bucket: BucketKey, total: u64) -> (u64, Option<u32>) {
+    pub(super) async fn hold_slots(
+        &self,
+        limit: &Limit,
+        bucket: BucketKey,
+        (total, seq): (u64, u64),
+    ) -> (u64, Option<u32>) {
         let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
-        let b = bucket.to_string();
-        match self
-            .store
-            .hold_slots((&limit.policy.name, &b), &self.replica, total, (cap, SLOT_TTL))
-            .await
-        {
-            Ok(held) => {
-                limit.waiting.fleet_saw(bucket, held.waiting);
-                self.most.fetch_max(held.holders, Ordering::Relaxed);
-                (held.granted, Some(held.holders))
-            }
+        match self.declare(limit, bucket, (total, seq)).await {
+            Ok(held) => (held.granted, Some(held.holders)),
             Err(e) => {
                 log_store_error(&limit.policy, &e);
                 let granted = match limit.policy.redis_down {
@@ -135,26 +161,27 @@ impl Fleet {
     /// A bucket left this replica's table (a new one took its place): its unspent leases go back
     /// to the fleet's counts (Redis, or this process's), its idle slots to the fleet, told in the
     /// background.
-    pub(super) fn hand_back_evicted(&self, limit: &Arc<Limit>, (key, bucket): (BucketKey, &mut Bucket), now_ms: u64) {
+    pub(super) fn hand_back_evicted(
+        self: &Arc<Self>,
+        limit: &Arc<Limit>,
+        (key, bucket, seq): (BucketKey, &mut Bucket, u64),
+        now_ms: u64,
+    ) {
         let (leases, slots) = bucket.unspent(now_ms);
         if leases.iter().all(Option::is_none) && !slots {
             return;
         }
-        let (store, replica, limit) = (self.store.clone(), self.replica.clone(), limit.clone());
+        let (fleet, limit) = (self.clone(), limit.clone());
         crate::tasks::spawn("limit bucket hand-back", async move {
             for (i, lease) in leases.iter().enumerate() {
                 if let Some((window, n)) = lease {
                     let id = counter(&limit, key, Quota::ALL[i], *window);
                     let n = i64::try_from(*n).unwrap_or(i64::MAX);
-                    let _ = store.adjust(&id, -n, window_ttl(*window)).await;
+                    let _ = fleet.store.adjust(&id, -n, window_ttl(*window)).await;
                 }
             }
             if slots {
-                let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
-                let b = key.to_string();
-                let _ = store
-                    .hold_slots((&limit.policy.name, &b), &replica, 0, (cap, SLOT_TTL))
-                    .await;
+                let _ = fleet.declare(&limit, key, (0, seq)).await;
             }
         });
     }
@@ -162,11 +189,11 @@ impl Fleet {
     /// Starts (once) the task that renews this replica's slot holdings in the store while its
     /// requests run: a holding not renewed expires after `SLOT_TTL`, and another replica may
     /// take it. The task ends when `limits` are gone (a reload).
-    pub(super) fn renew_slots_in_background(&self, limits: Vec<std::sync::Weak<Limit>>) {
+    pub(super) fn renew_slots_in_background(self: &Arc<Self>, limits: Vec<std::sync::Weak<Limit>>) {
         if self.renewing.swap(true, Ordering::Relaxed) || matches!(*self.store, Store::Local(_)) {
             return;
         }
-        let (store, replica) = (self.store.clone(), self.replica.clone());
+        let fleet = self.clone();
         crate::tasks::spawn("limit slot renewal", async move {
             loop {
                 tokio::time::sleep(SLOT_TTL / 3).await;
@@ -174,7 +201,7 @@ impl Fleet {
                 for limit in limits.iter().filter_map(std::sync::Weak::upgrade) {
                     alive = true;
                     // Idle slots of a bucket others wait for go back with the renewal.
-                    let held: Vec<(BucketKey, u64)> = limit
+                    let held: Vec<(BucketKey, (u64, u64))> = limit
                         .buckets
                         .lock()
                         .iter_mut()
@@ -186,16 +213,10 @@ impl Fleet {
                             Some((*k, s.in_use() + s.free()))
                         })
                         .filter(|(_, n)| *n > 0)
+                        .map(|(k, n)| (k, (n, fleet.next_declaration())))
                         .collect();
-                    let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
-                    for (bucket, n) in held {
-                        let b = bucket.to_string();
-                        let renewed = store
-                            .hold_slots((&limit.policy.name, &b), &replica, n, (cap, SLOT_TTL))
-                            .await;
-                        if let Ok(held) = renewed {
-                            limit.waiting.fleet_saw(bucket, held.waiting);
-                        }
+                    for (bucket, declared) in held {
+                        let _ = fleet.declare(&limit, bucket, declared).await;
                     }
                 }
                 if !alive {

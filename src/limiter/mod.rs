@@ -10,6 +10,8 @@ mod bucket;
 mod fleet;
 mod pass;
 mod queue;
+#[cfg(test)]
+mod sim;
 pub mod store;
 mod table;
 mod wait;
@@ -186,14 +188,17 @@ impl Limiter {
             let answered = limit.answered.notified();
             tokio::pin!(answered);
             answered.as_mut().enable();
-            let (step, evicted) = {
+            // A slot declaration is numbered where its count is read, under the lock.
+            let (step, evicted, seq) = {
                 let mut buckets = limit.buckets.lock();
                 let make = || Bucket::new(&limit.policy, self.fleet.replicas());
                 let (b, evicted) = buckets.get_or_insert(bucket, make, |k, b| b.pinned() || limit.waiting.busy(k));
-                (b.try_admit(now_ms, want), evicted)
+                let step = b.try_admit(now_ms, want);
+                let counts = evicted.is_some() || matches!(step, Step::Slots { .. });
+                (step, evicted, if counts { self.fleet.next_declaration() } else { 0 })
             };
             if let Some((key, mut old)) = evicted {
-                self.fleet.hand_back_evicted(limit, (key, &mut old), now_ms);
+                self.fleet.hand_back_evicted(limit, (key, &mut old, seq), now_ms);
             }
             match step {
                 Step::Held(held, renewals) => {
@@ -229,7 +234,7 @@ impl Limiter {
                     self.fleet
                         .renew_slots_in_background(with_slots.map(Arc::downgrade).collect());
                     let asking = Asking::new(limit, bucket, bucket::SLOTS);
-                    let (total, holders) = self.fleet.hold_slots(limit, bucket, held + want).await;
+                    let (total, holders) = self.fleet.hold_slots(limit, bucket, (held + want, seq)).await;
                     asking.done(|b| {
                         if let Some(s) = b.slots.as_mut() {
                             if let Some(n) = holders {
@@ -266,15 +271,15 @@ impl Limiter {
                 }
                 if let Some(s) = b.slots.as_mut().filter(|s| s.free() > 0) {
                     s.give_back_idle();
-                    slots.push((*key, s.in_use()));
+                    slots.push((*key, (s.in_use(), self.fleet.next_declaration())));
                 }
             }
             for (id, window, n) in leases {
                 let n = i64::try_from(n).unwrap_or(i64::MAX);
                 let _ = self.fleet.store.adjust(&id, -n, window_ttl(window)).await;
             }
-            for (bucket, held) in slots {
-                self.fleet.hold_slots(limit, bucket, held).await;
+            for (bucket, declared) in slots {
+                self.fleet.hold_slots(limit, bucket, declared).await;
             }
         }
     }

@@ -9,7 +9,7 @@ use http::HeaderValue;
 
 use super::bucket::{Held, Quota};
 use super::fleet::Fleet;
-use super::{counter, window_ttl, Limit, SLOT_TTL};
+use super::{counter, window_ttl, Limit};
 use crate::limits::headers::{self, Status, Unit};
 use crate::limits::key::BucketKey;
 use crate::limits::prices::{Price, Usage};
@@ -88,7 +88,9 @@ impl Pass {
             let (excess, slots_after) = {
                 let mut buckets = limit.buckets.lock();
                 let Some(b) = buckets.get_mut(&bucket) else { continue };
-                b.settle(now_ms, (held, others_wait), actual)
+                let (excess, after) = b.settle(now_ms, (held, others_wait), actual);
+                // Numbered where counted: a later declaration landing first wins.
+                (excess, after.map(|n| (n, self.fleet.next_declaration())))
             };
             // What was given back may admit a waiting request.
             limit.waiting.wake();
@@ -104,16 +106,8 @@ impl Pass {
                         let _ = fleet.store.adjust(&id, n, window_ttl(*window)).await;
                     }
                 }
-                if let Some(total) = slots_after {
-                    let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
-                    let b = bucket.to_string();
-                    let declared = fleet
-                        .store
-                        .hold_slots((&limit.policy.name, &b), &fleet.replica, total, (cap, SLOT_TTL))
-                        .await;
-                    if let Ok(held) = declared {
-                        limit.waiting.fleet_saw(bucket, held.waiting);
-                    }
+                if let Some(declared) = slots_after {
+                    let _ = fleet.declare(&limit, bucket, declared).await;
                     // The slots given back may be another replica's waiter's: the fleet's
                     // queue moves on (this replica's waiters look again too).
                     limit.waiting.wake();

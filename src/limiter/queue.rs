@@ -183,9 +183,21 @@ impl Waiting {
         }
     }
 
-    /// The fleet's first waiter of `bucket` is this replica's `ticket`: it asks next.
+    /// The fleet's first waiter of `bucket` is this replica's `ticket`: it asks next (unless it
+    /// left already and the fleet has not heard yet: then nobody is woken, or the asker would
+    /// wake itself at once, for ever).
     pub(crate) fn fleet_first(&self, bucket: BucketKey, ticket: u64) {
-        self.queues.lock().fleet_first.insert(bucket, ticket);
+        {
+            let mut q = self.queues.lock();
+            let waits_here = q
+                .fleet
+                .get(&bucket)
+                .is_some_and(|f| f.iter().any(|(_, t)| t.number() == ticket));
+            if !waits_here {
+                return;
+            }
+            q.fleet_first.insert(bucket, ticket);
+        }
         self.turn.notify_waiters();
     }
 

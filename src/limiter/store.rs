@@ -71,6 +71,9 @@ fn queue_key(limit: &str, bucket: &str) -> String {
 pub enum Store {
     Redis(RedisHandle),
     Local(parking_lot::Mutex<LocalCounters>),
+    /// A simulated Redis shared by simulated replicas (`limiter::sim`), with its faults.
+    #[cfg(test)]
+    Sim(super::sim::SimCall),
 }
 
 impl Store {
@@ -89,6 +92,8 @@ impl Store {
     ) -> Result<Granted, RedisError> {
         match self {
             Store::Local(t) => Ok(t.lock().lease(id, want, limit)),
+            #[cfg(test)]
+            Store::Sim(s) => s.call(|r| r.lease(id, (want, limit), (replica, liveness))).await,
             Store::Redis(redis) => {
                 let mut inv = LEASE.prepare_invoke();
                 inv.key(redis.key(&id.suffix()))
@@ -117,6 +122,8 @@ impl Store {
     pub async fn adjust(&self, id: &CounterId, amount: i64, ttl: Duration) -> Result<u64, RedisError> {
         match self {
             Store::Local(t) => Ok(t.lock().adjust(id, amount)),
+            #[cfg(test)]
+            Store::Sim(s) => s.call(|r| r.adjust(id, amount)).await,
             Store::Redis(redis) => {
                 let mut inv = ADJUST.prepare_invoke();
                 inv.key(redis.key(&id.suffix())).arg(amount).arg(ttl_ms(ttl));
@@ -128,12 +135,13 @@ impl Store {
     }
 
     /// Declares that `replica` holds `want` of `(limit_name, bucket)`'s `limit` concurrent slots
-    /// for `ttl`: granted up to what the other replicas' live holdings leave; the requests
-    /// waiting in the bucket's fleet queue; the replicas holding slots of it.
+    /// for `ttl`: granted up to what the other replicas' live holdings leave (what it holds, when
+    /// a later declaration of its own, by `seq`, landed first); the requests waiting in the
+    /// bucket's fleet queue; the replicas holding slots of it.
     pub async fn hold_slots(
         &self,
         (limit_name, bucket): (&str, &str),
-        replica: &str,
+        (replica, seq): (&str, u64),
         want: u64,
         (limit, ttl): (u64, Duration),
     ) -> Result<SlotsHeld, RedisError> {
@@ -144,6 +152,11 @@ impl Store {
                 waiting: 0,
                 holders: 1,
             }),
+            #[cfg(test)]
+            Store::Sim(s) => {
+                s.call(|r| r.hold_slots((limit_name, bucket), (replica, seq), want, (limit, ttl)))
+                    .await
+            }
             Store::Redis(redis) => {
                 let mut inv = SLOTS.prepare_invoke();
                 inv.key(redis.key(&format!("limit:{{{limit_name}:{bucket}}}:slots")))
@@ -151,7 +164,8 @@ impl Store {
                     .arg(replica)
                     .arg(want)
                     .arg(limit)
-                    .arg(ttl_ms(ttl));
+                    .arg(ttl_ms(ttl))
+                    .arg(seq);
                 let (granted, _others, waiting, holders): (u64, u64, u64, u32) = redis
                     .run("limit_slots", |mut c| async move { inv.invoke_async(&mut c).await })
                     .await?;
@@ -220,6 +234,10 @@ impl Store {
         op: QueueOp<'_>,
         (ttl, liveness): (Duration, Duration),
     ) -> Result<Option<QueueAnswer>, RedisError> {
+        #[cfg(test)]
+        if let Store::Sim(s) = self {
+            return s.call(|r| r.queue(&caller, op, liveness)).await.map(Some);
+        }
         let Store::Redis(redis) = self else { return Ok(None) };
         let base = format!("limit:{{{}:{}}}", caller.limit, caller.bucket);
         let mut inv = QUEUE.prepare_invoke();

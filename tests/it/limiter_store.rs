@@ -141,25 +141,29 @@ async fn a_replica_that_stops_renewing_loses_its_slots() {
     let bucket = ("team", "cd".repeat(16));
     let bucket = (bucket.0, bucket.1.as_str());
     let ttl = Duration::from_millis(300);
-    assert_eq!(a.hold_slots(bucket, "a", 8, (10, ttl)).await.unwrap().granted, 8);
+    assert_eq!(a.hold_slots(bucket, ("a", 1), 8, (10, ttl)).await.unwrap().granted, 8);
     assert_eq!(
-        b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap().granted,
+        b.hold_slots(bucket, ("b", 1), 8, (10, ttl)).await.unwrap().granted,
         2,
         "what a's holding leaves"
     );
     // a renews with fewer: b may take more.
-    assert_eq!(a.hold_slots(bucket, "a", 5, (10, ttl)).await.unwrap().granted, 5);
-    assert_eq!(b.hold_slots(bucket, "b", 8, (10, ttl)).await.unwrap().granted, 5);
+    assert_eq!(a.hold_slots(bucket, ("a", 2), 5, (10, ttl)).await.unwrap().granted, 5);
+    assert_eq!(b.hold_slots(bucket, ("b", 2), 8, (10, ttl)).await.unwrap().granted, 5);
     // a dies (stops renewing): once its holding expires, b may hold them all.
     let got = until("a's slots expired", Duration::from_secs(10), || {
         let b = &b;
         async move {
-            let n = b.hold_slots(bucket, "b", 10, (10, ttl)).await.unwrap().granted;
+            let n = b.hold_slots(bucket, ("b", 3), 10, (10, ttl)).await.unwrap().granted;
             (n == 10).then_some(n).ok_or_else(|| format!("{n} slots"))
         }
     })
     .await;
     assert_eq!(got, 10);
+    // A declaration that was counted before the latest one but lands after it is ignored: it
+    // would free slots still in use.
+    assert_eq!(b.hold_slots(bucket, ("b", 2), 0, (10, ttl)).await.unwrap().granted, 10);
+    assert_eq!(a.hold_slots(bucket, ("a", 9), 1, (10, ttl)).await.unwrap().granted, 0);
     stop_a.cancel();
     stop_b.cancel();
 }

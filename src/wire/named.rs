@@ -161,7 +161,10 @@ impl Named {
     /// What a request to a route of `api` names, from its forwarded `path` (no query) and body.
     /// A model the path names must be one segment its API allows ([`segment`]).
     pub(crate) fn read(api: Api, path: &str, body: &[u8]) -> Result<Named, Invalid> {
-        let path = path.split(['?', '#']).next().unwrap_or(path);
+        let path = match memchr::memchr2(b'?', b'#', path.as_bytes()) {
+            Some(end) => &path[..end],
+            None => path,
+        };
         let path = path.trim_end_matches('/');
         let top = Top::of(body);
         let in_body = |op: Op, stream: bool| -> Result<Named, Invalid> {
@@ -181,21 +184,22 @@ impl Named {
         match api {
             Api::Anthropic if path.ends_with("/messages/count_tokens") => return in_body(Op::CountTokens, false),
             Api::Anthropic if path.ends_with("/messages") => return in_body(Op::Messages, top.stream),
-            Api::OpenAi | Api::AzureOpenAi if !path.contains("/deployments/") => {
-                if let Some(op) = openai_op(path) {
-                    return in_body(Op::OpenAi(op), top.stream);
-                }
-            }
-            Api::AzureOpenAi => {
-                if let Some((deployment, op)) = path
-                    .split_once("/openai/deployments/")
-                    .and_then(|(_, rest)| rest.split_once('/'))
-                {
-                    if let Some(op) = OPENAI_OPS.into_iter().find(|o| *o == op) {
-                        return in_path(Op::OpenAi(op), deployment, top.stream);
+            // OpenAI's paths are the fallback's below (the body's model, else a path's).
+            Api::OpenAi => {}
+            Api::AzureOpenAi => match path.split_once("/openai/deployments/") {
+                Some((_, rest)) => {
+                    if let Some((deployment, op)) = rest.split_once('/') {
+                        if let Some(op) = OPENAI_OPS.into_iter().find(|o| *o == op) {
+                            return in_path(Op::OpenAi(op), deployment, top.stream);
+                        }
                     }
                 }
-            }
+                None => {
+                    if let Some(op) = openai_op(path) {
+                        return in_body(Op::OpenAi(op), top.stream);
+                    }
+                }
+            },
             Api::Bedrock => {
                 if let Some((id, action)) = path.split_once("/model/").and_then(|(_, rest)| rest.rsplit_once('/')) {
                     match action {
@@ -219,7 +223,7 @@ impl Named {
                     }
                 }
             }
-            Api::Anthropic | Api::OpenAi => {}
+            Api::Anthropic => {}
         }
         // A path the API does not name, sent as it came: a host of no known API speaks the
         // route's (OpenAI's by default) whatever its paths, so the operations of Anthropic's and

@@ -82,8 +82,6 @@ pub(crate) struct Bucket {
     /// concurrent requests would each ask for a lease, and one told "nothing left" before the
     /// others' grants were credited would be refused with the quota far from used.
     pub(crate) asking: [bool; 5],
-    /// When it was last used (unix ms).
-    pub(crate) used_ms: u64,
     /// Requests holding something of it (admitted, not yet settled).
     holders: u32,
 }
@@ -122,7 +120,6 @@ impl Bucket {
             ledgers: Quota::ALL.map(|q| q.limit(policy).map(|n| Ledger::new(n, q.period(), replicas))),
             slots: policy.concurrent.map(|n| Slots::new(u64::from(n), replicas)),
             asking: [false; 5],
-            used_ms: 0,
             holders: 0,
         }
     }
@@ -147,7 +144,6 @@ impl Bucket {
     /// Admits a request that wants `want` at `now_ms` on everything the bucket limits, or says
     /// what is missing (having taken nothing).
     pub(crate) fn try_admit(&mut self, now_ms: u64, want: Want) -> Step {
-        self.used_ms = now_ms;
         let mut reserved: [Option<Reservation>; 4] = Default::default();
         for (i, quota) in Quota::ALL.into_iter().enumerate() {
             let Some(ledger) = self.ledgers[i].as_mut() else {

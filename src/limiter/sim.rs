@@ -1,4 +1,4 @@
-//! A deterministic simulation of the fleet's limit protocol (issue 58): several replicas, each
+//! A deterministic simulation of the fleet's limit protocol: several replicas, each
 //! its own [`Limiter`] running the product's admission, queue and settlement code
 //! ([`Limiter::wait_admit`], `Pass::settle`), share a simulated Redis whose operations keep the
 //! contracts of the four scripts (`limit_lease_v1`, `limit_adjust_v1`, `limit_slots_v2`,
@@ -341,25 +341,12 @@ async fn saturate(seed: u64, (replicas, cap, clients): (usize, u64, usize), run:
         let stats = stats.clone();
         let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 1000 + c as u64);
         tasks.spawn(async move {
-            let limits = limiter.for_route(&["l".into()]);
-            let h = headers(team);
-            let input = KeyInput {
-                route: "r",
-                credential: crate::credentials::CredentialHash([0; 16]),
-                model: None,
-                headers: &h,
-            };
-            let buckets: Vec<BucketKey> = limits.iter().map(|l| l.bucket(&input)).collect();
-            let share = |l: &Limit, b: BucketKey| l.share(b, &input);
             let now_ms = clock(start);
             while crate::time::now().saturating_duration_since(start) < run {
                 let arrived = crate::time::now();
                 let deadline = arrived + Duration::from_millis(rng.random_range(300..3000));
-                let want = (super::Want::default(), None);
-                let waited = limiter
-                    .wait_admit(&limits, (&buckets, &share), want, (arrived, deadline), &now_ms)
-                    .await;
-                let Ok(admitted) = waited else {
+                let waited = ask(&limiter, team, (arrived, deadline), &now_ms).await;
+                let Some(pass) = waited else {
                     // Turned away: the client sends it again (a round trip later).
                     stats.lock().turned();
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -368,7 +355,7 @@ async fn saturate(seed: u64, (replicas, cap, clients): (usize, u64, usize), run:
                 stats.lock().admitted(team, deadline);
                 tokio::time::sleep(Duration::from_millis(rng.random_range(50..400))).await;
                 stats.lock().released();
-                admitted.pass.settle(None, now_ms());
+                pass.settle(None, now_ms());
             }
         });
     }
@@ -464,14 +451,14 @@ async fn a_saturated_queued_limit_keeps_its_slots_busy_and_its_weights_on_three_
     }
 }
 
-/// A request of `team` to `replica`: the product's wait for its limits.
+/// A request of `team` to a replica's `limiter`: the product's wait for its limits.
 async fn ask(
-    replica: &Replica,
+    limiter: &Limiter,
     team: &str,
     (arrived, deadline): (Instant, Instant),
     now_ms: Clock<'_>,
 ) -> Option<super::Pass> {
-    let limits = replica.limiter.for_route(&["l".into()]);
+    let limits = limiter.for_route(&["l".into()]);
     let h = headers(team);
     let input = KeyInput {
         route: "r",
@@ -482,8 +469,7 @@ async fn ask(
     let buckets: Vec<BucketKey> = limits.iter().map(|l| l.bucket(&input)).collect();
     let share = |l: &Limit, b: BucketKey| l.share(b, &input);
     let want = (super::Want::default(), None);
-    replica
-        .limiter
+    limiter
         .wait_admit(&limits, (&buckets, &share), want, (arrived, deadline), now_ms)
         .await
         .ok()
@@ -503,12 +489,18 @@ async fn a_slot_freed_on_one_replica_reaches_a_waiter_on_another_within_200_ms()
         let (a, b) = (rng.random_range(0..3), rng.random_range(0..3));
         let (a, b) = (&fleet.replicas[a], &fleet.replicas[(a + 1 + b % 2) % 3]);
         let far = start + Duration::from_secs(60);
-        let held = ask(a, "chat", (start, far), &now_ms).await.expect("the slot");
+        let held = ask(&a.limiter, "chat", (start, far), &now_ms).await.expect("the slot");
         let hold = Duration::from_millis(rng.random_range(100..3000));
         let waiter = async {
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
             let arrived = crate::time::now();
-            let pass = ask(b, "chat", (arrived, arrived + Duration::from_secs(20)), &now_ms).await;
+            let pass = ask(
+                &b.limiter,
+                "chat",
+                (arrived, arrived + Duration::from_secs(20)),
+                &now_ms,
+            )
+            .await;
             (pass, crate::time::now())
         };
         let release = async {
@@ -561,7 +553,14 @@ async fn a_window_holds_while_a_replica_loses_redis_and_another_dies() {
                 continue;
             }
             let now = crate::time::now();
-            if let Some(pass) = ask(&fleet.replicas[r], "t", (now, now + Duration::from_secs(5)), &now_ms).await {
+            if let Some(pass) = ask(
+                &fleet.replicas[r].limiter,
+                "t",
+                (now, now + Duration::from_secs(5)),
+                &now_ms,
+            )
+            .await
+            {
                 admitted[r] += 1;
                 pass.settle(None, now_ms());
             }

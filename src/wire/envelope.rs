@@ -15,23 +15,11 @@
 //! | `vertex-gemini` | `/v1/projects/{p}/locations/{l}/publishers/google/models/{m}:{method}` |
 
 use http::{HeaderMap, HeaderName, HeaderValue};
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
+use percent_encoding::utf8_percent_encode;
 
 use super::json::{self, members};
-use super::named::{segment, Invalid, Named, Op};
+use super::named::{segment, Invalid, Named, Op, COMPONENT};
 use crate::config::Api;
-
-/// What `encodeURIComponent` leaves as it is (a query value is encoded so).
-const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
-    .remove(b'-')
-    .remove(b'_')
-    .remove(b'.')
-    .remove(b'!')
-    .remove(b'~')
-    .remove(b'*')
-    .remove(b'\'')
-    .remove(b'(')
-    .remove(b')');
 
 /// `anthropic_version` on Bedrock.
 pub(crate) const BEDROCK_VERSION: &str = "bedrock-2023-05-31";

@@ -22,8 +22,9 @@ use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_AL
 use super::json;
 use crate::config::Api;
 
-/// What `encodeURIComponent` leaves as it is (the SDKs encode a Bedrock model id so).
-const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+/// What `encodeURIComponent` leaves as it is (the SDKs encode a Bedrock model id and a query
+/// value so).
+pub(crate) const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'_')
     .remove(b'.')

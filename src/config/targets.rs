@@ -70,6 +70,9 @@ pub enum FailoverReason {
     ContextLength,
     /// No cloud credential can be had for the target (`auth = "aws" | "gcp" | "azure"`).
     Credential,
+    /// The target cut a stream mid-answer: its continuation (`continue_streams`) goes to another
+    /// target first.
+    StreamCut,
 }
 
 // The one spelling (config, metric label, error body).
@@ -82,6 +85,7 @@ spelled!(FailoverReason {
     "retries_exhausted" => RetriesExhausted,
     "context_length" => ContextLength,
     "credential" => Credential,
+    "stream_cut" => StreamCut,
 });
 
 impl FailoverReason {
@@ -89,14 +93,14 @@ impl FailoverReason {
         <FailoverReason as crate::words::Spelled>::parse(s)
     }
 
-    fn bit(self) -> u8 {
-        1 << (self as u8)
+    fn bit(self) -> u16 {
+        1 << (self as u16)
     }
 }
 
 /// The set of reasons a route fails over on (all of them by default).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FailoverOn(u8);
+pub struct FailoverOn(u16);
 
 impl FailoverOn {
     pub fn all() -> FailoverOn {
@@ -142,6 +146,6 @@ mod tests {
         assert!(set.contains(FailoverReason::Cooldown));
         assert!(!set.contains(FailoverReason::CircuitOpen));
         assert_eq!(set.iter().count(), 2);
-        assert_eq!(FailoverOn::default().iter().count(), 8);
+        assert_eq!(FailoverOn::default().iter().count(), 9);
     }
 }

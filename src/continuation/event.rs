@@ -2,16 +2,24 @@
 //! bytes ([`Framer`]), one event's name and data ([`Event`], read with `wire::sse`), and events
 //! written back (`event:` and one `data:` line, `\n` terminators).
 
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
 use serde_json::Value;
 
 use crate::wire::sse::{event_fields, EventEnd};
 
 /// Cuts a stream's bytes into whole events, fed in order: what the pipeline forwards to the app
 /// when a route continues streams (an event is never split between two attempts' bytes).
+///
+/// The bytes are copied in once; the events found are handed out as slices of them and taken
+/// together ([`Framer::take_found`], no copy), so that a chunk of many events costs one pass
+/// whatever its size. What is held is an event not complete yet, which the caller bounds.
 #[derive(Debug, Default)]
 pub(crate) struct Framer {
-    /// Bytes of events not complete yet.
-    buf: Vec<u8>,
+    buf: BytesMut,
+    /// The end of the whole events found and not taken yet.
+    found: usize,
     /// How much of `buf` the finder has seen.
     scanned: usize,
     end: EventEnd,
@@ -23,35 +31,57 @@ impl Framer {
         self.buf.extend_from_slice(bytes);
     }
 
-    /// The next whole event (its bytes as they came, terminators included), once its blank line
-    /// is in.
-    pub(crate) fn next_event(&mut self) -> Option<Vec<u8>> {
-        let found = self.end.feed(&self.buf[self.scanned..]);
-        let Some(at) = found else {
+    /// Where the next whole event is in [`Framer::found`] (its bytes as they came, terminators
+    /// included), once its blank line is in.
+    pub(crate) fn next_found(&mut self) -> Option<Range<usize>> {
+        let from = self.scanned.max(self.found);
+        let Some(at) = self.end.feed(&self.buf[from..]) else {
             self.scanned = self.buf.len();
             return None;
         };
-        let mut end = self.scanned + at;
+        let mut end = from + at;
         // The `\n` of a final `\r\n`, when it is in already.
         if self.buf[end - 1] == b'\r' && self.buf.get(end) == Some(&b'\n') {
             end += 1;
         }
-        self.scanned = 0;
+        let start = self.found;
+        self.found = end;
+        self.scanned = end;
         self.end = EventEnd::default();
-        let rest = self.buf.split_off(end);
-        Some(std::mem::replace(&mut self.buf, rest))
+        Some(start..end)
     }
 
-    /// The bytes held (an event not complete yet), taken: what a stream that ended left.
-    pub(crate) fn take_held(&mut self) -> Option<Vec<u8>> {
-        self.scanned = 0;
-        self.end = EventEnd::default();
-        (!self.buf.is_empty()).then(|| std::mem::take(&mut self.buf))
+    /// The bytes of the events found and not taken.
+    pub(crate) fn found(&self) -> &[u8] {
+        &self.buf[..self.found]
     }
 
-    /// The bytes held: an event not complete yet (the caller bounds it).
+    /// The events found, taken as one run of bytes (they share the buffer: no copy).
+    pub(crate) fn take_found(&mut self) -> Bytes {
+        let n = std::mem::take(&mut self.found);
+        self.scanned -= n;
+        self.buf.split_to(n).freeze()
+    }
+
+    /// The next whole event, taken.
+    #[cfg(test)]
+    pub(crate) fn next_event(&mut self) -> Option<Bytes> {
+        self.next_found()?;
+        Some(self.take_found())
+    }
+
+    /// Everything held (events found, and an event not complete yet), taken: what a stream that
+    /// ended left.
+    pub(crate) fn take_held(&mut self) -> Option<Bytes> {
+        self.found = 0;
+        self.scanned = 0;
+        self.end = EventEnd::default();
+        (!self.buf.is_empty()).then(|| self.buf.split().freeze())
+    }
+
+    /// The bytes held past the events found: an event not complete yet.
     pub(crate) fn held(&self) -> usize {
-        self.buf.len()
+        self.buf.len() - self.found
     }
 }
 
@@ -118,6 +148,36 @@ pub(crate) fn encode(name: &str, data: &Value) -> Vec<u8> {
     out
 }
 
+/// The `type` (and `code`) of the error event that ends a stream rebound could not finish.
+pub(crate) const STREAM_CUT: &str = "stream_cut";
+
+/// The error event that ends a cut stream that could not be finished, in the stream's dialect
+/// (`message` says what cut it and why it was not finished): Anthropic's `event: error`; Chat's
+/// `data: {"error": ...}`; Responses' `event: error` with its `code`, `message` and next
+/// `sequence_number`, and an `error` object too (what the OpenAI SDKs raise on).
+pub(crate) fn cut_event(dialect: super::Dialect, message: &str, next_seq: Option<u64>) -> Vec<u8> {
+    use serde_json::json;
+    let error = json!({"type": STREAM_CUT, "code": STREAM_CUT, "message": message, "param": null});
+    match dialect {
+        super::Dialect::Messages => encode(
+            "error",
+            &json!({"type": "error", "error": {"type": STREAM_CUT, "message": message}}),
+        ),
+        super::Dialect::Chat => encode("", &json!({ "error": error })),
+        super::Dialect::Responses => encode(
+            "error",
+            &json!({
+                "type": "error",
+                "code": STREAM_CUT,
+                "message": message,
+                "param": null,
+                "sequence_number": next_seq.unwrap_or(0),
+                "error": error,
+            }),
+        ),
+    }
+}
+
 /// OpenAI's end of a stream.
 pub(crate) const DONE: &[u8] = b"data: [DONE]\n\n";
 
@@ -154,11 +214,30 @@ mod tests {
             assert_eq!(names[1].data, Data::Other);
             assert_eq!(names[2].data, Data::Done);
             // What is not whole stays held, and the bytes are all there.
-            let mut all: Vec<u8> = events.concat();
+            let mut all: Vec<u8> = events.iter().flat_map(|e| e.to_vec()).collect();
             let held = f.held();
             all.extend_from_slice(&stream[stream.len() - held..]);
             assert_eq!(all, stream);
         }
+    }
+
+    #[test]
+    fn a_cut_event_is_an_error_event_in_each_dialect() {
+        use crate::continuation::Dialect;
+        for dialect in [Dialect::Messages, Dialect::Chat, Dialect::Responses] {
+            let event = cut_event(dialect, "cut \"here\"\n", Some(7));
+            assert!(crate::wire::sse::classify_event(&event).is_some(), "{dialect:?}");
+            let e = Event::parse(&event);
+            let json = e.json().expect("json");
+            let message = json["error"]["message"].as_str().or(json["message"].as_str());
+            assert_eq!(message, Some("cut \"here\"\n"), "{dialect:?}");
+        }
+        let responses = Event::parse(&cut_event(Dialect::Responses, "m", Some(7)));
+        assert_eq!(responses.kind(), "error");
+        assert_eq!(u64_at(responses.json().expect("json"), "sequence_number"), Some(7));
+        let messages = Event::parse(&cut_event(Dialect::Messages, "m", None));
+        assert_eq!(messages.name, "error");
+        assert_eq!(messages.json().expect("json")["error"]["type"], "stream_cut");
     }
 
     #[test]

@@ -88,7 +88,8 @@ use crate::words::spelled;
 /// The API a stream speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Dialect {
-    /// Anthropic Messages (`POST /v1/messages`, Bedrock and Vertex AI re-framed alike).
+    /// Anthropic Messages (`POST /v1/messages`; Bedrock's and Vertex AI's streams of it are not
+    /// continued).
     Messages,
     /// OpenAI Chat Completions.
     Chat,
@@ -146,6 +147,20 @@ pub(crate) enum Refusal {
 }
 
 impl Refusal {
+    /// Why, in words (the error event's message).
+    pub(crate) fn says(self) -> &'static str {
+        match self {
+            Refusal::ToolCall => "the stream carried a tool call",
+            Refusal::Thinking => "it was cut inside a thinking block",
+            Refusal::NotStarted => "no message had started",
+            Refusal::Ended => "the message had ended",
+            Refusal::TooLong => "more than a continuation keeps (1 MiB of text, 1024 blocks)",
+            Refusal::Unsupported => {
+                "a stream a continuation does not handle (several choices, a body that is not JSON)"
+            }
+        }
+    }
+
     /// The `result` of `rebound_continuations_total`.
     pub(crate) fn outcome(self) -> Outcome {
         match self {

@@ -24,10 +24,13 @@
 //! 3. **Disagreement** ([`SeamError`], the attempt failed, nothing of C spliced), with no overlap
 //!    taken: C' restarts the answer (it starts with P's first [`RESTART`] characters, or all of a
 //!    shorter P); or C' opens with a piece of P that is not its tail (its first [`PROBE`]
-//!    characters, or all of a complete C of [`LONG`] or more, occur in P).
+//!    characters, or all of a complete C of [`LONG`] or more, occur in P); or C restarts the
+//!    answer after a preamble ("Sure! Here is the rest: The capital ..."): P's first [`RESTART`]
+//!    characters (P of [`LONG`] or more) begin within C's first [`PREAMBLE`] characters.
 //!
-//! The hold ends as soon as C' is something P' does not contain (then every rule can be
-//! decided), at [`HOLD`] characters, or when C's text ends ([`Seam::finish`]).
+//! The hold ends as soon as C' is something P' does not contain and is long enough to hold a
+//! preamble's restart (`PREAMBLE` characters and P's opening; nothing more for a P shorter than
+//! [`LONG`]), at [`HOLD`] characters, or when C's text ends ([`Seam::finish`]).
 
 use memchr::memmem;
 
@@ -39,6 +42,9 @@ pub(crate) const LONG: usize = 16;
 pub(crate) const RESTART: usize = 24;
 /// A continuation that opens with this much of P (not its tail) repeats it.
 pub(crate) const PROBE: usize = 32;
+/// A continuation whose first this many characters lead into P's opening restarted the answer
+/// after a preamble.
+pub(crate) const PREAMBLE: usize = 96;
 
 /// How the continuation was asked for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,18 +75,22 @@ pub(crate) struct Seam {
     /// C so far, while undecided.
     held: String,
     held_chars: usize,
+    /// Characters held at least, to see a preamble's restart (0: P is too short to tell).
+    window: usize,
     decided: bool,
 }
 
 impl Seam {
     pub(crate) fn new(partial: &str, mode: SeamMode) -> Seam {
         let trimmed = partial.trim_end();
+        let window = opening_probe(trimmed).map_or(0, |p| PREAMBLE + p.chars().count());
         Seam {
             partial: trimmed.to_string(),
             trailing: partial[trimmed.len()..].to_string(),
             mode,
             held: String::new(),
             held_chars: 0,
+            window,
             decided: false,
         }
     }
@@ -99,7 +109,7 @@ impl Seam {
         self.held_chars += text.chars().count();
         let body = self.held.trim_start();
         let undecidable = body.is_empty() || memmem::find(self.partial.as_bytes(), body.as_bytes()).is_some();
-        if self.held_chars < HOLD && undecidable {
+        if self.held_chars < HOLD && (undecidable || self.held_chars < self.window) {
             return Ok(String::new());
         }
         self.decide(false)
@@ -147,6 +157,15 @@ fn cut(partial: &str, trailing: &str, c: &str, mode: SeamMode, complete: bool) -
     if probe.is_some_and(|p| memmem::find(partial.as_bytes(), p.as_bytes()).is_some()) {
         return Err(SeamError::Repeated);
     }
+    if let Some(opening) = opening_probe(partial) {
+        let limit = body
+            .char_indices()
+            .nth(PREAMBLE + opening.chars().count())
+            .map_or(body.len(), |(at, _)| at);
+        if memmem::find(&body.as_bytes()[..limit], opening.as_bytes()).is_some() {
+            return Err(SeamError::Restarted);
+        }
+    }
     Ok(space(trailing, lead))
 }
 
@@ -193,6 +212,17 @@ fn space(trailing: &str, lead: &str) -> usize {
 }
 
 /// How many characters two texts share at their start.
+/// P's opening a preamble's restart is told by: its first [`RESTART`] characters, when P has
+/// [`LONG`] or more.
+fn opening_probe(partial: &str) -> Option<&str> {
+    let opening = partial.trim_start();
+    if opening.chars().count() < LONG {
+        return None;
+    }
+    let end = opening.char_indices().nth(RESTART).map_or(opening.len(), |(at, _)| at);
+    Some(&opening[..end])
+}
+
 fn common_chars(a: &str, b: &str) -> usize {
     a.chars().zip(b.chars()).take_while(|(x, y)| x == y).count()
 }
@@ -293,6 +323,19 @@ mod tests {
             Err(SeamError::Repeated),
             "a short whole one"
         );
+        // It starts over after a preamble, in one piece or many.
+        let p = "The capital of France is";
+        let c = "Sure! Here is the rest: The capital of France is Paris, on the Seine.";
+        assert_eq!(turn(p, c), Err(SeamError::Restarted));
+        let pieces: Vec<String> = c.chars().map(String::from).collect();
+        let pieces: Vec<&str> = pieces.iter().map(String::as_str).collect();
+        assert_eq!(splice(p, SeamMode::Prefill, &pieces), Err(SeamError::Restarted));
+        // Far enough in, the same words are the answer's own.
+        let later = format!(
+            " Paris.{} The capital of France is old.",
+            " It is on the Seine.".repeat(6)
+        );
+        assert_eq!(turn(p, &later).unwrap(), later);
         // A continuation that only shares a word or two is fine.
         assert_eq!(turn(p, " consequences. The end.").unwrap(), " consequences. The end.");
     }

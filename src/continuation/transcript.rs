@@ -12,6 +12,10 @@ use crate::wire::usage::{Usage, UsageScan};
 /// The most text (and Responses items) kept: past it, a cut is not continued.
 pub(crate) const KEPT_MAX: usize = 1024 * 1024;
 
+/// The most blocks kept: past it, a cut is not continued (a message of many empty blocks costs
+/// no more than this).
+pub(crate) const MAX_BLOCKS: usize = 1024;
+
 /// The most content parts of one block kept (a Responses message has one or two).
 pub(crate) const MAX_PARTS: u64 = 16;
 
@@ -234,6 +238,10 @@ impl Transcript {
 
     /// A new block, open.
     pub(crate) fn open_block(&mut self, index: u64, kind: Kind, item: Option<Value>) {
+        if self.blocks.len() >= MAX_BLOCKS {
+            self.overflow = true;
+            return;
+        }
         self.blocks.push(Block {
             index,
             kind,
@@ -279,6 +287,12 @@ impl Transcript {
         }
         self.kept += bytes;
         true
+    }
+
+    /// Whether what the app has is past what a continuation keeps: the decision is made
+    /// ([`Refusal::TooLong`]), and nothing more need be observed.
+    pub(crate) fn overflowed(&self) -> bool {
+        self.overflow
     }
 
     /// Notes a `sequence_number`.

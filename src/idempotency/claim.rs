@@ -253,6 +253,11 @@ impl ClaimInner {
 }
 
 impl Claim {
+    /// The response it records (none for a claim that records nothing).
+    pub(crate) fn live(&self) -> Option<Arc<Live>> {
+        self.inner.as_ref().map(|c| c.live.clone())
+    }
+
     /// Whether a response with this status is stored (per `store_statuses`).
     pub(crate) fn stores(&self, status: u16) -> bool {
         self.inner

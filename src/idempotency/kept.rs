@@ -69,6 +69,20 @@ impl KeptHeaders {
         KeptHeaders(Repr::Joined(Arc::from(text)))
     }
 
+    /// As a header map (a pair that is not a valid header is left out).
+    pub(crate) fn header_map(&self) -> http::HeaderMap {
+        let mut h = http::HeaderMap::new();
+        for (name, value) in self {
+            if let (Ok(name), Ok(value)) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                http::HeaderValue::from_str(value),
+            ) {
+                h.append(name, value);
+            }
+        }
+        h
+    }
+
     /// The pairs, in order.
     pub fn iter(&self) -> Iter<'_> {
         match &self.0 {

@@ -292,13 +292,25 @@ impl Live {
 
     /// A body that reads this response from byte 0.
     pub fn follower(self: &Arc<Self>) -> Follower {
+        self.follower_from(0)
+    }
+
+    /// A body that reads this response from byte `from` on (a follower that has the bytes
+    /// before, and joins the continuation of a cut stream).
+    pub(crate) fn follower_from(self: &Arc<Self>, from: usize) -> Follower {
         let id = self.state.lock().waiter_id();
         Follower {
             live: self.clone(),
             next: 0,
+            skip: from,
             id,
             done: false,
         }
+    }
+
+    /// The head, if it is decided.
+    pub(crate) fn head_now(&self) -> Option<Head> {
+        self.state.lock().head.clone()
     }
 
     /// Chunk `index` of the body, or why there is none (yet).
@@ -364,8 +376,17 @@ pub struct Follower {
     live: Arc<Live>,
     /// The next chunk to send.
     next: u64,
+    /// Bytes still to skip (the reader has them).
+    skip: usize,
     id: u64,
     done: bool,
+}
+
+impl Follower {
+    /// The response it reads.
+    pub(crate) fn live(&self) -> &Arc<Live> {
+        &self.live
+    }
 }
 
 impl Body for Follower {
@@ -373,20 +394,30 @@ impl Body for Follower {
     type Error = BoxError;
 
     fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
-        if self.done {
-            return Poll::Ready(None);
-        }
-        let polled = self.live.poll_chunk(self.next, self.id, cx);
-        match polled {
-            Poll::Ready(Some(Ok(chunk))) => {
-                self.next += 1;
-                Poll::Ready(Some(Ok(Frame::data(chunk))))
+        loop {
+            if self.done {
+                return Poll::Ready(None);
             }
-            Poll::Ready(other) => {
-                self.done = true;
-                Poll::Ready(other.map(|r| r.map(Frame::data)))
-            }
-            Poll::Pending => Poll::Pending,
+            let polled = self.live.poll_chunk(self.next, self.id, cx);
+            return match polled {
+                Poll::Ready(Some(Ok(mut chunk))) => {
+                    self.next += 1;
+                    if self.skip > 0 {
+                        let skipped = self.skip.min(chunk.len());
+                        self.skip -= skipped;
+                        chunk = chunk.slice(skipped..);
+                        if chunk.is_empty() {
+                            continue;
+                        }
+                    }
+                    Poll::Ready(Some(Ok(Frame::data(chunk))))
+                }
+                Poll::Ready(other) => {
+                    self.done = true;
+                    Poll::Ready(other.map(|r| r.map(Frame::data)))
+                }
+                Poll::Pending => Poll::Pending,
+            };
         }
     }
 

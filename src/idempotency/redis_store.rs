@@ -28,6 +28,7 @@ struct Scripts {
     complete: Script,
     release: Script,
     take_over: Script,
+    take_over_cut: Script,
     reclaim: Script,
 }
 
@@ -57,6 +58,7 @@ impl RedisStore {
             complete: Script::new(include_str!("../redis/scripts/idem_complete_v2.lua")),
             release: Script::new(include_str!("../redis/scripts/idem_release_v2.lua")),
             take_over: Script::new(include_str!("../redis/scripts/idem_takeover_v1.lua")),
+            take_over_cut: Script::new(include_str!("../redis/scripts/idem_takeover_cut_v1.lua")),
             reclaim: Script::new(include_str!("../redis/scripts/cache_reclaim_v1.lua")),
         };
         RedisStore {
@@ -140,6 +142,17 @@ pub enum TakenOver {
     TooYoung,
 }
 
+/// What a takeover of a dead replica's cut stream did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum CutTakeover {
+    /// The key is this request's now: it continues the response.
+    Won,
+    /// Another request continues it: its owner, and the byte it continues after.
+    Continued { owner: Owner, from: u64 },
+    /// Anything else (the claim too young, the record completed, released, or restarted).
+    Lost,
+}
+
 /// A completion's arguments (`idem_complete_v2`'s ARGV).
 type CompleteArgs<'a> = (&'a Owner, &'a str, &'a str, &'a Bytes, u64, &'a Fingerprint);
 
@@ -180,6 +193,60 @@ impl RedisStore {
             -2 => Ok(TakenOver::TooYoung),
             _ => Ok(TakenOver::Changed),
         }
+    }
+
+    /// Claims `key`, in progress under `dead`, for `owner` to continue its response after its
+    /// first `from` bytes; or who continues it already (`idem_takeover_cut_v1`).
+    pub(crate) async fn take_over_cut(
+        &self,
+        key: &RecordKey,
+        fingerprint: &Fingerprint,
+        (dead, owner): (DeadOwner<'_>, &Owner),
+        (lease, liveness): (Duration, Duration),
+        from: u64,
+    ) -> Result<CutTakeover, StoreError> {
+        let key = self.full_key(key);
+        let script = &self.scripts.take_over_cut;
+        let give_up_at = self.redis.give_up_at_ms();
+        let reply: Vec<Value> = self
+            .redis
+            .run("idem_takeover", |mut c| async move {
+                script
+                    .key(&key)
+                    .arg(fingerprint.as_str())
+                    .arg(dead.0.as_str())
+                    .arg(owner.as_str())
+                    .arg(ms(lease))
+                    .arg(give_up_at)
+                    .arg(ms(liveness))
+                    .arg(from)
+                    .invoke_async(&mut c)
+                    .await
+            })
+            .await?;
+        let text = |i: usize| match reply.get(i) {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            _ => String::new(),
+        };
+        Ok(match reply.first() {
+            Some(Value::Int(1)) => CutTakeover::Won,
+            Some(Value::Int(-1)) => return Err(StoreError::Late("idem_takeover_cut_v1")),
+            Some(Value::Int(0)) if text(1) == "P" => {
+                let own = text(2);
+                let from = text(3)
+                    .split_once(' ')
+                    .filter(|(by, _)| *by == own)
+                    .and_then(|(_, n)| n.parse().ok());
+                match from {
+                    Some(from) => CutTakeover::Continued {
+                        owner: Owner::new(own),
+                        from,
+                    },
+                    None => CutTakeover::Lost,
+                }
+            }
+            _ => CutTakeover::Lost,
+        })
     }
 
     /// Whether completions wait for replica acknowledgements (`wait_replicas` > 0).

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 use super::admission::{self, Bounds, Gate};
 use super::commit;
 use super::context::Context;
-use super::cursor::Cursor;
+use super::cursor::{Cursor, Cut};
 use super::delivery::{Delivery, Progress};
 use super::limits::Limits;
 use super::pacing;
@@ -147,7 +147,7 @@ impl<'r> Call<'r> {
             cx,
             asked,
             state: RetryState::new(limits.max_attempts, asked.deadline),
-            at: Cursor::new(),
+            at: Cursor::after_cuts(route, asked.cuts),
             progress: Progress::new(limits.deadline, tokens, started),
             waited: (Duration::ZERO, None),
             retrying: None,
@@ -503,6 +503,8 @@ pub(super) struct Asked<'r> {
     /// The request repeats one that failed for good moments ago: a client's own retry, given one
     /// attempt in all (`crate::retry::client_retry`).
     pub(super) client_retry: bool,
+    /// The targets that cut the stream this request continues (none for a request of its own).
+    pub(super) cuts: &'r [Cut],
 }
 
 impl<'r> Asked<'r> {
@@ -520,7 +522,13 @@ impl<'r> Asked<'r> {
             named,
             deadline,
             client_retry,
+            cuts: &[],
         }
+    }
+
+    /// The continuation of a stream cut by `cuts`.
+    pub(super) fn after(self, cuts: &'r [Cut]) -> Asked<'r> {
+        Asked { cuts, ..self }
     }
 }
 

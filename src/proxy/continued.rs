@@ -23,13 +23,16 @@ use http_body::{Body, Frame, SizeHint};
 use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::BodyExt;
 
-use super::call::{self, Asked};
+use super::call;
 use super::context::Context;
+use super::cursor::Cut;
 use super::routes::Route;
-use super::stream::{ErrorWatch, IdleTimeout};
+use super::stream::{ErrorWatch, IdleTimeout, StreamIdle};
 use super::tokens::{Meter, RequestTokens};
 use crate::config::Api;
-use crate::continuation::{request, Decision, Dialect, Framer, How, Outcome, Splicer, Transcript};
+use crate::continuation::{event, request, Decision, Dialect, Framer, How, Outcome, Refusal, Splicer, Transcript};
+use crate::idempotency::live::OriginalAborted;
+use crate::idempotency::{Live, Rejoin};
 use crate::time::{self, Instant};
 use crate::traces::RequestSpan;
 use crate::wire::body::BoxError;
@@ -98,8 +101,14 @@ impl Again {
     /// Wraps the delivered stream (already under its idle timeout): continued when it is cut.
     /// `error_seen` is the response's mid-stream error flag, cleared when a continuation ends
     /// the stream whole (the idempotency record and the cache keep the continued answer).
-    /// `attempts`: the delivered attempt's number (continuations are counted after it).
-    pub(super) fn wrap<B>(mut self: Box<Self>, body: B, error_seen: Option<Arc<AtomicBool>>, attempts: u32) -> Continued
+    /// `attempts`: the delivered attempt's number (continuations are counted after it);
+    /// `target`: the target it streams from (unknown for a followed stream).
+    pub(super) fn wrap<B>(
+        mut self: Box<Self>,
+        body: B,
+        error_seen: Option<Arc<AtomicBool>>,
+        (attempts, target): (u32, Option<usize>),
+    ) -> Continued
     where
         B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
     {
@@ -108,6 +117,7 @@ impl Again {
         let transcript = Transcript::new(self.dialect);
         Continued {
             body: body.boxed_unsync(),
+            target,
             framer: Framer::default(),
             app: Some(transcript),
             splicer: None,
@@ -115,7 +125,13 @@ impl Again {
             out: VecDeque::new(),
             again: Arc::from(self),
             hops: 0,
+            cuts: Vec::new(),
+            first_cut: None,
+            provider_error: None,
+            last_seq: None,
             error_seen,
+            followed: None,
+            rejoined: false,
             route,
             done: false,
         }
@@ -126,18 +142,20 @@ impl Again {
         HeaderValue::from_static("true")
     }
 
-    /// Asks the target to go on from `app` (`how`): the continuation's stream, under the
-    /// route's idle timeout, and its splicer; or why not.
+    /// Asks a target to go on from `app` (`how`): the continuation's stream, under the route's
+    /// idle timeout, its splicer and its target; or why not. A target that cut the stream
+    /// (`cuts`) is asked only when no other is left, one that stalled it not at all.
     /// Each continuation's tokens are metered as its body passes, as the attempt it is (number
     /// `hop` after the delivered one): `rebound_tokens_total`, and the request's ledger.
-    async fn ask(self: Arc<Self>, app: Transcript, mut how: How, hop: u32) -> Result<(Stream, Splicer), BoxError> {
+    async fn ask(self: Arc<Self>, app: Transcript, mut how: How, hop: u32, cuts: Vec<Cut>) -> Result<Asked, BoxError> {
         loop {
             let left = self.until.saturating_duration_since(time::now());
             if left.is_zero() {
                 return Err("the request's deadline passed before its stream could be continued".into());
             }
             let (parts, path, body) = self.request(&app, how, left)?;
-            let asked = Asked::of(&self.route, (&parts, &path, &body, &self.named), false, self.until);
+            let asked =
+                call::Asked::of(&self.route, (&parts, &path, &body, &self.named), false, self.until).after(&cuts);
             let delivery = call::attempts(&self.cx, asked, self.tokens.clone(), &self.trace).await;
             let resp = delivery.result.map_err(|e| -> BoxError { e.to_string().into() })?;
             let status = resp.status().as_u16();
@@ -147,9 +165,14 @@ impl Again {
                 let meter = Meter::for_delivered(&resp, &target.tokens, &self.tokens, n, delivery.sent);
                 let shape = resp.body().shape();
                 let (body, _) = ErrorWatch::for_response(resp.into_body(), shape, false, &target.attempts, meter);
-                let idle = self.route.retry.stream_idle_timeout;
+                // A stall waits no longer than the request's deadline.
+                let idle = self
+                    .route
+                    .retry
+                    .stream_idle_timeout
+                    .min(left.max(Duration::from_millis(1)));
                 let stream = IdleTimeout::new(body, idle).boxed_unsync();
-                return Ok((stream, Splicer::new(app, how, &self.body)));
+                return Ok((stream, Splicer::new(app, how, &self.body), delivery.target));
             }
             let refused = http_body_util::Limited::new(resp.into_body(), MAX_REFUSAL)
                 .collect()
@@ -208,12 +231,27 @@ fn dialect(api: Api, named: &Named) -> Option<Dialect> {
     }
 }
 
-type Asking = Pin<Box<dyn Future<Output = Result<(Stream, Splicer), BoxError>> + Send>>;
+type Asking = Pin<Box<dyn Future<Output = Result<Next, BoxError>> + Send>>;
+
+/// A continuation's stream, its splicer, and the target it streams from.
+type Asked = (Stream, Splicer, usize);
+
+/// What a cut stream goes on with.
+enum Next {
+    /// A continuation, spliced here.
+    Spliced(Box<Asked>),
+    /// The continuation of the followed response, recorded under its key (by this request or
+    /// another, on any replica): read from the byte the app has on, as spliced there; the app's
+    /// transcript, and that response.
+    Rejoined(Stream, Box<Transcript>, Arc<Live>),
+}
 
 /// The app's stream on a route with `continue_streams` (see the module documentation).
 pub(super) struct Continued {
     /// The attempt streaming now: the delivered one, then each continuation.
     body: Stream,
+    /// The target it streams from (unknown for a followed stream).
+    target: Option<usize>,
     framer: Framer,
     /// What the app has, while the delivered attempt streams.
     app: Option<Transcript>,
@@ -225,12 +263,66 @@ pub(super) struct Continued {
     out: VecDeque<Bytes>,
     again: Arc<Again>,
     hops: u32,
+    /// The targets that cut the stream so far (where its continuation goes last, or not at all).
+    cuts: Vec<Cut>,
+    /// What cut the stream first, for the error event when it is not finished.
+    first_cut: Option<String>,
+    /// The last error event a provider sent: what the app reads when the stream is not finished.
+    provider_error: Option<Bytes>,
+    /// Responses: the last sequence number the app has when it was cut (the error event's is next).
+    last_seq: Option<u64>,
     error_seen: Option<Arc<AtomicBool>>,
+    /// The live response of another request this one follows (its key's), while it does.
+    followed: Option<Arc<Live>>,
+    /// It reads the continuation of the response it followed (spliced where that runs).
+    rejoined: bool,
     route: Arc<str>,
     done: bool,
 }
 
 impl Continued {
+    /// Follows `live` (the response of another request with its key): when that one's replica
+    /// dies mid-stream, one continuation is run for every follower ([`Rejoin`]).
+    pub(super) fn following(mut self, live: Arc<Live>) -> Continued {
+        self.followed = Some(live);
+        self
+    }
+
+    /// The continuation of a followed response whose replica died, run by the request that won
+    /// it (`app`: what was followed) and recorded under its key: only its own events.
+    fn after_cut(
+        again: Arc<Again>,
+        (app, how, hop): (Transcript, How, u32),
+        cuts: Vec<Cut>,
+        failed: Arc<AtomicBool>,
+    ) -> Continued {
+        let route = again.route.name.clone();
+        let last_seq = app.last_seq;
+        let asking = again.clone().ask(app, how, hop, cuts.clone());
+        Continued {
+            body: http_body_util::Empty::new().map_err(|e| match e {}).boxed_unsync(),
+            target: None,
+            framer: Framer::default(),
+            app: None,
+            splicer: None,
+            asking: Some(Box::pin(
+                async move { asking.await.map(|a| Next::Spliced(Box::new(a))) },
+            )),
+            out: VecDeque::new(),
+            again,
+            hops: hop,
+            cuts,
+            first_cut: Some("the replica running the original died".into()),
+            provider_error: None,
+            last_seq,
+            error_seen: Some(failed),
+            followed: None,
+            rejoined: false,
+            route,
+            done: false,
+        }
+    }
+
     /// Counts a cut's result.
     fn count(&self, outcome: Outcome) {
         self.again
@@ -241,94 +333,190 @@ impl Continued {
             .inc();
     }
 
-    /// The stream was cut (`why`): a continuation asked for, or the cut passed to the app.
-    fn cut(&mut self, why: BoxError) -> Result<(), BoxError> {
+    /// The stream was cut (`why`; `stalled`: by the idle timeout): a continuation asked for, or
+    /// the stream ended with an error event (or, when the app's message had ended, as it is).
+    fn cut(&mut self, why: BoxError, stalled: bool) {
+        // A followed response aborted between two whole events: who continues it is asked.
+        let rejoin = match self.followed.take() {
+            Some(live) if why.is::<OriginalAborted>() && self.framer.held() == 0 => Some(live),
+            _ => None,
+        };
+        self.framer = Framer::default();
+        // The continuation this stream joined failed where it ran: as it ended there.
+        if self.rejoined && self.provider_error.is_some() {
+            return self.fail(why);
+        }
+        if let Some(index) = self.target.take() {
+            self.cuts.push(Cut { index, stalled });
+        }
+        self.first_cut.get_or_insert_with(|| why.to_string());
         let app = match (self.splicer.take(), self.app.take()) {
             (Some(s), _) => s.into_transcript(),
             (None, Some(t)) => t,
-            (None, None) => return Err(why),
+            (None, None) => return self.fail(why),
         };
+        self.last_seq = app.last_seq;
         let prefill = self.again.dialect == Dialect::Messages;
-        let decision = app.decide(&self.again.body, prefill);
-        match decision {
+        match app.decide(&self.again.body, prefill) {
             Decision::Continue(how) if self.hops < MAX_HOPS => {
                 self.hops += 1;
                 tracing::info!(route = %self.route, how = how.as_str(), hop = self.hops, error = %why, "continuing a cut stream");
-                self.asking = Some(Box::pin(self.again.clone().ask(app, how, self.hops)));
-                self.framer = Framer::default();
-                Ok(())
+                let (again, cuts) = (self.again.clone(), self.cuts.clone());
+                let hop = self.hops;
+                self.asking = Some(match rejoin {
+                    Some(live) => Box::pin(rejoin_or_ask(again, (app, how, hop), cuts, live)),
+                    None => {
+                        Box::pin(
+                            async move { again.ask(app, how, hop, cuts).await.map(|a| Next::Spliced(Box::new(a))) },
+                        )
+                    }
+                });
             }
             Decision::Continue(_) => {
                 self.count(Outcome::Failed);
+                self.fail(format!("cut again after {MAX_HOPS} continuations: {why}").into());
+            }
+            // The app has the whole message: nothing to finish, nothing to report.
+            Decision::Refuse(Refusal::Ended) => {
+                self.count(Outcome::Failed);
                 self.done = true;
-                Err(why)
             }
             Decision::Refuse(refusal) => {
                 self.count(refusal.outcome());
-                self.done = true;
-                Err(why)
+                self.fail(format!("not continued: {}", refusal.says()).into());
             }
         }
     }
 
-    /// The whole events the attempt's bytes completed, to the app (or to the splicer).
-    fn events(&mut self, data: &[u8]) -> Result<(), BoxError> {
+    /// The stream cannot be finished (`why`): it ends with the provider's error event as it
+    /// came, else rebound's (`stream_cut`, in the stream's dialect), never a reset or a clean
+    /// end; the idempotency record and the cache do not keep it.
+    fn fail(&mut self, why: BoxError) {
+        let event = self.provider_error.take().unwrap_or_else(|| {
+            let cut = self.first_cut.as_deref().unwrap_or("the stream was cut");
+            let message = format!("rebound: the upstream stream was cut ({cut}) and could not be finished: {why}");
+            let next_seq = self.last_seq.map(|s| s + 1);
+            Bytes::from(event::cut_event(self.again.dialect, &message, next_seq))
+        });
+        tracing::warn!(route = %self.route, error = %why, "a cut stream ends with an error event");
+        self.out.push_back(event);
+        if let Some(flag) = &self.error_seen {
+            flag.store(true, Ordering::Release);
+        }
+        self.done = true;
+    }
+
+    /// The whole events the attempt's bytes completed, to the app (or to the splicer); the app's
+    /// events of one chunk go as one run of bytes.
+    fn events(&mut self, data: &[u8]) {
         self.framer.push(data);
-        while let Some(event) = self.framer.next_event() {
+        while let Some(at) = self.framer.next_found() {
+            let event = &self.framer.found()[at.clone()];
+            if classify_event(event).is_some() {
+                // The provider's error event: kept for the app should the stream not be
+                // finished; what came before it goes on.
+                let why = format!("an error event mid-stream: {}", describe(event));
+                let mut found = self.framer.take_found();
+                self.provider_error = Some(found.split_off(at.start));
+                self.send(found);
+                return self.cut(why.into(), false);
+            }
             if let Some(s) = self.splicer.as_mut() {
-                match s.feed(&event) {
-                    Ok(bytes) if bytes.is_empty() => {}
-                    Ok(bytes) => self.out.push_back(Bytes::from(bytes)),
-                    Err(e) => return self.cut(format!("the continuation was cut: {e:?}").into()),
+                let spliced = s.feed(event);
+                drop(self.framer.take_found());
+                match spliced {
+                    Ok(bytes) => self.send(Bytes::from(bytes)),
+                    Err(e) => return self.cut(format!("the continuation was cut: {e:?}").into(), false),
                 }
                 continue;
             }
-            if classify_event(&event).is_some() {
-                // Not continued: the provider's error event goes to the app as it came, and the
-                // stream ends there, as it would without the feature.
-                if self.cut("an error event mid-stream".into()).is_err() {
-                    self.out.push_back(Bytes::from(event));
-                }
-                return Ok(());
+            if let Some(app) = self.app.as_mut().filter(|a| !a.overflowed()) {
+                app.observe(event);
             }
-            if let Some(app) = self.app.as_mut() {
-                app.observe(&event);
-            }
-            self.out.push_back(Bytes::from(event));
+        }
+        if self.splicer.is_none() {
+            let found = self.framer.take_found();
+            self.send(found);
         }
         if self.framer.held() > MAX_EVENT {
-            return self.cut("an event over 1 MiB".into());
+            self.cut("an event over 1 MiB".into(), false);
         }
-        Ok(())
+    }
+
+    fn send(&mut self, bytes: Bytes) {
+        if !bytes.is_empty() {
+            self.out.push_back(bytes);
+        }
     }
 
     /// The attempt's body ended.
-    fn ended(&mut self) -> Result<(), BoxError> {
+    fn ended(&mut self) {
         match self.splicer.as_mut() {
             Some(s) => match s.finish() {
                 Ok(bytes) => {
-                    if !bytes.is_empty() {
-                        self.out.push_back(Bytes::from(bytes));
-                    }
+                    self.send(Bytes::from(bytes));
                     self.count(Outcome::Continued);
                     if let Some(flag) = &self.error_seen {
                         flag.store(false, Ordering::Release);
                     }
                     self.done = true;
-                    Ok(())
                 }
-                Err(e) => self.cut(format!("the continuation ended early: {e:?}").into()),
+                Err(e) => self.cut(format!("the continuation ended early: {e:?}").into(), false),
             },
             None => {
                 // The delivered stream ended by itself: what it left unterminated goes as it came.
                 if let Some(rest) = self.framer.take_held() {
-                    self.out.push_back(Bytes::from(rest));
+                    self.out.push_back(rest);
                 }
                 self.done = true;
-                Ok(())
             }
         }
     }
+}
+
+/// The continuation of a followed response whose replica died: run here for every follower of its
+/// key when this request claims it first (recorded under the key, read here as the others read
+/// it), followed when another did, else asked for here alone.
+async fn rejoin_or_ask(
+    again: Arc<Again>,
+    (app, how, hop): (Transcript, How, u32),
+    cuts: Vec<Cut>,
+    dead: Arc<Live>,
+) -> Result<Next, BoxError> {
+    let rejoined = match again.route.idempotency.as_ref() {
+        Some(idem) => idem.rejoin(&dead).await,
+        None => Rejoin::Alone,
+    };
+    match rejoined {
+        Rejoin::Won(claim, live) => {
+            let (Some(head), Some(from)) = (live.head_now(), live.body().map(|b| b.len())) else {
+                return Err("the continued response has no head".into());
+            };
+            let failed = Arc::new(AtomicBool::new(false));
+            let body = Continued::after_cut(again, (app.clone(), how, hop), cuts, failed.clone());
+            let headers = head.headers.header_map();
+            let recorder = claim.record(head.status, &headers, body, Some(failed));
+            // Read to its end whoever reads it: every follower of the key waits for it.
+            crate::tasks::spawn("cut_stream_continuation", async move {
+                let mut recorder = std::pin::pin!(recorder);
+                while let Some(Ok(_)) = recorder.frame().await {}
+            });
+            Ok(Next::Rejoined(
+                live.follower_from(from).boxed_unsync(),
+                Box::new(app),
+                live,
+            ))
+        }
+        Rejoin::Follow(follower, live) => Ok(Next::Rejoined(follower.boxed_unsync(), Box::new(app), live)),
+        Rejoin::Alone => again.ask(app, how, hop, cuts).await.map(|a| Next::Spliced(Box::new(a))),
+    }
+}
+
+/// What an error event says, for a log line and a message: its data, at most 200 bytes.
+fn describe(event: &[u8]) -> String {
+    let data = crate::wire::sse::event_data(event);
+    let text = String::from_utf8_lossy(&data[..data.len().min(200)]).into_owned();
+    text
 }
 
 impl Body for Continued {
@@ -348,28 +536,35 @@ impl Body for Continued {
                 let answer = ready!(asking.as_mut().poll(cx));
                 this.asking = None;
                 match answer {
-                    Ok((stream, splicer)) => {
+                    Ok(Next::Spliced(asked)) => {
+                        let (stream, splicer, target) = *asked;
                         this.body = stream;
                         this.splicer = Some(splicer);
+                        this.target = Some(target);
+                    }
+                    Ok(Next::Rejoined(stream, app, live)) => {
+                        this.body = stream;
+                        this.app = Some(*app);
+                        this.followed = Some(live);
+                        this.rejoined = true;
                     }
                     Err(e) => {
                         this.count(Outcome::Failed);
-                        this.done = true;
-                        return Poll::Ready(Some(Err(e)));
+                        this.fail(e);
                     }
                 }
                 continue;
             }
-            let step = match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+            match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
                 Some(Ok(frame)) => match frame.into_data() {
                     Ok(data) => this.events(&data),
                     Err(trailers) => return Poll::Ready(Some(Ok(trailers))),
                 },
-                Some(Err(e)) => this.cut(e),
+                Some(Err(e)) => {
+                    let stalled = e.downcast_ref::<StreamIdle>().is_some();
+                    this.cut(e, stalled);
+                }
                 None => this.ended(),
-            };
-            if let Err(e) = step {
-                return Poll::Ready(Some(Err(e)));
             }
         }
     }

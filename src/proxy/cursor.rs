@@ -3,6 +3,10 @@
 //! the target cannot take it (its circuit open, the credential cooling down or paced out), and
 //! never comes back to it. The choice among the targets it has not left is the route's `balance`
 //! ([`crate::targets::choose`]).
+//!
+//! A stream's continuation starts [`Cursor::after_cuts`]: a target that cut the stream is
+//! evidence against itself, so it is chosen only when no other is left, and one that stalled it
+//! (its idle timeout spent once) not at all (`stream_cut` in the route's `failover_on`).
 
 use std::time::Duration;
 
@@ -26,6 +30,16 @@ pub(super) struct Cursor {
     soonest: Option<Duration>,
     /// Times it moved to another target.
     pub(super) failovers: u32,
+    /// Targets that cut the stream this request continues: chosen only when no other is left.
+    deferred: Vec<usize>,
+}
+
+/// A target that cut a stream, and whether it stalled it (the idle timeout) rather than reset it
+/// or ended it with an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Cut {
+    pub(super) index: usize,
+    pub(super) stalled: bool,
 }
 
 impl Cursor {
@@ -36,7 +50,34 @@ impl Cursor {
             leaving: None,
             soonest: None,
             failovers: 0,
+            deferred: Vec::new(),
         }
+    }
+
+    /// The cursor of a continuation of a stream cut by `cuts` (oldest first): each target that
+    /// stalled it is left (a route's only target after its second stall), each that cut it
+    /// otherwise is deferred, and the move away from the
+    /// last one is a `stream_cut` failover. A route that does not fail over on `stream_cut`
+    /// chooses as for any request.
+    pub(super) fn after_cuts(route: &Route, cuts: &[Cut]) -> Cursor {
+        let mut cursor = Cursor::new();
+        if !route.targets.failover_on.contains(FailoverReason::StreamCut) {
+            return cursor;
+        }
+        for (n, cut) in cuts.iter().enumerate() {
+            // A stall costs its idle timeout once per target: the only target of a route is
+            // asked again once.
+            let stalled_before = cuts[..n].iter().any(|c| c.index == cut.index && c.stalled);
+            if cut.stalled && (route.targets.len() > 1 || stalled_before) {
+                cursor.mark(cut.index, FailoverReason::StreamCut);
+            } else if !cursor.deferred.contains(&cut.index) {
+                cursor.deferred.push(cut.index);
+            }
+        }
+        if let Some(last) = cuts.last() {
+            cursor.leaving = Some((last.index, FailoverReason::StreamCut));
+        }
+        cursor
     }
 
     /// Why `index` was left, if it was.
@@ -92,10 +133,13 @@ impl Cursor {
             // The common route: nothing to choose, nothing allocated.
             return (!self.is_left(0)).then_some(0);
         }
+        // A target that cut the stream only when no other is left.
+        let fresh = |i: usize| !self.is_left(i) && !self.deferred.contains(&i);
+        let any_fresh = route.targets.iter().any(|t| fresh(t.index));
         let candidates: Vec<Candidate> = route
             .targets
             .iter()
-            .filter(|t| !self.is_left(t.index))
+            .filter(|t| !self.is_left(t.index) && (!any_fresh || fresh(t.index)))
             .map(|t| Candidate {
                 index: t.index,
                 weight: t.config.weight,
@@ -122,7 +166,8 @@ impl Cursor {
     /// (from which target, and why), to be counted.
     pub(super) fn arrive(&mut self, index: usize) -> Option<(usize, FailoverReason)> {
         self.current = Some(index);
-        let moved = self.leaving.take();
+        // Back on the target it left (a continuation on the one that cut the stream): no move.
+        let moved = self.leaving.take().filter(|(from, _)| *from != index);
         if moved.is_some() {
             self.failovers += 1;
         }

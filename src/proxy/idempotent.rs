@@ -3,7 +3,7 @@
 //! with by itself.
 
 use bytes::Bytes;
-use http::{HeaderName, HeaderValue, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 
 use super::routes::Route;
 use crate::error::ProxyError;
@@ -90,7 +90,8 @@ pub(super) fn replay_response(stored: StoredResponse, log: RequestLog) -> Respon
 /// The response of an original still in flight, as it is produced: no upstream call.
 ///
 /// On a route with `continue_streams`, a followed stream cut (its owner died, its stream was cut)
-/// is continued here from what this request received (`again`).
+/// is continued from what this request received (`again`): when its owner's replica died, by one
+/// continuation for every follower of the key, else here.
 pub(super) fn follow_response(
     followed: Followed,
     again: Option<Box<super::continued::Again>>,
@@ -100,11 +101,22 @@ pub(super) fn follow_response(
     let streams = followed.head.headers.iter().any(|(k, v)| {
         k.eq_ignore_ascii_case("content-type") && v.to_ascii_lowercase().starts_with("text/event-stream")
     });
-    let body = match again.filter(|_| status == StatusCode::OK && streams) {
-        Some(again) => ProxyBody::new(again.wrap(followed.body, None, 0), log, status.as_u16()),
+    let continued = again.filter(|_| status == StatusCode::OK && streams);
+    let length = continued.is_none();
+    let body = match continued {
+        Some(again) => {
+            let live = followed.live();
+            let continued = again.wrap(followed.body, None, (0, None)).following(live);
+            ProxyBody::new(continued, log, status.as_u16())
+        }
         None => ProxyBody::new(followed.body, log, status.as_u16()),
     };
-    shared_response(status, &followed.head.headers, body)
+    let mut resp = shared_response(status, &followed.head.headers, body);
+    if !length {
+        // A continued answer has no length known in advance.
+        resp.headers_mut().remove(http::header::CONTENT_LENGTH);
+    }
+    resp
 }
 
 /// Another request's response (replayed or followed), with its kept headers.
@@ -120,11 +132,5 @@ fn shared_response(status: StatusCode, kept: &KeptHeaders, body: ProxyBody) -> R
 
 /// A stored or followed response's kept headers, as a header map.
 pub(super) fn kept_headers(kept: &KeptHeaders) -> http::HeaderMap {
-    let mut h = http::HeaderMap::new();
-    for (name, value) in kept {
-        if let (Ok(name), Ok(value)) = (HeaderName::from_bytes(name.as_bytes()), HeaderValue::from_str(value)) {
-            h.append(name, value);
-        }
-    }
-    h
+    kept.header_map()
 }

@@ -74,7 +74,9 @@ where
             parts
                 .headers
                 .insert(headers::X_REBOUND_CONTINUABLE, super::continued::Again::header());
-            Either::Left(again.wrap(body, stream_error.clone(), attempts))
+            // A continued answer has no length known in advance.
+            parts.headers.remove(http::header::CONTENT_LENGTH);
+            Either::Left(again.wrap(body, stream_error.clone(), (attempts, Some(target.index))))
         }
         None => Either::Right(body),
     };

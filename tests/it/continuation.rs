@@ -20,7 +20,7 @@ async fn rebound(provider: &FakeProvider) -> Rebound {
 }
 
 /// One SSE event as an SDK reads it: its name and its JSON data.
-fn events(body: &str) -> Vec<(String, serde_json::Value)> {
+pub(crate) fn events(body: &str) -> Vec<(String, serde_json::Value)> {
     body.split("\n\n")
         .filter(|e| !e.trim().is_empty())
         .filter_map(|e| {
@@ -41,16 +41,16 @@ fn events(body: &str) -> Vec<(String, serde_json::Value)> {
 }
 
 /// A streamed Messages request.
-const MESSAGES: &str =
+pub(crate) const MESSAGES: &str =
     r#"{"model":"claude-sonnet-4-5","max_tokens":100,"stream":true,"messages":[{"role":"user","content":"count"}]}"#;
 
 /// The whole answer of a fake stream of `chunks` deltas.
-fn whole(chunks: usize) -> String {
+pub(crate) fn whole(chunks: usize) -> String {
     (0..chunks).map(|i| format!("token{i} ")).collect()
 }
 
 /// Checks an Anthropic stream as the SDK reads it: one message, block 0, one end; its text.
-fn anthropic_text(body: &str) -> String {
+pub(crate) fn anthropic_text(body: &str) -> String {
     let events = events(body);
     let count = |t: &str| events.iter().filter(|(_, d)| d["type"] == t).count();
     assert_eq!(count("message_start"), 1, "{body}");
@@ -69,14 +69,15 @@ fn anthropic_text(body: &str) -> String {
 }
 
 /// The text of a chat stream's deltas.
-fn chat_text(body: &str) -> String {
+pub(crate) fn chat_text(body: &str) -> String {
     events(body)
         .iter()
         .filter_map(|(_, d)| d["choices"][0]["delta"]["content"].as_str().map(str::to_string))
         .collect()
 }
 
-/// Reads a stream that must stay cut (`why`): its body fails, and the cut is counted under
+/// Reads a stream that could not be finished (`why`): it ends with an error event in its
+/// dialect (never a bare reset, never a clean end without one), and the cut is counted under
 /// `result`. Its bytes, as text.
 async fn visible_cut(
     rebound: &Rebound,
@@ -85,10 +86,16 @@ async fn visible_cut(
 ) -> String {
     assert_eq!(resp.status(), 200);
     let read = read_body(resp.into_body(), b"", Duration::from_secs(10)).await;
-    assert!(!read.clean, "the cut is visible: {why}");
+    let text = String::from_utf8_lossy(&read.bytes).to_string();
+    assert!(read.clean, "the stream ends, with an error event ({why}): {text}");
+    let (name, last) = events(&text).pop().expect("an event");
+    assert!(
+        name == "error" || last.get("error").is_some(),
+        "the last event is an error ({why}): {text}"
+    );
     let series = format!(r#"rebound_continuations_total{{result="{result}",route="fake"}}"#);
     until_metric(rebound, &series, |n| n == 1.0).await;
-    String::from_utf8_lossy(&read.bytes).to_string()
+    text
 }
 
 fn continued(page: &str, result: &str) -> f64 {
@@ -427,8 +434,11 @@ async fn a_cut_stream_is_finished_on_the_next_target_when_its_own_is_overloaded(
     let r = send("POST", &format!("{}/fake/v1/messages", rebound.url), &h, body).await;
     assert_eq!(r.status, 200);
     assert_eq!(anthropic_text(&r.text()), whole(8), "{}", r.text());
-    assert_eq!(a.count("next"), 2, "the cut, the refused continuation");
+    assert_eq!(a.count("next"), 1, "the cut only: its continuation goes elsewhere");
     assert_eq!(b.count("next"), 1, "finished on the next target");
+    let page = rebound.metrics().await;
+    let moved = r#"rebound_failovers_total{from="fake",reason="stream_cut",route="fake",to="backup"}"#;
+    assert_eq!(metric(&page, moved), 1.0, "{page}");
     let on_b: serde_json::Value = serde_json::from_slice(&b.requests("next")[0].body).unwrap();
     assert_eq!(
         on_b["messages"].as_array().unwrap().last().unwrap()["role"],

@@ -17,6 +17,7 @@ mod cloud_gcp;
 mod config_files;
 mod continuation;
 mod credentials;
+mod cut_streams;
 mod dead_letters;
 mod docs;
 mod edges;

@@ -20,6 +20,7 @@ use super::context::Context;
 use super::cursor::{Cursor, Cut};
 use super::delivery::{Delivery, Progress};
 use super::limits::Limits;
+use super::outbound;
 use super::pacing;
 use super::primed::Primed;
 use super::request;
@@ -134,7 +135,7 @@ impl<'r> Call<'r> {
     /// the retry budget credited.
     fn new(cx: &'r Context, asked: Asked<'r>, tokens: RequestTokens, started: Instant) -> Call<'r> {
         let route = asked.route;
-        let mut limits = retry::policy::request_limits(&asked.parts.headers, &route.retry);
+        let mut limits = asked.request.limits;
         if asked.client_retry {
             limits.max_attempts = 1;
         }
@@ -194,7 +195,7 @@ impl<'r> Call<'r> {
                 }
             };
             let request = (asked.parts, asked.path, asked.body.clone(), asked.named);
-            let sent = request::build(target, request, &self.cx.credentials);
+            let sent = outbound::build(target, request, &self.cx.credentials);
             let (req, rewritten) = match sent {
                 Ok(r) => r,
                 Err(e) => {
@@ -466,7 +467,7 @@ impl<'r> Call<'r> {
         }
         let result = result.map_err(|e| {
             tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
-            request::attempt_error(&target.name, e)
+            outbound::attempt_error(&target.name, e)
         });
         let total = self.state.total;
         if outcome.is_failure() && (total > 1 || stop != Stop::NotRetryable) {
@@ -488,9 +489,12 @@ impl<'r> Call<'r> {
     }
 }
 
-/// The request as the app asked it, the same for every attempt.
+/// The request as the app asked it, the same for every attempt (a continuation's: the app's
+/// request with the partial answer, its head and body made for that continuation).
 #[derive(Clone, Copy)]
 pub(super) struct Asked<'r> {
+    /// The app's request (`request.rs`): its route, limits and deadline.
+    pub(super) request: &'r request::Request,
     pub(super) route: &'r Route,
     pub(super) parts: &'r http::request::Parts,
     /// The path forwarded (after `strip_prefix`).
@@ -508,27 +512,34 @@ pub(super) struct Asked<'r> {
 }
 
 impl<'r> Asked<'r> {
-    pub(super) fn of(
-        route: &'r Route,
-        (parts, path, body, named): (&'r http::request::Parts, &'r str, &'r Bytes, &'r Named),
-        client_retry: bool,
-        deadline: Instant,
-    ) -> Asked<'r> {
+    /// The app's request, as it came.
+    pub(super) fn of(request: &'r request::Request, client_retry: bool) -> Asked<'r> {
         Asked {
-            route,
-            parts,
-            path,
-            body,
-            named,
-            deadline,
+            request,
+            route: &request.route,
+            parts: &request.parts,
+            path: request.path(),
+            body: &request.body,
+            named: &request.named,
+            deadline: request.deadline,
             client_retry,
             cuts: &[],
         }
     }
 
-    /// The continuation of a stream cut by `cuts`.
-    pub(super) fn after(self, cuts: &'r [Cut]) -> Asked<'r> {
-        Asked { cuts, ..self }
+    /// A continuation of the app's `request`, cut by `cuts`: its head, path and body made for it.
+    pub(super) fn continuing(
+        request: &'r request::Request,
+        (parts, path, body): (&'r http::request::Parts, &'r str, &'r Bytes),
+        cuts: &'r [Cut],
+    ) -> Asked<'r> {
+        Asked {
+            parts,
+            path,
+            body,
+            cuts,
+            ..Asked::of(request, false)
+        }
     }
 }
 

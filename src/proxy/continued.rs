@@ -26,14 +26,14 @@ use http_body_util::BodyExt;
 use super::call;
 use super::context::Context;
 use super::cursor::Cut;
-use super::routes::Route;
+use super::request::Request;
 use super::stream::{ErrorWatch, IdleTimeout, StreamIdle};
 use super::tokens::{Meter, RequestTokens};
 use crate::config::Api;
 use crate::continuation::{event, request, Decision, Dialect, Framer, How, Outcome, Refusal, Splicer, Transcript};
 use crate::idempotency::live::OriginalAborted;
 use crate::idempotency::{Live, Rejoin};
-use crate::time::{self, Instant};
+use crate::time;
 use crate::traces::RequestSpan;
 use crate::wire::body::BoxError;
 use crate::wire::headers;
@@ -51,21 +51,14 @@ const MAX_REFUSAL: usize = 64 * 1024;
 
 type Stream = UnsyncBoxBody<Bytes, BoxError>;
 
-/// What another attempt of the request needs: the request as the app sent it, where it goes,
-/// and by when.
+/// What another attempt of the request needs: the app's request (its route, head, body, what it
+/// names, its deadline), the request's books and trace, and the stream's dialect.
 pub(super) struct Again {
     cx: Arc<Context>,
-    route: Arc<Route>,
-    parts: http::request::Parts,
-    path: String,
-    body: Bytes,
-    /// What the request names (a continuation names the same).
-    named: Named,
+    request: Arc<Request>,
     tokens: RequestTokens,
     trace: RequestSpan,
     dialect: Dialect,
-    /// The request's deadline.
-    until: Instant,
     /// The delivered attempt's number: continuations are numbered after it.
     delivered: u32,
 }
@@ -75,25 +68,19 @@ impl Again {
     /// one a continuation knows (Anthropic Messages, Chat Completions, Responses).
     pub(super) fn of(
         cx: &Arc<Context>,
-        route: &Arc<Route>,
-        (parts, path, body, named): (&http::request::Parts, &str, &Bytes, &Named),
-        (tokens, trace, deadline): (&RequestTokens, &RequestSpan, Instant),
+        request: &Arc<Request>,
+        (tokens, trace): (&RequestTokens, &RequestSpan),
     ) -> Option<Box<Again>> {
-        if !route.config.continue_streams || parts.method != Method::POST {
+        if !request.route.config.continue_streams || request.parts.method != Method::POST {
             return None;
         }
-        let dialect = dialect(route.config.api, named)?;
+        let dialect = dialect(request.route.config.api, &request.named)?;
         Some(Box::new(Again {
             cx: cx.clone(),
-            route: route.clone(),
-            parts: parts.clone(),
-            path: path.to_string(),
-            body: body.clone(),
-            named: named.clone(),
+            request: request.clone(),
             tokens: tokens.clone(),
             trace: trace.clone(),
             dialect,
-            until: deadline,
             delivered: 0,
         }))
     }
@@ -113,7 +100,7 @@ impl Again {
         B: Body<Data = Bytes, Error = BoxError> + Send + 'static,
     {
         self.delivered = attempts;
-        let route = self.route.name.clone();
+        let route = self.request.route.name.clone();
         let transcript = Transcript::new(self.dialect);
         Continued {
             body: body.boxed_unsync(),
@@ -149,30 +136,35 @@ impl Again {
     /// `hop` after the delivered one): `rebound_tokens_total`, and the request's ledger.
     async fn ask(self: Arc<Self>, app: Transcript, mut how: How, hop: u32, cuts: Vec<Cut>) -> Result<Asked, BoxError> {
         loop {
-            let left = self.until.saturating_duration_since(time::now());
+            let left = self.request.deadline.saturating_duration_since(time::now());
             if left.is_zero() {
                 return Err("the request's deadline passed before its stream could be continued".into());
             }
             let (parts, path, body) = self.request(&app, how, left)?;
-            let asked =
-                call::Asked::of(&self.route, (&parts, &path, &body, &self.named), false, self.until).after(&cuts);
+            let asked = call::Asked::continuing(&self.request, (&parts, &path, &body), &cuts);
             let delivery = call::attempts(&self.cx, asked, self.tokens.clone(), &self.trace).await;
             let resp = delivery.result.map_err(|e| -> BoxError { e.to_string().into() })?;
             let status = resp.status().as_u16();
             if status == 200 {
-                let target = self.route.targets.get(delivery.target).unwrap_or(self.route.primary());
+                let target = self
+                    .request
+                    .route
+                    .targets
+                    .get(delivery.target)
+                    .unwrap_or(self.request.route.primary());
                 let n = self.delivered + hop;
                 let meter = Meter::for_delivered(&resp, &target.tokens, &self.tokens, n, delivery.sent);
                 let shape = resp.body().shape();
                 let (body, _) = ErrorWatch::for_response(resp.into_body(), shape, false, &target.attempts, meter);
                 // A stall waits no longer than the request's deadline.
                 let idle = self
+                    .request
                     .route
                     .retry
                     .stream_idle_timeout
                     .min(left.max(Duration::from_millis(1)));
                 let stream = IdleTimeout::new(body, idle).boxed_unsync();
-                return Ok((stream, Splicer::new(app, how, &self.body), delivery.target));
+                return Ok((stream, Splicer::new(app, how, &self.request.body), delivery.target));
             }
             let refused = http_body_util::Limited::new(resp.into_body(), MAX_REFUSAL)
                 .collect()
@@ -195,7 +187,7 @@ impl Again {
         how: How,
         left: Duration,
     ) -> Result<(http::request::Parts, String, Bytes), BoxError> {
-        let mut parts = self.parts.clone();
+        let mut parts = self.request.parts.clone();
         let ms = u64::try_from(left.as_millis()).unwrap_or(u64::MAX).max(1);
         parts
             .headers
@@ -206,15 +198,15 @@ impl Again {
             let (resume, query) = resume.split_once('?').unwrap_or((&resume, ""));
             // The route's own prefix before the API path (`/v1/responses/...`); the query goes
             // upstream from the request's URI.
-            let base = self.path.split("/v1/").next().unwrap_or("");
+            let base = self.request.path().split("/v1/").next().unwrap_or("");
             let path = format!("{base}{resume}");
             parts.uri = format!("{}?{query}", parts.uri.path()).parse()?;
             parts.method = Method::GET;
             parts.headers.remove(http::header::CONTENT_TYPE);
             return Ok((parts, path, Bytes::new()));
         }
-        let body = request::body(&self.body, app, how).map_err(|r| format!("not continued: {r:?}"))?;
-        Ok((parts, self.path.clone(), Bytes::from(body)))
+        let body = request::body(&self.request.body, app, how).map_err(|r| format!("not continued: {r:?}"))?;
+        Ok((parts, self.request.path().to_string(), Bytes::from(body)))
     }
 }
 
@@ -296,7 +288,7 @@ impl Continued {
         cuts: Vec<Cut>,
         failed: Arc<AtomicBool>,
     ) -> Continued {
-        let route = again.route.name.clone();
+        let route = again.request.route.name.clone();
         let last_seq = app.last_seq;
         let asking = again.clone().ask(app, how, hop, cuts.clone());
         Continued {
@@ -357,7 +349,7 @@ impl Continued {
         };
         self.last_seq = app.last_seq;
         let prefill = self.again.dialect == Dialect::Messages;
-        match app.decide(&self.again.body, prefill) {
+        match app.decide(&self.again.request.body, prefill) {
             Decision::Continue(how) if self.hops < MAX_HOPS => {
                 self.hops += 1;
                 tracing::info!(route = %self.route, how = how.as_str(), hop = self.hops, error = %why, "continuing a cut stream");
@@ -483,7 +475,7 @@ async fn rejoin_or_ask(
     cuts: Vec<Cut>,
     dead: Arc<Live>,
 ) -> Result<Next, BoxError> {
-    let rejoined = match again.route.idempotency.as_ref() {
+    let rejoined = match again.request.route.idempotency.as_ref() {
         Some(idem) => idem.rejoin(&dead).await,
         None => Rejoin::Alone,
     };

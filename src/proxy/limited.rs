@@ -12,6 +12,7 @@ use http::HeaderValue;
 use parking_lot::Mutex;
 
 use super::context::Context;
+use super::request::Request;
 use super::routes::Route;
 use crate::credentials::CredentialHash;
 use crate::error::ProxyError;
@@ -26,15 +27,10 @@ use crate::wire::named::Named;
 /// The fields an admitted request's response carries.
 pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
 
-/// Admits the request (`parts`, `body`) on `route`'s limits: its pass is held by `log` until the
-/// response ends; the `RateLimit` fields to send; or rebound's 429.
-pub(super) async fn admit(
-    cx: &Context,
-    route: &Route,
-    (parts, body, named): (&http::request::Parts, &Bytes, &Named),
-    deadline: Instant,
-    log: &mut RequestLog,
-) -> Result<RateLimitFields, Refusal> {
+/// Admits the request on its route's limits, within its deadline: its pass is held by `log`
+/// until the response ends; the `RateLimit` fields to send; or rebound's 429.
+pub(super) async fn admit(cx: &Context, req: &Request, log: &mut RequestLog) -> Result<RateLimitFields, Refusal> {
+    let (route, parts, body, named, deadline) = (&*req.route, &req.parts, &req.body, &req.named, req.deadline);
     let limits = &route.limits;
     let (credential, model, want) = asks(cx, route, (parts, body, named));
     let tokens = want.0.tokens;

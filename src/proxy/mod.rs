@@ -29,6 +29,7 @@ mod delivery;
 mod idempotent;
 mod limited;
 mod limits;
+mod outbound;
 mod pacing;
 mod primed;
 mod request;
@@ -271,9 +272,7 @@ impl Proxy {
                 Ok(named) => named,
                 Err(err) => return error_response(err, log),
             };
-            // One deadline, counted from the request's arrival: the limits' queue, the attempts
-            // and any continuation all spend it.
-            let deadline = arrived + crate::retry::policy::request_limits(&parts.headers, &route.retry).deadline;
+            let path = request::Forwarded::of(parts.uri.path(), path);
 
             // `Prefer: respond-async` on an async route: queued (202), run later by a job worker.
             if route.config.async_jobs {
@@ -282,22 +281,21 @@ impl Proxy {
                 }
             }
 
+            // The request, read once: every later step borrows it, a continuation holds it.
+            let req = Arc::new(request::Request::new(route, (parts, path), (body, named), arrived));
+            let (route, parts, body, named) = (&req.route, &req.parts, &req.body, &req.named);
+
             // The request's token books, and how its stream is continued when cut (a route with
             // `continue_streams`: its own stream, or the one it follows).
-            let tokens = self.models.for_request(&named);
-            let again = continued::Again::of(
-                &self.cx,
-                &route,
-                (&parts, &path, &body, &named),
-                (&tokens, &trace, deadline),
-            );
+            let tokens = self.models.for_request(named);
+            let again = continued::Again::of(&self.cx, &req, (&tokens, &trace));
 
             // 5. Idempotency: replay a completed original, follow one in flight, refuse, or claim.
             // In a block of its own: the step's result would otherwise keep its place in the
             // request's future through every later await.
             let (claim, bypassed) = {
                 let step = if route.idempotency.is_some() {
-                    idempotency_step(&route, &parts, &body, &mut log).await
+                    idempotency_step(route, parts, body, &mut log).await
                 } else {
                     Ok((None, false))
                 };
@@ -312,9 +310,9 @@ impl Proxy {
             // 5b. The response cache: a stored entry or an identical request in flight answers (and
             // becomes the idempotency key's response); otherwise the entry is claimed.
             let cache = match &route.cache {
-                Some(c) => match Box::pin(c.lookup(&parts, &body, &mut log)).await {
-                    Looked::Hit(stored) => return cached::hit_response(stored, claim, log, self.saved(&route, &named)),
-                    Looked::Follow(f) => return cached::follow_response(f, claim, log, self.saved(&route, &named)),
+                Some(c) => match Box::pin(c.lookup(parts, body, &mut log)).await {
+                    Looked::Hit(stored) => return cached::hit_response(stored, claim, log, self.saved(route, named)),
+                    Looked::Follow(f) => return cached::follow_response(f, claim, log, self.saved(route, named)),
                     looked => Some(looked),
                 },
                 None => None,
@@ -322,13 +320,13 @@ impl Proxy {
 
             // 5c. The route's limits: admitted (held until the response ends), queued, or 429;
             // 6. then the attempts until delivered (a client's retry of a failure for good: one).
-            describe_span(&trace, &route, &named);
-            let repeat = Repeat::check(&self.cx, &route, &parts, &body, time::now());
-            let asked = Asked::of(&route, (&parts, &path, &body, &named), repeat.is_repeat, deadline);
+            describe_span(&trace, route, named);
+            let repeat = Repeat::check(&self.cx, route, parts, body, time::now());
+            let asked = Asked::of(&req, repeat.is_repeat);
             let delivery = self.deliver(asked, tokens, &mut log, &trace).await;
 
             // 7. The books; a failure for good is a dead letter and marks the request.
-            let delivery = self.account(&route, (&parts, &body), &mut log, delivery, repeat);
+            let delivery = self.account(route, (parts, body), &mut log, delivery, repeat);
 
             // 8. Respond: an outcome the idempotency store keeps is recorded as it streams (never an
             // in-band error); any other frees the key first; a cache entry records it, kept or
@@ -337,7 +335,7 @@ impl Proxy {
                 (None, None) => (Claims::none(bypassed), delivery),
                 (claim, cache) => Box::pin(Claims::settle((claim, bypassed), cache, delivery)).await,
             };
-            self.respond(&route, delivery, (claims, again), job_run, log)
+            self.respond(route, delivery, (claims, again), job_run, log)
         }
     }
 
@@ -360,10 +358,9 @@ impl Proxy {
         log: &mut RequestLog,
         trace: &traces::RequestSpan,
     ) -> Delivery {
-        let (route, body) = (asked.route, asked.body);
-        let limited = match route.limits.is_empty() {
+        let limited = match asked.route.limits.is_empty() {
             true => Ok(None),
-            false => Box::pin(self.limited(route, (asked.parts, body, asked.named), asked.deadline, log)).await,
+            false => Box::pin(self.limited(asked.request, log)).await,
         };
         match limited {
             Ok(fields) => call::attempts(&self.cx, asked, tokens, trace)
@@ -376,12 +373,10 @@ impl Proxy {
     /// Step 5c: the request admitted by its route's limits within its deadline.
     async fn limited(
         &self,
-        route: &Route,
-        (parts, body, named): (&http::request::Parts, &Bytes, &Named),
-        deadline: Instant,
+        req: &request::Request,
         log: &mut RequestLog,
     ) -> Result<limited::RateLimitFields, limited::Refusal> {
-        limited::admit(&self.cx, route, (parts, body, named), deadline, log).await
+        limited::admit(&self.cx, req, log).await
     }
 
     /// Step 7: the delivery in the request's books, and a failure for good as a dead letter.

@@ -1,121 +1,76 @@
-//! The request an attempt sends upstream, and rebound's error for an attempt that failed before
-//! an answer came.
+//! The app's request, read once after routing (step 4): its head, the path it is forwarded to,
+//! its body (capped), what it names (`wire::named`), its route, when it arrived, what its headers
+//! ask of the retry policy, and its one deadline, counted from its arrival. Every later step
+//! borrows it (the limits' queue, the idempotency and cache steps, the attempts, the books); a
+//! continuation holds it by `Arc`, never a copy. No other module computes a deadline.
+
+use std::borrow::Cow;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http::{Method, Request};
-use http_body_util::Full;
 
-use super::routes::Target;
-use crate::config::Api;
-use crate::credentials::{self, Credentials};
-use crate::error::ProxyError;
-use crate::upstream::AttemptError;
-use crate::wire::envelope::{self, Adapted, Host};
-use crate::wire::headers;
-use crate::wire::named::{Invalid, Named};
+use super::routes::Route;
+use crate::retry::policy::{request_limits, RequestLimits};
+use crate::time::Instant;
+use crate::wire::named::Named;
 
-/// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
-/// `host` from the upstream URL, the upstream's `set_headers` in. An upstream that sets a
-/// credential replaces the app's: every credential header and query parameter of the request
-/// (`forms`) is left out. A target of another API than the route's gets the request's envelope
-/// in its own (path, query, where the model is named, `anthropic_version`), and an answer to
-/// re-frame is marked ([`envelope::Reframe`]). With the request, its body when it is not the
-/// app's (a model rewritten, an envelope adapted): what a signature must cover.
-pub(super) fn build(
-    target: &Target,
-    (parts, path, body, named): (&http::request::Parts, &str, Bytes, &Named),
-    forms: &Credentials,
-) -> Result<(Request<Full<Bytes>>, Option<Bytes>), ProxyError> {
-    let upstream = &target.upstream.config;
-    let mut adapted = match target.adapt_from {
-        Some(from) => adapt(target, from, parts, named, &body).map_err(|e| ProxyError::InvalidModel {
-            detail: format!("{e} for upstream {}", target.name),
-        })?,
-        None => None,
-    };
-    let rewritten = match adapted.as_mut() {
-        Some(a) => a.body.take(),
-        // The target's name for the requested model, when it has one (the rest of the body as sent).
-        None if target.config.models.is_empty() => None,
-        None => crate::wire::usage::rewrite_model(&body, &target.config.models),
-    };
-    let rewritten = rewritten.map(Bytes::from);
-    let body = rewritten.clone().unwrap_or(body);
-    let (path, query) = match &adapted {
-        Some(a) => (a.path.as_str(), a.query.as_deref()),
-        None => (path, parts.uri.query()),
-    };
-    let uri = match (query, upstream.sets_credential) {
-        (Some(q), true) => target.upstream.target_for(path, credentials::strip_query(q).as_deref()),
-        (q, _) => target.upstream.target_for(path, q),
-    }
-    .map_err(|e| ProxyError::InvalidRequestTarget(e.to_string()))?;
-    let body_len = body.len();
-    let mut req = Request::new(Full::new(body));
-    *req.method_mut() = parts.method.clone();
-    *req.uri_mut() = uri;
-    let headers = req.headers_mut();
-    headers.clone_from(&parts.headers);
-    headers::strip_hop_by_hop(headers, false);
-    // Rebound's own headers out; the client sets `host` (HTTP/1.1) or `:authority` (HTTP/2)
-    // from the upstream URI; the length is the buffered body's.
-    headers::remove_all(headers, &headers::NOT_FORWARDED);
-    if body_len > 0 || matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
-        let stated = parts.headers.get(http::header::CONTENT_LENGTH);
-        headers.insert(http::header::CONTENT_LENGTH, headers::content_length(body_len, stated));
-    }
-    if upstream.sets_credential {
-        forms.remove_from(headers);
-    }
-    for (name, value) in &upstream.set_headers {
-        headers.insert(name.clone(), value.clone());
-    }
-    if let Some(a) = adapted {
-        for name in a.remove {
-            headers.remove(name);
-        }
-        if let Some((name, value)) = a.insert {
-            headers.insert(name, value);
-        }
-        if a.reframe {
-            req.extensions_mut().insert(envelope::Reframe);
-        }
-    }
-    Ok((req, rewritten))
+/// The app's request (see the module documentation).
+pub(super) struct Request {
+    pub(super) route: Arc<Route>,
+    pub(super) parts: http::request::Parts,
+    path: Forwarded,
+    pub(super) body: Bytes,
+    pub(super) named: Named,
+    /// What its headers ask of the route's retry policy (attempts, deadline, an SDK's retry).
+    pub(super) limits: RequestLimits,
+    /// Its deadline: the limits' queue, the attempts and any continuation all spend it.
+    pub(super) deadline: Instant,
 }
 
-/// The request's envelope for a target that speaks another API of the route's family than the
-/// route (`from`), naming the target's model; `Ok(None)`: a request the envelope does not know,
-/// sent as it came (the host answers it); `Err`: a model the target's paths cannot hold.
-fn adapt(
-    target: &Target,
-    from: Api,
-    parts: &http::request::Parts,
-    named: &Named,
-    body: &[u8],
-) -> Result<Option<Adapted>, Invalid> {
-    let models = &target.config.models;
-    let model = named.model.as_deref().map(|m| models.get(m).map_or(m, String::as_str));
-    let upstream = &target.upstream.config;
-    let host = Host {
-        api: target.config.api,
-        base_path: &upstream.base_path,
-        gcp_project: upstream.gcp_project.as_deref(),
-        gcp_location: upstream.gcp_location.as_deref(),
-        azure_api_version: upstream.azure_api_version.as_deref(),
-    };
-    envelope::adapt(named, from, &host, (parts.uri.query(), body, &parts.headers), model)
+/// The path a request is forwarded to: the URI's from a byte on (all of it, or what follows a
+/// stripped prefix), or one made (a prefix stripped that left no leading `/`).
+pub(super) enum Forwarded {
+    From(usize),
+    Made(String),
 }
 
-pub(super) fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {
-    let upstream = upstream.to_string();
-    match e {
-        AttemptError::Timeout(t) => ProxyError::Timeout {
-            upstream,
-            timeout_ms: t.as_millis(),
-        },
-        AttemptError::Connect(detail) | AttemptError::RefusedStream(detail) | AttemptError::Reset(detail) => {
-            ProxyError::UpstreamUnreachable { upstream, detail }
+impl Forwarded {
+    /// `path`, the forwarded path of the URI path `uri` (`routing::forwarded_path`).
+    pub(super) fn of(uri: &str, path: Cow<'_, str>) -> Forwarded {
+        match path {
+            Cow::Borrowed(p) if uri.ends_with(p) => Forwarded::From(uri.len() - p.len()),
+            p => Forwarded::Made(p.into_owned()),
+        }
+    }
+}
+
+impl Request {
+    /// The request that arrived at `arrived` on `route`, forwarded to `path`, with its `body` and
+    /// what it names.
+    pub(super) fn new(
+        route: Arc<Route>,
+        (parts, path): (http::request::Parts, Forwarded),
+        (body, named): (Bytes, Named),
+        arrived: Instant,
+    ) -> Request {
+        let limits = request_limits(&parts.headers, &route.retry);
+        let deadline = arrived + limits.deadline;
+        Request {
+            route,
+            parts,
+            path,
+            body,
+            named,
+            limits,
+            deadline,
+        }
+    }
+
+    /// The path it is forwarded to (after the route's `strip_prefix`).
+    pub(super) fn path(&self) -> &str {
+        match &self.path {
+            Forwarded::From(at) => self.parts.uri.path().get(*at..).unwrap_or("/"),
+            Forwarded::Made(p) => p,
         }
     }
 }

@@ -9,7 +9,7 @@ use http_body_util::Full;
 use hyper_util::rt::TokioIo;
 
 use super::context::Context;
-use super::request::attempt_error;
+use super::outbound::attempt_error;
 use super::respond::{upstream_response, Came, Claims};
 use super::routes::Route;
 use crate::error::error_response;

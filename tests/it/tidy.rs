@@ -382,3 +382,29 @@ fn the_pub_scan_reads_items_and_fields_and_skips_narrower_ones() {
         ]
     );
 }
+
+/// One deadline per request: what its headers ask of the retry policy (`request_limits`, where
+/// the deadline comes from) is read in the request's own module only, once, and every other step
+/// borrows it.
+#[test]
+fn no_module_but_the_requests_computes_a_deadline() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut library = Vec::new();
+    rust_texts(&root.join("src"), &mut library);
+    let allowed = [root.join("src/proxy/request.rs"), root.join("src/retry/policy.rs")];
+    let readers: Vec<String> = library
+        .iter()
+        .filter(|(path, text)| !allowed.contains(path) && names(text).contains(&"request_limits"))
+        .map(|(path, _)| path.strip_prefix(root).unwrap_or(path).display().to_string())
+        .collect();
+    assert!(
+        readers.is_empty(),
+        "a deadline read outside proxy/request.rs: {readers:?}"
+    );
+    let request = std::fs::read_to_string(root.join("src/proxy/request.rs")).expect("request.rs");
+    assert_eq!(
+        names(&request).iter().filter(|n| **n == "request_limits").count(),
+        2,
+        "imported, then called once"
+    );
+}

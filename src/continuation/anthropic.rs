@@ -11,10 +11,22 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::event::{str_at, u64_at, Data, Event};
-use super::splice::Out;
 use super::transcript::{Kind, Transcript};
-use super::SpliceError;
+use super::{DialectApi, Out, SpliceError};
 use crate::wire::usage::Usage;
+
+/// Messages, as a continuation reads and rewrites it.
+pub(super) struct Messages;
+
+impl DialectApi for Messages {
+    fn observe(&self, t: &mut Transcript, event: &Event) {
+        observe(t, event);
+    }
+
+    fn set_text(&self, value: &mut Value, text: String) {
+        set_text(value, text);
+    }
+}
 
 fn kind(block: &Value) -> Kind {
     match str_at(block, "type") {
@@ -25,7 +37,7 @@ fn kind(block: &Value) -> Kind {
 }
 
 /// Updates the app's view with one event it received.
-pub(super) fn observe(t: &mut Transcript, e: &Event) {
+fn observe(t: &mut Transcript, e: &Event) {
     let Some(v) = e.json() else { return };
     let index = u64_at(v, "index").unwrap_or(0);
     match e.kind() {
@@ -215,7 +227,7 @@ impl Map {
 }
 
 /// Sets the text of a `text_delta` event.
-pub(super) fn set_text(v: &mut Value, text: String) {
+fn set_text(v: &mut Value, text: String) {
     v["delta"]["text"] = text.into();
 }
 

@@ -9,10 +9,22 @@
 use serde_json::{json, Map as Object, Value};
 
 use super::event::{str_at, u64_at, Data, Event, DONE};
-use super::splice::Out;
 use super::transcript::{Kind, Transcript};
-use super::SpliceError;
+use super::{DialectApi, Out, SpliceError};
 use crate::wire::usage::Usage;
+
+/// Chat, as a continuation reads and rewrites it.
+pub(super) struct Chat;
+
+impl DialectApi for Chat {
+    fn observe(&self, t: &mut Transcript, event: &Event) {
+        observe(t, event);
+    }
+
+    fn set_text(&self, value: &mut Value, text: String) {
+        set_text(value, text);
+    }
+}
 
 /// Chat's reasoning fields (DeepSeek and vLLM's `reasoning_content`, OpenRouter's `reasoning`).
 const REASONING: [&str; 2] = ["reasoning_content", "reasoning"];
@@ -38,7 +50,7 @@ fn block(t: &mut Transcript, kind: Kind) -> u64 {
 }
 
 /// Updates the app's view with one chunk it received.
-pub(super) fn observe(t: &mut Transcript, e: &Event) {
+fn observe(t: &mut Transcript, e: &Event) {
     let v = match &e.data {
         Data::Done => {
             t.ended = true;
@@ -207,7 +219,7 @@ impl Map {
 }
 
 /// Sets the content of a chunk.
-pub(super) fn set_text(v: &mut Value, text: String) {
+fn set_text(v: &mut Value, text: String) {
     v["choices"][0]["delta"]["content"] = text.into();
 }
 

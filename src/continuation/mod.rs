@@ -97,6 +97,42 @@ pub(crate) enum Dialect {
     Responses,
 }
 
+/// What a dialect's map makes of one event.
+#[derive(Debug)]
+pub(crate) enum Out {
+    /// An event for the app.
+    Event(String, serde_json::Value),
+    /// Bytes for the app as they came (a ping, a comment): never held.
+    Raw(Vec<u8>),
+    /// A text delta of the run: the event, and the text the seam is to see.
+    Text(String, serde_json::Value, String),
+    /// The run's text is over: the seam decides with what it has.
+    RunEnd,
+    /// The continuation ended: the end of the app's stream.
+    Finish,
+}
+
+/// What continuation knows of one API, implemented in that API's file: how an event it sends
+/// changes what the app has, and how a text delta's text is replaced. The splicing of a
+/// continuation's events is each file's `Map`.
+pub(crate) trait DialectApi: Sync {
+    /// Updates the app's transcript with an event it received.
+    fn observe(&self, t: &mut Transcript, event: &event::Event);
+    /// Sets the text of a text delta event.
+    fn set_text(&self, value: &mut serde_json::Value, text: String);
+}
+
+impl Dialect {
+    /// What continuation knows of this API.
+    pub(crate) fn api(self) -> &'static dyn DialectApi {
+        match self {
+            Dialect::Messages => &anthropic::Messages,
+            Dialect::Chat => &chat::Chat,
+            Dialect::Responses => &responses::Responses,
+        }
+    }
+}
+
 /// How a cut stream is continued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum How {

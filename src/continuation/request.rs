@@ -1,5 +1,5 @@
 //! The continuation's request: the original request's body with the partial answer carried as
-//! [`How`] says ([`body`]); the path of a Responses resume ([`resume_path`]); and whether a 400
+//! [`How`] says ([`body`]); and whether a 400
 //! is a target refusing a prefill ([`is_prefill_rejection`]).
 //!
 //! Every field of the original is kept (model, tools, temperature, system prompt, `instructions`,
@@ -20,7 +20,6 @@
 //! - a Responses turn: `input` (a string becomes a user message) extended with the same two
 //!   messages; `instructions` untouched.
 
-use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::{json, Map as Object, Value};
 
 use super::transcript::{thinks, Transcript};
@@ -165,17 +164,6 @@ pub(crate) fn is_prefill_rejection(status: u16, body: &[u8]) -> bool {
     PREFILL_REFUSALS.iter().any(|p| text.contains(p))
 }
 
-/// What an id keeps of itself in a path.
-const ID: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
-
-/// The path that resumes a Responses background response `id` after sequence number `after`.
-pub(crate) fn resume_path(id: &str, after: u64) -> String {
-    format!(
-        "/v1/responses/{}?stream=true&starting_after={after}",
-        utf8_percent_encode(id, ID)
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,17 +296,5 @@ mod tests {
         assert!(!is_prefill_rejection(400, other.as_bytes()));
         let overloaded = r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded prefill"}}"#;
         assert!(!is_prefill_rejection(529, overloaded.as_bytes()), "only a 400 or 422");
-    }
-
-    #[test]
-    fn the_resume_path() {
-        assert_eq!(
-            resume_path("resp_abc-1", 42),
-            "/v1/responses/resp_abc-1?stream=true&starting_after=42"
-        );
-        assert_eq!(
-            resume_path("a/b?c", 0),
-            "/v1/responses/a%2Fb%3Fc?stream=true&starting_after=0"
-        );
     }
 }

@@ -17,10 +17,22 @@ use std::collections::HashMap;
 use serde_json::{json, Value};
 
 use super::event::{str_at, u64_at, Data, Event};
-use super::splice::Out;
 use super::transcript::{Block, Kind, Transcript, MAX_PARTS};
-use super::SpliceError;
+use super::{DialectApi, Out, SpliceError};
 use crate::wire::usage::Usage;
+
+/// Responses, as a continuation reads and rewrites it.
+pub(super) struct Responses;
+
+impl DialectApi for Responses {
+    fn observe(&self, t: &mut Transcript, event: &Event) {
+        observe(t, event);
+    }
+
+    fn set_text(&self, value: &mut Value, text: String) {
+        set_text(value, text);
+    }
+}
 
 fn kind(item: &Value) -> Kind {
     match str_at(item, "type") {
@@ -31,7 +43,7 @@ fn kind(item: &Value) -> Kind {
 }
 
 /// Updates the app's view with one event it received.
-pub(super) fn observe(t: &mut Transcript, e: &Event) {
+fn observe(t: &mut Transcript, e: &Event) {
     let Some(v) = e.json() else { return };
     t.sequence(v);
     let index = u64_at(v, "output_index").unwrap_or(0);
@@ -398,7 +410,7 @@ impl Map {
 }
 
 /// Sets the text of an `output_text.delta`.
-pub(super) fn set_text(v: &mut Value, text: String) {
+fn set_text(v: &mut Value, text: String) {
     v["delta"] = text.into();
 }
 

@@ -10,23 +10,8 @@ use serde_json::Value;
 use super::event::{encode, Data, Event};
 use super::seam::{Seam, SeamMode};
 use super::transcript::{sum, Spent, Transcript};
-use super::{anthropic, chat, responses, Dialect, How, SpliceError};
+use super::{anthropic, chat, responses, Dialect, How, Out, SpliceError};
 use crate::wire::usage::Usage;
-
-/// What a dialect's map makes of one event.
-#[derive(Debug)]
-pub(super) enum Out {
-    /// An event for the app.
-    Event(String, Value),
-    /// Bytes for the app as they came (a ping, a comment): never held.
-    Raw(Vec<u8>),
-    /// A text delta of the run: the event, and the text the seam is to see.
-    Text(String, Value, String),
-    /// The run's text is over: the seam decides with what it has.
-    RunEnd,
-    /// The continuation ended: the end of the app's stream.
-    Finish,
-}
 
 #[derive(Debug)]
 enum Map {
@@ -239,11 +224,7 @@ impl Splicer {
     }
 
     fn set_text(&self, value: &mut Value, text: String) {
-        match self.app.dialect {
-            Dialect::Messages => anthropic::set_text(value, text),
-            Dialect::Chat => chat::set_text(value, text),
-            Dialect::Responses => responses::set_text(value, text),
-        }
+        self.app.dialect.api().set_text(value, text);
     }
 
     /// The comment that marks the seam (SDKs skip comments), before the first bytes sent.

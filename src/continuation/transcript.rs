@@ -3,10 +3,11 @@
 //! output items) with their text and whether they are open, the usage reported, Responses'
 //! sequence numbers and background mode; and the decision on a cut.
 
+use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::Value;
 
 use super::event::{u64_at, Event};
-use super::{anthropic, chat, responses, Decision, Dialect, How, Refusal};
+use super::{Decision, Dialect, How, Refusal};
 use crate::wire::usage::{Usage, UsageScan};
 
 /// The most text (and Responses items) kept: past it, a cut is not continued.
@@ -115,11 +116,7 @@ impl Transcript {
     /// Updates the app's view with an event sent to it (its usage not counted: a splicer's
     /// events carry the sums).
     pub(crate) fn forwarded(&mut self, event: &Event) {
-        match self.dialect {
-            Dialect::Messages => anthropic::observe(self, event),
-            Dialect::Chat => chat::observe(self, event),
-            Dialect::Responses => responses::observe(self, event),
-        }
+        self.dialect.api().observe(self, event);
     }
 
     /// The app's text so far: every text block's, in order.
@@ -194,7 +191,7 @@ impl Transcript {
         if self.dialect != Dialect::Responses || !self.background {
             return None;
         }
-        Some(super::request::resume_path(self.id.as_deref()?, self.last_seq?))
+        Some(resume_path(self.id.as_deref()?, self.last_seq?))
     }
 
     /// The attempt the app read is over, cut: its tokens join the earlier attempts' (its output
@@ -319,5 +316,33 @@ pub(crate) fn sum(a: Usage, b: Usage) -> Usage {
         output: a.output.saturating_add(b.output),
         cache_read: a.cache_read.saturating_add(b.cache_read),
         cache_write: a.cache_write.saturating_add(b.cache_write),
+    }
+}
+
+/// What an id keeps of itself in a path.
+const ID: &AsciiSet = &NON_ALPHANUMERIC.remove(b'-').remove(b'_').remove(b'.').remove(b'~');
+
+/// The path that resumes a Responses background response `id` after sequence number `after`.
+fn resume_path(id: &str, after: u64) -> String {
+    format!(
+        "/v1/responses/{}?stream=true&starting_after={after}",
+        utf8_percent_encode(id, ID)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_resume_path() {
+        assert_eq!(
+            resume_path("resp_abc-1", 42),
+            "/v1/responses/resp_abc-1?stream=true&starting_after=42"
+        );
+        assert_eq!(
+            resume_path("a/b?c", 0),
+            "/v1/responses/a%2Fb%3Fc?stream=true&starting_after=0"
+        );
     }
 }

@@ -791,3 +791,59 @@ fn every_item_architecture_md_names_exists() {
         problems.join("\n")
     );
 }
+
+/// The files of every folder of `src/` import each other one way: no folder holds an import
+/// cycle among its files (`mod.rs` aside: the folder's own map; an item only tests build aside).
+#[test]
+fn no_folder_holds_an_import_cycle_among_its_files() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut dirs = vec![src.clone()];
+    let mut cycles = Vec::new();
+    while let Some(dir) = dirs.pop() {
+        let mut files = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
+        }
+        if !files.iter().any(|f| f.file_name().is_some_and(|n| n == "mod.rs")) {
+            continue;
+        }
+        let module = |f: &Path| f.file_stem().unwrap().to_string_lossy().into_owned();
+        let siblings: BTreeSet<String> = files.iter().map(|f| module(f)).collect();
+        let mut g = Graph::new();
+        for file in files.iter().filter(|f| module(f) != "mod") {
+            let text = std::fs::read_to_string(file).unwrap();
+            // An item only tests build (`#[cfg(test)]` before it) is a seam, not an edge.
+            let all = code_lines(&text);
+            let code: Vec<(usize, &str)> = all
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| *i == 0 || all[i - 1].1.trim() != "#[cfg(test)]")
+                .map(|(_, l)| *l)
+                .collect();
+            let rel = file.strip_prefix(&src).unwrap().display().to_string();
+            for name in super_paths(&code)
+                .into_iter()
+                .filter(|n| siblings.contains(n) && n != "mod")
+            {
+                edge(&mut g, &module(file), &name, &rel);
+            }
+        }
+        if let Some(cycle) = find_cycle(&g) {
+            cycles.push(format!(
+                "{}: {}",
+                dir.strip_prefix(&src).unwrap().display(),
+                describe(&g, &cycle)
+            ));
+        }
+    }
+    assert!(
+        cycles.is_empty(),
+        "folders with an import cycle:\n{}",
+        cycles.join("\n")
+    );
+}

@@ -92,9 +92,7 @@ pub(super) fn attempts<'r>(
                         call.move_on(result, target, reason, now);
                         Then::Now
                     }
-                    Next::Retry { wait, source, reason } => {
-                        Then::Sleep(call.retry(result, target, (wait, source, reason), now))
-                    }
+                    Next::Retry(pause) => Then::Sleep(call.retry(result, target, pause, now)),
                     Next::Reauth(auth) => call.reauth(result, target, auth, now),
                     Next::Deliver(stop) => return call.deliver(result, target, observed.outcome, stop),
                 }
@@ -287,11 +285,12 @@ impl<'r> Call<'r> {
     /// used-up quota as exhaustion, and what the next step is decided on.
     fn observe(
         &mut self,
-        Admitted { target, permit, limits }: Admitted<'r>,
+        admitted: Admitted<'r>,
         span: AttemptSpan,
         result: &Answer,
         (sent, received): (Instant, Instant),
     ) -> Observed {
+        let Admitted { target, permit, limits } = admitted;
         let (cx, route) = (self.cx, self.asked.route);
         let outcome = match result {
             Ok(resp) => commit::outcome_of(resp),
@@ -400,7 +399,7 @@ impl<'r> Call<'r> {
             &mut rand::rng(),
         );
         match decision {
-            Decision::Retry { wait, source, reason } => Next::Retry { wait, source, reason },
+            Decision::Retry { wait, source, reason } => Next::Retry(Pause { wait, source, reason }),
             Decision::Deliver(stop) => match failover::after_decision(outcome, stop, seen).filter(movable) {
                 Some(reason) => Next::Move(reason),
                 None => Next::Deliver(stop),
@@ -431,13 +430,8 @@ impl<'r> Call<'r> {
 
     /// The request is retried on `target` after `wait`: its answer kept meanwhile; the wait
     /// returned.
-    fn retry(
-        &mut self,
-        result: Answer,
-        target: &Target,
-        (wait, source, reason): (Duration, WaitSource, RetryOn),
-        now: Instant,
-    ) -> Duration {
+    fn retry(&mut self, result: Answer, target: &Target, pause: Pause, now: Instant) -> Duration {
+        let Pause { wait, source, reason } = pause;
         let route = &self.asked.route.name;
         self.cx
             .metrics
@@ -595,13 +589,17 @@ enum Next {
     Move(FailoverReason),
     /// Here again once the target's cloud credential is renewed (not counted as a retry).
     Reauth(Arc<CloudAuth>),
-    /// Here again, after `wait`.
-    Retry {
-        wait: Duration,
-        source: WaitSource,
-        reason: RetryOn,
-    },
+    /// Here again, after a wait.
+    Retry(Pause),
     Deliver(Stop),
+}
+
+/// The wait before a retry on the same target: how long, what set it, and what is retried.
+#[derive(Clone, Copy)]
+struct Pause {
+    wait: Duration,
+    source: WaitSource,
+    reason: RetryOn,
 }
 
 /// Whether an attempt's outcome is a rate limit (not a quota, an overload or a refusal) whose

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 
 use super::context::Context;
 use super::delivery::Delivery;
-use super::routes::Route;
+use super::request::Request;
 use crate::dead_letters::OperatorReplay;
 use crate::retry::client_retry::{self, RequestKey};
 
@@ -22,15 +22,10 @@ pub(super) struct Repeat {
 }
 
 impl Repeat {
-    /// Whether the request (`parts`, `body`) on `route` at `now` is a client's retry: counted
+    /// Whether the request at `now` is a client's retry: counted
     /// (`rebound_client_retries_total`) and logged when it is.
-    pub(super) fn check(
-        cx: &Context,
-        route: &Route,
-        parts: &http::request::Parts,
-        body: &Bytes,
-        now: Instant,
-    ) -> Repeat {
+    pub(super) fn check(cx: &Context, req: &Request, now: Instant) -> Repeat {
+        let (route, parts, body) = (&*req.route, &req.parts, &req.body);
         // Most requests stop at the second test: a route holds no failure while it is healthy.
         if !route.retries || !route.client_retries.may_hold() || parts.extensions.get::<OperatorReplay>().is_some() {
             return Repeat {
@@ -53,14 +48,8 @@ impl Repeat {
     /// After the attempts at `now`: a failure for good marks the request until rebound would try
     /// again (its `retry-after`, else 10 s); a client's retry that did not fail for good clears
     /// it.
-    pub(super) fn settle(
-        self,
-        cx: &Context,
-        route: &Route,
-        (parts, body): (&http::request::Parts, &Bytes),
-        delivery: &Delivery,
-        now: Instant,
-    ) {
+    pub(super) fn settle(self, cx: &Context, req: &Request, delivery: &Delivery, now: Instant) {
+        let (route, parts, body) = (&*req.route, &req.parts, &req.body);
         if !route.retries {
             return;
         }

@@ -7,7 +7,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::HeaderValue;
 use parking_lot::Mutex;
 
@@ -22,7 +21,6 @@ use crate::limits::key::{BucketKey, KeyInput};
 use crate::limits::prices::{Price, Usage};
 use crate::time::{self, Instant};
 use crate::wire::body::{Flow, RequestLog, Settle, Used};
-use crate::wire::named::Named;
 
 /// The fields an admitted request's response carries.
 pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
@@ -30,9 +28,9 @@ pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
 /// Admits the request on its route's limits, within its deadline: its pass is held by `log`
 /// until the response ends; the `RateLimit` fields to send; or rebound's 429.
 pub(super) async fn admit(cx: &Context, req: &Request, log: &mut RequestLog) -> Result<RateLimitFields, Refusal> {
-    let (route, parts, body, named, deadline) = (&*req.route, &req.parts, &req.body, &req.named, req.deadline);
+    let (route, parts, deadline) = (&*req.route, &req.parts, req.deadline);
     let limits = &route.limits;
-    let (credential, model, want) = asks(cx, route, (parts, body, named));
+    let (credential, model, want) = asks(cx, req);
     let tokens = want.0.tokens;
     let input = KeyInput {
         route: &route.name,
@@ -68,11 +66,8 @@ pub(super) async fn admit(cx: &Context, req: &Request, log: &mut RequestLog) -> 
 
 /// What the request brings to its limits: its credential's hash and its model (each only when a
 /// key or a price needs it), and what it may use (tokens, and their cost at its model's price).
-fn asks<'b>(
-    cx: &Context,
-    route: &Route,
-    (parts, body, named): (&'b http::request::Parts, &'b Bytes, &'b Named),
-) -> (CredentialHash, Option<&'b str>, (Want, Option<Price>)) {
+fn asks<'b>(cx: &Context, req: &'b Request) -> (CredentialHash, Option<&'b str>, (Want, Option<Price>)) {
+    let (route, parts, body, named) = (&*req.route, &req.parts, &req.body, &req.named);
     let limits = &route.limits;
     let keys = || limits.iter().map(|l| &l.policy.key);
     let credential = match keys().any(|k| k.uses_credential()) {

@@ -260,7 +260,6 @@ impl Proxy {
             // 4. The request body, capped.
             // Borrowed from the request's own path unless a prefix strip has to add a `/`.
             let path = forwarded_path(parts.uri.path(), prefix, route.config.strip_prefix);
-            let job_run = parts.extensions.get::<jobs::JobRun>().is_some();
             let body = match body::read_capped(body, &parts.headers, self.max_request_body).await {
                 Ok(b) => b,
                 Err(e) => return error_response(self.body_error(e), log),
@@ -321,12 +320,12 @@ impl Proxy {
             // 5c. The route's limits: admitted (held until the response ends), queued, or 429;
             // 6. then the attempts until delivered (a client's retry of a failure for good: one).
             describe_span(&trace, route, named);
-            let repeat = Repeat::check(&self.cx, route, parts, body, time::now());
+            let repeat = Repeat::check(&self.cx, &req, time::now());
             let asked = Asked::of(&req, repeat.is_repeat);
             let delivery = self.deliver(asked, tokens, &mut log, &trace).await;
 
             // 7. The books; a failure for good is a dead letter and marks the request.
-            let delivery = self.account(route, (parts, body), &mut log, delivery, repeat);
+            let delivery = self.account(&req, &mut log, delivery, repeat);
 
             // 8. Respond: an outcome the idempotency store keeps is recorded as it streams (never an
             // in-band error); any other frees the key first; a cache entry records it, kept or
@@ -335,7 +334,7 @@ impl Proxy {
                 (None, None) => (Claims::none(bypassed), delivery),
                 (claim, cache) => Box::pin(Claims::settle((claim, bypassed), cache, delivery)).await,
             };
-            self.respond(route, delivery, (claims, again), job_run, log)
+            self.respond(&req, delivery, (claims, again), log)
         }
     }
 
@@ -384,18 +383,18 @@ impl Proxy {
     /// in the request's future through later awaits, even once moved away.
     fn account(
         &self,
-        route: &Route,
-        (parts, body): (&http::request::Parts, &Bytes),
+        req: &request::Request,
         log: &mut RequestLog,
         mut delivery: Delivery,
         repeat: Repeat,
     ) -> Delivery {
+        let (route, parts, body) = (&*req.route, &req.parts, &req.body);
         let upstream = &route.targets.get(delivery.target).unwrap_or(route.primary()).name;
         let now = time::now();
         if delivery.failed() && delivery.retry_after.is_none() {
             delivery.retry_after = self.cx.circuits.open_for(upstream, now);
         }
-        repeat.settle(&self.cx, route, (parts, body), &delivery, now);
+        repeat.settle(&self.cx, req, &delivery, now);
         log.set_upstream(upstream, delivery.attempts.len() as u32);
         log.set_wait(delivery.attempts.iter().map(|a| a.wait_ms).sum());
         log.set_usage(&delivery.tokens.ledger);
@@ -419,12 +418,14 @@ impl Proxy {
     /// with rebound's headers.
     fn respond(
         &self,
-        route: &Route,
+        req: &request::Request,
         delivery: Delivery,
         (claims, again): (Claims, Option<Box<continued::Again>>),
-        job_run: bool,
         log: RequestLog,
     ) -> Response<ProxyBody> {
+        let route = &*req.route;
+        // A job worker's run of a queued request: its books go to the job record.
+        let job_run = req.parts.extensions.get::<jobs::JobRun>().is_some();
         let attempts = delivery.attempts.len() as u32;
         let outcome = delivery.outcome.unwrap_or(Outcome::Timeout);
         let target = route.targets.get(delivery.target).unwrap_or(route.primary());

@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::CachePolicy;
 use crate::idempotency::{Check, Claim, Followed, Freshness, Idempotency, Records, Start, StoredResponse};
-use crate::metrics::{Metrics, RouteCounters, CACHE_RESULTS};
+use crate::metrics::{CacheResult, Metrics, RouteCounters};
 use crate::wire::body::RequestLog;
 use crate::wire::usage::UsageScan;
 
@@ -74,18 +74,19 @@ pub enum Looked {
 impl Looked {
     /// The `x-rebound-cache` value.
     pub(crate) fn header_value(&self) -> &'static str {
-        match self {
-            Looked::Bypass => "bypass",
-            Looked::Hit(_) | Looked::Follow(_) => "hit",
-            Looked::Claimed(c) if c.refreshed => "refresh",
-            Looked::Claimed(_) | Looked::StoreError => "miss",
-        }
+        let shown = match self {
+            Looked::Bypass => CacheResult::Bypass,
+            Looked::Hit(_) | Looked::Follow(_) => CacheResult::Hit,
+            Looked::Claimed(c) if c.refreshed => CacheResult::Refresh,
+            Looked::Claimed(_) | Looked::StoreError => CacheResult::Miss,
+        };
+        shown.as_str()
     }
 
     /// The `result` of `rebound_cache_requests_total`.
     fn result(&self) -> &'static str {
         match self {
-            Looked::StoreError => "store_error",
+            Looked::StoreError => CacheResult::StoreError.as_str(),
             other => other.header_value(),
         }
     }
@@ -110,7 +111,7 @@ impl Cache {
     ) -> Cache {
         Cache {
             records: Idempotency::for_cache(policy, records, metrics.clone(), tasks, hard_stop, route.clone()),
-            results: RouteCounters::new(&metrics.cache_requests_total, &route, &CACHE_RESULTS),
+            results: RouteCounters::new(&metrics.cache_requests_total, &route, &CacheResult::NAMES),
             metrics,
             route,
         }

@@ -24,7 +24,12 @@ macro_rules! spelled {
             #[allow(dead_code)] // not every enum needs the list
             pub const ALL: [$ty; [$($name),+].len()] = [$($ty::$variant),+];
 
+            /// Every spelling, in order: a metric's label values.
+            #[allow(dead_code)] // not every enum needs the list
+            pub const NAMES: [&'static str; [$($name),+].len()] = [$($name),+];
+
             /// Its one spelling.
+            #[allow(dead_code)] // an enum that is only a metric's label values needs `NAMES`
             pub const fn as_str(self) -> &'static str {
                 match self {
                     $($ty::$variant => $name),+

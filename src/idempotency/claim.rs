@@ -11,7 +11,7 @@ use super::store::StoreError;
 use super::store::{Completion, KeptHeaders, Store};
 use super::{AnyStore, Counters, Recorder, KEPT_HEADERS, WRITE_RETRY_FIRST, WRITE_RETRY_MAX};
 use crate::config::IdempotencyPolicy;
-use crate::metrics::Metrics;
+use crate::metrics::{CompletionResult, IdempotencyResult, Metrics};
 use crate::wire::body::BoxError;
 use bytes::Bytes;
 use http::HeaderMap;
@@ -122,18 +122,18 @@ impl Writer {
 }
 
 impl ClaimInner {
-    pub(super) fn count(&self, result: &str) {
+    pub(super) fn count(&self, result: IdempotencyResult) {
         self.counters.result(result);
     }
 
-    pub(super) fn count_write(&self, result: &str) {
+    pub(super) fn count_write(&self, result: CompletionResult) {
         self.counters.completion(result);
     }
 
     /// The response is not stored: its followers are told, the outcome counted.
     pub(super) fn released(&self) {
         self.live.finish(End::Released);
-        self.count("not_stored");
+        self.count(IdempotencyResult::NotStored);
     }
 
     /// Frees the key: at once in memory, else as a task retried until the store answers.
@@ -232,20 +232,28 @@ impl ClaimInner {
     /// Counts how a completion's write ended.
     pub(super) fn count_written(&self, written: Written, kept: bool) {
         match written {
-            Written::AtOnce => self.count(if kept { "stored" } else { "not_stored" }),
+            Written::AtOnce => self.count(if kept {
+                IdempotencyResult::Stored
+            } else {
+                IdempotencyResult::NotStored
+            }),
             Written::Late => {
-                self.count(if kept { "stored" } else { "not_stored" });
-                self.count_write("late");
+                self.count(if kept {
+                    IdempotencyResult::Stored
+                } else {
+                    IdempotencyResult::NotStored
+                });
+                self.count_write(CompletionResult::Late);
                 tracing::info!(route = %self.writer.route, "idempotency completion written late");
             }
             Written::Refused => {
-                self.count("not_stored");
-                self.count_write("lost");
+                self.count(IdempotencyResult::NotStored);
+                self.count_write(CompletionResult::Lost);
                 tracing::warn!(route = %self.writer.route, "idempotency key taken by another request before completion: the response was not stored");
             }
             Written::Abandoned => {
-                self.count("store_error");
-                self.count_write("lost");
+                self.count(IdempotencyResult::StoreError);
+                self.count_write(CompletionResult::Lost);
                 tracing::warn!(route = %self.writer.route, "idempotency completion not written: a retry with this key may run again");
             }
         }

@@ -43,7 +43,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::error::ProxyError;
-use crate::metrics::{Metrics, RouteCounters, IDEMPOTENCY_COMPLETION_RESULTS, IDEMPOTENCY_RESULTS};
+use crate::metrics::{CompletionResult, IdempotencyResult, Metrics, RouteCounters};
 use crate::redis::RedisHandle;
 pub use cached::Freshness;
 pub use claim::Claim;
@@ -240,15 +240,15 @@ struct Counters {
 }
 
 impl Counters {
-    fn result(&self, result: &str) {
+    fn result(&self, result: IdempotencyResult) {
         if let Some(c) = &self.results {
-            c.inc(result);
+            c.inc(result.as_str());
         }
     }
 
-    fn completion(&self, result: &str) {
+    fn completion(&self, result: CompletionResult) {
         if let Some(c) = &self.completions {
-            c.inc(result);
+            c.inc(result.as_str());
         }
     }
 }
@@ -348,12 +348,12 @@ impl Idempotency {
             results: Some(RouteCounters::new(
                 &metrics.idempotency_requests_total,
                 &route,
-                &IDEMPOTENCY_RESULTS,
+                &IdempotencyResult::NAMES,
             )),
             completions: Some(RouteCounters::new(
                 &metrics.idempotency_completions_total,
                 &route,
-                &IDEMPOTENCY_COMPLETION_RESULTS,
+                &CompletionResult::NAMES,
             )),
         });
         let shared = Shared {
@@ -380,7 +380,7 @@ impl Idempotency {
         }
     }
 
-    fn count(&self, result: &str) {
+    fn count(&self, result: IdempotencyResult) {
         self.counters.result(result);
     }
 
@@ -432,14 +432,14 @@ impl Idempotency {
         }
         let key = match fingerprint::request_key(headers, &p.header) {
             None if p.require_key => {
-                self.count("invalid");
+                self.count(IdempotencyResult::Invalid);
                 return Check::Decided(Start::Refuse(ProxyError::IdempotencyKeyRequired {
                     header: p.header.to_string(),
                 }));
             }
             None => return Check::Decided(Start::Forward { bypassed: false }),
             Some(Err(e)) => {
-                self.count("invalid");
+                self.count(IdempotencyResult::Invalid);
                 return Check::Decided(Start::Refuse(ProxyError::InvalidIdempotencyKey {
                     detail: e.to_string(),
                 }));
@@ -493,7 +493,7 @@ impl Idempotency {
         let p = &self.policy;
         let start = match begun {
             Err(e) => {
-                self.count("store_error");
+                self.count(IdempotencyResult::StoreError);
                 tracing::warn!(route = %self.route, error = %e, "idempotency store unavailable");
                 if e.maybe_applied() {
                     // The claim may still run once the store answers: take it back then.
@@ -512,16 +512,16 @@ impl Idempotency {
                 Start::Claimed(claim)
             }
             Ok(Begin::Completed(r)) => {
-                self.count("replayed");
+                self.count(IdempotencyResult::Replayed);
                 Start::Replay(r)
             }
             Ok(Begin::Mismatch) if pending.other_version_possible => Start::CheckOtherVersion,
             Ok(Begin::Mismatch) => {
-                self.count("mismatch");
+                self.count(IdempotencyResult::Mismatch);
                 Start::Refuse(ProxyError::IdempotencyKeyReused)
             }
             Ok(Begin::NotKept) => {
-                self.count("conflict");
+                self.count(IdempotencyResult::Conflict);
                 Start::Refuse(ProxyError::IdempotencyResponseNotKept)
             }
             Ok(Begin::InProgress { lease_left, owner }) => {
@@ -549,7 +549,7 @@ impl Idempotency {
                     // The original runs on this replica: follow it with no store round trip.
                     if let Some(live) = self.records.lives.get(&pending.record).filter(|_| follow) {
                         if live.fingerprint != pending.fingerprint {
-                            self.count("mismatch");
+                            self.count(IdempotencyResult::Mismatch);
                             return Start::Refuse(ProxyError::IdempotencyKeyReused);
                         }
                         if let Some(start) = self.follow(&live).await {
@@ -600,7 +600,7 @@ impl Idempotency {
             }
             let now = crate::time::now();
             if p.on_concurrent == OnConcurrent::Conflict || now + step > waited_until {
-                self.count("conflict");
+                self.count(IdempotencyResult::Conflict);
                 let retry_after = lease_left.clamp(Duration::from_secs(1), Duration::from_secs(30));
                 return Start::Refuse(ProxyError::IdempotencyInProgress { retry_after });
             }
@@ -666,7 +666,7 @@ impl Idempotency {
     async fn follow(&self, live: &Arc<Live>) -> Option<Start> {
         match live.head().await {
             HeadOrEnd::Head(head) => {
-                self.count("followed");
+                self.count(IdempotencyResult::Followed);
                 Some(Start::Follow(Followed {
                     head,
                     body: live.follower(),
@@ -676,7 +676,7 @@ impl Idempotency {
             // request goes upstream itself, uncached.
             HeadOrEnd::TooLarge if self.cache => Some(Start::Forward { bypassed: false }),
             HeadOrEnd::TooLarge => {
-                self.count("conflict");
+                self.count(IdempotencyResult::Conflict);
                 Some(Start::Refuse(ProxyError::IdempotencyResponseNotKept))
             }
             HeadOrEnd::End(_) => None,
@@ -686,16 +686,16 @@ impl Idempotency {
     /// Answers a duplicate of a key whose delivered response this replica still holds.
     fn answer_held(&self, held: &HeldCompletion, fingerprint: &Fingerprint) -> Start {
         if held.fingerprint != *fingerprint {
-            self.count("mismatch");
+            self.count(IdempotencyResult::Mismatch);
             return Start::Refuse(ProxyError::IdempotencyKeyReused);
         }
         match &held.completion {
             Completion::Kept(r) => {
-                self.count("replayed");
+                self.count(IdempotencyResult::Replayed);
                 Start::Replay(r.clone())
             }
             Completion::NotKept => {
-                self.count("conflict");
+                self.count(IdempotencyResult::Conflict);
                 Start::Refuse(ProxyError::IdempotencyResponseNotKept)
             }
         }

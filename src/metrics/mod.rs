@@ -6,11 +6,11 @@
 
 mod series;
 
-pub(crate) use series::LimitMetrics;
+pub(crate) use series::{LimitMetrics, LimitResult};
 
 use prometheus::core::Collector;
 
-use crate::words::AttemptOutcome;
+use crate::words::{spelled, AttemptOutcome};
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -454,27 +454,67 @@ impl Metrics {
     }
 }
 
-/// The `result` label values of `rebound_cache_requests_total`: the `x-rebound-cache` values,
-/// and `store_error` (the store could not be read or written: forwarded, answered `miss`).
-pub(crate) const CACHE_RESULTS: [&str; 5] = ["hit", "miss", "refresh", "bypass", "store_error"];
+/// The `result` label of `rebound_cache_requests_total`: the `x-rebound-cache` values, and
+/// `store_error` (the store could not be read or written: forwarded, answered `miss`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CacheResult {
+    Hit,
+    Miss,
+    Refresh,
+    Bypass,
+    StoreError,
+}
 
-/// The `result` label values of `rebound_idempotency_requests_total`.
-/// `rebound_idempotency_completions_total{result}`: completions written late, and lost.
-pub(crate) const IDEMPOTENCY_COMPLETION_RESULTS: [&str; 2] = ["late", "lost"];
+spelled!(CacheResult {
+    "hit" => Hit,
+    "miss" => Miss,
+    "refresh" => Refresh,
+    "bypass" => Bypass,
+    "store_error" => StoreError,
+});
 
-pub(crate) const IDEMPOTENCY_RESULTS: [&str; 8] = [
-    "stored",
-    "replayed",
-    "followed",
-    "conflict",
-    "mismatch",
-    "invalid",
-    "store_error",
-    "not_stored",
-];
+/// The `result` label of `rebound_idempotency_requests_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IdempotencyResult {
+    Stored,
+    Replayed,
+    Followed,
+    Conflict,
+    Mismatch,
+    Invalid,
+    StoreError,
+    NotStored,
+}
 
-/// The `position` label values of `rebound_stream_errors_total`.
-pub(crate) const STREAM_ERROR_POSITIONS: [&str; 2] = ["first_event", "mid_stream"];
+spelled!(IdempotencyResult {
+    "stored" => Stored,
+    "replayed" => Replayed,
+    "followed" => Followed,
+    "conflict" => Conflict,
+    "mismatch" => Mismatch,
+    "invalid" => Invalid,
+    "store_error" => StoreError,
+    "not_stored" => NotStored,
+});
+
+/// The `result` label of `rebound_idempotency_completions_total`: completions written late, and
+/// lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CompletionResult {
+    Late,
+    Lost,
+}
+
+spelled!(CompletionResult { "late" => Late, "lost" => Lost });
+
+/// The `position` label of `rebound_stream_errors_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StreamErrorPosition {
+    FirstEvent,
+    MidStream,
+}
+
+spelled!(StreamErrorPosition { "first_event" => FirstEvent, "mid_stream" => MidStream });
 
 /// One route's children of the request families, resolved once: the hot path hashes no labels.
 pub(crate) struct RouteMetrics {
@@ -557,7 +597,7 @@ pub(crate) struct AttemptMetrics {
 impl AttemptMetrics {
     pub fn new(m: &Metrics, route: &str, upstream: &str) -> AttemptMetrics {
         let [first_event_errors, mid_stream_errors] =
-            STREAM_ERROR_POSITIONS.map(|p| m.stream_errors_total.with_label_values(&[route, upstream, p]));
+            StreamErrorPosition::NAMES.map(|p| m.stream_errors_total.with_label_values(&[route, upstream, p]));
         AttemptMetrics {
             by_outcome: AttemptOutcome::ALL.map(|o| {
                 m.upstream_attempts_total
@@ -578,16 +618,35 @@ impl AttemptMetrics {
     }
 }
 
-/// The `outcome` label values of `rebound_tokens_total`.
-pub(crate) const TOKEN_OUTCOMES: [&str; 2] = ["delivered", "wasted"];
+/// The `outcome` label of `rebound_tokens_total` (and of an attempt's usage in the access log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokenOutcome {
+    Delivered,
+    Wasted,
+}
 
-/// The `kind` label values of `rebound_tokens_total`.
-pub(crate) const TOKEN_KINDS: [&str; 4] = ["input", "output", "cache_read", "cache_write"];
+spelled!(TokenOutcome { "delivered" => Delivered, "wasted" => Wasted });
+
+/// The `kind` label of `rebound_tokens_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TokenKind {
+    Input,
+    Output,
+    CacheRead,
+    CacheWrite,
+}
+
+spelled!(TokenKind {
+    "input" => Input,
+    "output" => Output,
+    "cache_read" => CacheRead,
+    "cache_write" => CacheWrite,
+});
 
 /// One model's children of the token families for one (route, upstream) pair.
 struct ModelChildren {
     model: Arc<str>,
-    /// By outcome, then kind (the orders of [`TOKEN_OUTCOMES`] and [`TOKEN_KINDS`]).
+    /// By outcome, then kind (the orders of [`TokenOutcome::ALL`] and [`TokenKind::ALL`]).
     tokens: [[IntCounter; 4]; 2],
     /// `input`, `output`.
     usage: [Histogram; 2],
@@ -628,8 +687,8 @@ impl TokenMetrics {
         let (route, upstream, provider) = (&*self.route, &*self.upstream, &*self.provider);
         let c = Arc::new(ModelChildren {
             model: model.clone(),
-            tokens: TOKEN_OUTCOMES.map(|outcome| {
-                TOKEN_KINDS.map(|kind| {
+            tokens: TokenOutcome::NAMES.map(|outcome| {
+                TokenKind::NAMES.map(|kind| {
                     self.tokens_total
                         .with_label_values(&[route, upstream, model, kind, outcome])
                 })
@@ -641,7 +700,7 @@ impl TokenMetrics {
         c
     }
 
-    /// Records one attempt: its token counts (in [`TOKEN_KINDS`] order; `None` when the
+    /// Records one attempt: its token counts (in [`TokenKind::ALL`] order; `None` when the
     /// response reported none), whether they were wasted, and its duration.
     pub fn record(&self, model: &Arc<str>, kinds: Option<[u64; 4]>, wasted: bool, seconds: f64) {
         let c = self.children(model);

@@ -2,13 +2,11 @@
 //! that `rate()`, `increase()` and `absent()` work before the first event.
 
 use crate::config::{Config, CooldownMode, PacingMode};
-use crate::words::{Stop, TargetState};
+use crate::words::{spelled, Stop, TargetState};
 
 use prometheus::{Histogram, IntCounter};
 
-use super::{
-    Metrics, CACHE_RESULTS, IDEMPOTENCY_COMPLETION_RESULTS, IDEMPOTENCY_RESULTS, STREAM_ERROR_POSITIONS, TOKEN_OUTCOMES,
-};
+use super::{CacheResult, CompletionResult, IdempotencyResult, Metrics, StreamErrorPosition, TokenOutcome};
 
 impl Metrics {
     /// Creates, at 0, every labelled series whose labels the config determines, so that `rate()`,
@@ -43,14 +41,14 @@ impl Metrics {
             // The success series: other codes appear with their first answer.
             self.requests_total.with_label_values(&[route, "200"]);
             for upstream in r.upstreams() {
-                for position in STREAM_ERROR_POSITIONS {
+                for position in StreamErrorPosition::NAMES {
                     self.stream_errors_total.with_label_values(&[route, upstream, position]);
                 }
                 // Input and output per model label: the cache kinds appear with the first
                 // provider that reports them (most routes never see one).
                 for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
                     for kind in ["input", "output"] {
-                        for outcome in TOKEN_OUTCOMES {
+                        for outcome in TokenOutcome::NAMES {
                             self.tokens_total
                                 .with_label_values(&[route, upstream, model, kind, outcome]);
                         }
@@ -61,7 +59,7 @@ impl Metrics {
                 self.init_retry_series(route, policy);
             }
             if r.cache.is_some() {
-                for result in CACHE_RESULTS {
+                for result in CacheResult::NAMES {
                     self.cache_requests_total.with_label_values(&[route, result]);
                 }
                 for model in config.metrics.models.iter().map(String::as_str).chain(["other"]) {
@@ -71,10 +69,10 @@ impl Metrics {
                 }
             }
             if r.idempotency.is_some() {
-                for result in IDEMPOTENCY_RESULTS {
+                for result in IdempotencyResult::NAMES {
                     self.idempotency_requests_total.with_label_values(&[route, result]);
                 }
-                for result in IDEMPOTENCY_COMPLETION_RESULTS {
+                for result in CompletionResult::NAMES {
                     self.idempotency_completions_total.with_label_values(&[route, result]);
                 }
                 self.idempotency_takeovers_total.with_label_values(&[route]);
@@ -139,12 +137,12 @@ impl Metrics {
     /// The series of each `[limits.*]`.
     fn init_limit_series(&self, config: &Config) {
         for (name, l) in &config.limits {
-            for result in LIMIT_RESULTS {
+            for result in LimitResult::NAMES {
                 self.limit_decisions_total.with_label_values(&[name, result]);
             }
             self.limit_queue_seconds.with_label_values(&[name]);
             if l.tokens_per_minute.is_some() {
-                for kind in LIMIT_TOKEN_KINDS {
+                for kind in LimitTokenKind::NAMES {
                     self.limit_tokens_total.with_label_values(&[name, kind]);
                 }
             }
@@ -152,17 +150,30 @@ impl Metrics {
     }
 }
 
-/// The `result` label values of `rebound_limit_decisions_total`.
-const LIMIT_RESULTS: [&str; 3] = ["admitted", "queued", "rejected"];
+/// The `result` label of `rebound_limit_decisions_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LimitResult {
+    Admitted,
+    Queued,
+    Rejected,
+}
 
-/// The `kind` label values of `rebound_limit_tokens_total`.
-const LIMIT_TOKEN_KINDS: [&str; 2] = ["reserved", "settled"];
+spelled!(LimitResult { "admitted" => Admitted, "queued" => Queued, "rejected" => Rejected });
+
+/// The `kind` label of `rebound_limit_tokens_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum LimitTokenKind {
+    Reserved,
+    Settled,
+}
+
+spelled!(LimitTokenKind { "reserved" => Reserved, "settled" => Settled });
 
 /// One `[limits.NAME]`'s children of the limit families, resolved once: a decision hashes no
 /// labels.
 pub(crate) struct LimitMetrics {
-    /// By result, in the order of [`LIMIT_RESULTS`].
-    decisions: [IntCounter; 3],
+    /// By result, in the order of [`LimitResult::ALL`].
+    decisions: [IntCounter; LimitResult::ALL.len()],
     pub(crate) queue_seconds: Histogram,
     pub(crate) reserved: IntCounter,
     pub(crate) settled: IntCounter,
@@ -170,19 +181,17 @@ pub(crate) struct LimitMetrics {
 
 impl LimitMetrics {
     pub(crate) fn new(m: &Metrics, limit: &str) -> LimitMetrics {
-        let [reserved, settled] = LIMIT_TOKEN_KINDS.map(|k| m.limit_tokens_total.with_label_values(&[limit, k]));
+        let [reserved, settled] = LimitTokenKind::NAMES.map(|k| m.limit_tokens_total.with_label_values(&[limit, k]));
         LimitMetrics {
-            decisions: LIMIT_RESULTS.map(|r| m.limit_decisions_total.with_label_values(&[limit, r])),
+            decisions: LimitResult::NAMES.map(|r| m.limit_decisions_total.with_label_values(&[limit, r])),
             queue_seconds: m.limit_queue_seconds.with_label_values(&[limit]),
             reserved,
             settled,
         }
     }
 
-    /// Counts a decision: `admitted`, `queued` or `rejected`.
-    pub(crate) fn decided(&self, result: &str) {
-        if let Some(i) = LIMIT_RESULTS.iter().position(|r| *r == result) {
-            self.decisions[i].inc();
-        }
+    /// Counts a decision.
+    pub(crate) fn decided(&self, result: LimitResult) {
+        self.decisions[result as usize].inc();
     }
 }

@@ -19,6 +19,7 @@ use crate::limiter::{fields, Limit, Pass, Want};
 use crate::limits::estimate;
 use crate::limits::key::{BucketKey, KeyInput};
 use crate::limits::prices::{Price, Usage};
+use crate::metrics::LimitResult;
 use crate::time::{self, Instant};
 use crate::wire::body::{Flow, RequestLog, Settle, Used};
 
@@ -54,7 +55,11 @@ pub(super) async fn admit(cx: &Context, req: &Request, log: &mut RequestLog) -> 
         .await;
     match waited {
         Ok(a) => {
-            let result = if a.queued { "queued" } else { "admitted" };
+            let result = if a.queued {
+                LimitResult::Queued
+            } else {
+                LimitResult::Admitted
+            };
             Ok(admitted(route, a.pass, (result, tokens, started), log))
         }
         Err(t) => {
@@ -115,7 +120,7 @@ fn asks<'b>(cx: &Context, req: &'b Request) -> (CredentialHash, Option<&'b str>,
 fn admitted(
     route: &Route,
     pass: Pass,
-    (result, tokens, started): (&str, u64, Instant),
+    (result, tokens, started): (LimitResult, u64, Instant),
     log: &mut RequestLog,
 ) -> RateLimitFields {
     count(route, (result, None), started);
@@ -146,7 +151,7 @@ fn rejected(
     retry_after: Duration,
     started: Instant,
 ) -> Refusal {
-    count(route, ("rejected", Some(limit)), started);
+    count(route, (LimitResult::Rejected, Some(limit)), started);
     let fields = refusing.and_then(|spot| fields(std::iter::once(spot), time::now_unix_ms()));
     let err = ProxyError::LimitExceeded {
         limit: limit.to_string(),
@@ -157,13 +162,13 @@ fn rejected(
 
 /// Counts a decision: an admission under every limit of the route, a rejection under the limit
 /// that refused; the wait of a request that waited.
-fn count(route: &Route, (result, refusing): (&str, Option<&str>), started: Instant) {
+fn count(route: &Route, (result, refusing): (LimitResult, Option<&str>), started: Instant) {
     for l in &route.limits {
         if refusing.is_some_and(|r| r != l.policy.name) {
             continue;
         }
         l.metrics.decided(result);
-        if result != "admitted" {
+        if result != LimitResult::Admitted {
             l.metrics.queue_seconds.observe(started.elapsed().as_secs_f64());
         }
     }

@@ -353,7 +353,9 @@ impl RequestLog {
         }
         if let Some(span) = self.span.take() {
             let tokens = self.usage.as_ref().map(|l| l.entries()).and_then(|entries| {
-                let delivered = entries.iter().filter(|e| e.outcome == "delivered");
+                let delivered = entries
+                    .iter()
+                    .filter(|e| e.outcome == crate::metrics::TokenOutcome::Delivered.as_str());
                 delivered.fold(None, |sum: Option<[u64; 2]>, e| {
                     let [i, o] = sum.unwrap_or_default();
                     let input = e.input.saturating_add(e.cache_read).saturating_add(e.cache_write);

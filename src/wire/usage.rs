@@ -24,6 +24,7 @@
 //! The four kinds are disjoint: `input` is the input tokens neither read from nor written to a
 //! prompt cache, so that the kinds add up to what the provider bills.
 
+use crate::metrics::TokenOutcome;
 use parking_lot::Mutex;
 use smallvec::SmallVec;
 use std::sync::Arc;
@@ -97,7 +98,7 @@ pub(crate) struct Usage {
 
 impl Usage {
     /// Each count, in the order of `rebound_tokens_total`'s kinds
-    /// ([`crate::metrics::TOKEN_KINDS`]).
+    /// ([`crate::metrics::TokenKind`]).
     pub(crate) fn kinds(&self) -> [u64; 4] {
         [self.input, self.output, self.cache_read, self.cache_write]
     }
@@ -187,7 +188,10 @@ impl Ledger {
             output: usage.output,
             cache_read: usage.cache_read,
             cache_write: usage.cache_write,
-            outcome: std::borrow::Cow::Borrowed(if wasted { "wasted" } else { "delivered" }),
+            outcome: std::borrow::Cow::Borrowed(match wasted {
+                true => TokenOutcome::Wasted.as_str(),
+                false => TokenOutcome::Delivered.as_str(),
+            }),
         };
         self.0.lock().push(entry);
     }

@@ -134,7 +134,13 @@ impl Again {
     /// (`cuts`) is asked only when no other is left, one that stalled it not at all.
     /// Each continuation's tokens are metered as its body passes, as the attempt it is (number
     /// `hop` after the delivered one): `rebound_tokens_total`, and the request's ledger.
-    async fn ask(self: Arc<Self>, app: Transcript, mut how: How, hop: u32, cuts: Vec<Cut>) -> Result<Asked, BoxError> {
+    async fn ask(
+        self: Arc<Self>,
+        app: Transcript,
+        mut how: How,
+        hop: u32,
+        cuts: Vec<Cut>,
+    ) -> Result<Continuation, BoxError> {
         loop {
             let left = self.request.deadline.saturating_duration_since(time::now());
             if left.is_zero() {
@@ -164,7 +170,12 @@ impl Again {
                     .stream_idle_timeout
                     .min(left.max(Duration::from_millis(1)));
                 let stream = IdleTimeout::new(body, idle).boxed_unsync();
-                return Ok((stream, Splicer::new(app, how, &self.request.body), delivery.target));
+                let splicer = Splicer::new(app, how, &self.request.body);
+                return Ok(Continuation {
+                    stream,
+                    splicer,
+                    target: delivery.target,
+                });
             }
             let refused = http_body_util::Limited::new(resp.into_body(), MAX_REFUSAL)
                 .collect()
@@ -225,13 +236,17 @@ fn dialect(api: Api, named: &Named) -> Option<Dialect> {
 
 type Asking = Pin<Box<dyn Future<Output = Result<Next, BoxError>> + Send>>;
 
-/// A continuation's stream, its splicer, and the target it streams from.
-type Asked = (Stream, Splicer, usize);
+/// A continuation answered: its stream, its splicer, and the target it streams from.
+struct Continuation {
+    stream: Stream,
+    splicer: Splicer,
+    target: usize,
+}
 
 /// What a cut stream goes on with.
 enum Next {
     /// A continuation, spliced here.
-    Spliced(Box<Asked>),
+    Spliced(Box<Continuation>),
     /// The continuation of the followed response, recorded under its key (by this request or
     /// another, on any replica): read from the byte the app has on, as spliced there; the app's
     /// transcript, and that response.
@@ -528,8 +543,12 @@ impl Body for Continued {
                 let answer = ready!(asking.as_mut().poll(cx));
                 this.asking = None;
                 match answer {
-                    Ok(Next::Spliced(asked)) => {
-                        let (stream, splicer, target) = *asked;
+                    Ok(Next::Spliced(continuation)) => {
+                        let Continuation {
+                            stream,
+                            splicer,
+                            target,
+                        } = *continuation;
                         this.body = stream;
                         this.splicer = Some(splicer);
                         this.target = Some(target);

@@ -34,7 +34,7 @@ use crate::redis::RedisHandle;
 use crate::time;
 
 /// What the admin endpoints report on and act on.
-pub struct AdminState {
+pub(crate) struct AdminState {
     pub metrics: Arc<Metrics>,
     /// Set when shutdown starts: `/readyz` turns 503.
     pub draining: AtomicBool,
@@ -47,7 +47,7 @@ pub struct AdminState {
 }
 
 /// Serves admin requests until `stop` is cancelled.
-pub async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: CancellationToken) {
+pub(crate) async fn serve(listener: TcpListener, state: Arc<AdminState>, stop: CancellationToken) {
     let conns = TaskTracker::new();
     loop {
         let tcp = tokio::select! {

@@ -21,7 +21,7 @@ use crate::wire::usage::UsageScan;
 
 /// What a request asks of the cache (`cache-control`, RFC 9111 section 5.2.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Control {
+pub(crate) enum Control {
     /// Look up an entry it accepts, and store the answer.
     Use(Freshness),
     /// `no-store`: neither looked up nor stored.
@@ -30,7 +30,7 @@ pub enum Control {
 
 /// The request's `cache-control`: `no-store` wins over everything, then `no-cache`, then the
 /// smallest `max-age`; unknown directives and malformed values are ignored.
-pub fn control(headers: &HeaderMap) -> Control {
+pub(crate) fn control(headers: &HeaderMap) -> Control {
     let mut freshness = Freshness::Any;
     for value in headers.get_all(http::header::CACHE_CONTROL) {
         let Ok(value) = value.to_str() else { continue };
@@ -58,7 +58,7 @@ pub fn control(headers: &HeaderMap) -> Control {
 }
 
 /// What the cache did with a request.
-pub enum Looked {
+pub(crate) enum Looked {
     /// Not looked up (`no-store`, a method that is not cached): forwarded, not stored.
     Bypass,
     /// A stored entry: answered without an upstream call.
@@ -93,7 +93,7 @@ impl Looked {
 }
 
 /// A route's response cache.
-pub struct Cache {
+pub(crate) struct Cache {
     records: Idempotency,
     results: RouteCounters,
     metrics: Arc<Metrics>,
@@ -101,7 +101,7 @@ pub struct Cache {
 }
 
 impl Cache {
-    pub fn new(
+    pub(crate) fn new(
         policy: &CachePolicy,
         records: &Records,
         metrics: Arc<Metrics>,
@@ -119,7 +119,7 @@ impl Cache {
 
     /// Looks a request up (at most one store round trip, and a second only to replace an entry
     /// the request finds too old), and counts the result.
-    pub async fn lookup(&self, parts: &http::request::Parts, body: &Bytes, log: &mut RequestLog) -> Looked {
+    pub(crate) async fn lookup(&self, parts: &http::request::Parts, body: &Bytes, log: &mut RequestLog) -> Looked {
         let looked = match control(&parts.headers) {
             Control::NoStore => Looked::Bypass,
             Control::Use(freshness) => {

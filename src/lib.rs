@@ -4,6 +4,8 @@
 //! Where each part is, what it may import and why: ARCHITECTURE.md (its code map and layer table
 //! are checked against this tree by `tests/it/architecture.rs`).
 
+#![warn(unreachable_pub)]
+
 pub(crate) mod admin;
 pub(crate) mod cache;
 pub(crate) mod circuit;

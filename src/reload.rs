@@ -76,7 +76,7 @@ impl Fixed {
 }
 
 impl Reloader {
-    pub fn new(config: &Config, proxy: Arc<ArcSwap<Proxy>>, shared: Shared) -> Reloader {
+    pub(crate) fn new(config: &Config, proxy: Arc<ArcSwap<Proxy>>, shared: Shared) -> Reloader {
         let seen = std::fs::read(&config.source).ok().map(|b| digest(&[&b]));
         Reloader {
             path: config.source.clone(),
@@ -88,7 +88,7 @@ impl Reloader {
     }
 
     /// Loads, validates and swaps in the file's current contents.
-    pub fn reload(&self, trigger: &str) -> Result<(), ReloadError> {
+    pub(crate) fn reload(&self, trigger: &str) -> Result<(), ReloadError> {
         if let Ok(bytes) = std::fs::read(&self.path) {
             *self.seen.lock() = Some(digest(&[&bytes]));
         }
@@ -124,7 +124,7 @@ impl Reloader {
     }
 
     /// Reloads whenever the file's contents change, until `stop`.
-    pub async fn watch(self: Arc<Self>, stop: CancellationToken) {
+    pub(crate) async fn watch(self: Arc<Self>, stop: CancellationToken) {
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,

@@ -35,18 +35,18 @@ struct Inner {
 }
 
 impl ShutdownSignal {
-    pub fn new() -> ShutdownSignal {
+    pub(crate) fn new() -> ShutdownSignal {
         ShutdownSignal::default()
     }
 
     /// Connections finish what they are serving, then close (HTTP/1.1: after the response in
     /// flight; HTTP/2: GOAWAY).
-    pub fn drain(&self) {
+    pub(crate) fn drain(&self) {
         self.advance(DRAIN);
     }
 
     /// Connections close now, whatever they are serving.
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         self.advance(STOP);
     }
 
@@ -66,7 +66,7 @@ impl ShutdownSignal {
     /// its whole life, so pinning a captured connection inside it would hold the connection's
     /// state (about 1.5 KiB for hyper-util's HTTP/1 + HTTP/2 connection) twice, in every idle
     /// kept-alive connection. The future returned holds a pointer.
-    pub fn watch<C>(&self, conn: C) -> impl Future<Output = Option<C::Output>> + Send + 'static
+    pub(crate) fn watch<C>(&self, conn: C) -> impl Future<Output = Option<C::Output>> + Send + 'static
     where
         C: Graceful + Send + 'static,
     {

@@ -19,6 +19,8 @@ pub(crate) trait Spelled: Copy + PartialEq + 'static {
 /// `rebound check`).
 macro_rules! spelled {
     ($ty:ident { $($name:expr => $variant:ident),+ $(,)? }) => {
+        // As public as the enum it spells (some are the crate's only).
+        #[allow(unreachable_pub)]
         impl $ty {
             /// Every value, in the order of its spellings.
             #[allow(dead_code)] // not every enum needs the list
@@ -122,7 +124,7 @@ impl Stop {
 /// What one attempt came to, as `rebound_upstream_attempts_total{outcome}`, an attempt's record
 /// and its span count it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AttemptOutcome {
+pub(crate) enum AttemptOutcome {
     Ok,
     Status4xx,
     Status429,

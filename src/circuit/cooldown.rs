@@ -48,7 +48,7 @@ impl Default for CooldownTable {
 }
 
 impl CooldownTable {
-    pub fn new(capacity: usize) -> CooldownTable {
+    pub(crate) fn new(capacity: usize) -> CooldownTable {
         CooldownTable {
             entries: HashMap::default(),
             by_deadline: BTreeSet::new(),
@@ -99,7 +99,7 @@ impl CooldownTable {
     }
 
     /// The time left before calls with `cred` may go out, if any.
-    pub fn check(&self, cred: &LimitKey, now: Instant) -> Option<Duration> {
+    pub(crate) fn check(&self, cred: &LimitKey, now: Instant) -> Option<Duration> {
         self.entries
             .get(cred)
             .and_then(|t| t.checked_duration_since(now))
@@ -108,7 +108,7 @@ impl CooldownTable {
 
     #[cfg(test)]
     /// The deadline held for `cred`, if it is still ahead.
-    pub fn until(&self, cred: &LimitKey, now: Instant) -> Option<Instant> {
+    pub(crate) fn until(&self, cred: &LimitKey, now: Instant) -> Option<Instant> {
         self.entries.get(cred).copied().filter(|t| *t > now)
     }
 
@@ -125,11 +125,11 @@ impl CooldownTable {
     }
 
     #[cfg(test)]
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.entries.len()
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.entries.is_empty()
     }
 }

@@ -68,7 +68,7 @@ pub(crate) struct Locator<'a> {
 }
 
 impl<'a> Locator<'a> {
-    pub fn new(src: &'a str) -> Locator<'a> {
+    pub(super) fn new(src: &'a str) -> Locator<'a> {
         Locator {
             src,
             doc: ImDocument::parse(src).ok(),
@@ -111,7 +111,7 @@ impl<'a> Locator<'a> {
     }
 
     /// A located error for `key`.
-    pub fn error(&self, file: &str, key: &str, message: String) -> ConfigError {
+    pub(super) fn error(&self, file: &str, key: &str, message: String) -> ConfigError {
         let (line, column) = match self.span_of(key) {
             Some(span) => {
                 let (l, c) = self.line_col(span.start);

@@ -572,7 +572,7 @@ impl std::fmt::Display for StatusPattern {
 }
 
 impl StatusPattern {
-    pub fn matches(&self, status: u16) -> bool {
+    pub(crate) fn matches(&self, status: u16) -> bool {
         match *self {
             StatusPattern::Class(c) => status / 100 == c,
             StatusPattern::Exact(s) => status == s,

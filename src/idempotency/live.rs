@@ -444,7 +444,7 @@ pub(crate) struct Lives {
 
 impl Lives {
     /// The live response of an in-flight claim of `record` on this replica.
-    pub fn get(&self, record: &RecordKey) -> Option<Arc<Live>> {
+    pub(crate) fn get(&self, record: &RecordKey) -> Option<Arc<Live>> {
         self.by_text(record.as_str())
     }
 
@@ -465,12 +465,12 @@ impl Lives {
 
     #[cfg(test)]
     /// How many are registered.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.map.lock().len()
     }
 
     #[cfg(test)]
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
 }

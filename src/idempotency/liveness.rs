@@ -115,7 +115,7 @@ pub(crate) struct Trust {
 
 impl Trust {
     /// A heartbeat was answered at `at`; `continuous`: the record was still there (no gap).
-    pub fn answered(&mut self, at: Instant, continuous: bool, ttl: Duration) {
+    pub(crate) fn answered(&mut self, at: Instant, continuous: bool, ttl: Duration) {
         self.last = Some(at);
         if !continuous {
             // Set anew: anyone's record may have lapsed in the same gap.
@@ -146,7 +146,7 @@ pub(crate) struct Liveness {
 }
 
 impl Liveness {
-    pub fn new(redis: RedisHandle, replica: String) -> Arc<Liveness> {
+    pub(crate) fn new(redis: RedisHandle, replica: String) -> Arc<Liveness> {
         let ttl = redis.liveness();
         Arc::new(Liveness {
             redis,
@@ -157,7 +157,7 @@ impl Liveness {
     }
 
     /// How long a replica counts as alive after its last heartbeat (`[redis] liveness`).
-    pub fn ttl(&self) -> Duration {
+    pub(crate) fn ttl(&self) -> Duration {
         self.ttl
     }
 
@@ -166,7 +166,7 @@ impl Liveness {
     }
 
     /// Starts the heartbeat (until `stop`: the process's end, after its drain).
-    pub fn start(self: &Arc<Self>, tasks: &TaskTracker, stop: CancellationToken) {
+    pub(crate) fn start(self: &Arc<Self>, tasks: &TaskTracker, stop: CancellationToken) {
         let liveness = self.clone();
         tasks.spawn(async move {
             tokio::select! {

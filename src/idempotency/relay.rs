@@ -61,7 +61,7 @@ fn stream_key(redis: &RedisHandle, record: &RecordKey, owner: &Owner) -> String 
 }
 
 impl Relay {
-    pub fn new(
+    pub(super) fn new(
         redis: RedisHandle,
         lives: Arc<Lives>,
         liveness: Arc<Liveness>,
@@ -81,7 +81,7 @@ impl Relay {
     }
 
     /// Starts answering follow requests (until the process stops).
-    pub fn start(self: &Arc<Self>) {
+    pub(super) fn start(self: &Arc<Self>) {
         let relay = self.clone();
         self.tasks.spawn(async move { relay.listen().await });
     }

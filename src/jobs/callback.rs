@@ -57,7 +57,7 @@ pub(crate) struct Callbacks {
 }
 
 impl Callbacks {
-    pub fn new() -> Callbacks {
+    pub(crate) fn new() -> Callbacks {
         let client = match crate::upstream::tls::client_config(None) {
             Ok(tls) => {
                 let mut http = HttpConnector::new();

@@ -78,7 +78,7 @@ impl Job {
 impl MemoryQueue {
     /// Creates and queues a job, unless its id exists or `max_queue` jobs are unfinished.
     /// Returns the outcome and the number of unfinished jobs.
-    pub fn submit(&self, job: NewJob, max_queue: usize) -> (Submitted, usize) {
+    pub(crate) fn submit(&self, job: NewJob, max_queue: usize) -> (Submitted, usize) {
         let mut s = self.state.lock();
         s.sweep(crate::time::now());
         if let Some(existing) = s.jobs.get(&job.id) {
@@ -131,7 +131,7 @@ impl MemoryQueue {
     }
 
     /// A job's view, its result and callback target.
-    pub fn load(&self, id: &str) -> Option<Loaded> {
+    pub(crate) fn load(&self, id: &str) -> Option<Loaded> {
         let mut s = self.state.lock();
         s.sweep(crate::time::now());
         let job = s.jobs.get(id)?;
@@ -143,7 +143,7 @@ impl MemoryQueue {
     }
 
     /// Waits for the next queued job and marks it running.
-    pub async fn take(&self, now_ms: impl Fn() -> u64) -> Taken {
+    pub(crate) async fn take(&self, now_ms: impl Fn() -> u64) -> Taken {
         loop {
             let notified = self.notify.notified();
             if let Some(taken) = self.try_take(now_ms()) {

@@ -44,7 +44,7 @@ const VIEW_FIELDS: [&str; 15] = [
 ];
 
 /// How a worker's take went.
-pub enum Start {
+pub(crate) enum Start {
     /// Run it (this worker owns it now).
     Run(Box<Run>),
     /// Finished, but its callback is still to deliver (this worker owns it now).
@@ -138,7 +138,7 @@ pub(crate) fn is_nogroup(e: &RedisError) -> bool {
 }
 
 impl RedisQueue {
-    pub fn new(redis: RedisHandle) -> RedisQueue {
+    pub(crate) fn new(redis: RedisHandle) -> RedisQueue {
         let stream = redis.key("{jobs}:stream");
         RedisQueue {
             redis,
@@ -158,7 +158,7 @@ impl RedisQueue {
 
     /// Creates and queues a job (credentials sealed with `sealer`). Returns the outcome and the
     /// number of unfinished jobs when the script counted them.
-    pub async fn submit(
+    pub(crate) async fn submit(
         &self,
         job: &NewJob,
         sealer: Option<&Sealer>,
@@ -219,7 +219,7 @@ impl RedisQueue {
     }
 
     /// A job's status view, and with `full` its result and callback URL.
-    pub async fn load(&self, id: &str, full: bool) -> Result<Option<Loaded>, RedisError> {
+    pub(crate) async fn load(&self, id: &str, full: bool) -> Result<Option<Loaded>, RedisError> {
         let key = self.job_key(id);
         let mut fields: Vec<&str> = VIEW_FIELDS.to_vec();
         if full {
@@ -323,7 +323,7 @@ impl RedisQueue {
     }
 
     /// Takes the job of an entry this consumer holds.
-    pub async fn start(
+    pub(crate) async fn start(
         &self,
         id: &str,
         entry: &str,
@@ -389,7 +389,7 @@ impl RedisQueue {
     }
 
     /// Keeps a running job's entry from being reclaimed. `Ok(false)`: another worker owns it.
-    pub async fn heartbeat(
+    pub(crate) async fn heartbeat(
         &self,
         id: &str,
         entry: &str,
@@ -495,7 +495,7 @@ impl RedisQueue {
     }
 
     /// Unfinished jobs (the stream's length).
-    pub async fn depth(&self) -> Result<u64, RedisError> {
+    pub(crate) async fn depth(&self) -> Result<u64, RedisError> {
         let stream = self.stream.clone();
         self.redis
             .run("jobs_depth", |mut c| async move {

@@ -15,7 +15,7 @@ pub(crate) struct Sealer {
 
 impl Sealer {
     /// The sealer for `secret` (any length; the key is its SHA-256 under a domain separator).
-    pub fn new(secret: &str) -> Option<Sealer> {
+    pub(crate) fn new(secret: &str) -> Option<Sealer> {
         let hex = digest(&[b"rebound-jobs-seal-v1", secret.as_bytes()]);
         let key: Vec<u8> = (0..hex.len())
             .step_by(2)
@@ -45,7 +45,7 @@ impl Sealer {
     }
 
     /// The plaintext, or `None` when the blob was not sealed for `aad` under this secret.
-    pub fn open(&self, aad: &str, sealed: &str) -> Option<Vec<u8>> {
+    pub(crate) fn open(&self, aad: &str, sealed: &str) -> Option<Vec<u8>> {
         let raw = base64::engine::general_purpose::STANDARD.decode(sealed).ok()?;
         if raw.len() < NONCE_LEN {
             return None;

@@ -526,7 +526,7 @@ pub(crate) struct RouteMetrics {
 }
 
 impl RouteMetrics {
-    pub fn new(m: &Metrics, route: &str) -> RouteMetrics {
+    pub(crate) fn new(m: &Metrics, route: &str) -> RouteMetrics {
         RouteMetrics {
             route: Arc::from(route),
             requests_total: m.requests_total.clone(),
@@ -536,7 +536,7 @@ impl RouteMetrics {
     }
 
     /// Counts a response with this status.
-    pub fn count(&self, status: u16) {
+    pub(crate) fn count(&self, status: u16) {
         let mut codes = self.codes.lock();
         if let Some((_, c)) = codes.iter().find(|(s, _)| *s == status) {
             c.inc();
@@ -564,7 +564,7 @@ pub(crate) struct RouteCounters {
 }
 
 impl RouteCounters {
-    pub fn new(family: &IntCounterVec, route: &str, labels: &[&'static str]) -> RouteCounters {
+    pub(crate) fn new(family: &IntCounterVec, route: &str, labels: &[&'static str]) -> RouteCounters {
         RouteCounters {
             children: labels
                 .iter()
@@ -595,7 +595,7 @@ pub(crate) struct AttemptMetrics {
 }
 
 impl AttemptMetrics {
-    pub fn new(m: &Metrics, route: &str, upstream: &str) -> AttemptMetrics {
+    pub(crate) fn new(m: &Metrics, route: &str, upstream: &str) -> AttemptMetrics {
         let [first_event_errors, mid_stream_errors] =
             StreamErrorPosition::NAMES.map(|p| m.stream_errors_total.with_label_values(&[route, upstream, p]));
         AttemptMetrics {
@@ -610,7 +610,7 @@ impl AttemptMetrics {
     }
 
     /// Counts an attempt by its outcome.
-    pub fn count(&self, outcome: AttemptOutcome) {
+    pub(crate) fn count(&self, outcome: AttemptOutcome) {
         // `ALL` is in declaration order (a test in `words` keeps it so).
         if let Some(c) = self.by_outcome.get(outcome as usize) {
             c.inc();
@@ -667,7 +667,7 @@ pub(crate) struct TokenMetrics {
 
 impl TokenMetrics {
     /// `provider` is the `gen_ai_provider_name` of the upstream.
-    pub fn new(m: &Metrics, route: &str, upstream: &str, provider: &str) -> TokenMetrics {
+    pub(crate) fn new(m: &Metrics, route: &str, upstream: &str, provider: &str) -> TokenMetrics {
         TokenMetrics {
             route: Arc::from(route),
             upstream: Arc::from(upstream),
@@ -702,7 +702,7 @@ impl TokenMetrics {
 
     /// Records one attempt: its token counts (in [`TokenKind::ALL`] order; `None` when the
     /// response reported none), whether they were wasted, and its duration.
-    pub fn record(&self, model: &Arc<str>, kinds: Option<[u64; 4]>, wasted: bool, seconds: f64) {
+    pub(crate) fn record(&self, model: &Arc<str>, kinds: Option<[u64; 4]>, wasted: bool, seconds: f64) {
         let c = self.children(model);
         c.duration.observe(seconds);
         let Some(kinds) = kinds else { return };

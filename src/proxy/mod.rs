@@ -36,7 +36,7 @@ mod request;
 mod respond;
 mod routes;
 mod shared;
-pub mod stream;
+pub(crate) mod stream;
 mod tokens;
 mod websocket;
 
@@ -68,9 +68,9 @@ use context::Context;
 use delivery::Delivery;
 use idempotent::{follow_response, idempotency_step, replay_response, Answered};
 use respond::{upstream_response, Came, Claims};
-pub use routes::BuildError;
+pub(crate) use routes::BuildError;
 use routes::Route;
-pub use shared::Shared;
+pub(crate) use shared::Shared;
 use tokens::Meter;
 
 /// The job workers run their requests through the configuration in force when each one starts.

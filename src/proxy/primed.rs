@@ -26,7 +26,7 @@ pub(crate) struct Primed<B> {
 
 impl<B> Primed<B> {
     /// Nothing held yet, of a response shaped `shape`.
-    pub fn new(inner: B, shape: Shape) -> Primed<B> {
+    pub(crate) fn new(inner: B, shape: Shape) -> Primed<B> {
         Primed {
             first: None,
             more: VecDeque::new(),
@@ -46,7 +46,7 @@ impl<B> Primed<B> {
     }
 
     /// Holds `frame`, after those held already.
-    pub fn hold(&mut self, frame: Frame<Bytes>) {
+    pub(crate) fn hold(&mut self, frame: Frame<Bytes>) {
         if self.first.is_none() && self.more.is_empty() {
             self.first = Some(frame);
         } else {

@@ -106,22 +106,22 @@ pub(crate) struct Targets {
 
 impl Targets {
     /// All of them, in the route's order.
-    pub fn iter(&self) -> impl Iterator<Item = &Target> {
+    pub(super) fn iter(&self) -> impl Iterator<Item = &Target> {
         self.list.iter()
     }
 
-    pub fn len(&self) -> usize {
+    pub(super) fn len(&self) -> usize {
         self.list.len()
     }
 
-    pub fn get(&self, index: usize) -> Option<&Target> {
+    pub(super) fn get(&self, index: usize) -> Option<&Target> {
         self.list.get(index)
     }
 }
 
 impl Route {
     /// The route's first target.
-    pub fn primary(&self) -> &Target {
+    pub(super) fn primary(&self) -> &Target {
         &self.targets.list[0]
     }
 

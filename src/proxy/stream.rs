@@ -40,7 +40,7 @@ struct Watching {
 
 impl<B: Body> ErrorWatch<B> {
     /// Scans `inner`, setting `seen` and counting with `counter` when an error event passes.
-    pub fn new(inner: B, seen: Arc<AtomicBool>, counter: IntCounter) -> ErrorWatch<B> {
+    pub(crate) fn new(inner: B, seen: Arc<AtomicBool>, counter: IntCounter) -> ErrorWatch<B> {
         ErrorWatch {
             inner,
             watching: Some(Watching {
@@ -53,7 +53,7 @@ impl<B: Body> ErrorWatch<B> {
     }
 
     /// Passes `inner` through without looking.
-    pub fn off(inner: B) -> ErrorWatch<B> {
+    pub(crate) fn off(inner: B) -> ErrorWatch<B> {
         ErrorWatch {
             inner,
             watching: None,
@@ -177,7 +177,7 @@ pub(crate) struct IdleTimeout<B> {
 }
 
 impl<B> IdleTimeout<B> {
-    pub fn new(inner: B, idle: Duration) -> IdleTimeout<B> {
+    pub(crate) fn new(inner: B, idle: Duration) -> IdleTimeout<B> {
         IdleTimeout {
             inner,
             idle,

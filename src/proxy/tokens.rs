@@ -51,7 +51,7 @@ pub(crate) struct Models {
 }
 
 impl Models {
-    pub fn new(config: &MetricsConfig) -> Models {
+    pub(super) fn new(config: &MetricsConfig) -> Models {
         Models {
             listed: config.models.iter().map(|m| Arc::from(m.as_str())).collect(),
             other: Arc::from(OTHER),
@@ -196,7 +196,7 @@ impl Meter {
     }
 
     /// The body's next data bytes.
-    pub fn feed(&mut self, data: &[u8]) {
+    pub(crate) fn feed(&mut self, data: &[u8]) {
         self.scan.feed(data);
         if let Some(f) = self.flow.as_mut() {
             f.count(data);

@@ -59,7 +59,7 @@ pub enum SentinelError {
 }
 
 impl Nodes {
-    pub fn new(config: &RedisConfig, ca_pem: Option<Vec<u8>>) -> Nodes {
+    pub(super) fn new(config: &RedisConfig, ca_pem: Option<Vec<u8>>) -> Nodes {
         let tls = match &config.topology {
             RedisTopology::Standalone { url } => url.starts_with("rediss://"),
             RedisTopology::Cluster { seeds } => seeds.iter().any(|u| u.starts_with("rediss://")),
@@ -131,7 +131,11 @@ impl Nodes {
     }
 
     /// A connection to the whole cluster (its seeds with the configured credentials).
-    pub async fn cluster(&self, seeds: &[String], response_timeout: Duration) -> redis::RedisResult<ClusterConnection> {
+    pub(super) async fn cluster(
+        &self,
+        seeds: &[String],
+        response_timeout: Duration,
+    ) -> redis::RedisResult<ClusterConnection> {
         let infos = seeds
             .iter()
             .map(|s| s.as_str().into_connection_info().map(|i| self.with_credentials(i)))

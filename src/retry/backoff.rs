@@ -72,19 +72,19 @@ impl Backoff {
 
     #[cfg(test)]
     /// The configured base delay.
-    pub fn base(&self) -> Duration {
+    pub(crate) fn base(&self) -> Duration {
         self.base
     }
 
     #[cfg(test)]
     /// The configured maximum delay: no [`Backoff::delay`] is ever longer.
-    pub fn max(&self) -> Duration {
+    pub(crate) fn max(&self) -> Duration {
         self.max
     }
 
     /// `min(max, base * 2^(retry-1))`, saturating: never overflows, whatever `retry` is.
     /// `retry` 0 is treated as 1.
-    pub fn cap(&self, retry: u32) -> Duration {
+    pub(crate) fn cap(&self, retry: u32) -> Duration {
         let exponent = retry.saturating_sub(1);
         match 1u32.checked_shl(exponent) {
             Some(factor) => self.base.checked_mul(factor).map_or(self.max, |d| d.min(self.max)),

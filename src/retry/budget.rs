@@ -59,7 +59,7 @@ pub(crate) struct BudgetSnapshot {
 impl BudgetSnapshot {
     #[cfg(test)]
     /// Retries that would still be granted now (whole retries, zero when spent).
-    pub fn remaining(&self) -> u64 {
+    pub(crate) fn remaining(&self) -> u64 {
         let left = (self.allowed - self.retries as f64).floor();
         if left > 0.0 {
             left as u64

@@ -164,7 +164,7 @@ pub(crate) struct RetryState {
 }
 
 impl RetryState {
-    pub fn new(max_attempts: u32, deadline: Instant) -> RetryState {
+    pub(crate) fn new(max_attempts: u32, deadline: Instant) -> RetryState {
         RetryState {
             max_attempts: max_attempts.max(1),
             deadline,

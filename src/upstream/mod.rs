@@ -4,8 +4,8 @@
 //! WebSocket upgrades go through a separate hyper-util client, HTTP/1.1 only: an upgraded
 //! connection leaves the pool for good.
 
-pub mod pool;
-pub mod tls;
+pub(crate) mod pool;
+pub(crate) mod tls;
 
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-pub use pool::UpstreamBody;
+pub(crate) use pool::UpstreamBody;
 use std::sync::Arc;
 
 use crate::config::UpstreamConfig;
@@ -49,7 +49,7 @@ pub enum SetupError {
 
 /// Why an attempt produced no response head.
 #[derive(Debug, thiserror::Error)]
-pub enum AttemptError {
+pub(crate) enum AttemptError {
     /// The connection could not be established (DNS, refused, TLS, connect timeout): the request
     /// was never sent.
     #[error("connect failed: {0}")]
@@ -67,7 +67,7 @@ pub enum AttemptError {
 
 impl AttemptError {
     /// The retry engine's name for this failure.
-    pub fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         match self {
             AttemptError::Connect(_) => Outcome::ConnectFailure,
             AttemptError::RefusedStream(_) => Outcome::RefusedStream,
@@ -79,7 +79,7 @@ impl AttemptError {
 
 impl Upstream {
     /// Builds the pools. Fails only on TLS setup (an unreadable `ca_file`).
-    pub fn new(config: Arc<UpstreamConfig>) -> Result<Upstream, SetupError> {
+    pub(crate) fn new(config: Arc<UpstreamConfig>) -> Result<Upstream, SetupError> {
         let tls = tls::client_config(config.ca_file.as_deref())?;
         let origin = Uri::builder()
             .scheme(config.scheme.clone())
@@ -142,7 +142,7 @@ impl Upstream {
     ///
     /// The timeout's future itself, not an `async fn` around it, which would hold the request a
     /// second time for as long as the attempt waits.
-    pub fn send(
+    pub(crate) fn send(
         &self,
         req: Request<Full<Bytes>>,
         timeout: Duration,

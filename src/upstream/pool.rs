@@ -48,7 +48,7 @@ pub(crate) const MAX_IDLE: usize = 512;
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// The connections to one upstream.
-pub struct Pool {
+pub(crate) struct Pool {
     connector: HttpsConnector<HttpConnector>,
     /// `scheme://authority`: what the connector dials.
     origin: Uri,
@@ -71,7 +71,7 @@ enum Sender {
 }
 
 impl Pool {
-    pub fn new(
+    pub(crate) fn new(
         connector: HttpsConnector<HttpConnector>,
         origin: Uri,
         host: HeaderValue,
@@ -92,7 +92,7 @@ impl Pool {
     /// An `async` block, not an `async fn`: an `async fn` would keep the request twice in its
     /// future (as passed, and as the `mut` binding), and every request in flight holds this future.
     #[allow(clippy::manual_async_fn)] // on purpose: see above
-    pub fn send(
+    pub(crate) fn send(
         self: &Arc<Self>,
         mut req: Request<ReqBody>,
     ) -> impl std::future::Future<Output = Result<Response<UpstreamBody>, AttemptError>> + Send + '_ {
@@ -257,7 +257,7 @@ fn ended(result: hyper::Result<()>) {
 /// its last frame is in; a body dropped before its end takes the connection with it (hyper
 /// closes it: the rest of the response can never be read). A Bedrock event stream the app reads
 /// as Anthropic's SSE is re-framed as it is read ([`UpstreamBody::reframe`]).
-pub struct UpstreamBody {
+pub(crate) struct UpstreamBody {
     inner: Incoming,
     give_back: Option<(Arc<Pool>, H1)>,
     /// Boxed: rare, and every request in flight holds this body. With the buffer the re-framed

@@ -28,7 +28,7 @@ pub(crate) enum Shape {
 }
 
 impl Shape {
-    pub fn of(headers: &HeaderMap) -> Shape {
+    pub(crate) fn of(headers: &HeaderMap) -> Shape {
         let essence = headers
             .get(http::header::CONTENT_TYPE)
             .and_then(|v| v.to_str().ok())

@@ -181,7 +181,7 @@ pub struct AttemptUsage {
 pub(crate) struct Ledger(Arc<Mutex<SmallVec<[AttemptUsage; 1]>>>);
 
 impl Ledger {
-    pub fn add(&self, attempt: u32, usage: Usage, wasted: bool) {
+    pub(crate) fn add(&self, attempt: u32, usage: Usage, wasted: bool) {
         let entry = AttemptUsage {
             attempt,
             input: usage.input,
@@ -196,12 +196,12 @@ impl Ledger {
         self.0.lock().push(entry);
     }
 
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.0.lock().is_empty()
     }
 
     /// Every attempt's usage so far, in the order counted.
-    pub fn entries(&self) -> Vec<AttemptUsage> {
+    pub(crate) fn entries(&self) -> Vec<AttemptUsage> {
         self.0.lock().to_vec()
     }
 
@@ -267,7 +267,7 @@ pub(crate) struct UsageScan {
 
 impl UsageScan {
     /// The usage found so far (`None` when the body reported none).
-    pub fn usage(&self) -> Option<Usage> {
+    pub(crate) fn usage(&self) -> Option<Usage> {
         self.found.then_some(self.usage)
     }
 
@@ -286,7 +286,7 @@ impl UsageScan {
     }
 
     /// Feeds the body's next bytes.
-    pub fn feed(&mut self, chunk: &[u8]) {
+    pub(crate) fn feed(&mut self, chunk: &[u8]) {
         if self.invocation {
             if let Some(usage) = invocation_metrics(chunk) {
                 self.found(usage);

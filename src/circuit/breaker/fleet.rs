@@ -44,7 +44,7 @@ pub(crate) struct Deltas {
 }
 
 impl Deltas {
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.successes == 0 && self.failures == 0
     }
 

@@ -28,7 +28,7 @@ use super::*;
 pub(crate) use policy::default_retry;
 
 /// Parses and validates a whole file.
-pub fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
+pub(crate) fn parse(src: &str, path: &Path, env: &dyn Fn(&str) -> Option<String>) -> Result<Config, ConfigErrors> {
     let file = path.display().to_string();
     let loc = Locator::new(src);
     let raw: RawConfig = match toml::from_str(src) {

@@ -260,6 +260,20 @@ impl Limiter {
             return;
         }
         for limit in self.limits.values() {
+            // A lease asked in the background and not answered yet would be granted here after
+            // this hands back what it holds: its answer is waited for first (bounded).
+            let until = crate::time::now() + ASK_WAIT;
+            loop {
+                let answered = limit.answered.notified();
+                let in_flight = limit
+                    .buckets
+                    .lock()
+                    .iter_mut()
+                    .any(|(_, b)| b.asking.iter().any(|a| *a));
+                if !in_flight || tokio::time::timeout_at(until, answered).await.is_err() {
+                    break;
+                }
+            }
             // Taken under the lock, told to the store after it.
             let mut leases = Vec::new();
             let mut slots = Vec::new();

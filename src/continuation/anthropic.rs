@@ -234,7 +234,7 @@ fn set_text(v: &mut Value, text: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::continuation::{Decision, Dialect, How, Refusal};
+    use crate::continuation::{Dialect, How, Plan, Refusal};
 
     fn feed(t: &mut Transcript, events: &str) {
         let mut f = crate::continuation::Framer::default();
@@ -270,24 +270,24 @@ mod tests {
         assert!(t.blocks[0].open);
         assert_eq!(
             t.decide(b"{\"model\":\"c\",\"max_tokens\":9}", true),
-            Decision::Continue(How::Prefill)
+            Plan::Continue(How::Prefill)
         );
         assert_eq!(
             t.decide(b"{\"model\":\"c\",\"max_tokens\":9}", false),
-            Decision::Continue(How::Turn)
+            Plan::Continue(How::Turn)
         );
         let thinking = br#"{"model":"c","max_tokens":9,"thinking":{"type":"enabled","budget_tokens":4}}"#;
         assert_eq!(
             t.decide(thinking, true),
-            Decision::Continue(How::Turn),
+            Plan::Continue(How::Turn),
             "no prefill with thinking"
         );
-        assert_eq!(t.decide(b"not json", true), Decision::Refuse(Refusal::Unsupported));
+        assert_eq!(t.decide(b"not json", true), Plan::Refuse(Refusal::Unsupported));
         feed(
             &mut t,
             "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usage\":{\"output_tokens\":3}}\n\n",
         );
-        assert_eq!(t.decide(b"{}", true), Decision::Refuse(Refusal::Ended));
+        assert_eq!(t.decide(b"{}", true), Plan::Refuse(Refusal::Ended));
     }
 
     #[test]
@@ -299,7 +299,7 @@ mod tests {
         let mut t = Transcript::new(Dialect::Messages);
         feed(&mut t, START);
         feed(&mut t, tool);
-        assert_eq!(t.decide(b"{}", true), Decision::Refuse(Refusal::ToolCall));
+        assert_eq!(t.decide(b"{}", true), Plan::Refuse(Refusal::ToolCall));
         let thinking = concat!(
             "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}}\n\n",
             "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"thinking_delta\",\"thinking\":\"Let me\"}}\n\n",
@@ -307,15 +307,15 @@ mod tests {
         let mut t = Transcript::new(Dialect::Messages);
         feed(&mut t, START);
         feed(&mut t, thinking);
-        assert_eq!(t.decide(b"{}", true), Decision::Refuse(Refusal::Thinking));
+        assert_eq!(t.decide(b"{}", true), Plan::Refuse(Refusal::Thinking));
         // Closed, it is no reason: the text after it is continued (nothing yet: restarted).
         feed(
             &mut t,
             "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n",
         );
-        assert_eq!(t.decide(b"{}", true), Decision::Continue(How::Restart));
+        assert_eq!(t.decide(b"{}", true), Plan::Continue(How::Restart));
         // Nothing reached the app: not continued.
         let t = Transcript::new(Dialect::Messages);
-        assert_eq!(t.decide(b"{}", true), Decision::Refuse(Refusal::NotStarted));
+        assert_eq!(t.decide(b"{}", true), Plan::Refuse(Refusal::NotStarted));
     }
 }

@@ -226,7 +226,7 @@ fn set_text(v: &mut Value, text: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::continuation::{Decision, Dialect, How, Refusal};
+    use crate::continuation::{Dialect, How, Plan, Refusal};
 
     fn chunk(delta: &str, finish: &str) -> String {
         format!(
@@ -246,25 +246,25 @@ mod tests {
     fn content_reasoning_and_tool_calls_are_followed() {
         let role = chunk(r#"{"role":"assistant","content":"","refusal":null}"#, "null");
         let t = transcript(std::slice::from_ref(&role));
-        assert_eq!(t.decide(b"{}", false), Decision::Continue(How::Restart));
+        assert_eq!(t.decide(b"{}", false), Plan::Continue(How::Restart));
         let t = transcript(&[role.clone(), chunk(r#"{"content":"Hello"}"#, "null")]);
         assert_eq!(t.text(), "Hello");
-        assert_eq!(t.decide(b"{}", false), Decision::Continue(How::Turn));
-        assert_eq!(t.decide(b"{}", true), Decision::Continue(How::Prefill));
-        assert_eq!(t.decide(br#"{"n":2}"#, true), Decision::Refuse(Refusal::Unsupported));
+        assert_eq!(t.decide(b"{}", false), Plan::Continue(How::Turn));
+        assert_eq!(t.decide(b"{}", true), Plan::Continue(How::Prefill));
+        assert_eq!(t.decide(br#"{"n":2}"#, true), Plan::Refuse(Refusal::Unsupported));
         // Reasoning with no content after it: cut inside it.
         let reasoning = chunk(r#"{"reasoning_content":"Let me think"}"#, "null");
         let t = transcript(&[role.clone(), reasoning.clone()]);
-        assert_eq!(t.decide(b"{}", false), Decision::Refuse(Refusal::Thinking));
+        assert_eq!(t.decide(b"{}", false), Plan::Refuse(Refusal::Thinking));
         let t = transcript(&[role.clone(), reasoning, chunk(r#"{"content":"So"}"#, "null")]);
-        assert_eq!(t.decide(b"{}", false), Decision::Continue(How::Turn));
+        assert_eq!(t.decide(b"{}", false), Plan::Continue(How::Turn));
         let call = r#"{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"a"}}]}"#;
         let t = transcript(&[role.clone(), chunk(call, "null")]);
-        assert_eq!(t.decide(b"{}", false), Decision::Refuse(Refusal::ToolCall));
+        assert_eq!(t.decide(b"{}", false), Plan::Refuse(Refusal::ToolCall));
         let t = transcript(&[role.clone(), chunk("{}", "\"stop\"")]);
-        assert_eq!(t.decide(b"{}", false), Decision::Refuse(Refusal::Ended));
+        assert_eq!(t.decide(b"{}", false), Plan::Refuse(Refusal::Ended));
         let second = chunk(r#"{"content":"x"}"#, "null").replace("\"index\":0", "\"index\":1");
         let t = transcript(&[role, second]);
-        assert_eq!(t.decide(b"{}", false), Decision::Refuse(Refusal::Unsupported));
+        assert_eq!(t.decide(b"{}", false), Plan::Refuse(Refusal::Unsupported));
     }
 }

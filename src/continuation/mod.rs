@@ -12,9 +12,9 @@
 //!    a tool call or a thinking block is open, the usage reported, the ids, Responses' sequence
 //!    numbers and background mode. The text kept is capped ([`transcript::KEPT_MAX`]).
 //! 2. On a cut (a reset, a mid-stream `error` event, the idle timeout) it asks
-//!    [`Transcript::decide`]: [`Decision::Refuse`] with a [`Refusal`] (the app sees the cut, as
-//!    without the feature; [`Refusal::outcome`] is the metric's `result`), or
-//!    [`Decision::Continue`] with a [`How`].
+//!    [`Transcript::decide`]: [`Plan::Refuse`] with a [`Refusal`] (the app sees the cut, as
+//!    without the feature; [`Refusal::fate`] is the metric's `result`), or
+//!    [`Plan::Continue`] with a [`How`].
 //! 3. It sends the continuation: for [`How::Resume`] a `GET` of [`Transcript::resume_path`]; else
 //!    a `POST` of [`request::body`] (the original request, the partial carried as `How` says).
 //!    A 400 that [`request::is_prefill_rejection`] recognises is the target refusing a prefill,
@@ -160,7 +160,7 @@ impl How {
 
 /// What to do about a cut stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Decision {
+pub(crate) enum Plan {
     Continue(How),
     Refuse(Refusal),
 }
@@ -198,25 +198,25 @@ impl Refusal {
     }
 
     /// The `result` of `rebound_continuations_total`.
-    pub(crate) fn outcome(self) -> Outcome {
+    pub(crate) fn fate(self) -> Fate {
         match self {
-            Refusal::ToolCall => Outcome::RefusedToolCall,
-            Refusal::Thinking => Outcome::RefusedThinking,
-            Refusal::NotStarted | Refusal::Ended | Refusal::TooLong | Refusal::Unsupported => Outcome::Failed,
+            Refusal::ToolCall => Fate::RefusedToolCall,
+            Refusal::Thinking => Fate::RefusedThinking,
+            Refusal::NotStarted | Refusal::Ended | Refusal::TooLong | Refusal::Unsupported => Fate::Failed,
         }
     }
 }
 
 /// The `result` label of `rebound_continuations_total`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Outcome {
+pub(crate) enum Fate {
     Continued,
     RefusedToolCall,
     RefusedThinking,
     Failed,
 }
 
-spelled!(Outcome {
+spelled!(Fate {
     "continued" => Continued,
     "refused_tool_call" => RefusedToolCall,
     "refused_thinking" => RefusedThinking,

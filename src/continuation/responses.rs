@@ -417,7 +417,7 @@ fn set_text(v: &mut Value, text: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::continuation::{Decision, Dialect, How, Refusal};
+    use crate::continuation::{Dialect, How, Plan, Refusal};
 
     fn ev(kind: &str, seq: u64, rest: &str) -> String {
         format!("event: {kind}\ndata: {{\"type\":\"{kind}\",\"sequence_number\":{seq}{rest}}}\n\n")
@@ -449,31 +449,31 @@ mod tests {
         assert_eq!(t.last_seq, Some(3));
         assert_eq!(
             t.decide(b"{}", true),
-            Decision::Continue(How::Turn),
+            Plan::Continue(How::Turn),
             "no prefill in Responses"
         );
         assert_eq!(t.resume_path(), None);
         let mut background = text.clone();
         background[0] = created(true);
         let t = transcript(&background);
-        assert_eq!(t.decide(b"{}", false), Decision::Continue(How::Resume));
+        assert_eq!(t.decide(b"{}", false), Plan::Continue(How::Resume));
         assert_eq!(
             t.resume_path().as_deref(),
             Some("/v1/responses/resp_1?stream=true&starting_after=3")
         );
         let call = ev("response.output_item.added", 1, ",\"output_index\":0,\"item\":{\"id\":\"fc_1\",\"type\":\"function_call\",\"call_id\":\"call_1\",\"name\":\"f\",\"arguments\":\"\"}");
         let t = transcript(&[created(false), call.clone()]);
-        assert_eq!(t.decide(b"{}", false), Decision::Refuse(Refusal::ToolCall));
+        assert_eq!(t.decide(b"{}", false), Plan::Refuse(Refusal::ToolCall));
         // Resumed, the same generation goes on: a cut inside a tool call is no reason.
         let t = transcript(&[created(true), call]);
-        assert_eq!(t.decide(b"{}", false), Decision::Continue(How::Resume));
+        assert_eq!(t.decide(b"{}", false), Plan::Continue(How::Resume));
         let reasoning = ev(
             "response.output_item.added",
             1,
             ",\"output_index\":0,\"item\":{\"id\":\"rs_1\",\"type\":\"reasoning\",\"summary\":[]}",
         );
         let t = transcript(&[created(false), reasoning]);
-        assert_eq!(t.decide(b"{}", false), Decision::Refuse(Refusal::Thinking));
+        assert_eq!(t.decide(b"{}", false), Plan::Refuse(Refusal::Thinking));
     }
 
     #[test]
@@ -495,7 +495,7 @@ mod tests {
         assert_eq!(t.text(), "token0 ");
         assert_eq!(
             t.decide(br#"{"model":"m","stream":true,"input":"count"}"#, false),
-            super::super::Decision::Continue(super::super::How::Turn)
+            super::super::Plan::Continue(super::super::How::Turn)
         );
     }
 }

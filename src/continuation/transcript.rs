@@ -7,7 +7,7 @@ use percent_encoding::{utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 use serde_json::Value;
 
 use super::event::{u64_at, Event};
-use super::{Decision, Dialect, How, Refusal};
+use super::{Dialect, How, Plan, Refusal};
 use crate::wire::usage::{Usage, UsageScan};
 
 /// The most text (and Responses items) kept: past it, a cut is not continued.
@@ -138,35 +138,35 @@ impl Transcript {
     /// What to do about a cut, for the original `request` (its body). `prefill`: the target
     /// accepts an assistant prefill (false after [`super::request::is_prefill_rejection`]).
     /// See the module documentation of [`super`] for the rules.
-    pub(crate) fn decide(&self, request: &[u8], prefill: bool) -> Decision {
+    pub(crate) fn decide(&self, request: &[u8], prefill: bool) -> Plan {
         if !self.started {
-            return Decision::Refuse(Refusal::NotStarted);
+            return Plan::Refuse(Refusal::NotStarted);
         }
         if self.ended {
-            return Decision::Refuse(Refusal::Ended);
+            return Plan::Refuse(Refusal::Ended);
         }
         // The same generation read on: nothing is generated again, so nothing is refused.
         if self.resume_path().is_some() {
-            return Decision::Continue(How::Resume);
+            return Plan::Continue(How::Resume);
         }
         if let Some(refusal) = self.refusal() {
-            return Decision::Refuse(refusal);
+            return Plan::Refuse(refusal);
         }
         let Ok(request) = serde_json::from_slice::<Value>(request) else {
-            return Decision::Refuse(Refusal::Unsupported);
+            return Plan::Refuse(Refusal::Unsupported);
         };
         if !request.is_object() || u64_at(&request, "n").is_some_and(|n| n > 1) {
-            return Decision::Refuse(Refusal::Unsupported);
+            return Plan::Refuse(Refusal::Unsupported);
         }
         if self.text().trim().is_empty() {
-            return Decision::Continue(How::Restart);
+            return Plan::Continue(How::Restart);
         }
         let how = match self.dialect {
             Dialect::Messages if prefill && !thinks(&request) => How::Prefill,
             Dialect::Chat if prefill => How::Prefill,
             _ => How::Turn,
         };
-        Decision::Continue(how)
+        Plan::Continue(how)
     }
 
     /// Why a new generation may not continue what the app has.

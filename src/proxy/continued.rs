@@ -30,7 +30,7 @@ use super::request::Request;
 use super::stream::{ErrorWatch, IdleTimeout, StreamIdle};
 use super::tokens::{Meter, RequestTokens};
 use crate::config::Api;
-use crate::continuation::{event, request, Decision, Dialect, Framer, How, Outcome, Refusal, Splicer, Transcript};
+use crate::continuation::{event, request, Dialect, Fate, Framer, How, Plan, Refusal, Splicer, Transcript};
 use crate::idempotency::live::OriginalAborted;
 use crate::idempotency::{Live, Rejoin};
 use crate::time;
@@ -331,12 +331,12 @@ impl Continued {
     }
 
     /// Counts a cut's result.
-    fn count(&self, outcome: Outcome) {
+    fn count(&self, fate: Fate) {
         self.again
             .cx
             .metrics
             .continuations_total
-            .with_label_values(&[&self.route, outcome.as_str()])
+            .with_label_values(&[&self.route, fate.as_str()])
             .inc();
     }
 
@@ -365,7 +365,7 @@ impl Continued {
         self.last_seq = app.last_seq;
         let prefill = self.again.dialect == Dialect::Messages;
         match app.decide(&self.again.request.body, prefill) {
-            Decision::Continue(how) if self.hops < MAX_HOPS => {
+            Plan::Continue(how) if self.hops < MAX_HOPS => {
                 self.hops += 1;
                 tracing::info!(route = %self.route, how = how.as_str(), hop = self.hops, error = %why, "continuing a cut stream");
                 let (again, cuts) = (self.again.clone(), self.cuts.clone());
@@ -379,17 +379,17 @@ impl Continued {
                     }
                 });
             }
-            Decision::Continue(_) => {
-                self.count(Outcome::Failed);
+            Plan::Continue(_) => {
+                self.count(Fate::Failed);
                 self.fail(format!("cut again after {MAX_HOPS} continuations: {why}").into());
             }
             // The app has the whole message: nothing to finish, nothing to report.
-            Decision::Refuse(Refusal::Ended) => {
-                self.count(Outcome::Failed);
+            Plan::Refuse(Refusal::Ended) => {
+                self.count(Fate::Failed);
                 self.done = true;
             }
-            Decision::Refuse(refusal) => {
-                self.count(refusal.outcome());
+            Plan::Refuse(refusal) => {
+                self.count(refusal.fate());
                 self.fail(format!("not continued: {}", refusal.says()).into());
             }
         }
@@ -462,7 +462,7 @@ impl Continued {
             Some(s) => match s.finish() {
                 Ok(bytes) => {
                     self.send(Bytes::from(bytes));
-                    self.count(Outcome::Continued);
+                    self.count(Fate::Continued);
                     if let Some(flag) = &self.error_seen {
                         flag.store(false, Ordering::Release);
                     }
@@ -560,7 +560,7 @@ impl Body for Continued {
                         this.rejoined = true;
                     }
                     Err(e) => {
-                        this.count(Outcome::Failed);
+                        this.count(Fate::Failed);
                         this.fail(e);
                     }
                 }

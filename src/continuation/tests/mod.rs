@@ -8,7 +8,7 @@ use proptest::prelude::*;
 use serde_json::{json, Value};
 
 use super::transcript::Spent;
-use super::{request, Decision, Dialect, Framer, How, Refusal, SeamError, SpliceError, Splicer, Transcript};
+use super::{request, Dialect, Framer, How, Plan, Refusal, SeamError, SpliceError, Splicer, Transcript};
 
 /// The whole answer every fixture streams.
 const WHOLE: &str = "Here are three tips for better sleep:\n\n1. Keep a regular schedule.\n2. Avoid screens before bed.\n3. Keep your room cool and dark.";
@@ -59,7 +59,7 @@ fn splice(app: &mut Vec<u8>, s: &mut Splicer, stream: &str) -> Result<(), Splice
 
 fn continue_how(t: &Transcript, request: &Value, prefill: bool) -> How {
     match t.decide(request.to_string().as_bytes(), prefill) {
-        Decision::Continue(how) => how,
+        Plan::Continue(how) => how,
         refused => panic!("{refused:?}"),
     }
 }
@@ -269,19 +269,19 @@ fn anthropic_cuts_inside_a_tool_call_or_thinking_are_refused() {
     let (_, t) = cut(Dialect::Messages, &tool);
     assert_eq!(
         t.decide(claude().to_string().as_bytes(), true),
-        Decision::Refuse(Refusal::ToolCall)
+        Plan::Refuse(Refusal::ToolCall)
     );
-    assert_eq!(Refusal::ToolCall.outcome().as_str(), "refused_tool_call");
+    assert_eq!(Refusal::ToolCall.fate().as_str(), "refused_tool_call");
     let (_, t) = cut(
         Dialect::Messages,
         &ANTHROPIC_THINKING_CUT[..ANTHROPIC_THINKING_CUT.find("event: content_block_stop").unwrap()],
     );
     assert_eq!(
         t.decide(claude().to_string().as_bytes(), true),
-        Decision::Refuse(Refusal::Thinking)
+        Plan::Refuse(Refusal::Thinking)
     );
-    assert_eq!(Refusal::Thinking.outcome().as_str(), "refused_thinking");
-    assert_eq!(Refusal::Ended.outcome().as_str(), "failed");
+    assert_eq!(Refusal::Thinking.fate().as_str(), "refused_thinking");
+    assert_eq!(Refusal::Ended.fate().as_str(), "failed");
 }
 
 fn gpt(include_usage: bool) -> Value {
@@ -402,7 +402,7 @@ fn responses_cut_inside_a_function_call_is_refused() {
     let (_, t) = cut(Dialect::Responses, &call);
     assert_eq!(
         t.decide(openai_responses().to_string().as_bytes(), true),
-        Decision::Refuse(Refusal::ToolCall)
+        Plan::Refuse(Refusal::ToolCall)
     );
 }
 
@@ -501,7 +501,7 @@ fn a_transcript_over_the_cap_is_not_continued() {
         )
         .as_bytes(),
     );
-    assert_eq!(t.decide(b"{}", false), Decision::Refuse(Refusal::TooLong));
+    assert_eq!(t.decide(b"{}", false), Plan::Refuse(Refusal::TooLong));
     assert!(t.text().is_empty(), "nothing kept past the cap");
 }
 
@@ -568,7 +568,7 @@ proptest! {
             (Dialect::Messages, claude(), claude_stream("a", 3, &pieces(&t[..i], &app_cuts), false), claude_stream("b", 4, &pieces(&t[j..], &cuts), true))
         };
         let (mut app, transcript) = cut(dialect, &app_stream);
-        prop_assert_eq!(transcript.decide(request.to_string().as_bytes(), prefill), Decision::Continue(if prefill { How::Prefill } else { How::Turn }));
+        prop_assert_eq!(transcript.decide(request.to_string().as_bytes(), prefill), Plan::Continue(if prefill { How::Prefill } else { How::Turn }));
         let mut s = Splicer::new(transcript, how, request.to_string().as_bytes());
         prop_assert_eq!(splice(&mut app, &mut s, &cont), Ok(()));
         let read = if chat { sdk::chat(&app) } else { sdk::anthropic(&app) };

@@ -633,10 +633,7 @@ impl Idempotency {
             .await;
         match taken {
             Ok(TakenOver::Yes) => {
-                self.metrics
-                    .idempotency_takeovers_total
-                    .with_label_values(&[&*self.route])
-                    .inc();
+                self.count_takeover();
                 tracing::warn!(route = %self.route, "idempotency key in progress under a dead replica's claim taken over: the request runs again");
                 let follow = p.on_concurrent == OnConcurrent::Follow;
                 TakeOver::Claimed(Start::Claimed(self.claim(
@@ -658,6 +655,14 @@ impl Idempotency {
                 TakeOver::Alive(pending)
             }
         }
+    }
+
+    /// Counts a key taken over from a dead replica's claim (`rebound_idempotency_takeovers_total`).
+    fn count_takeover(&self) {
+        self.metrics
+            .idempotency_takeovers_total
+            .with_label_values(&[&*self.route])
+            .inc();
     }
 
     /// Follows an in-flight original from its head on (which may take as long as the original's

@@ -66,10 +66,7 @@ impl Idempotency {
             .await;
         match taken {
             Ok(CutTakeover::Won) => {
-                self.metrics
-                    .idempotency_takeovers_total
-                    .with_label_values(&[&*self.route])
-                    .inc();
+                self.count_takeover();
                 tracing::warn!(route = %self.route, "a followed stream's replica died mid-stream: its continuation runs here, for every follower");
                 let (record, fingerprint) = (dead.record.clone(), dead.fingerprint.clone());
                 let claim = self.claim(record, owner, fingerprint, true);

@@ -20,8 +20,15 @@ use crate::support::*;
 /// A route on `primary` that falls back to `backup` and continues cut streams, with a 300 ms
 /// idle timeout.
 async fn two_targets(primary: &str, backup: &str) -> Rebound {
-    TestConfig::new(primary)
-        .upstream_named("backup", backup, |_| {})
+    idle_route(TestConfig::new(primary).upstream_named("backup", backup, |_| {}))
+        .route(|r| r.fallback = Some(vec!["backup".into()]))
+        .start()
+        .await
+}
+
+/// `config`'s route continues cut streams, with a 300 ms idle timeout.
+fn idle_route(config: TestConfig) -> TestConfig {
+    config
         .retry(
             "idle",
             RawRetry {
@@ -30,12 +37,9 @@ async fn two_targets(primary: &str, backup: &str) -> Rebound {
             },
         )
         .route(|r| {
-            r.fallback = Some(vec!["backup".into()]);
             r.continue_streams = Some(true);
             r.retry = some("idle");
         })
-        .start()
-        .await
 }
 
 fn headers(key: &str, chunks: &str) -> [(&'static str, String); 3] {
@@ -138,20 +142,7 @@ async fn a_stall_costs_the_idle_timeout_once_per_target() {
 async fn a_routes_only_target_that_stalls_is_asked_once_more() {
     let provider = FakeProvider::start().await;
     provider.script("one", vec![stall(3), stall(3), stall(3), stall(3)]);
-    let rebound = TestConfig::new(&provider.url())
-        .retry(
-            "idle",
-            RawRetry {
-                stream_idle_timeout: some("300ms"),
-                ..RawRetry::default()
-            },
-        )
-        .route(|r| {
-            r.continue_streams = Some(true);
-            r.retry = some("idle");
-        })
-        .start()
-        .await;
+    let rebound = idle_route(TestConfig::new(&provider.url())).start().await;
     let r = post(&rebound, "/v1/messages", &headers("one", "8"), MESSAGES).await;
     assert_eq!(r.status, 200);
     let (name, error) = last_error(&r.text());

@@ -19,7 +19,7 @@ use super::commit;
 use super::context::Context;
 use super::cursor::{Cursor, Cut};
 use super::delivery::{Delivery, Progress};
-use super::limits::Limits;
+use super::limits::{Credential, Limits};
 use super::outbound;
 use super::pacing;
 use super::primed::Primed;
@@ -201,8 +201,13 @@ impl<'r> Call<'r> {
                     return Admit::Stop(self.progress.stop_before_attempt(Stop::NotRetryable, failovers, || e));
                 }
             };
-            // The credential is hashed only when some hold concerns this upstream, or after a 429.
-            let credential = self.cx.credentials.presented(req.headers(), req.uri().query());
+            // The credential is hashed only when some hold concerns this upstream, or after a 429;
+            // the app's, once per request (a target that sets or signs its own, or that moves the
+            // request to another envelope, is hashed as sent).
+            let credential = match target.upstream.config.sets_credential || target.adapt_from.is_some() {
+                true => Credential::Set(self.cx.credentials.presented(req.headers(), req.uri().query())),
+                false => Credential::App(asked.request),
+            };
             let limits = Limits::new(credential, asked.named.model_or_empty());
             let bounds = Bounds {
                 others: self.at.others(route, index).next().is_some(),
@@ -507,7 +512,7 @@ pub(super) struct Asked<'r> {
 
 impl<'r> Asked<'r> {
     /// The app's request, as it came.
-    pub(super) fn of(request: &'r request::Request, client_retry: bool) -> Asked<'r> {
+    pub(super) fn of(request: &'r request::Request) -> Asked<'r> {
         Asked {
             request,
             route: &request.route,
@@ -516,7 +521,7 @@ impl<'r> Asked<'r> {
             body: &request.body,
             named: &request.named,
             deadline: request.deadline,
-            client_retry,
+            client_retry: request.is_client_retry(),
             cuts: &[],
         }
     }
@@ -532,7 +537,8 @@ impl<'r> Asked<'r> {
             path,
             body,
             cuts,
-            ..Asked::of(request, false)
+            client_retry: false,
+            ..Asked::of(request)
         }
     }
 }

@@ -4,7 +4,6 @@
 //! Only on routes that retry (elsewhere every request makes one attempt anyway), and never for an
 //! operator's replay of a dead letter.
 
-use bytes::Bytes;
 use tokio::time::Instant;
 
 use super::context::Context;
@@ -18,14 +17,14 @@ pub(super) struct Repeat {
     /// The request's key, when it was made (only while the route holds a failure).
     key: Option<RequestKey>,
     /// It repeats a failure for good whose window still runs.
-    pub(super) is_repeat: bool,
+    is_repeat: bool,
 }
 
 impl Repeat {
     /// Whether the request at `now` is a client's retry: counted
     /// (`rebound_client_retries_total`) and logged when it is.
     pub(super) fn check(cx: &Context, req: &Request, now: Instant) -> Repeat {
-        let (route, parts, body) = (&*req.route, &req.parts, &req.body);
+        let (route, parts) = (&*req.route, &req.parts);
         // Most requests stop at the second test: a route holds no failure while it is healthy.
         if !route.retries || !route.client_retries.may_hold() || parts.extensions.get::<OperatorReplay>().is_some() {
             return Repeat {
@@ -33,9 +32,10 @@ impl Repeat {
                 is_repeat: false,
             };
         }
-        let key = key_of(cx, parts, body);
+        let key = key_of(cx, req);
         let is_repeat = route.client_retries.is_repeat(&key, now);
         if is_repeat {
+            req.mark_client_retry();
             cx.metrics.client_retries_total.with_label_values(&[&*route.name]).inc();
             tracing::info!(route = %route.name, "a client's retry of a failure for good: one attempt");
         }
@@ -49,12 +49,12 @@ impl Repeat {
     /// again (its `retry-after`, else 10 s); a client's retry that did not fail for good clears
     /// it.
     pub(super) fn settle(self, cx: &Context, req: &Request, delivery: &Delivery, now: Instant) {
-        let (route, parts, body) = (&*req.route, &req.parts, &req.body);
+        let route = &*req.route;
         if !route.retries {
             return;
         }
         if delivery.dead_letter_reason().is_some() {
-            let key = self.key.unwrap_or_else(|| key_of(cx, parts, body));
+            let key = self.key.unwrap_or_else(|| key_of(cx, req));
             let window = client_retry::window(delivery.retry_after);
             route.client_retries.failed(key, window, now);
         } else if let Some(key) = self.key.filter(|_| self.is_repeat) {
@@ -64,8 +64,13 @@ impl Repeat {
 }
 
 /// The request's key: its credential's hash (never the credential), method, path, query, body.
-fn key_of(cx: &Context, parts: &http::request::Parts, body: &Bytes) -> RequestKey {
-    let query = parts.uri.query();
-    let credential = cx.credentials.presented(&parts.headers, query).hash(&cx.credentials);
-    client_retry::request_key(&credential, &parts.method, parts.uri.path(), query, body)
+fn key_of(cx: &Context, req: &Request) -> RequestKey {
+    let (parts, credential) = (&req.parts, req.credential(&cx.credentials));
+    client_retry::request_key(
+        &credential,
+        &parts.method,
+        parts.uri.path(),
+        parts.uri.query(),
+        &req.body,
+    )
 }

@@ -72,14 +72,11 @@ pub(super) async fn admit(cx: &Context, req: &Request, log: &mut RequestLog) -> 
 /// What the request brings to its limits: its credential's hash and its model (each only when a
 /// key or a price needs it), and what it may use (tokens, and their cost at its model's price).
 fn asks<'b>(cx: &Context, req: &'b Request) -> (CredentialHash, Option<&'b str>, (Want, Option<Price>)) {
-    let (route, parts, body, named) = (&*req.route, &req.parts, &req.body, &req.named);
+    let (route, body, named) = (&*req.route, &req.body, &req.named);
     let limits = &route.limits;
     let keys = || limits.iter().map(|l| &l.policy.key);
     let credential = match keys().any(|k| k.uses_credential()) {
-        true => cx
-            .credentials
-            .presented(&parts.headers, parts.uri.query())
-            .hash(&cx.credentials),
+        true => req.credential(&cx.credentials),
         false => CredentialHash([0; 16]),
     };
     let spends = limits

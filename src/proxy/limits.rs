@@ -11,19 +11,36 @@
 
 use std::cell::OnceCell;
 
+use super::request::Request;
 use super::routes::Target;
 use crate::config::RateLimitScope;
-use crate::credentials::{Credentials, LimitKey, Presented};
+use crate::credentials::{CredentialHash, Credentials, LimitKey, Presented};
+
+/// The credential an attempt carries: the app's (its request's, hashed once per request) or the
+/// one its target sets or signs in its place.
+pub(super) enum Credential<'a> {
+    App(&'a Request),
+    Set(Presented),
+}
+
+impl Credential<'_> {
+    fn hash(&self, forms: &Credentials) -> CredentialHash {
+        match self {
+            Credential::App(request) => request.credential(forms),
+            Credential::Set(presented) => presented.hash(forms),
+        }
+    }
+}
 
 /// What one attempt asked for, as far as limits go: its credential and the model it names.
 pub(super) struct Limits<'a> {
-    credential: Presented,
+    credential: Credential<'a>,
     model: &'a str,
     per_model: OnceCell<LimitKey>,
 }
 
 impl<'a> Limits<'a> {
-    pub(super) fn new(credential: Presented, model: &'a str) -> Limits<'a> {
+    pub(super) fn new(credential: Credential<'a>, model: &'a str) -> Limits<'a> {
         Limits {
             credential,
             model,

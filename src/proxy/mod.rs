@@ -321,7 +321,7 @@ impl Proxy {
             // 6. then the attempts until delivered (a client's retry of a failure for good: one).
             describe_span(&trace, route, named);
             let repeat = Repeat::check(&self.cx, &req, time::now());
-            let asked = Asked::of(&req, repeat.is_repeat);
+            let asked = Asked::of(&req);
             let delivery = self.deliver(asked, tokens, &mut log, &trace).await;
 
             // 7. The books; a failure for good is a dead letter and marks the request.

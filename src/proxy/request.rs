@@ -1,15 +1,19 @@
 //! The app's request, read once after routing (step 4): its head, the path it is forwarded to,
 //! its body (capped), what it names (`wire::named`), its route, when it arrived, what its headers
-//! ask of the retry policy, and its one deadline, counted from its arrival. Every later step
-//! borrows it (the limits' queue, the idempotency and cache steps, the attempts, the books); a
-//! continuation holds it by `Arc`, never a copy. No other module computes a deadline.
+//! ask of the retry policy, its one deadline, counted from its arrival, its credential's hash
+//! (made when first needed, then kept) and whether it is a client's retry of a failure for good.
+//! Every later step borrows it (the limits' queue, the idempotency and cache steps, the attempts,
+//! the books); a continuation holds it by `Arc`, never a copy. No other module computes a
+//! deadline or hashes the app's credential.
 
 use std::borrow::Cow;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
 
 use super::routes::Route;
+use crate::credentials::{CredentialHash, Credentials};
 use crate::retry::policy::{request_limits, RequestLimits};
 use crate::time::Instant;
 use crate::wire::named::Named;
@@ -25,6 +29,10 @@ pub(super) struct Request {
     pub(super) limits: RequestLimits,
     /// Its deadline: the limits' queue, the attempts and any continuation all spend it.
     pub(super) deadline: Instant,
+    /// The hash of the credential it carries (never the credential), once something needed it.
+    credential: OnceLock<CredentialHash>,
+    /// It repeats a failure for good of moments ago (`client_retry::Repeat` found it).
+    client_retry: AtomicBool,
 }
 
 /// The path a request is forwarded to: the URI's from a byte on (all of it, or what follows a
@@ -63,7 +71,26 @@ impl Request {
             named,
             limits,
             deadline,
+            credential: OnceLock::new(),
+            client_retry: AtomicBool::new(false),
         }
+    }
+
+    /// The hash of the credential the app sent (in the forms of `forms`), made once.
+    pub(super) fn credential(&self, forms: &Credentials) -> CredentialHash {
+        *self
+            .credential
+            .get_or_init(|| forms.presented(&self.parts.headers, self.parts.uri.query()).hash(forms))
+    }
+
+    /// Marks it a client's retry of a failure for good: its attempts are one.
+    pub(super) fn mark_client_retry(&self) {
+        self.client_retry.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether it is a client's retry of a failure for good.
+    pub(super) fn is_client_retry(&self) -> bool {
+        self.client_retry.load(Ordering::Relaxed)
     }
 
     /// The path it is forwarded to (after the route's `strip_prefix`).

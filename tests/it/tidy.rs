@@ -386,6 +386,35 @@ fn the_pub_scan_reads_items_and_fields_and_skips_narrower_ones() {
 /// One deadline per request: what its headers ask of the retry policy (`request_limits`, where
 /// the deadline comes from) is read in the request's own module only, once, and every other step
 /// borrows it.
+/// The app's credential is hashed once per request, by `proxy/request.rs`: no other step of the
+/// pipeline reads the credential of the app's head (`parts`) itself.
+#[test]
+fn no_module_but_the_requests_hashes_the_apps_credential() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut library = Vec::new();
+    rust_texts(&root.join("src/proxy"), &mut library);
+    let request = root.join("src/proxy/request.rs");
+    let mut found = 0;
+    let mut readers = Vec::new();
+    for (path, text) in &library {
+        for (at, _) in text.match_indices(".presented(") {
+            let args = &text[at..];
+            let args = &args[..args.find(')').unwrap_or(args.len())];
+            if args.contains("parts") {
+                found += 1;
+                if *path != request {
+                    readers.push(path.strip_prefix(root).unwrap_or(path).display().to_string());
+                }
+            }
+        }
+    }
+    assert!(
+        readers.is_empty(),
+        "the app's credential read outside proxy/request.rs: {readers:?}"
+    );
+    assert_eq!(found, 1, "proxy/request.rs reads it once");
+}
+
 #[test]
 fn no_module_but_the_requests_computes_a_deadline() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -5,6 +5,7 @@
 use crate::words;
 use http::{HeaderValue, Response, StatusCode};
 
+use crate::wire::api::{anthropic, gemini};
 use crate::wire::body::{Delivered, Dialect, ProxyBody, RequestLog};
 use crate::wire::headers;
 
@@ -381,11 +382,8 @@ impl ProxyError {
 /// rebound's error document in the dialect of the route's API, RFC 9457's members beside where
 /// they do not collide with it:
 /// - OpenAI: `{"error": {"message", "type", "code", "param"}}` and every RFC 9457 member;
-/// - Anthropic: `{"type": "error", "error": {"type", "message"}}` (the error type by status, as
-///   Anthropic's: `not_found_error`, `rate_limit_error`, `overloaded_error`, ...), and RFC 9457's
-///   members but `type`, which is Anthropic's;
-/// - Gemini: `{"error": {"code", "message", "status"}}` (Google's canonical status by HTTP status)
-///   and RFC 9457's members but `status`, which google-genai reads as Google's;
+/// - Anthropic's and Google's shapes, each made in its family's file (`wire::api::anthropic`,
+///   `wire::api::gemini`);
 /// - RFC 9457 alone, when the request asked for `application/problem+json`.
 ///
 /// rebound's code is in each: `error.code` (OpenAI, Anthropic), Anthropic's
@@ -393,70 +391,14 @@ impl ProxyError {
 fn in_dialect(dialect: Dialect, kind: ErrorKind, message: &str) -> serde_json::Value {
     let row = kind.row();
     let status = row.status.as_u16();
-    let uri = format!("https://rebound.dev/errors/{}", row.code);
     match dialect {
         Dialect::OpenAi => problem_document(kind, message),
         Dialect::Problem => serde_json::json!({
-            "type": uri, "title": row.title, "status": status, "detail": message,
+            "type": format!("https://rebound.dev/errors/{}", row.code),
+            "title": row.title, "status": status, "detail": message,
         }),
-        Dialect::Anthropic => serde_json::json!({
-            "type": "error",
-            "error": {
-                "type": anthropic_type(status),
-                "message": message,
-                "code": row.code,
-                "details": { "error_code": row.code },
-            },
-            "title": row.title,
-            "status": status,
-            "detail": message,
-        }),
-        Dialect::Gemini => serde_json::json!({
-            "error": {
-                "code": status,
-                "message": message,
-                "status": google_status(status),
-                "details": [{
-                    "@type": "type.googleapis.com/google.rpc.ErrorInfo",
-                    "reason": row.code,
-                    "domain": "rebound.dev",
-                }],
-            },
-            "type": uri,
-            "title": row.title,
-            "detail": message,
-        }),
-    }
-}
-
-/// Anthropic's error type for an HTTP status.
-fn anthropic_type(status: u16) -> &'static str {
-    match status {
-        400 | 405 | 409 | 422 | 431 => "invalid_request_error",
-        401 => "authentication_error",
-        403 => "permission_error",
-        404 => "not_found_error",
-        413 => "request_too_large",
-        429 => "rate_limit_error",
-        503 | 529 => "overloaded_error",
-        504 => "timeout_error",
-        _ => "api_error",
-    }
-}
-
-/// Google's canonical status for an HTTP status.
-fn google_status(status: u16) -> &'static str {
-    match status {
-        400 | 413 | 422 | 431 => "INVALID_ARGUMENT",
-        401 => "UNAUTHENTICATED",
-        403 => "PERMISSION_DENIED",
-        404 => "NOT_FOUND",
-        405 => "UNIMPLEMENTED",
-        409 => "ABORTED",
-        429 => "RESOURCE_EXHAUSTED",
-        502 | 503 => "UNAVAILABLE",
-        504 => "DEADLINE_EXCEEDED",
-        _ => "INTERNAL",
+        Dialect::Anthropic => anthropic::error_document(status, (row.code, row.title), message),
+        Dialect::Gemini => gemini::error_document(status, (row.code, row.title), message),
     }
 }
 
@@ -573,7 +515,14 @@ mod tests {
             (504, "timeout_error", "DEADLINE_EXCEEDED"),
             (413, "request_too_large", "INVALID_ARGUMENT"),
         ] {
-            assert_eq!((anthropic_type(status), google_status(status)), (anthropic, google));
+            let (a, g) = (
+                anthropic::error_document(status, ("c", "t"), "m"),
+                gemini::error_document(status, ("c", "t"), "m"),
+            );
+            assert_eq!(
+                (a["error"]["type"].as_str(), g["error"]["status"].as_str()),
+                (Some(anthropic), Some(google))
+            );
         }
     }
 

@@ -5,7 +5,7 @@
 //! hash of the limit's name and the request's values of the key's parts. Every value is hashed,
 //! so no team name, model or credential reaches Redis, a log or a metric through a bucket, and
 //! nothing here prints one (`Display` and `Debug` show names and hashes only). Does not decide
-//! which model a request names (`wire::named`), which credential it carried (the request's
+//! which model a request names (`wire::api`), which credential it carried (the request's
 //! `credentials::Presented`, hashed), or what the bucket's limits are.
 
 use std::fmt;

@@ -38,7 +38,7 @@ use crate::retry::{self, RetryHint};
 use crate::time;
 use crate::traces::{AttemptSpan, RequestSpan};
 use crate::upstream::{AttemptError, UpstreamBody};
-use crate::wire::named::Named;
+use crate::wire::api::Named;
 use std::sync::Arc;
 
 /// An attempt's result: the response read ahead to its commit point, or why it failed.
@@ -499,7 +499,7 @@ pub(super) struct Asked<'r> {
     /// The path forwarded (after `strip_prefix`).
     pub(super) path: &'r str,
     pub(super) body: &'r Bytes,
-    /// What it names (`wire::named`), read once.
+    /// What it names (`wire::api`), read once.
     pub(super) named: &'r Named,
     /// Its deadline, counted from its arrival (a queue's wait has spent some of it).
     pub(super) deadline: Instant,

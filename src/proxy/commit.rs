@@ -31,7 +31,7 @@ use super::routes::{Route, Target};
 use crate::retry::policy::Outcome;
 use crate::retry::provider_error::{self, ErrorSignal};
 use crate::upstream::{error_chain, AttemptError, UpstreamBody};
-use crate::wire::envelope::{Reframe, Reframed};
+use crate::wire::api::{Reframe, Reframed};
 use crate::wire::sse::{self, EventEnd, InBandError, Shape};
 
 /// The most rebound reads ahead of the commit point.
@@ -77,7 +77,7 @@ pub(super) fn attempt<'a>(
 }
 
 /// A successful Bedrock event stream, as the Anthropic SSE it carries (the app asked a host of
-/// another shape, `wire::envelope`): the body re-framed as it is read, the head saying so.
+/// another shape, `wire::api`): the body re-framed as it is read, the head saying so.
 fn reframed(mut resp: Response<UpstreamBody>) -> Response<UpstreamBody> {
     let eventstream = resp
         .headers()

@@ -35,9 +35,9 @@ use crate::idempotency::live::OriginalAborted;
 use crate::idempotency::{Live, Rejoin};
 use crate::time;
 use crate::traces::RequestSpan;
+use crate::wire::api::{Named, Op};
 use crate::wire::body::BoxError;
 use crate::wire::headers;
-use crate::wire::named::{Named, Op};
 use crate::wire::sse::classify_event;
 
 /// Continuations of one request at most (a continuation cut in turn is continued again).

@@ -5,7 +5,7 @@
 //! used-up quota (`insufficient_quota`, billing) is the whole credential's whatever the scope.
 //!
 //! The model is the one the target is asked for: the one the request names
-//! ([`crate::wire::named`], after the target's model rewrite); a request that names none
+//! ([`crate::wire::api`], after the target's model rewrite); a request that names none
 //! is kept under the credential's own key, which is also what a replica keeping limits per
 //! credential uses. Nothing is hashed or searched until a hold needs it.
 

@@ -58,9 +58,9 @@ use crate::retry::policy::Outcome;
 use crate::routing::{forwarded_path, RouteTable};
 use crate::time;
 use crate::traces::{self, Traces};
+use crate::wire::api::Named;
 use crate::wire::body::{self, BodyError, Delivered, ProxyBody, RequestLog};
 use crate::wire::headers;
-use crate::wire::named::Named;
 use crate::words::TargetState;
 use call::Asked;
 use client_retry::Repeat;
@@ -240,7 +240,7 @@ impl Proxy {
 
             // 2. Route.
             let Some((prefix, route)) = self.routes.find(parts.uri.path()) else {
-                log.set_api(crate::wire::named::api_of_path(parts.uri.path()));
+                log.set_api(crate::wire::api::api_of_path(parts.uri.path()));
                 let err = ProxyError::NoRoute {
                     path: crate::error::asked_path(parts.uri.path()),
                 };
@@ -502,7 +502,7 @@ fn describe_span(trace: &traces::RequestSpan, route: &Route, named: &Named) {
     if trace.is_recording() {
         let target = route.primary();
         let provider = tokens::provider_name(&target.name, &target.upstream.config);
-        let operation = named.op.as_ref().and_then(crate::wire::named::Op::operation_name);
+        let operation = named.op.as_ref().and_then(crate::wire::api::Op::operation_name);
         trace.set_route(&route.name, &provider, named.model.as_deref(), operation);
     }
 }

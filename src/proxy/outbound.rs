@@ -10,16 +10,16 @@ use crate::config::Api;
 use crate::credentials::{self, Credentials};
 use crate::error::ProxyError;
 use crate::upstream::AttemptError;
-use crate::wire::envelope::{self, Adapted, Host};
+use crate::wire::api::{self, Adapted, Host};
+use crate::wire::api::{Invalid, Named};
 use crate::wire::headers;
-use crate::wire::named::{Invalid, Named};
 
 /// The request sent upstream: same method and body, hop-by-hop and rebound's own headers out,
 /// `host` from the upstream URL, the upstream's `set_headers` in. An upstream that sets a
 /// credential replaces the app's: every credential header and query parameter of the request
 /// (`forms`) is left out. A target of another API than the route's gets the request's envelope
 /// in its own (path, query, where the model is named, `anthropic_version`), and an answer to
-/// re-frame is marked ([`envelope::Reframe`]). With the request, its body when it is not the
+/// re-frame is marked ([`api::Reframe`]). With the request, its body when it is not the
 /// app's (a model rewritten, an envelope adapted): what a signature must cover.
 pub(super) fn build(
     target: &Target,
@@ -78,7 +78,7 @@ pub(super) fn build(
             headers.insert(name, value);
         }
         if a.reframe {
-            req.extensions_mut().insert(envelope::Reframe);
+            req.extensions_mut().insert(api::Reframe);
         }
     }
     Ok((req, rewritten))
@@ -104,7 +104,7 @@ fn adapt(
         gcp_location: upstream.gcp_location.as_deref(),
         azure_api_version: upstream.azure_api_version.as_deref(),
     };
-    envelope::adapt(named, from, &host, (parts.uri.query(), body, &parts.headers), model)
+    api::adapt(named, from, &host, (parts.uri.query(), body, &parts.headers), model)
 }
 
 pub(super) fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {

@@ -1,5 +1,5 @@
 //! The app's request, read once after routing (step 4): its head, the path it is forwarded to,
-//! its body (capped), what it names (`wire::named`), its route, when it arrived, what its headers
+//! its body (capped), what it names (`wire::api`), its route, when it arrived, what its headers
 //! ask of the retry policy, its one deadline, counted from its arrival, its credential's hash
 //! (made when first needed, then kept) and whether it is a client's retry of a failure for good.
 //! Every later step borrows it (the limits' queue, the idempotency and cache steps, the attempts,
@@ -16,7 +16,7 @@ use super::routes::Route;
 use crate::credentials::{CredentialHash, Credentials};
 use crate::retry::policy::{request_limits, RequestLimits};
 use crate::time::Instant;
-use crate::wire::named::Named;
+use crate::wire::api::Named;
 
 /// The app's request (see the module documentation).
 pub(super) struct Request {

@@ -16,7 +16,7 @@ use crate::retry::{Backoff, RetryBudget};
 use crate::routing::RouteTable;
 use crate::targets::Load;
 use crate::upstream::Upstream;
-use crate::wire::named::{self, Named};
+use crate::wire::api::{self, Named};
 use http::HeaderValue;
 use std::sync::Arc;
 
@@ -63,7 +63,7 @@ pub(crate) struct Target {
     /// Its cloud credential (`auth = "aws" | "gcp" | "azure"`).
     pub cloud: Option<Arc<CloudAuth>>,
     /// The route's API, when this target speaks another of its family: each request's envelope
-    /// is adapted (`wire::envelope`).
+    /// is adapted (`wire::api`).
     pub(crate) adapt_from: Option<Api>,
 }
 
@@ -125,12 +125,12 @@ impl Route {
         &self.targets.list[0]
     }
 
-    /// What a request to this route names (`wire::named`), read once from its forwarded path and
+    /// What a request to this route names (`wire::api`), read once from its forwarded path and
     /// body; refused (400, before any upstream is asked) when its path holds a dot segment, or
     /// when its model is no name a target that places it in its path allows there (the target's
     /// name for it, after its `models` map).
     pub(crate) fn named(&self, path: &str, body: &[u8]) -> Result<Named, ProxyError> {
-        let invalid = |e: named::Invalid, to: Option<&Target>| {
+        let invalid = |e: api::Invalid, to: Option<&Target>| {
             ProxyError::InvalidModel {
             detail: match to {
                 None => e.to_string(),
@@ -144,7 +144,7 @@ impl Route {
         }
         };
         let read = Named::read(self.config.api, path, body).map_err(|e| invalid(e, None))?;
-        if named::has_dot_segment(path) {
+        if api::has_dot_segment(path) {
             return Err(ProxyError::InvalidRequestTarget(
                 "the path holds a dot segment ('.' or '..', encoded or not), which would name another path on the host"
                     .into(),
@@ -154,10 +154,10 @@ impl Route {
             for t in self
                 .targets
                 .iter()
-                .filter(|t| t.adapt_from.is_some() && named::in_path(t.config.api))
+                .filter(|t| t.adapt_from.is_some() && api::in_path(t.config.api))
             {
                 let name = t.config.models.get(model).map_or(model, String::as_str);
-                named::segment(t.config.api, name).map_err(|e| invalid(e, Some(t)))?;
+                api::segment(t.config.api, name).map_err(|e| invalid(e, Some(t)))?;
             }
         }
         Ok(read)

@@ -24,9 +24,9 @@ use super::primed::Primed;
 use crate::config::{MetricsConfig, UpstreamConfig};
 use crate::dead_letters::AttemptRecord;
 use crate::metrics::TokenMetrics;
+use crate::wire::api::Named;
+use crate::wire::api::Reframed;
 use crate::wire::body::{Flow, Used};
-use crate::wire::envelope::Reframed;
-use crate::wire::named::Named;
 use crate::wire::sse::Shape;
 use crate::wire::usage::{Ledger, UsageScan};
 

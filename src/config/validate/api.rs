@@ -121,7 +121,7 @@ impl Validator<'_> {
 
 impl Validator<'_> {
     /// A name a target's `models` places in its host's path is one segment that host allows (as
-    /// a request's is: `wire::named`).
+    /// a request's is: `wire::api`).
     fn path_names(&mut self, key: &str, t: &TargetConfig) {
         if !t.api.names_model_in_path() {
             return;

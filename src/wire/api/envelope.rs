@@ -1,39 +1,13 @@
-//! A request's envelope in each API of a model family, and the same request for a host of
-//! another shape: the path and query, where the model is named (body or path), Anthropic's
-//! `anthropic_version`, and what the answer's framing needs. Messages, tools and parameters pass
-//! as they are; a path the envelope does not know is sent as it came (the host answers it).
-//! Pure: no I/O.
-//!
-//! | API | the request names |
-//! | --- | --- |
-//! | `anthropic` | `POST /v1/messages` (`/v1/messages/count_tokens`), the model and `stream` in the body |
-//! | `bedrock` | `POST /model/{id}/invoke` or `/invoke-with-response-stream`, `anthropic_version: bedrock-2023-05-31` in the body |
-//! | `vertex-anthropic` | `POST /v1/projects/{p}/locations/{l}/publishers/anthropic/models/{m}:rawPredict` or `:streamRawPredict`, `anthropic_version: vertex-2023-10-16` |
-//! | `openai` | `POST /v1/{chat/completions, completions, embeddings, responses}`, the model in the body |
-//! | `azure-openai` | `/openai/deployments/{deployment}/{op}?api-version=V` (`/openai/responses?api-version=V`), or the v1 API `/openai/v1/{op}` |
-//! | `gemini` | `/v1beta/models/{m}:{method}` (`?alt=sse` to stream) |
-//! | `vertex-gemini` | `/v1/projects/{p}/locations/{l}/publishers/google/models/{m}:{method}` |
+//! What every API's envelope shares: the host a request is adapted for ([`Host`]), the request
+//! adapted ([`Adapted`]), and the edits of a path's query and a JSON body's top-level members
+//! that each family's file makes (`anthropic.rs`, `openai.rs`, `gemini.rs`). Pure: no I/O.
 
-use http::{HeaderMap, HeaderName, HeaderValue};
+use http::{HeaderName, HeaderValue};
 use percent_encoding::utf8_percent_encode;
 
-use super::json::{self, members};
-use super::named::{segment, Invalid, Named, Op, COMPONENT};
+use super::named::COMPONENT;
 use crate::config::Api;
-
-/// `anthropic_version` on Bedrock.
-pub(crate) const BEDROCK_VERSION: &str = "bedrock-2023-05-31";
-/// `anthropic_version` on Vertex AI.
-pub(crate) const VERTEX_VERSION: &str = "vertex-2023-10-16";
-/// The `anthropic-version` header a request to Anthropic carries when the app's API has none.
-const ANTHROPIC_VERSION: &str = "2023-06-01";
-
-const ANTHROPIC_VERSION_HEADER: HeaderName = HeaderName::from_static("anthropic-version");
-const ANTHROPIC_BETA_HEADER: HeaderName = HeaderName::from_static("anthropic-beta");
-/// What Bedrock takes in the body (or not at all).
-static NOT_TO_BEDROCK: [HeaderName; 2] = [ANTHROPIC_VERSION_HEADER, ANTHROPIC_BETA_HEADER];
-/// What Vertex AI takes in the body.
-static NOT_TO_VERTEX: [HeaderName; 1] = [ANTHROPIC_VERSION_HEADER];
+use crate::wire::json::{self, members};
 
 /// A request extension: its answer is Bedrock's event stream, which the app reads as
 /// Anthropic's SSE.
@@ -59,7 +33,7 @@ pub(crate) struct Host<'a> {
 
 impl Host<'_> {
     /// An OpenAI or Anthropic path with its version (`/v1`), unless the base path holds it.
-    fn v1(&self, path: &str) -> String {
+    pub(super) fn v1(&self, path: &str) -> String {
         match self.base_path.ends_with("/v1") {
             true => path.to_string(),
             false => format!("/v1{path}"),
@@ -67,7 +41,7 @@ impl Host<'_> {
     }
 
     /// A Vertex AI model's path: `None` without the project and location.
-    fn vertex(&self, publisher: &str, model: &str, method: &str) -> Option<String> {
+    pub(super) fn vertex(&self, publisher: &str, model: &str, method: &str) -> Option<String> {
         Some(format!(
             "/v1/projects/{}/locations/{}/publishers/{publisher}/models/{model}:{method}",
             self.gcp_project?, self.gcp_location?
@@ -91,202 +65,25 @@ pub(crate) struct Adapted {
     pub(crate) reframe: bool,
 }
 
-/// `named` (read from a request in `from`'s API) as `to` takes it, naming `model` (the target's
-/// name for the requested model). `Ok(None)`: nothing can be adapted (the request goes as it
-/// came); `Err`: the model is no name `to` allows in its paths ([`segment`]).
-pub(crate) fn adapt(
-    named: &Named,
-    from: Api,
-    to: &Host<'_>,
-    (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
-    model: Option<&str>,
-) -> Result<Option<Adapted>, Invalid> {
-    let Some(op) = &named.op else { return Ok(None) };
-    // The model as one segment of `to`'s paths, checked and encoded once.
-    let in_path = match model.filter(|_| super::named::in_path(to.api)) {
-        Some(m) => Some(segment(to.api, m)?),
-        None => None,
-    };
-    let mut out = Adapted {
-        path: String::new(),
-        query: query.map(str::to_string),
-        body: None,
-        remove: &[],
-        insert: None,
-        reframe: false,
-    };
-    let names = Names {
-        body: model,
-        path: in_path.as_deref(),
-    };
-    let adapted = match op {
-        Op::Messages | Op::CountTokens => {
-            to_claude(&mut out, (op, named.stream), from, to, (query, body, headers), names)
-        }
-        Op::OpenAi(_) | Op::Gemini(_) => to_gpt_or_gemini(&mut out, op, to, (query, body), names),
-    };
-    Ok(adapted.map(|()| out))
-}
-
 /// The target's name for the model: as a body's member, and as a checked, encoded path segment.
 #[derive(Clone, Copy)]
-struct Names<'a> {
-    body: Option<&'a str>,
-    path: Option<&'a str>,
-}
-
-/// An Anthropic Messages request for a host of `to`'s shape.
-fn to_claude(
-    out: &mut Adapted,
-    (op, stream): (&Op, bool),
-    from: Api,
-    to: &Host<'_>,
-    (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
-    model: Names<'_>,
-) -> Option<()> {
-    match (op, to.api) {
-        (Op::Messages, Api::Anthropic) => {
-            out.path = to.v1("/messages");
-            out.query = query.filter(|_| from == Api::Anthropic).map(str::to_string);
-            let (remove, stream) = stream_from_path(from, stream);
-            out.body = edit(body, remove, model_entry(model.body)?.into_iter().chain(stream));
-            if !headers.contains_key(ANTHROPIC_VERSION_HEADER) {
-                out.insert = Some((ANTHROPIC_VERSION_HEADER, HeaderValue::from_static(ANTHROPIC_VERSION)));
-            }
-        }
-        (Op::CountTokens, Api::Anthropic) => {
-            out.path = to.v1("/messages/count_tokens");
-            out.query = None;
-            out.body = edit(body, &["model", "anthropic_version"], model_entry(model.body)?);
-            if !headers.contains_key(ANTHROPIC_VERSION_HEADER) {
-                out.insert = Some((ANTHROPIC_VERSION_HEADER, HeaderValue::from_static(ANTHROPIC_VERSION)));
-            }
-        }
-        (Op::Messages, Api::Bedrock) => {
-            let id = model.path?;
-            out.path = match stream {
-                true => format!("/model/{id}/invoke-with-response-stream"),
-                false => format!("/model/{id}/invoke"),
-            };
-            out.query = None;
-            let beta = betas(headers).map(|b| ("anthropic_beta", b));
-            let version = ("anthropic_version", json_string(BEDROCK_VERSION));
-            let remove = ["model", "stream", "anthropic_version", "anthropic_beta"];
-            out.body = edit(body, &remove, std::iter::once(version).chain(beta));
-            out.remove = &NOT_TO_BEDROCK;
-            out.reframe = stream;
-        }
-        (Op::Messages, Api::VertexAnthropic) => {
-            let method = if stream { "streamRawPredict" } else { "rawPredict" };
-            out.path = to.vertex("anthropic", model.path?, method)?;
-            out.query = None;
-            let version = ("anthropic_version", json_string(VERTEX_VERSION));
-            let (remove, stream) = stream_from_path(from, stream);
-            out.body = edit(body, remove, std::iter::once(version).chain(stream));
-            out.remove = &NOT_TO_VERTEX;
-        }
-        (Op::CountTokens, Api::VertexAnthropic) => {
-            out.path = to.vertex("anthropic", "count-tokens", "rawPredict")?;
-            out.query = None;
-            let version = ("anthropic_version", json_string(VERTEX_VERSION));
-            out.body = edit(
-                body,
-                &["model", "anthropic_version"],
-                model_entry(model.body)?.into_iter().chain([version]),
-            );
-            out.remove = &NOT_TO_VERTEX;
-        }
-        _ => return None,
-    }
-    Some(())
-}
-
-/// An OpenAI or Gemini request for a host of `to`'s shape.
-fn to_gpt_or_gemini(
-    out: &mut Adapted,
-    op: &Op,
-    to: &Host<'_>,
-    (query, body): (Option<&str>, &[u8]),
-    model: Names<'_>,
-) -> Option<()> {
-    match (op, to.api) {
-        (Op::OpenAi(op), Api::OpenAi) => {
-            out.path = to.v1(&format!("/{op}"));
-            out.query = without(query, "api-version");
-            out.body = edit(body, &["model"], model_entry(model.body)?);
-        }
-        (Op::OpenAi(op), Api::AzureOpenAi) => {
-            // A URL that ends in `/openai` already holds the first segment of Azure's paths.
-            let root = if to.base_path.ends_with("/openai") {
-                ""
-            } else {
-                "/openai"
-            };
-            match (to.azure_api_version, *op) {
-                (Some(version), "responses") => {
-                    out.path = format!("{root}/responses");
-                    out.query = Some(with_first(query, "api-version", version));
-                }
-                (Some(version), op) => {
-                    out.path = format!("{root}/deployments/{}/{op}", model.path?);
-                    out.query = Some(with_first(query, "api-version", version));
-                }
-                (None, op) => {
-                    out.path = format!("{root}/v1/{op}");
-                    out.query = without(query, "api-version");
-                }
-            }
-            out.body = edit(body, &["model"], model_entry(model.body)?);
-        }
-        (Op::Gemini(method), Api::Gemini) => {
-            out.path = format!("/v1beta/models/{}:{method}", model.path?);
-        }
-        (Op::Gemini(method), Api::VertexGemini) => {
-            out.path = to.vertex("google", model.path?, method)?;
-        }
-        _ => return None,
-    }
-    Some(())
-}
-
-/// What a Messages body keeps and gains for a host that reads `stream` from it: a Bedrock request
-/// says it in its path (its body has none: `"stream": true` is added), the others in the body
-/// (kept as it is).
-fn stream_from_path(from: Api, stream: bool) -> (&'static [&'static str], Option<(&'static str, String)>) {
-    match from {
-        Api::Bedrock => (
-            &["model", "anthropic_version", "stream"],
-            stream.then(|| ("stream", "true".to_string())),
-        ),
-        _ => (&["model", "anthropic_version"], None),
-    }
+pub(super) struct Names<'a> {
+    pub(super) body: Option<&'a str>,
+    pub(super) path: Option<&'a str>,
 }
 
 /// `"model": name` as a body entry.
-fn model_entry(model: Option<&str>) -> Option<Option<(&'static str, String)>> {
+pub(super) fn model_entry(model: Option<&str>) -> Option<Option<(&'static str, String)>> {
     Some(model.map(|m| ("model", json_string(m))))
 }
 
 /// `s` as a JSON string (quoted and escaped).
-fn json_string(s: &str) -> String {
+pub(super) fn json_string(s: &str) -> String {
     serde_json::to_string(s).unwrap_or_default() // a `&str` always serialises
 }
 
-/// The `anthropic-beta` header's values (comma-separated, possibly repeated) as a JSON array.
-fn betas(headers: &HeaderMap) -> Option<String> {
-    let values: Vec<&str> = headers
-        .get_all(ANTHROPIC_BETA_HEADER)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .collect();
-    (!values.is_empty()).then(|| serde_json::Value::from(values).to_string())
-}
-
 /// `query` without the parameter `name`.
-fn without(query: Option<&str>, name: &str) -> Option<String> {
+pub(super) fn without(query: Option<&str>, name: &str) -> Option<String> {
     let kept: Vec<&str> = query?
         .split('&')
         .filter(|p| !p.is_empty() && p.split('=').next() != Some(name))
@@ -295,7 +92,7 @@ fn without(query: Option<&str>, name: &str) -> Option<String> {
 }
 
 /// `name=value`, then the rest of `query` without `name`.
-fn with_first(query: Option<&str>, name: &str, value: &str) -> String {
+pub(super) fn with_first(query: Option<&str>, name: &str, value: &str) -> String {
     let value = utf8_percent_encode(value, COMPONENT);
     match without(query, name) {
         Some(rest) => format!("{name}={value}&{rest}"),
@@ -306,7 +103,11 @@ fn with_first(query: Option<&str>, name: &str, value: &str) -> String {
 /// A JSON object body with the top-level keys `remove` left out and `add` (raw JSON values) put
 /// first, in their order. The other members keep their order and bytes. `None`: not a JSON
 /// object (the body goes as it came, and the host answers it).
-fn edit<'k>(body: &[u8], remove: &[&str], add: impl IntoIterator<Item = (&'k str, String)>) -> Option<Vec<u8>> {
+pub(super) fn edit<'k>(
+    body: &[u8],
+    remove: &[&str],
+    add: impl IntoIterator<Item = (&'k str, String)>,
+) -> Option<Vec<u8>> {
     let members = members(body)?;
     let mut out = Vec::with_capacity(body.len() + 64);
     out.push(b'{');
@@ -335,6 +136,10 @@ fn edit<'k>(body: &[u8], remove: &[&str], add: impl IntoIterator<Item = (&'k str
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::Api;
+    use crate::wire::api::anthropic::{ANTHROPIC_BETA_HEADER, ANTHROPIC_VERSION_HEADER, VERTEX_VERSION};
+    use crate::wire::api::{adapt, Named};
+    use http::HeaderMap;
 
     const MESSAGES: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi \"there\""}],"stream":true}"#;
 

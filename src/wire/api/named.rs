@@ -1,4 +1,4 @@
-//! What a request names (DESIGN section 10): its operation, its model and whether it streams,
+//! What a request names: its operation, its model and whether it streams,
 //! read once per request after routing, in the route's API, and used by every later step
 //! (envelope, limits, cooldowns, pacing, prices, tokens, traces, continuation). Pure.
 //!
@@ -19,12 +19,12 @@ use std::sync::Arc;
 
 use percent_encoding::{percent_decode_str, utf8_percent_encode, AsciiSet, NON_ALPHANUMERIC};
 
-use super::json;
 use crate::config::Api;
+use crate::wire::json;
 
 /// What `encodeURIComponent` leaves as it is (the SDKs encode a Bedrock model id and a query
 /// value so).
-pub(crate) const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
+pub(super) const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'-')
     .remove(b'_')
     .remove(b'.')
@@ -35,12 +35,9 @@ pub(crate) const COMPONENT: &AsciiSet = &NON_ALPHANUMERIC
     .remove(b'(')
     .remove(b')');
 
-/// The OpenAI operations, by the path's tail.
-const OPENAI_OPS: [&str; 4] = ["chat/completions", "completions", "embeddings", "responses"];
-
 /// The longest model name rebound reads, in bytes: a Bedrock ARN's bound (2048); every other
 /// host's names are far shorter.
-pub(crate) const MODEL_MAX: usize = 2048;
+pub(super) const MODEL_MAX: usize = 2048;
 
 /// What a request asks, as its API names it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +93,7 @@ impl std::fmt::Display for Invalid {
 }
 
 impl Invalid {
-    fn new(value: &str, why: &'static str) -> Invalid {
+    pub(super) fn new(value: &str, why: &'static str) -> Invalid {
         let value = match value.char_indices().nth(200) {
             Some((end, _)) => format!("{}...", &value[..end]),
             None => value.to_string(),
@@ -107,16 +104,16 @@ impl Invalid {
 
 /// The top-level members of a body that say what it names.
 #[derive(Default)]
-struct Top<'b> {
+pub(super) struct Top<'b> {
     model: Option<&'b [u8]>,
     models: u32,
-    stream: bool,
+    pub(super) stream: bool,
 }
 
 impl<'b> Top<'b> {
     /// One pass over `body`'s top-level members (nothing when it is not one JSON object: the host
     /// refuses it).
-    fn of(body: &'b [u8]) -> Top<'b> {
+    pub(super) fn of(body: &'b [u8]) -> Top<'b> {
         let mut top = Top::default();
         let whole = json::each_member(body, |key, value| {
             if json::key_is(key, "model") {
@@ -134,7 +131,7 @@ impl<'b> Top<'b> {
     }
 
     /// The top-level `model` string, checked.
-    fn model(&self) -> Result<Option<Arc<str>>, Invalid> {
+    pub(super) fn model(&self) -> Result<Option<Arc<str>>, Invalid> {
         if self.models > 1 {
             return Err(Invalid::new("model", "appears twice at the body's top level"));
         }
@@ -143,10 +140,29 @@ impl<'b> Top<'b> {
             None => Ok(None),
         }
     }
+
+    /// The request names `op`, the body's model and `stream` (an API that names it in the body).
+    pub(super) fn named(&self, op: Op, stream: bool) -> Result<Named, Invalid> {
+        Ok(Named {
+            op: Some(op),
+            model: self.model()?,
+            stream,
+        })
+    }
+}
+
+/// The request names `op`, the model `raw` of an `api` path (percent-encoded as it came), and
+/// `stream` (an API that names the model in its paths).
+pub(super) fn in_path_named(api: Api, op: Op, raw: &str, stream: bool) -> Result<Named, Invalid> {
+    Ok(Named {
+        op: Some(op),
+        model: Some(path_name(api, raw)?),
+        stream,
+    })
 }
 
 /// A model any step may use: not empty, at most [`MODEL_MAX`] bytes, no control character.
-fn checked(model: &str) -> Result<(), Invalid> {
+pub(super) fn checked(model: &str) -> Result<(), Invalid> {
     if model.is_empty() {
         Err(Invalid::new(model, "is empty"))
     } else if model.len() > MODEL_MAX {
@@ -159,98 +175,6 @@ fn checked(model: &str) -> Result<(), Invalid> {
 }
 
 impl Named {
-    /// What a request to a route of `api` names, from its forwarded `path` (no query) and body.
-    /// A model the path names must be one segment its API allows ([`segment`]).
-    pub(crate) fn read(api: Api, path: &str, body: &[u8]) -> Result<Named, Invalid> {
-        let path = match memchr::memchr2(b'?', b'#', path.as_bytes()) {
-            Some(end) => &path[..end],
-            None => path,
-        };
-        let path = path.trim_end_matches('/');
-        let top = Top::of(body);
-        let in_body = |op: Op, stream: bool| -> Result<Named, Invalid> {
-            Ok(Named {
-                op: Some(op),
-                model: top.model()?,
-                stream,
-            })
-        };
-        let in_path = |op: Op, raw: &str, stream: bool| -> Result<Named, Invalid> {
-            Ok(Named {
-                op: Some(op),
-                model: Some(path_name(api, raw)?),
-                stream,
-            })
-        };
-        match api {
-            Api::Anthropic if path.ends_with("/messages/count_tokens") => return in_body(Op::CountTokens, false),
-            Api::Anthropic if path.ends_with("/messages") => return in_body(Op::Messages, top.stream),
-            // OpenAI's paths are the fallback's below (the body's model, else a path's).
-            Api::OpenAi => {}
-            Api::AzureOpenAi => match path.split_once("/openai/deployments/") {
-                Some((_, rest)) => {
-                    if let Some((deployment, op)) = rest.split_once('/') {
-                        if let Some(op) = OPENAI_OPS.into_iter().find(|o| *o == op) {
-                            return in_path(Op::OpenAi(op), deployment, top.stream);
-                        }
-                    }
-                }
-                None => {
-                    if let Some(op) = openai_op(path) {
-                        return in_body(Op::OpenAi(op), top.stream);
-                    }
-                }
-            },
-            Api::Bedrock => {
-                if let Some((id, action)) = path.split_once("/model/").and_then(|(_, rest)| rest.rsplit_once('/')) {
-                    match action {
-                        "invoke" => return in_path(Op::Messages, id, false),
-                        "invoke-with-response-stream" => return in_path(Op::Messages, id, true),
-                        _ => {}
-                    }
-                }
-            }
-            Api::VertexAnthropic => match vertex_model(path, "anthropic") {
-                Some(("count-tokens", "rawPredict")) => return in_body(Op::CountTokens, false),
-                Some((m, "rawPredict")) => return in_path(Op::Messages, m, false),
-                Some((m, "streamRawPredict")) => return in_path(Op::Messages, m, true),
-                _ => {}
-            },
-            Api::Gemini | Api::VertexGemini => {
-                if let Some((m, method)) = path.rsplit_once("/models/").and_then(|(_, rest)| rest.split_once(':')) {
-                    if !method.is_empty() && method.bytes().all(|b| b.is_ascii_alphabetic()) {
-                        let stream = method == "streamGenerateContent";
-                        return in_path(Op::Gemini(method.into()), m, stream);
-                    }
-                }
-            }
-            Api::Anthropic => {}
-        }
-        // A path the API does not name, sent as it came: a host of no known API speaks the
-        // route's (OpenAI's by default) whatever its paths, so the operations of Anthropic's and
-        // OpenAI's paths are known on any route; the model is the body's, else one the path seems
-        // to name (for the steps kept per model only).
-        let op = if path.ends_with("/messages/count_tokens") {
-            Some(Op::CountTokens)
-        } else if path.ends_with("/messages") {
-            Some(Op::Messages)
-        } else {
-            openai_op(path).map(Op::OpenAi)
-        };
-        let model = match top.model()? {
-            Some(m) => Some(m),
-            None => any_path_model(path).and_then(|raw| {
-                let decoded = percent_decode_str(raw).decode_utf8().ok()?;
-                checked(&decoded).ok().map(|()| Arc::from(decoded))
-            }),
-        };
-        Ok(Named {
-            stream: top.stream && op != Some(Op::CountTokens),
-            op,
-            model,
-        })
-    }
-
     /// The model, or `""` when the request names none (the key of a scope kept per model).
     pub(crate) fn model_or_empty(&self) -> &str {
         self.model.as_deref().unwrap_or("")
@@ -268,7 +192,7 @@ fn path_name(api: Api, raw: &str) -> Result<Arc<str>, Invalid> {
 
 /// The model or deployment any path names: the segment after `models` (up to a `:` that starts
 /// the method), `deployments` or `model`.
-fn any_path_model(path: &str) -> Option<&str> {
+pub(super) fn any_path_model(path: &str) -> Option<&str> {
     let mut segments = path.split('/');
     while let Some(s) = segments.next() {
         let name = match s {
@@ -281,21 +205,6 @@ fn any_path_model(path: &str) -> Option<&str> {
         }
     }
     None
-}
-
-/// The OpenAI operation a path ends with.
-fn openai_op(path: &str) -> Option<&'static str> {
-    OPENAI_OPS.into_iter().find(|op| {
-        path.strip_suffix(op).is_some_and(|p| p.ends_with('/'))
-            && !(*op == "completions" && path.ends_with("/chat/completions"))
-    })
-}
-
-/// A Vertex AI path's model and method: `.../publishers/{publisher}/models/{m}:{method}`.
-fn vertex_model<'a>(path: &'a str, publisher: &str) -> Option<(&'a str, &'a str)> {
-    let (_, rest) = path.split_once("/publishers/")?;
-    let rest = rest.strip_prefix(publisher)?.strip_prefix("/models/")?;
-    rest.split_once(':')
 }
 
 /// Whether `api`'s paths name the model (so a target of it takes the request's model there).

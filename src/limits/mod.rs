@@ -1,4 +1,4 @@
-//! Fleet-wide limits and budgets (`[limits.NAME]`, ../shared/DESIGN.md section 9): the pure core.
+//! Fleet-wide limits and budgets (`[limits.NAME]`, docs/limits.md): the pure core.
 //! No I/O, no clock reads (time is a parameter: unix milliseconds for windows, an `Instant` for
 //! queue deadlines), no global randomness.
 //! - [`key`]: a limit's `key` and the [`key::BucketKey`] a request falls in (hashed: no key value

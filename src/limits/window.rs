@@ -4,10 +4,10 @@
 //!
 //! Decides: which window an instant falls in, where it ends, and how long is left (for
 //! `retry-after` and the `RateLimit` field's `t`). Does not read the clock: the caller passes unix
-//! milliseconds (on a fleet, corrected by the measured offset to Redis's clock, so that replicas
-//! whose clocks drift still agree on the window). Fixed windows allow up to twice a limit across
-//! the edge of two windows; that is the price of one counter per window, and what every gateway
-//! compared in ../shared/reference/wave4-2026.md accepts.
+//! milliseconds (each replica's own wall clock: the replicas of a fleet agree on the window as far
+//! as their clocks agree, so keep them synchronised, docs/limits.md). Fixed windows allow up to twice a limit across
+//! the edge of two windows; that is the price of one counter per window, and what the gateways
+//! that keep fleet-wide limits accept (docs/limits.md).
 
 use std::fmt;
 

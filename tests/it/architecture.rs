@@ -663,8 +663,8 @@ fn every_file_of_src_is_in_the_code_map_and_every_path_it_names_exists() {
             }
         }
     }
-    // Every file of src is in it: named by its path, or in its folder's section by its path there
-    // (or a folder of it).
+    // Every file of src is in it: named by its path or a folder of it (`src/proxy/`), or in its
+    // folder's section by its path there (or a folder of it).
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     for file in files {
@@ -673,6 +673,9 @@ fn every_file_of_src_is_in_the_code_map_and_every_path_it_names_exists() {
             let tokens = ticked(body);
             paths.contains(&rel)
                 || tokens.contains(&rel)
+                || tokens
+                    .iter()
+                    .any(|t| t.starts_with("src/") && t.ends_with('/') && rel.starts_with(t.as_str()))
                 || paths.iter().filter(|p| p.ends_with('/')).any(|dir| {
                     rel.strip_prefix(dir.as_str()).is_some_and(|inner| {
                         let mut names = vec![inner.to_string()];

@@ -6,7 +6,7 @@ use crate::words;
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::wire::api::{anthropic, gemini};
-use crate::wire::body::{Delivered, Dialect, ProxyBody, RequestLog};
+use crate::wire::body::{Delivered, ErrorShape, ProxyBody, RequestLog};
 use crate::wire::headers;
 
 /// The path a request asked for, for `no_route`: at most [`ASKED_PATH_MAX`] bytes of it.
@@ -362,12 +362,12 @@ impl ProxyError {
     /// details (RFC 9457 section 3.2 extensions): `targets: [{upstream, outcome}]` for
     /// `no_target_available`.
     pub fn body(&self) -> String {
-        self.body_in(Dialect::OpenAi)
+        self.body_in(ErrorShape::OpenAi)
     }
 
-    /// The JSON body in `dialect` ([`in_dialect`]), with the error's own extension members.
-    pub(crate) fn body_in(&self, dialect: Dialect) -> String {
-        let mut doc = in_dialect(dialect, self.kind(), &self.to_string());
+    /// The JSON body in `shape` ([`in_shape`]), with the error's own extension members.
+    pub(crate) fn body_in(&self, shape: ErrorShape) -> String {
+        let mut doc = in_shape(shape, self.kind(), &self.to_string());
         if let (ProxyError::NoTargetAvailable { targets, .. }, Some(members)) = (self, doc.as_object_mut()) {
             let list = targets
                 .iter()
@@ -379,7 +379,7 @@ impl ProxyError {
     }
 }
 
-/// rebound's error document in the dialect of the route's API, RFC 9457's members beside where
+/// rebound's error document in the shape of the route's API, RFC 9457's members beside where
 /// they do not collide with it:
 /// - OpenAI: `{"error": {"message", "type", "code", "param"}}` and every RFC 9457 member;
 /// - Anthropic's and Google's shapes, each made in its family's file (`wire::api::anthropic`,
@@ -388,17 +388,17 @@ impl ProxyError {
 ///
 /// rebound's code is in each: `error.code` (OpenAI, Anthropic), Anthropic's
 /// `error.details.error_code`, Google's `ErrorInfo.reason`, and `x-rebound-error`.
-fn in_dialect(dialect: Dialect, kind: ErrorKind, message: &str) -> serde_json::Value {
+fn in_shape(shape: ErrorShape, kind: ErrorKind, message: &str) -> serde_json::Value {
     let row = kind.row();
     let status = row.status.as_u16();
-    match dialect {
-        Dialect::OpenAi => problem_document(kind, message),
-        Dialect::Problem => serde_json::json!({
+    match shape {
+        ErrorShape::OpenAi => problem_document(kind, message),
+        ErrorShape::Problem => serde_json::json!({
             "type": format!("https://rebound.dev/errors/{}", row.code),
             "title": row.title, "status": status, "detail": message,
         }),
-        Dialect::Anthropic => anthropic::error_document(status, (row.code, row.title), message),
-        Dialect::Gemini => gemini::error_document(status, (row.code, row.title), message),
+        ErrorShape::Anthropic => anthropic::error_document(status, (row.code, row.title), message),
+        ErrorShape::Gemini => gemini::error_document(status, (row.code, row.title), message),
     }
 }
 
@@ -445,10 +445,10 @@ fn with_problem_headers<B>(kind: ErrorKind, body: B, retry_after: Option<std::ti
 pub(crate) fn error_response(err: ProxyError, mut log: RequestLog) -> Response<ProxyBody> {
     let status = err.status().as_u16();
     log.set_error(err.code());
-    let dialect = log.dialect();
-    let body = ProxyBody::full(err.body_in(dialect), log, status);
+    let shape = log.error_shape();
+    let body = ProxyBody::full(err.body_in(shape), log, status);
     let mut resp = with_problem_headers(err.kind(), body, err.retry_after());
-    if dialect == Dialect::Problem {
+    if shape == ErrorShape::Problem {
         resp.headers_mut().insert(
             http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/problem+json"),
@@ -481,7 +481,7 @@ mod tests {
             detail: "connection refused".into(),
         };
         let doc = |d| serde_json::from_str::<serde_json::Value>(&e.body_in(d)).unwrap();
-        let anthropic = doc(Dialect::Anthropic);
+        let anthropic = doc(ErrorShape::Anthropic);
         assert_eq!(anthropic["type"], "error");
         assert_eq!(anthropic["error"]["type"], "api_error");
         assert_eq!(anthropic["error"]["details"]["error_code"], "upstream_unreachable");
@@ -489,7 +489,7 @@ mod tests {
             (anthropic["status"].as_u64(), anthropic["title"].is_string()),
             (Some(502), true)
         );
-        let gemini = doc(Dialect::Gemini);
+        let gemini = doc(ErrorShape::Gemini);
         assert_eq!(gemini["error"]["code"], 502);
         assert_eq!(gemini["error"]["status"], "UNAVAILABLE");
         assert_eq!(gemini["error"]["details"][0]["reason"], "upstream_unreachable");
@@ -498,12 +498,12 @@ mod tests {
             "google-genai reads a top-level status as Google's"
         );
         assert_eq!(gemini["type"], "https://rebound.dev/errors/upstream_unreachable");
-        let problem = doc(Dialect::Problem);
+        let problem = doc(ErrorShape::Problem);
         assert_eq!(
             problem.as_object().map(|o| o.keys().cloned().collect::<Vec<_>>()),
             Some(vec!["detail".into(), "status".into(), "title".into(), "type".into()])
         );
-        let openai = doc(Dialect::OpenAi);
+        let openai = doc(ErrorShape::OpenAi);
         assert_eq!(
             (openai["error"]["code"].as_str(), openai["status"].as_u64()),
             (Some("upstream_unreachable"), Some(502))

@@ -132,8 +132,8 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         traces: Traces::start(&config.telemetry, &metrics)?,
         clouds: crate::cloud::Clouds::new(metrics.clone(), background.clone(), background_stop.clone()),
         limit_store: Arc::new(match redis.clone() {
-            Some(r) => crate::limiter::store::Store::Redis(r),
-            None => crate::limiter::store::Store::local(),
+            Some(r) => crate::limiter::store::Counters::Redis(r),
+            None => crate::limiter::store::Counters::local(),
         }),
         limit_fleet_size: Arc::default(),
     };

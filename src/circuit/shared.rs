@@ -89,7 +89,7 @@ pub(crate) fn upstream_keys(redis: &RedisHandle, upstream: &str) -> [String; 7] 
 
 /// The fleet's circuit state, as a script or a message reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fleet {
+pub(crate) enum FleetState {
     Closed,
     HalfOpen,
     Open { left: Duration },
@@ -103,7 +103,7 @@ pub(crate) enum Fleet {
 /// - the same generation never takes a closed breaker out of closed (it has resolved that
 ///   phase already, e.g. its own probe closed it and the report is on its way), it only
 ///   refreshes a phase in progress.
-pub(crate) fn reconcile(cell: &mut Cell, fleet: Fleet, gen: u64, now: Instant) -> Option<Transition> {
+pub(crate) fn reconcile(cell: &mut Cell, fleet: FleetState, gen: u64, now: Instant) -> Option<Transition> {
     if gen == 0 {
         cell.fleet_gen = 0;
         cell.breaker.localize();
@@ -116,10 +116,10 @@ pub(crate) fn reconcile(cell: &mut Cell, fleet: Fleet, gen: u64, now: Instant) -
     cell.fleet_gen = gen;
     let closed = cell.breaker.state(now) == breaker::CircuitState::Closed;
     match fleet {
-        Fleet::Open { left } if newer || !closed => cell.breaker.apply_remote_open(now + left, now),
-        Fleet::HalfOpen if newer || !closed => cell.breaker.apply_remote_half_open(now),
-        Fleet::Closed if newer => cell.breaker.apply_remote_close(now),
-        Fleet::Closed => {
+        FleetState::Open { left } if newer || !closed => cell.breaker.apply_remote_open(now + left, now),
+        FleetState::HalfOpen if newer || !closed => cell.breaker.apply_remote_half_open(now),
+        FleetState::Closed if newer => cell.breaker.apply_remote_close(now),
+        FleetState::Closed => {
             cell.breaker.localize();
             None
         }
@@ -143,13 +143,13 @@ struct Reply {
 }
 
 impl Reply {
-    fn fleet(&self) -> Fleet {
+    fn fleet(&self) -> FleetState {
         match self.s as u8 {
-            2 => Fleet::Open {
+            2 => FleetState::Open {
                 left: Duration::from_millis(self.ms.max(0.0) as u64),
             },
-            1 => Fleet::HalfOpen,
-            _ => Fleet::Closed,
+            1 => FleetState::HalfOpen,
+            _ => FleetState::Closed,
         }
     }
 
@@ -551,8 +551,8 @@ fn apply_event(circuits: &Circuits, payload: &str) {
     let left = Duration::from_millis(event.ms.max(0.0) as u64);
     let gen = event.g.max(0.0) as u64;
     match event.k.as_str() {
-        "open" if entry.shared => entry.update(|cell| reconcile(cell, Fleet::Open { left }, gen, now)),
-        "close" if entry.shared => entry.update(|cell| reconcile(cell, Fleet::Closed, gen, now)),
+        "open" if entry.shared => entry.update(|cell| reconcile(cell, FleetState::Open { left }, gen, now)),
+        "close" if entry.shared => entry.update(|cell| reconcile(cell, FleetState::Closed, gen, now)),
         "cool" => {
             if let Some((hold, cred)) = event.c.as_deref().and_then(Hold::parse_field) {
                 entry.hold_from_fleet(hold, cred, now + left, now);
@@ -643,41 +643,41 @@ mod tests {
     fn follows_the_fleet_and_ignores_stale_states() {
         let mut c = cell();
         let now = crate::time::now();
-        let t = reconcile(&mut c, Fleet::Open { left: 5 * SEC }, 100, now).unwrap();
+        let t = reconcile(&mut c, FleetState::Open { left: 5 * SEC }, 100, now).unwrap();
         assert_eq!(t.to, CircuitState::Open);
         assert_eq!(c.breaker.open_until(), Some(now + 5 * SEC));
         // An older reply (taken before the opening) changes nothing.
-        assert_eq!(reconcile(&mut c, Fleet::Closed, 99, now), None);
+        assert_eq!(reconcile(&mut c, FleetState::Closed, 99, now), None);
         assert_eq!(c.breaker.state(now), CircuitState::Open);
         // The same opening, re-read: refreshes without a transition.
-        assert_eq!(reconcile(&mut c, Fleet::Open { left: 4 * SEC }, 100, now), None);
+        assert_eq!(reconcile(&mut c, FleetState::Open { left: 4 * SEC }, 100, now), None);
         // Half-open at the same generation: follows.
         let later = now + 5 * SEC;
-        assert_eq!(reconcile(&mut c, Fleet::HalfOpen, 100, later), None);
+        assert_eq!(reconcile(&mut c, FleetState::HalfOpen, 100, later), None);
         assert_eq!(c.breaker.state(later), CircuitState::HalfOpen);
         // Closed at a newer generation: closes.
-        let t = reconcile(&mut c, Fleet::Closed, 101, later).unwrap();
+        let t = reconcile(&mut c, FleetState::Closed, 101, later).unwrap();
         assert_eq!(t.to, CircuitState::Closed);
         // A late half-open of the old generation does not reopen it.
-        assert_eq!(reconcile(&mut c, Fleet::HalfOpen, 101, later), None);
+        assert_eq!(reconcile(&mut c, FleetState::HalfOpen, 101, later), None);
         assert_eq!(c.breaker.state(later), CircuitState::Closed);
         // A new trip does.
-        assert!(reconcile(&mut c, Fleet::Open { left: SEC }, 102, later).is_some());
+        assert!(reconcile(&mut c, FleetState::Open { left: SEC }, 102, later).is_some());
     }
 
     #[test]
     fn an_empty_store_leaves_the_breaker_local() {
         let mut c = cell();
         let now = crate::time::now();
-        reconcile(&mut c, Fleet::Open { left: 5 * SEC }, 100, now);
+        reconcile(&mut c, FleetState::Open { left: 5 * SEC }, 100, now);
         assert!(c.breaker.is_fleet_phase());
         // Redis restarted empty: generation 0.
-        assert_eq!(reconcile(&mut c, Fleet::Closed, 0, now), None);
+        assert_eq!(reconcile(&mut c, FleetState::Closed, 0, now), None);
         assert!(!c.breaker.is_fleet_phase());
         assert_eq!(c.breaker.state(now), CircuitState::Open, "keeps its own timer");
         assert_eq!(c.fleet_gen, 0);
         // The next fleet opening is taken whatever its generation.
-        assert!(reconcile(&mut c, Fleet::Open { left: 9 * SEC }, 5, now).is_none());
+        assert!(reconcile(&mut c, FleetState::Open { left: 9 * SEC }, 5, now).is_none());
         assert_eq!(c.breaker.open_until(), Some(now + 9 * SEC));
     }
 
@@ -685,9 +685,9 @@ mod tests {
     fn a_closed_fleet_at_the_same_generation_localizes() {
         let mut c = cell();
         let now = crate::time::now();
-        reconcile(&mut c, Fleet::Open { left: SEC }, 100, now);
+        reconcile(&mut c, FleetState::Open { left: SEC }, 100, now);
         // The trip record expired without a close: carry on locally.
-        assert_eq!(reconcile(&mut c, Fleet::Closed, 100, now), None);
+        assert_eq!(reconcile(&mut c, FleetState::Closed, 100, now), None);
         assert!(!c.breaker.is_fleet_phase());
     }
 
@@ -712,13 +712,13 @@ mod tests {
         let r: Reply = serde_json::from_str(r#"{"s":2,"ms":1234,"g":7,"cool":{"ab":10}}"#).unwrap();
         assert_eq!(
             r.fleet(),
-            Fleet::Open {
+            FleetState::Open {
                 left: Duration::from_millis(1234)
             }
         );
         assert_eq!(r.gen(), 7);
         let r: Reply = serde_json::from_str(r#"{"s":0,"ms":0,"g":0}"#).unwrap();
-        assert_eq!(r.fleet(), Fleet::Closed);
+        assert_eq!(r.fleet(), FleetState::Closed);
         assert!(r.cool.is_empty());
     }
 }

@@ -15,7 +15,7 @@ use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue, Method};
 use serde::Deserialize;
 
-use super::fetch::{Call, Fetch};
+use super::fetch::{Fetch, TokenCall};
 use super::sigv4::{self, Keys};
 use super::{invalid, read, rfc3339, secret, Credential, Issued, Source, SourceError};
 use crate::config::{AwsAuth, AwsSource, CloudEnv};
@@ -84,7 +84,7 @@ impl Base {
                     ("WebIdentityToken", token.trim()),
                 ];
                 let (_, body) = http
-                    .send(Call::form("STS AssumeRoleWithWebIdentity", &url, &form))
+                    .send(TokenCall::form("STS AssumeRoleWithWebIdentity", &url, &form))
                     .await?;
                 sts_keys("STS AssumeRoleWithWebIdentity", &body)
             }
@@ -101,7 +101,7 @@ impl Base {
                     None => env.get("AWS_CONTAINER_AUTHORIZATION_TOKEN").map(str::to_string),
                 };
                 const WHAT: &str = "the container credentials endpoint";
-                let mut call = Call::get(WHAT, &url);
+                let mut call = TokenCall::get(WHAT, &url);
                 if let Some(token) = token {
                     call = call.header(http::header::AUTHORIZATION, secret(&token, WHAT)?);
                 }
@@ -147,7 +147,7 @@ impl Source for AssumeRole {
                 ("RoleArn", self.role.as_str()),
                 ("RoleSessionName", SESSION_NAME),
             ];
-            let call = Call::form(WHAT, &url, &form);
+            let call = TokenCall::form(WHAT, &url, &form);
             let mut req = http::Request::new(http_body_util::Full::new(call.body.clone()));
             *req.method_mut() = Method::POST;
             *req.uri_mut() = url.parse().map_err(|_| SourceError::Invalid {
@@ -190,7 +190,7 @@ async fn imds(http: &Fetch, endpoint: &str) -> Result<Issued, SourceError> {
     const WHAT: &str = "the instance metadata service";
     let base = endpoint.trim_end_matches('/');
     let token_url = format!("{base}/latest/api/token");
-    let mut call = Call::get(WHAT, &token_url).header(
+    let mut call = TokenCall::get(WHAT, &token_url).header(
         HeaderName::from_static("x-aws-ec2-metadata-token-ttl-seconds"),
         HeaderValue::from_static("21600"),
     );
@@ -201,7 +201,7 @@ async fn imds(http: &Fetch, endpoint: &str) -> Result<Issued, SourceError> {
     let token_header = HeaderName::from_static("x-aws-ec2-metadata-token");
     let roles_url = format!("{base}/latest/meta-data/iam/security-credentials/");
     let (_, roles) = http
-        .send(Call::get(WHAT, &roles_url).header(token_header.clone(), token.clone()))
+        .send(TokenCall::get(WHAT, &roles_url).header(token_header.clone(), token.clone()))
         .await?;
     let role = std::str::from_utf8(&roles)
         .ok()
@@ -211,7 +211,7 @@ async fn imds(http: &Fetch, endpoint: &str) -> Result<Issued, SourceError> {
         .ok_or_else(|| invalid(WHAT, "the instance has no role"))?;
     let creds_url = format!("{roles_url}{role}");
     let (_, body) = http
-        .send(Call::get(WHAT, &creds_url).header(token_header, token))
+        .send(TokenCall::get(WHAT, &creds_url).header(token_header, token))
         .await?;
     json_keys(WHAT, &body)
 }

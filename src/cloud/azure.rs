@@ -10,7 +10,7 @@
 use futures_util::future::BoxFuture;
 use http::{HeaderName, HeaderValue};
 
-use super::fetch::{Call, Fetch};
+use super::fetch::{Fetch, TokenCall};
 use super::{oauth, read, secret, Issued, Source, SourceError};
 use crate::config::{AzureSource, CloudEnv};
 
@@ -81,7 +81,7 @@ async fn entra_id(http: &Fetch, env: &CloudEnv, credential: &[(&str, &str)]) -> 
     ];
     form.extend_from_slice(credential);
     let now = crate::time::wall_now();
-    let (_, body) = http.send(Call::form(WHAT, &url, &form)).await?;
+    let (_, body) = http.send(TokenCall::form(WHAT, &url, &form)).await?;
     oauth::token(WHAT, &body, now)
 }
 
@@ -122,7 +122,7 @@ async fn managed_identity(http: &Fetch, env: &CloudEnv, kind: AzureSource) -> Re
     let joint = if base.contains('?') { '&' } else { '?' };
     let url = format!("{base}{joint}{query}");
     let now = crate::time::wall_now();
-    let (_, body) = http.send(Call::get(what, &url).header(header.0, header.1)).await?;
+    let (_, body) = http.send(TokenCall::get(what, &url).header(header.0, header.1)).await?;
     oauth::token(what, &body, now)
 }
 

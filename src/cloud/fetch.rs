@@ -38,7 +38,7 @@ pub(crate) enum FetchError {
 }
 
 /// A request to a credential service.
-pub(crate) struct Call<'a> {
+pub(crate) struct TokenCall<'a> {
     /// What is asked, for messages (`"STS AssumeRoleWithWebIdentity"`).
     pub(crate) what: &'static str,
     pub(crate) method: Method,
@@ -47,9 +47,9 @@ pub(crate) struct Call<'a> {
     pub(crate) body: Bytes,
 }
 
-impl<'a> Call<'a> {
-    pub(crate) fn get(what: &'static str, uri: &'a str) -> Call<'a> {
-        Call {
+impl<'a> TokenCall<'a> {
+    pub(crate) fn get(what: &'static str, uri: &'a str) -> TokenCall<'a> {
+        TokenCall {
             what,
             method: Method::GET,
             uri,
@@ -59,11 +59,11 @@ impl<'a> Call<'a> {
     }
 
     /// A form POST (`application/x-www-form-urlencoded`) of `pairs`.
-    pub(crate) fn form(what: &'static str, uri: &'a str, pairs: &[(&str, &str)]) -> Call<'a> {
+    pub(crate) fn form(what: &'static str, uri: &'a str, pairs: &[(&str, &str)]) -> TokenCall<'a> {
         let body = form_urlencoded::Serializer::new(String::new())
             .extend_pairs(pairs)
             .finish();
-        Call {
+        TokenCall {
             what,
             method: Method::POST,
             uri,
@@ -76,8 +76,8 @@ impl<'a> Call<'a> {
     }
 
     /// A JSON POST of `body`.
-    pub(crate) fn json(what: &'static str, uri: &'a str, body: String) -> Call<'a> {
-        Call {
+    pub(crate) fn json(what: &'static str, uri: &'a str, body: String) -> TokenCall<'a> {
+        TokenCall {
             what,
             method: Method::POST,
             uri,
@@ -86,7 +86,7 @@ impl<'a> Call<'a> {
         }
     }
 
-    pub(crate) fn header(mut self, name: HeaderName, value: HeaderValue) -> Call<'a> {
+    pub(crate) fn header(mut self, name: HeaderName, value: HeaderValue) -> TokenCall<'a> {
         self.headers.push((name, value));
         self
     }
@@ -115,7 +115,7 @@ impl Fetch {
     }
 
     /// Sends `call`; its answer's headers and body when the status is a success.
-    pub(crate) async fn send(&self, call: Call<'_>) -> Result<(HeaderMap, Bytes), FetchError> {
+    pub(crate) async fn send(&self, call: TokenCall<'_>) -> Result<(HeaderMap, Bytes), FetchError> {
         let what = call.what;
         let uri: Uri = call.uri.parse().map_err(|_| FetchError::Invalid {
             what,

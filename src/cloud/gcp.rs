@@ -19,7 +19,7 @@ use ring::signature::{RsaKeyPair, RSA_PKCS1_SHA256};
 use rustls::pki_types::PrivateKeyDer;
 use serde::Deserialize;
 
-use super::fetch::{Call, Fetch};
+use super::fetch::{Fetch, TokenCall};
 use super::{invalid, oauth, read, rfc3339, Credential, Issued, Source, SourceError};
 use crate::config::CloudEnv;
 
@@ -144,7 +144,7 @@ async fn service_account(http: &Fetch, key: &ServiceAccountKey) -> Result<Issued
     let jwt = assertion(key, now)?;
     let uri = key.token_uri.as_deref().unwrap_or(TOKEN_URI);
     let form = [("grant_type", JWT_BEARER), ("assertion", jwt.as_str())];
-    let (_, body) = http.send(Call::form(WHAT, uri, &form)).await?;
+    let (_, body) = http.send(TokenCall::form(WHAT, uri, &form)).await?;
     oauth::token(WHAT, &body, now)
 }
 
@@ -199,7 +199,7 @@ async fn external_account(http: &Fetch, ext: &ExternalAccount) -> Result<Issued,
         ("audience", ext.audience.as_str()),
         ("scope", SCOPE),
     ];
-    let (_, body) = http.send(Call::form(WHAT, &ext.token_url, &form)).await?;
+    let (_, body) = http.send(TokenCall::form(WHAT, &ext.token_url, &form)).await?;
     let federated = oauth::token(WHAT, &body, now)?;
     match &ext.service_account_impersonation_url {
         Some(url) => {
@@ -264,7 +264,7 @@ async fn impersonate(http: &Fetch, url: &str, federated: Issued, life: u64) -> R
         return Err(invalid(WHAT, "STS gave no bearer token"));
     };
     let body = serde_json::json!({"scope": [SCOPE], "lifetime": format!("{life}s")}).to_string();
-    let call = Call::json(WHAT, url, body).header(http::header::AUTHORIZATION, federated);
+    let call = TokenCall::json(WHAT, url, body).header(http::header::AUTHORIZATION, federated);
     let (_, body) = http.send(call).await?;
     let a: Answer = serde_json::from_slice(&body).map_err(|_| invalid(WHAT, "the answer holds no accessToken"))?;
     oauth::bearer(WHAT, &a.access_token, rfc3339(WHAT, &a.expire_time)?)
@@ -281,7 +281,7 @@ async fn authorized_user(http: &Fetch, user: &AuthorizedUser) -> Result<Issued, 
         ("refresh_token", user.refresh_token.as_str()),
     ];
     let uri = user.token_uri.as_deref().unwrap_or(TOKEN_URI);
-    let (_, body) = http.send(Call::form(WHAT, uri, &form)).await?;
+    let (_, body) = http.send(TokenCall::form(WHAT, uri, &form)).await?;
     oauth::token(WHAT, &body, now)
 }
 
@@ -290,7 +290,7 @@ async fn authorized_user(http: &Fetch, user: &AuthorizedUser) -> Result<Issued, 
 async fn metadata_server(http: &Fetch, url: &str) -> Result<Issued, SourceError> {
     const WHAT: &str = "the metadata server";
     let now = crate::time::wall_now();
-    let call = Call::get(WHAT, url).header(
+    let call = TokenCall::get(WHAT, url).header(
         HeaderName::from_static("metadata-flavor"),
         HeaderValue::from_static("Google"),
     );

@@ -60,7 +60,7 @@ pub enum RedisDown {
 
 /// A model's price: USD per million tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Price {
+pub struct PriceConfig {
     pub input: f64,
     pub output: f64,
     /// Prompt tokens read from the provider's cache (the input price when not given).

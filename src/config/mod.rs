@@ -44,7 +44,7 @@ pub(crate) use api::vertex_location_of;
 pub use api::{Api, ApiOf, Family};
 pub use jitter::Jitter;
 pub(crate) use limits::{KeySpec, Part};
-pub use limits::{LimitPolicy, OnLimit, Price, RedisDown};
+pub use limits::{LimitPolicy, OnLimit, PriceConfig, RedisDown};
 pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 
 /// The whole validated configuration.
@@ -72,7 +72,7 @@ pub struct Config {
     /// `[limits.NAME]`: request, token, concurrency and spend limits routes list.
     pub limits: BTreeMap<String, Arc<LimitPolicy>>,
     /// `[prices]`: USD per million tokens, by model (`"*"`: any other model).
-    pub prices: BTreeMap<String, Price>,
+    pub prices: BTreeMap<String, PriceConfig>,
     /// The clouds' environment variables, captured when an upstream's `auth` is a cloud's.
     pub cloud_env: CloudEnv,
 }

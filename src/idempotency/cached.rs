@@ -147,8 +147,8 @@ impl Idempotency {
             begun = m.reclaim_now(&pending.record, &pending.fingerprint, &pending.owner, lease);
         }
         match self.decide(Ok(begun), pending) {
-            super::Decision::Decided(start) => Check::Decided(start),
-            super::Decision::InProgress {
+            super::ClaimAnswer::Decided(start) => Check::Decided(start),
+            super::ClaimAnswer::InProgress {
                 lease_left,
                 theirs,
                 pending: mut back,

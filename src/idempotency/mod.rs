@@ -308,7 +308,7 @@ pub struct Pending {
 }
 
 /// What the store's answer to a claim decided.
-enum Decision {
+enum ClaimAnswer {
     Decided(Start),
     /// Another request holds the key (lease left, its owner): wait, follow, or refuse.
     InProgress {
@@ -471,8 +471,8 @@ impl Idempotency {
             if !follows_here {
                 let begun = m.begin_now(&pending.record, &pending.fingerprint, &pending.owner, p.lease);
                 match self.decide(Ok(begun), pending) {
-                    Decision::Decided(start) => return Check::Decided(start),
-                    Decision::InProgress {
+                    ClaimAnswer::Decided(start) => return Check::Decided(start),
+                    ClaimAnswer::InProgress {
                         lease_left,
                         theirs,
                         pending: mut back,
@@ -489,7 +489,7 @@ impl Idempotency {
 
     /// What the store's answer to a claim decides, unless the key is in progress elsewhere
     /// (handed back, with how long its lease has left and who holds it).
-    fn decide(&self, begun: Result<Begin, StoreError>, pending: Pending) -> Decision {
+    fn decide(&self, begun: Result<Begin, StoreError>, pending: Pending) -> ClaimAnswer {
         let p = &self.policy;
         let start = match begun {
             Err(e) => {
@@ -525,14 +525,14 @@ impl Idempotency {
                 Start::Refuse(ProxyError::IdempotencyResponseNotKept)
             }
             Ok(Begin::InProgress { lease_left, owner }) => {
-                return Decision::InProgress {
+                return ClaimAnswer::InProgress {
                     lease_left,
                     theirs: owner,
                     pending,
                 }
             }
         };
-        Decision::Decided(start)
+        ClaimAnswer::Decided(start)
     }
 
     /// Goes on with a check that needs the store or must wait: follows an original in flight,
@@ -568,8 +568,8 @@ impl Idempotency {
                         continue;
                     }
                     match self.decide(begun, pending) {
-                        Decision::Decided(start) => return start,
-                        Decision::InProgress {
+                        ClaimAnswer::Decided(start) => return start,
+                        ClaimAnswer::InProgress {
                             lease_left,
                             theirs,
                             pending: back,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::bucket::{Bucket, Quota};
 use super::queue::Place;
-use super::store::{QueueAnswer, QueueCaller, QueueOp, SlotsHeld, Store};
+use super::store::{Counters, QueueAnswer, QueueCaller, QueueOp, SlotsHeld};
 use super::{counter, window_ttl, Limit, SLOT_TTL};
 
 use crate::config::{LimitPolicy, RedisDown};
@@ -24,7 +24,7 @@ const QUEUE_LIVENESS: Duration = Duration::from_secs(2);
 
 /// The store a replica's buckets draw on, and who this replica is in it.
 pub(crate) struct Fleet {
-    pub(super) store: Arc<Store>,
+    pub(super) store: Arc<Counters>,
     /// This replica's name in the store's holdings and replica counts.
     pub(super) replica: Arc<str>,
     /// The replicas last seen sharing a bucket (the size of a new bucket's leases).
@@ -41,7 +41,7 @@ pub(crate) struct Fleet {
 }
 
 impl Fleet {
-    pub(super) fn new(store: Arc<Store>, most: Arc<AtomicU32>) -> Fleet {
+    pub(super) fn new(store: Arc<Counters>, most: Arc<AtomicU32>) -> Fleet {
         let replica: String = (0..16).map(|_| format!("{:x}", rand::random::<u8>() & 0xf)).collect();
         Fleet {
             store,
@@ -190,7 +190,7 @@ impl Fleet {
     /// requests run: a holding not renewed expires after `SLOT_TTL`, and another replica may
     /// take it. The task ends when `limits` are gone (a reload).
     pub(super) fn renew_slots_in_background(self: &Arc<Self>, limits: Vec<std::sync::Weak<Limit>>) {
-        if self.renewing.swap(true, Ordering::Relaxed) || matches!(*self.store, Store::Local(_)) {
+        if self.renewing.swap(true, Ordering::Relaxed) || matches!(*self.store, Counters::Local(_)) {
             return;
         }
         let fleet = self.clone();

@@ -33,7 +33,7 @@ use fleet::Fleet;
 pub(crate) use pass::{fields, Pass};
 pub(crate) use queue::Place;
 use queue::Waiting;
-use store::{CounterId, Store};
+use store::{CounterId, Counters};
 
 /// Buckets kept per limit at most (beyond those in use): past it, a new bucket takes the place of
 /// one not used lately ([`table::Table`]), whose unspent leases and idle slots go back to the
@@ -100,7 +100,7 @@ pub(crate) struct Refused {
 impl Limiter {
     /// The limits of `config`, their quotas from `store`.
     /// `most`: the most replicas this process has seen share a bucket (kept across reloads).
-    pub(crate) fn new(config: &Config, (store, most): (Arc<Store>, Arc<AtomicU32>), metrics: &Metrics) -> Limiter {
+    pub(crate) fn new(config: &Config, (store, most): (Arc<Counters>, Arc<AtomicU32>), metrics: &Metrics) -> Limiter {
         let limits = config
             .limits
             .iter()
@@ -256,7 +256,7 @@ impl Limiter {
     /// shutting down, after its drain): the other replicas may use them in this window. Nothing
     /// to do without Redis (the process is the fleet).
     pub(crate) async fn hand_back(&self, now_ms: u64) {
-        if matches!(*self.fleet.store, Store::Local(_)) {
+        if matches!(*self.fleet.store, Counters::Local(_)) {
             return;
         }
         for limit in self.limits.values() {
@@ -356,7 +356,7 @@ impl Limiter {
 }
 
 /// `[prices]`' entry as the spend arithmetic holds it (validated at load: never refused here).
-fn price_of(p: &crate::config::Price) -> Option<Price> {
+fn price_of(p: &crate::config::PriceConfig) -> Option<Price> {
     Some(Price {
         input: Rate::from_usd_per_million(p.input).ok()?,
         output: Rate::from_usd_per_million(p.output).ok()?,
@@ -424,7 +424,7 @@ mod tests {
         let config = Config::parse(&src, std::path::Path::new("t.toml"), &|_| None).expect("config");
         Limiter::new(
             &config,
-            (Arc::new(Store::local()), Arc::default()),
+            (Arc::new(Counters::local()), Arc::default()),
             &Metrics::new().expect("metrics"),
         )
     }
@@ -541,7 +541,7 @@ mod tests {
         let config = Config::parse(src, std::path::Path::new("t.toml"), &|_| None).expect("config");
         let l = Limiter::new(
             &config,
-            (Arc::new(Store::local()), Arc::default()),
+            (Arc::new(Counters::local()), Arc::default()),
             &Metrics::new().expect("metrics"),
         );
         let limits = l.for_route(&["rpm".into(), "one".into()]);

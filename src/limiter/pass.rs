@@ -12,7 +12,7 @@ use super::fleet::Fleet;
 use super::{counter, window_ttl, Limit};
 use crate::limits::headers::{self, Status, Unit};
 use crate::limits::key::BucketKey;
-use crate::limits::prices::{Price, Usage};
+use crate::limits::prices::Price;
 use crate::wire::body::Used;
 
 /// An admitted request's hold on its limits.
@@ -52,13 +52,8 @@ impl Pass {
         }
     }
 
-    fn cost(&self, u: Used) -> u64 {
-        let usage = Usage {
-            input: u.input,
-            cached_input: u.cached_input,
-            output: u.output,
-        };
-        self.price.map_or(0, |p| p.cost(usage))
+    fn cost(&self, used: Used) -> u64 {
+        self.price.map_or(0, |p| p.cost(used))
     }
 
     fn settle_held(&mut self, used: Option<Used>, now_ms: u64) {

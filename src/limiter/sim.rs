@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 
-use super::store::{CounterId, Granted, QueueAnswer, QueueCaller, QueueOp, SlotsHeld, Store};
+use super::store::{CounterId, Counters, Granted, QueueAnswer, QueueCaller, QueueOp, SlotsHeld};
 use super::{Limit, Limiter};
 use crate::config::Config;
 use crate::limits::fair_queue::{FairQueue, Ticket};
@@ -274,7 +274,7 @@ impl Fleet {
         let replicas = (0..n)
             .map(|_| {
                 let link = Arc::new(parking_lot::Mutex::new(Link::Up));
-                let store = Store::Sim(SimCall {
+                let store = Counters::Sim(SimCall {
                     redis: redis.clone(),
                     link: link.clone(),
                     timeout: Duration::from_millis(100),

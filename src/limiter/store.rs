@@ -68,7 +68,7 @@ fn queue_key(limit: &str, bucket: &str) -> String {
 }
 
 /// The fleet's counters: Redis, or this process's table.
-pub enum Store {
+pub enum Counters {
     Redis(RedisHandle),
     Local(parking_lot::Mutex<LocalCounters>),
     /// A simulated Redis shared by simulated replicas (`limiter::sim`), with its faults.
@@ -76,9 +76,9 @@ pub enum Store {
     Sim(super::sim::SimCall),
 }
 
-impl Store {
-    pub fn local() -> Store {
-        Store::Local(parking_lot::Mutex::new(LocalCounters::default()))
+impl Counters {
+    pub fn local() -> Counters {
+        Counters::Local(parking_lot::Mutex::new(LocalCounters::default()))
     }
 
     /// Up to `want` of `id`'s window quota of `limit`, kept for `ttl` (the window's end, plus a
@@ -91,10 +91,10 @@ impl Store {
         (replica, liveness): (&str, Duration),
     ) -> Result<Granted, RedisError> {
         match self {
-            Store::Local(t) => Ok(t.lock().lease(id, want, limit)),
+            Counters::Local(t) => Ok(t.lock().lease(id, want, limit)),
             #[cfg(test)]
-            Store::Sim(s) => s.call(|r| r.lease(id, (want, limit), (replica, liveness))).await,
-            Store::Redis(redis) => {
+            Counters::Sim(s) => s.call(|r| r.lease(id, (want, limit), (replica, liveness))).await,
+            Counters::Redis(redis) => {
                 let mut inv = LEASE.prepare_invoke();
                 inv.key(redis.key(&id.suffix()))
                     .key(redis.key(&id.replicas_suffix()))
@@ -121,10 +121,10 @@ impl Store {
     /// after.
     pub async fn adjust(&self, id: &CounterId, amount: i64, ttl: Duration) -> Result<u64, RedisError> {
         match self {
-            Store::Local(t) => Ok(t.lock().adjust(id, amount)),
+            Counters::Local(t) => Ok(t.lock().adjust(id, amount)),
             #[cfg(test)]
-            Store::Sim(s) => s.call(|r| r.adjust(id, amount)).await,
-            Store::Redis(redis) => {
+            Counters::Sim(s) => s.call(|r| r.adjust(id, amount)).await,
+            Counters::Redis(redis) => {
                 let mut inv = ADJUST.prepare_invoke();
                 inv.key(redis.key(&id.suffix())).arg(amount).arg(ttl_ms(ttl));
                 redis
@@ -147,17 +147,17 @@ impl Store {
     ) -> Result<SlotsHeld, RedisError> {
         match self {
             // One process: it holds what it asks, within the limit.
-            Store::Local(_) => Ok(SlotsHeld {
+            Counters::Local(_) => Ok(SlotsHeld {
                 granted: want.min(limit),
                 waiting: 0,
                 holders: 1,
             }),
             #[cfg(test)]
-            Store::Sim(s) => {
+            Counters::Sim(s) => {
                 s.call(|r| r.hold_slots((limit_name, bucket), (replica, seq), want, (limit, ttl)))
                     .await
             }
-            Store::Redis(redis) => {
+            Counters::Redis(redis) => {
                 let mut inv = SLOTS.prepare_invoke();
                 inv.key(redis.key(&format!("limit:{{{limit_name}:{bucket}}}:slots")))
                     .key(redis.key(&queue_key(limit_name, bucket)))
@@ -225,7 +225,7 @@ pub struct QueueAnswer {
     pub waiting: u64,
 }
 
-impl Store {
+impl Counters {
     /// One call on the fleet's queue of a bucket (see [`QueueAnswer`]). `None` without Redis
     /// (one process: its own queue is the fleet's).
     pub async fn queue(
@@ -235,10 +235,10 @@ impl Store {
         (ttl, liveness): (Duration, Duration),
     ) -> Result<Option<QueueAnswer>, RedisError> {
         #[cfg(test)]
-        if let Store::Sim(s) = self {
+        if let Counters::Sim(s) = self {
             return s.call(|r| r.queue(&caller, op, liveness)).await.map(Some);
         }
-        let Store::Redis(redis) = self else { return Ok(None) };
+        let Counters::Redis(redis) = self else { return Ok(None) };
         let base = format!("limit:{{{}:{}}}", caller.limit, caller.bucket);
         let mut inv = QUEUE.prepare_invoke();
         inv.key(redis.key(&queue_key(caller.limit, caller.bucket)))

@@ -5,8 +5,10 @@
 //! places), so that costs add up exactly; a cost is rounded up once, on the sum, to the next
 //! micro-USD (a budget errs on the side of spending less). Decides: the arithmetic and what a
 //! valid price is. Does not decide which model's price applies, nor how the providers' usage
-//! objects map to [`Usage`] (the pipeline reads them): here input, cached input and output do not
+//! objects map to [`Used`] (the pipeline reads them): here input, cached input and output do not
 //! overlap.
+
+use crate::wire::body::Used;
 
 /// A price in micro-USD per million tokens (`2.5` USD per million is `2_500_000`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,18 +44,9 @@ pub(crate) struct Price {
     pub(crate) cached_input: Option<Rate>,
 }
 
-/// Tokens of one request, in three parts that do not overlap: `input` is the uncached input
-/// (OpenAI's `prompt_tokens` minus `cached_tokens`; Anthropic's `input_tokens`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub(crate) struct Usage {
-    pub(crate) input: u64,
-    pub(crate) cached_input: u64,
-    pub(crate) output: u64,
-}
-
 impl Price {
     /// What `usage` costs, in micro-USD, rounded up (saturating at `u64::MAX`).
-    pub(crate) fn cost(&self, usage: Usage) -> u64 {
+    pub(crate) fn cost(&self, usage: Used) -> u64 {
         let cached = self.cached_input.unwrap_or(self.input);
         let sum = u128::from(usage.input) * u128::from(self.input.0)
             + u128::from(usage.cached_input) * u128::from(cached.0)
@@ -85,23 +78,23 @@ mod tests {
 
     #[test]
     fn a_usage_costs_its_tokens_at_their_prices() {
-        let usage = Usage {
+        let usage = Used {
             input: 1000,
             cached_input: 2000,
             output: 500,
         };
         // 1000 x 2.5 + 2000 x 1.25 + 500 x 10 micro-USD.
         assert_eq!(gpt_4o().cost(usage), 2_500 + 2_500 + 5_000);
-        assert_eq!(gpt_4o().cost(Usage::default()), 0);
+        assert_eq!(gpt_4o().cost(Used::default()), 0);
     }
 
     #[test]
     fn cached_input_costs_as_input_without_its_own_price() {
         let mut p = gpt_4o();
         p.cached_input = None;
-        let usage = Usage {
+        let usage = Used {
             cached_input: 4,
-            ..Usage::default()
+            ..Used::default()
         };
         assert_eq!(p.cost(usage), 10);
     }
@@ -115,16 +108,16 @@ mod tests {
         };
         assert_eq!(p.input.micros_per_million(), 150_000);
         // 3 x 0.15 + 1 x 0.6 = 1.05 micro-USD: 2. (Rounding each part would make it 3.)
-        let usage = Usage {
+        let usage = Used {
             input: 3,
             cached_input: 0,
             output: 1,
         };
         assert_eq!(p.cost(usage), 2);
         assert_eq!(
-            p.cost(Usage {
+            p.cost(Used {
                 input: 20,
-                ..Usage::default()
+                ..Used::default()
             }),
             3
         );
@@ -137,7 +130,7 @@ mod tests {
             output: Rate::from_usd_per_million(1e6).unwrap(),
             cached_input: None,
         };
-        let huge = Usage {
+        let huge = Used {
             input: u64::MAX,
             cached_input: u64::MAX,
             output: u64::MAX,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use super::context::Context;
-use super::limits::Limits;
+use super::hold_scope::HoldScope;
 use super::pacing;
 use super::routes::Target;
 use crate::circuit::{release_delay, Attempt, CircuitState, Hold};
@@ -53,16 +53,16 @@ pub(super) enum Gate {
 /// (never waited for); pacing or a cooldown (for the model asked for) holds the request when the
 /// wait fits its bounds (see [`Bounds::waits`]), else moves it to another target, or refuses it
 /// (429 `cooldown`, counted) when none is left.
-pub(super) fn gate(cx: &Context, target: &Target, limits: &Limits<'_>, bounds: &Bounds<'_>, now: Instant) -> Gate {
+pub(super) fn gate(cx: &Context, target: &Target, scope: &HoldScope<'_>, bounds: &Bounds<'_>, now: Instant) -> Gate {
     let (circuits, forms) = (&cx.circuits, &cx.credentials);
     let exhausted = circuits.hold_active(Hold::Exhausted, &target.name)
         && circuits
-            .hold_check(Hold::Exhausted, &target.name, &limits.credential(forms), now)
+            .hold_check(Hold::Exhausted, &target.name, &scope.credential(forms), now)
             .is_some();
     if exhausted {
         return Gate::Skip(FailoverReason::Exhausted, None);
     }
-    let key = || limits.per_model(forms, target);
+    let key = || scope.per_model(forms, target);
     let (hold, left) = if let Some(left) = pacing::left(circuits, target, key, now) {
         (Hold::Pacing, left)
     } else if circuits.cooldowns_active(&target.name) {

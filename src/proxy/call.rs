@@ -19,7 +19,7 @@ use super::commit;
 use super::context::Context;
 use super::cursor::{Cursor, Cut};
 use super::delivery::{Delivery, Progress};
-use super::limits::{Credential, Limits};
+use super::hold_scope::{Credential, HoldScope};
 use super::outbound;
 use super::pacing;
 use super::primed::Primed;
@@ -129,15 +129,15 @@ pub(super) struct Call<'r> {
 }
 
 impl<'r> Call<'r> {
-    /// A request's call, `started`: its limits read (an SDK's own retry is recorded as one) and
-    /// the retry budget credited.
+    /// A request's call, `started`: its retry terms read (an SDK's own retry is recorded as one)
+    /// and the retry budget credited.
     fn new(cx: &'r Context, asked: Asked<'r>, tokens: RequestTokens, started: Instant) -> Call<'r> {
         let route = asked.route;
-        let mut limits = asked.request.limits;
+        let mut terms = asked.request.retry;
         if asked.client_retry {
-            limits.max_attempts = 1;
+            terms.max_attempts = 1;
         }
-        if limits.sdk_retry || asked.client_retry {
+        if terms.sdk_retry || asked.client_retry {
             route.budget.record_external_retry(started);
         } else {
             route.budget.deposit(started);
@@ -145,9 +145,9 @@ impl<'r> Call<'r> {
         Call {
             cx,
             asked,
-            state: RetryState::new(limits.max_attempts, asked.deadline),
+            state: RetryState::new(terms.max_attempts, asked.deadline),
             at: Cursor::after_cuts(route, asked.cuts),
-            progress: Progress::new(limits.deadline, tokens, started),
+            progress: Progress::new(terms.deadline, tokens, started),
             waited: (Duration::ZERO, None),
             retrying: None,
             payload: None,
@@ -208,7 +208,7 @@ impl<'r> Call<'r> {
                 true => Credential::Set(self.cx.credentials.presented(req.headers(), req.uri().query())),
                 false => Credential::App(asked.request),
             };
-            let limits = Limits::new(credential, asked.named.model_or_empty());
+            let scope = HoldScope::new(credential, asked.named.model_or_empty());
             let bounds = Bounds {
                 others: self.at.others(route, index).next().is_some(),
                 deadline: self.state.deadline,
@@ -216,7 +216,7 @@ impl<'r> Call<'r> {
                 failover_wait: route.config.failover_wait,
                 model: &self.progress.tokens.model,
             };
-            match admission::gate(self.cx, target, &limits, &bounds, now) {
+            match admission::gate(self.cx, target, &scope, &bounds, now) {
                 Gate::Open => {}
                 Gate::Skip(reason, after) => {
                     drop(permit);
@@ -257,7 +257,7 @@ impl<'r> Call<'r> {
             if let Some((from, reason)) = self.at.arrive(index) {
                 self.count_failover(from, target, reason);
             }
-            return Admit::Go(req, Admitted { target, permit, limits });
+            return Admit::Go(req, Admitted { target, permit, scope });
         }
     }
 
@@ -295,7 +295,7 @@ impl<'r> Call<'r> {
         result: &Answer,
         (sent, received): (Instant, Instant),
     ) -> Observed {
-        let Admitted { target, permit, limits } = admitted;
+        let Admitted { target, permit, scope } = admitted;
         let (cx, route) = (self.cx, self.asked.route);
         let outcome = match result {
             Ok(resp) => commit::outcome_of(resp),
@@ -303,7 +303,7 @@ impl<'r> Call<'r> {
         };
         target.attempts.count(outcome.kind());
         if let Ok(resp) = result {
-            let key = || limits.per_model(&cx.credentials, target);
+            let key = || scope.per_model(&cx.credentials, target);
             pacing::note(&cx.circuits, target, key, resp.headers(), received);
         }
         // An error body's class and delay (read at the commit point); a header's delay wins.
@@ -328,11 +328,11 @@ impl<'r> Call<'r> {
             // A quota used up: the credential is avoided fleet-wide until its reset (an hour when
             // the provider gives none).
             let until = received + hint.map_or(failover::EXHAUSTED_FOR, |h| h.delay);
-            let key = limits.credential(&cx.credentials);
+            let key = scope.credential(&cx.credentials);
             cx.circuits
                 .hold_note(Hold::Exhausted, &target.name, key, until, received);
         } else if let Some(h) = hint.filter(|_| outcome.is_rate_limited() || class == Some(ErrorClass::RateLimited)) {
-            let key = limits.per_model(&cx.credentials, target);
+            let key = scope.per_model(&cx.credentials, target);
             cx.circuits
                 .cooldown_note(&target.name, key, received + h.delay, received);
         }
@@ -492,7 +492,7 @@ impl<'r> Call<'r> {
 /// request with the partial answer, its head and body made for that continuation).
 #[derive(Clone, Copy)]
 pub(super) struct Asked<'r> {
-    /// The app's request (`request.rs`): its route, limits and deadline.
+    /// The app's request (`request.rs`): its route, retry terms and deadline.
     pub(super) request: &'r request::Request,
     pub(super) route: &'r Route,
     pub(super) parts: &'r http::request::Parts,
@@ -553,12 +553,12 @@ enum Admit<'r> {
     Stop(Delivery),
 }
 
-/// An admitted attempt: where it goes, the circuit's permit, and what its limits are kept under
+/// An admitted attempt: where it goes, the circuit's permit, and the scope its holds are kept under
 /// (hashed only when a hold needs it).
 struct Admitted<'r> {
     target: &'r Target,
     permit: Permit,
-    limits: Limits<'r>,
+    scope: HoldScope<'r>,
 }
 
 /// What one attempt showed, for the decision after it.

@@ -18,7 +18,7 @@ use crate::error::ProxyError;
 use crate::limiter::{fields, Limit, Pass, Want};
 use crate::limits::estimate;
 use crate::limits::key::{BucketKey, KeyInput};
-use crate::limits::prices::{Price, Usage};
+use crate::limits::prices::Price;
 use crate::metrics::LimitResult;
 use crate::time::{self, Instant};
 use crate::wire::body::{Flow, RequestLog, Settle, Used};
@@ -96,7 +96,7 @@ fn asks<'b>(cx: &Context, req: &'b Request) -> (CredentialHash, Option<&'b str>,
     // costs nothing: docs/limits.md).
     let price = spends.then(|| cx.limiter.price(model)).flatten();
     let cost = price.map_or(0, |p| {
-        p.cost(Usage {
+        p.cost(Used {
             input: prompt,
             cached_input: 0,
             output,

@@ -14,7 +14,7 @@ use bytes::Bytes;
 
 use super::routes::Route;
 use crate::credentials::{CredentialHash, Credentials};
-use crate::retry::policy::{request_limits, RequestLimits};
+use crate::retry::policy::{retry_terms, RetryTerms};
 use crate::time::Instant;
 use crate::wire::api::Named;
 
@@ -26,7 +26,7 @@ pub(super) struct Request {
     pub(super) body: Bytes,
     pub(super) named: Named,
     /// What its headers ask of the route's retry policy (attempts, deadline, an SDK's retry).
-    pub(super) limits: RequestLimits,
+    pub(super) retry: RetryTerms,
     /// Its deadline: the limits' queue, the attempts and any continuation all spend it.
     pub(super) deadline: Instant,
     /// The hash of the credential it carries (never the credential), once something needed it.
@@ -61,15 +61,15 @@ impl Request {
         (body, named): (Bytes, Named),
         arrived: Instant,
     ) -> Request {
-        let limits = request_limits(&parts.headers, &route.retry);
-        let deadline = arrived + limits.deadline;
+        let retry = retry_terms(&parts.headers, &route.retry);
+        let deadline = arrived + retry.deadline;
         Request {
             route,
             parts,
             path,
             body,
             named,
-            limits,
+            retry,
             deadline,
             credential: OnceLock::new(),
             client_retry: AtomicBool::new(false),

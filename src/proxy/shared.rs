@@ -40,7 +40,7 @@ pub struct Shared {
     /// credential).
     pub(crate) clouds: Clouds,
     /// Where the quotas of `[limits.*]` come from: Redis leases, else this process's counters.
-    pub(crate) limit_store: Arc<crate::limiter::store::Store>,
+    pub(crate) limit_store: Arc<crate::limiter::store::Counters>,
     /// The most replicas seen sharing a limit's bucket (the share a replica takes while Redis is
     /// away), kept across reloads.
     pub(crate) limit_fleet_size: Arc<std::sync::atomic::AtomicU32>,

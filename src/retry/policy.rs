@@ -268,7 +268,7 @@ impl RetryState {
 /// What the app's request asks of the retry loop: its own limits (the policy's, tightened, never
 /// loosened) and whether it is itself an SDK's retry.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct RequestLimits {
+pub(crate) struct RetryTerms {
     pub max_attempts: u32,
     pub deadline: Duration,
     /// `x-stainless-retry-count` > 0: the request counts against the retry budget, so that two
@@ -276,7 +276,7 @@ pub(crate) struct RequestLimits {
     pub(crate) sdk_retry: bool,
 }
 
-/// The request's [`RequestLimits`], from `x-rebound-max-attempts`, `x-rebound-deadline-ms`, the
+/// The request's [`RetryTerms`], from `x-rebound-max-attempts`, `x-rebound-deadline-ms`, the
 /// SDKs' `x-stainless-timeout` / `x-stainless-read-timeout` and google-genai's `x-server-timeout`
 /// (seconds: the client gives up then, so retrying past it is waste) and
 /// `x-stainless-retry-count`, each read from its first value as `HeaderMap::get` would.
@@ -285,7 +285,7 @@ pub(crate) struct RequestLimits {
 /// One pass over the headers ([`first_values`]): five lookups by name would hash each
 /// name whether or not it is there, which costs more than walking the dozen headers a request
 /// carries.
-pub(crate) fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) -> RequestLimits {
+pub(crate) fn retry_terms(headers: &http::HeaderMap, policy: &RetryPolicy) -> RetryTerms {
     use crate::wire::headers::{
         first_values, X_REBOUND_DEADLINE_MS, X_REBOUND_MAX_ATTEMPTS, X_SERVER_TIMEOUT, X_STAINLESS_READ_TIMEOUT,
         X_STAINLESS_RETRY_COUNT, X_STAINLESS_TIMEOUT,
@@ -319,7 +319,7 @@ pub(crate) fn request_limits(headers: &http::HeaderMap, policy: &RetryPolicy) ->
         }
     }
     let sdk_retry = text(4).and_then(|v| v.parse::<u32>().ok()).is_some_and(|n| n > 0);
-    RequestLimits {
+    RetryTerms {
         max_attempts,
         deadline,
         sdk_retry,
@@ -656,7 +656,7 @@ mod tests {
     }
 
     #[test]
-    fn request_limits_only_tighten() {
+    fn retry_terms_only_tighten() {
         let p = default_retry("t");
         let h = |pairs: &[(&'static str, &'static str)]| {
             let mut m = http::HeaderMap::new();
@@ -665,10 +665,10 @@ mod tests {
             }
             m
         };
-        let limits = |pairs: &[(&'static str, &'static str)]| request_limits(&h(pairs), &p);
+        let limits = |pairs: &[(&'static str, &'static str)]| retry_terms(&h(pairs), &p);
         assert_eq!(
             limits(&[]),
-            RequestLimits {
+            RetryTerms {
                 max_attempts: 3,
                 deadline: Duration::from_secs(900),
                 sdk_retry: false
@@ -714,7 +714,7 @@ mod tests {
         ]);
         assert_eq!(
             all,
-            RequestLimits {
+            RetryTerms {
                 max_attempts: 2,
                 deadline: Duration::from_secs(3),
                 sdk_retry: true

@@ -107,12 +107,11 @@ pub(crate) struct Used {
     pub(crate) output: u64,
 }
 
-/// One request's books: counted in flight from its head, closed when its response ends.
 /// The shape of the error bodies rebound writes itself: the route's API's (OpenAI, Anthropic,
 /// Gemini; before a route matched, the API its path belongs to), or RFC 9457 alone when the request's `accept` asks
 /// for `application/problem+json`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum Dialect {
+pub(crate) enum ErrorShape {
     #[default]
     OpenAi,
     Anthropic,
@@ -120,10 +119,11 @@ pub(crate) enum Dialect {
     Problem,
 }
 
+/// One request's books: counted in flight from its head, closed when its response ends.
 pub struct RequestLog {
     metrics: Arc<Metrics>,
     /// The shape of rebound's own error body for this request.
-    dialect: Dialect,
+    error_shape: ErrorShape,
     start: Instant,
     method: http::Method,
     /// Logged as its path only: a query may carry credentials. (A `Uri` clone shares its bytes.)
@@ -168,7 +168,7 @@ impl RequestLog {
     pub fn start(metrics: &Arc<Metrics>, method: &http::Method, uri: &http::Uri) -> RequestLog {
         metrics.inflight_requests.inc();
         RequestLog {
-            dialect: Dialect::OpenAi,
+            error_shape: ErrorShape::OpenAi,
             metrics: metrics.clone(),
             start: crate::time::now(),
             method: method.clone(),
@@ -240,24 +240,24 @@ impl RequestLog {
             v.as_bytes().windows(want.len()).any(|w| w.eq_ignore_ascii_case(want))
         });
         if problem {
-            self.dialect = Dialect::Problem;
+            self.error_shape = ErrorShape::Problem;
         }
     }
 
     /// The route's API says the shape of rebound's own errors (unless RFC 9457 was asked for).
     pub(crate) fn set_api(&mut self, api: crate::config::Api) {
         use crate::config::Family;
-        if self.dialect != Dialect::Problem {
-            self.dialect = match api.family() {
-                Family::OpenAi => Dialect::OpenAi,
-                Family::Anthropic => Dialect::Anthropic,
-                Family::Gemini => Dialect::Gemini,
+        if self.error_shape != ErrorShape::Problem {
+            self.error_shape = match api.family() {
+                Family::OpenAi => ErrorShape::OpenAi,
+                Family::Anthropic => ErrorShape::Anthropic,
+                Family::Gemini => ErrorShape::Gemini,
             };
         }
     }
 
-    pub(crate) fn dialect(&self) -> Dialect {
-        self.dialect
+    pub(crate) fn error_shape(&self) -> ErrorShape {
+        self.error_shape
     }
 
     pub(crate) fn set_route(&mut self, route: &Arc<RouteMetrics>) {

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebound::hooks::limiter::store::{CounterId, QueueCaller, QueueOp, Store};
+use rebound::hooks::limiter::store::{CounterId, Counters, QueueCaller, QueueOp};
 use rebound::hooks::metrics::Metrics;
 use rebound::hooks::redis::RedisHandle;
 use tokio_util::sync::CancellationToken;
@@ -15,7 +15,7 @@ use crate::support::config_builder::TestConfig;
 use crate::support::redis::RedisServer;
 use crate::support::until;
 
-async fn store(redis: &RedisServer) -> (Store, CancellationToken) {
+async fn store(redis: &RedisServer) -> (Counters, CancellationToken) {
     let config = TestConfig::new("http://127.0.0.1:9").redis(&redis.url()).config();
     let metrics = Arc::new(Metrics::new().expect("metrics"));
     let stop = CancellationToken::new();
@@ -31,7 +31,7 @@ async fn store(redis: &RedisServer) -> (Store, CancellationToken) {
         async move { up.is_up().then_some(()).ok_or_else(|| "down".to_string()) }
     })
     .await;
-    (Store::Redis(handle), stop)
+    (Counters::Redis(handle), stop)
 }
 
 fn id(window: u64) -> CounterId {
@@ -169,7 +169,7 @@ async fn a_replica_that_stops_renewing_loses_its_slots() {
 }
 
 /// Calls the fleet queue of bucket `ef..` of limit `shared` as `replica` with `ticket`.
-async fn queue(store: &Store, (replica, ticket): (&str, u64), op: QueueOp<'_>, liveness: Duration) -> (i64, u64) {
+async fn queue(store: &Counters, (replica, ticket): (&str, u64), op: QueueOp<'_>, liveness: Duration) -> (i64, u64) {
     let bucket = "ef".repeat(16);
     let caller = QueueCaller {
         limit: "shared",

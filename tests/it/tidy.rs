@@ -383,7 +383,7 @@ fn the_pub_scan_reads_items_and_fields_and_skips_narrower_ones() {
     );
 }
 
-/// One deadline per request: what its headers ask of the retry policy (`request_limits`, where
+/// One deadline per request: what its headers ask of the retry policy (`retry_terms`, where
 /// the deadline comes from) is read in the request's own module only, once, and every other step
 /// borrows it.
 /// The app's credential is hashed once per request, by `proxy/request.rs`: no other step of the
@@ -423,7 +423,7 @@ fn no_module_but_the_requests_computes_a_deadline() {
     let allowed = [root.join("src/proxy/request.rs"), root.join("src/retry/policy.rs")];
     let readers: Vec<String> = library
         .iter()
-        .filter(|(path, text)| !allowed.contains(path) && names(text).contains(&"request_limits"))
+        .filter(|(path, text)| !allowed.contains(path) && names(text).contains(&"retry_terms"))
         .map(|(path, _)| path.strip_prefix(root).unwrap_or(path).display().to_string())
         .collect();
     assert!(
@@ -432,7 +432,7 @@ fn no_module_but_the_requests_computes_a_deadline() {
     );
     let request = std::fs::read_to_string(root.join("src/proxy/request.rs")).expect("request.rs");
     assert_eq!(
-        names(&request).iter().filter(|n| **n == "request_limits").count(),
+        names(&request).iter().filter(|n| **n == "retry_terms").count(),
         2,
         "imported, then called once"
     );

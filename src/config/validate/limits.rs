@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::super::limits::MICRO;
 use super::super::raw::{RawLimit, RawPrice, RawRoute};
-use super::super::{KeySpec, LimitPolicy, OnLimit, Price, RedisDown};
+use super::super::{KeySpec, LimitPolicy, OnLimit, PriceConfig, RedisDown};
 use super::{names, Validator};
 
 /// The longest `max_wait` (a request held longer than this is better answered 429).
@@ -151,7 +151,7 @@ impl Validator<'_> {
     }
 
     /// `[prices]`: USD per million tokens, by model.
-    pub(super) fn prices(&mut self, raw: &BTreeMap<String, RawPrice>) -> BTreeMap<String, Price> {
+    pub(super) fn prices(&mut self, raw: &BTreeMap<String, RawPrice>) -> BTreeMap<String, PriceConfig> {
         let mut out = BTreeMap::new();
         for (model, p) in raw {
             let key = |k: &str| format!("prices.{model:?}.{k}");
@@ -176,7 +176,7 @@ impl Validator<'_> {
                     let cached_input = cached_input.unwrap_or(input);
                     out.insert(
                         model.clone(),
-                        Price {
+                        PriceConfig {
                             input,
                             output,
                             cached_input,
@@ -197,7 +197,7 @@ impl Validator<'_> {
         &mut self,
         raw_routes: &[RawRoute],
         limits: &BTreeMap<String, Arc<LimitPolicy>>,
-        prices: &BTreeMap<String, Price>,
+        prices: &BTreeMap<String, PriceConfig>,
     ) {
         for (i, r) in raw_routes.iter().enumerate() {
             for (j, name) in r.limits.iter().flatten().enumerate() {

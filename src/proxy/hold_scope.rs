@@ -1,4 +1,5 @@
-//! The scope an attempt's rate limits are kept under. Providers limit per model (OpenAI and Gemini
+//! The scope an attempt's holds (a cooldown, pacing, a used-up quota) are kept under: the
+//! provider's rate-limit scope. Providers limit per model (OpenAI and Gemini
 //! per model and project, Anthropic per model, Azure per deployment), so a 429's cooldown and a
 //! nearly spent request quota hold the credential *for the model the attempt asked for*
 //! (`rate_limit_scope = "model"`, the default); `"credential"` keeps one scope per credential. A
@@ -32,16 +33,16 @@ impl Credential<'_> {
     }
 }
 
-/// What one attempt asked for, as far as limits go: its credential and the model it names.
-pub(super) struct Limits<'a> {
+/// What one attempt asked for, as far as holds go: its credential and the model it names.
+pub(super) struct HoldScope<'a> {
     credential: Credential<'a>,
     model: &'a str,
     per_model: OnceCell<LimitKey>,
 }
 
-impl<'a> Limits<'a> {
-    pub(super) fn new(credential: Credential<'a>, model: &'a str) -> Limits<'a> {
-        Limits {
+impl<'a> HoldScope<'a> {
+    pub(super) fn new(credential: Credential<'a>, model: &'a str) -> HoldScope<'a> {
+        HoldScope {
             credential,
             model,
             per_model: OnceCell::new(),

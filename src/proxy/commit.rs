@@ -30,7 +30,7 @@ use super::primed::Primed;
 use super::routes::{Route, Target};
 use crate::retry::policy::Outcome;
 use crate::retry::provider_error::{self, ErrorSignal};
-use crate::upstream::{error_chain, AttemptError, UpstreamBody};
+use crate::upstream::{AttemptError, Cause, UpstreamBody};
 use crate::wire::api::{Reframe, Reframed};
 use crate::wire::sse::{self, EventEnd, InBandError, Shape};
 
@@ -122,7 +122,7 @@ fn read_to_commit(
         if parts.status.is_success() && !body.is_end_stream() {
             match read_ahead(&mut body, &parts.headers, shape, head_at + wait).await {
                 Err(Stopped::Timeout) => return (Err(AttemptError::Timeout(wait)), crate::time::now()),
-                Err(Stopped::Failed(detail)) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
+                Err(Stopped::Failed(cause)) => return (Err(AttemptError::Reset(cause)), crate::time::now()),
                 Ok(ahead) => {
                     if ahead.waited {
                         received = crate::time::now();
@@ -141,7 +141,7 @@ fn read_to_commit(
             let n = match read_error_body(&mut body, &parts.headers, head_at + wait).await {
                 Ok(n) => n,
                 // As a successful body failing before its commit point: nothing was forwarded.
-                Err(detail) => return (Err(AttemptError::Reset(detail)), crate::time::now()),
+                Err(cause) => return (Err(AttemptError::Reset(cause)), crate::time::now()),
             };
             let signal = provider_error::classify(parts.status, &parts.headers, &body.held_prefix(n));
             parts.extensions.insert(signal);
@@ -156,10 +156,10 @@ const ERROR_BODY_WAIT: Duration = Duration::from_secs(1);
 /// Holds up to [`provider_error::MAX_ERROR_BODY`] bytes of an error body (none when it says it is
 /// longer) until its end or `deadline`; the bytes held (0 when it could not be read whole: a
 /// partial body is not classified by its contents), or why the body failed.
-async fn read_error_body<B>(body: &mut Primed<B>, headers: &http::HeaderMap, deadline: Instant) -> Result<usize, String>
+async fn read_error_body<B>(body: &mut Primed<B>, headers: &http::HeaderMap, deadline: Instant) -> Result<usize, Cause>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::error::Error + 'static,
+    B::Error: Into<Cause>,
 {
     let declared = headers
         .get(http::header::CONTENT_LENGTH)
@@ -172,7 +172,7 @@ where
     while !body.inner_mut().is_end_stream() {
         let next = match tokio::time::timeout_at(deadline, body.inner_mut().frame()).await {
             Ok(Some(Ok(frame))) => frame,
-            Ok(Some(Err(e))) => return Err(error_chain(&e)),
+            Ok(Some(Err(e))) => return Err(e.into()),
             // The end: what is held is the body.
             Ok(None) => return Ok(held),
             // Too slow: forwarded as it comes, classified by its status and headers.
@@ -205,7 +205,7 @@ enum Stopped {
     /// No byte before the deadline.
     Timeout,
     /// The body failed before the commit point (nothing was forwarded).
-    Failed(String),
+    Failed(Cause),
 }
 
 /// What the read-ahead found.
@@ -231,7 +231,7 @@ async fn read_ahead<B>(
 ) -> Result<Ahead, Stopped>
 where
     B: Body<Data = Bytes> + Unpin,
-    B::Error: std::error::Error + 'static,
+    B::Error: Into<Cause>,
 {
     let mut waited = false;
     let mut finder = EventEnd::default();
@@ -256,7 +256,7 @@ where
                 classify = Some(held);
                 break;
             }
-            Some(Err(e)) => return Err(Stopped::Failed(error_chain(&e))),
+            Some(Err(e)) => return Err(Stopped::Failed(e.into())),
             Some(Ok(frame)) => frame,
         };
         let Some(data) = frame.data_ref() else {

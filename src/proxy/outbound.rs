@@ -9,7 +9,7 @@ use super::routes::Target;
 use crate::config::Api;
 use crate::credentials::{self, Credentials};
 use crate::error::ProxyError;
-use crate::upstream::AttemptError;
+use crate::upstream::{error_chain, AttemptError};
 use crate::wire::api::{self, Adapted, Host};
 use crate::wire::api::{Invalid, Named};
 use crate::wire::headers;
@@ -114,8 +114,11 @@ pub(super) fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {
             upstream,
             timeout_ms: t.as_millis(),
         },
-        AttemptError::Connect(detail) | AttemptError::RefusedStream(detail) | AttemptError::Reset(detail) => {
-            ProxyError::UpstreamUnreachable { upstream, detail }
+        AttemptError::Connect(cause) | AttemptError::RefusedStream(cause) | AttemptError::Reset(cause) => {
+            ProxyError::UpstreamUnreachable {
+                upstream,
+                detail: error_chain(&*cause),
+            }
         }
     }
 }

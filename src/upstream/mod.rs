@@ -47,19 +47,23 @@ pub enum SetupError {
     HostHeader(http::uri::Authority),
 }
 
+/// What an attempt's failure came from (the connector's, hyper's or the body's error), kept whole:
+/// its chain is read when the failure is reported, and a caller may look into it.
+pub(crate) type Cause = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Why an attempt produced no response head.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum AttemptError {
     /// The connection could not be established (DNS, refused, TLS, connect timeout): the request
     /// was never sent.
-    #[error("connect failed: {0}")]
-    Connect(String),
+    #[error("connect failed: {}", error_chain(&**.0))]
+    Connect(#[source] Cause),
     /// HTTP/2 REFUSED_STREAM: the server did not process the request.
-    #[error("stream refused: {0}")]
-    RefusedStream(String),
+    #[error("stream refused: {}", error_chain(&**.0))]
+    RefusedStream(#[source] Cause),
     /// The connection failed after the request may have been sent (reset, closed early).
-    #[error("connection failed: {0}")]
-    Reset(String),
+    #[error("connection failed: {}", error_chain(&**.0))]
+    Reset(#[source] Cause),
     /// No response head within the per-try timeout.
     #[error("no response within {0:?}")]
     Timeout(Duration),
@@ -160,7 +164,7 @@ impl Upstream {
         match tokio::time::timeout(timeout, self.upgrade_client.request(req)).await {
             Err(_) => Err(AttemptError::Timeout(timeout)),
             Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(classify(&e)),
+            Ok(Err(e)) => Err(classify(e)),
         }
     }
 }
@@ -199,14 +203,13 @@ fn connector(config: &UpstreamConfig, tls: rustls::ClientConfig, allow_h2: bool)
 }
 
 /// Names a client error by hyper's predicates, not by message text.
-fn classify(e: &hyper_util::client::legacy::Error) -> AttemptError {
-    let detail = error_chain(e);
+fn classify(e: hyper_util::client::legacy::Error) -> AttemptError {
     if e.is_connect() {
-        AttemptError::Connect(detail)
-    } else if refused_stream(e) {
-        AttemptError::RefusedStream(detail)
+        AttemptError::Connect(Box::new(e))
+    } else if refused_stream(&e) {
+        AttemptError::RefusedStream(Box::new(e))
     } else {
-        AttemptError::Reset(detail)
+        AttemptError::Reset(Box::new(e))
     }
 }
 
@@ -291,5 +294,58 @@ mod tests {
             Some((Duration::from_secs(1), Duration::from_secs(1), 3))
         );
         assert_eq!(keepalive_of(&upstream("keepalive = \"off\"")).await, None);
+    }
+
+    /// The first error of type `T` in what `e` came from.
+    fn cause_of<T: std::error::Error + 'static>(e: &AttemptError) -> Option<&T> {
+        let mut at = std::error::Error::source(e);
+        while let Some(err) = at {
+            if let Some(t) = err.downcast_ref::<T>() {
+                return Some(t);
+            }
+            at = err.source();
+        }
+        None
+    }
+
+    async fn send_to(addr: std::net::SocketAddr) -> AttemptError {
+        let toml = format!(
+            "[upstreams.u]\nurl = \"http://{addr}\"\n[[routes]]\nname = \"r\"\npath_prefix = \"/r/\"\nupstream = \"u\"\n"
+        );
+        let c = crate::config::Config::parse(&toml, std::path::Path::new("t.toml"), &|_| None).unwrap();
+        let u = Upstream::new(c.upstreams["u"].clone()).unwrap();
+        let mut req = Request::new(Full::new(Bytes::new()));
+        *req.uri_mut() = u.target_for("/x", None).unwrap();
+        match u.send(req, Duration::from_secs(30)).await {
+            Ok(resp) => panic!("answered {}", resp.status()),
+            Err(e) => e,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failed_attempt_keeps_the_error_it_came_from() {
+        // Nothing listens: a connect failure, the socket's own error kept.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let refused = send_to(closed).await;
+        assert!(matches!(refused, AttemptError::Connect(_)), "{refused:?}");
+        let io = cause_of::<std::io::Error>(&refused).map(std::io::Error::kind);
+        assert_eq!(io, Some(std::io::ErrorKind::ConnectionRefused), "{refused}");
+        assert!(refused.to_string().starts_with("connect failed: "), "{refused}");
+
+        // A server that closes the connection once it reads the request: a reset, hyper's error
+        // kept.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut buf).await;
+        };
+        let ((), reset) = tokio::join!(server, send_to(addr));
+        assert!(matches!(reset, AttemptError::Reset(_)), "{reset:?}");
+        assert!(cause_of::<hyper::Error>(&reset).is_some(), "{reset}");
     }
 }

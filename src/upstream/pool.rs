@@ -35,7 +35,7 @@ use hyper_util::rt::{TokioExecutor, TokioTimer};
 use tokio::time::Instant;
 use tower_service::Service as _;
 
-use super::{error_chain, refused_stream, AttemptError};
+use super::{refused_stream, AttemptError};
 use crate::wire::eventstream::ToSse;
 
 type ReqBody = Full<Bytes>;
@@ -151,11 +151,10 @@ impl Pool {
             }
             _ => {
                 let err = e.into_error();
-                let detail = error_chain(&err);
                 Err(if refused_stream(&err) {
-                    AttemptError::RefusedStream(detail)
+                    AttemptError::RefusedStream(Box::new(err))
                 } else {
-                    AttemptError::Reset(detail)
+                    AttemptError::Reset(Box::new(err))
                 })
             }
         }
@@ -204,13 +203,12 @@ impl Pool {
 
     /// Opens a connection (TCP, TLS with ALPN), and speaks HTTP/2 on it if the upstream chose it.
     async fn connect(&self) -> Result<Sender, AttemptError> {
-        let connect_failed = |detail: String| AttemptError::Connect(detail);
         let io = self
             .connector
             .clone()
             .call(self.origin.clone())
             .await
-            .map_err(|e| connect_failed(error_chain(&*e)))?;
+            .map_err(AttemptError::Connect)?;
         if io.connected().is_negotiated_h2() {
             let mut builder = http2::Builder::new(TokioExecutor::new());
             builder.timer(TokioTimer::new());
@@ -228,7 +226,7 @@ impl Pool {
             let (sender, conn) = builder
                 .handshake(io)
                 .await
-                .map_err(|e| connect_failed(error_chain(&e)))?;
+                .map_err(|e| AttemptError::Connect(Box::new(e)))?;
             crate::tasks::spawn("upstream h2 connection", conn.map(ended));
             *self.h2.lock() = Some(sender.clone());
             Ok(Sender::H2(sender))
@@ -236,7 +234,7 @@ impl Pool {
             let (sender, conn) = http1::Builder::new()
                 .handshake(io)
                 .await
-                .map_err(|e| connect_failed(error_chain(&e)))?;
+                .map_err(|e| AttemptError::Connect(Box::new(e)))?;
             crate::tasks::spawn("upstream h1 connection", conn.map(ended));
             Ok(Sender::H1(sender))
         }

@@ -123,10 +123,7 @@ impl Cache {
         let looked = match control(&parts.headers) {
             Control::NoStore => Looked::Bypass,
             Control::Use(freshness) => {
-                let (method, uri) = (&parts.method, &parts.uri);
-                let check = self
-                    .records
-                    .check_cached(method, uri.path(), uri.query(), &parts.headers, body, freshness);
+                let check = self.records.check_cached(parts, body, freshness);
                 let start = match check {
                     Check::Decided(start) => start,
                     Check::Wait(pending) => Box::pin(self.records.wait(pending)).await,

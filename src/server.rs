@@ -255,7 +255,13 @@ async fn serve(
 ) -> Exit {
     let signal = ShutdownSignal::new();
     let builders = Arc::new(builders(&limits));
-    accept_until_shutdown(&listener, &proxy, &shutdown, &drain.tasks, &limits, &builders, &signal).await;
+    let serving = Serving {
+        tasks: &drain.tasks,
+        limits: &limits,
+        builders: &builders,
+        signal: &signal,
+    };
+    accept_until_shutdown(&listener, &proxy, &shutdown, serving).await;
     drop(listener);
     admin.draining.store(true, Ordering::SeqCst);
     let exit = drain_connections(drain, signal).await;
@@ -307,17 +313,29 @@ fn builders(limits: &ClientLimits) -> Builders {
     Builders { http1, auto }
 }
 
+/// How client connections are served: on a task of `tasks`, within `limits`, by `builders`'
+/// protocols, each watching `signal` for the drain.
+struct Serving<'a> {
+    tasks: &'a TaskTracker,
+    limits: &'a ClientLimits,
+    builders: &'a Arc<Builders>,
+    signal: &'a ShutdownSignal,
+}
+
 /// Accepts connections until `shutdown`, each on a slot of `max_connections` (past it, new
-/// connections wait in the listen backlog), each served by a task on `tasks`.
+/// connections wait in the listen backlog), each served as `serving` says.
 async fn accept_until_shutdown(
     listener: &TcpListener,
     proxy: &Arc<ArcSwap<Proxy>>,
     shutdown: &CancellationToken,
-    tasks: &TaskTracker,
-    limits: &ClientLimits,
-    builders: &Arc<Builders>,
-    signal: &ShutdownSignal,
+    serving: Serving<'_>,
 ) {
+    let Serving {
+        tasks,
+        limits,
+        builders,
+        signal,
+    } = serving;
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections as usize));
     loop {
         // A connection slot first: past max_connections, new connections wait in the backlog.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, Method};
+use http::Method;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -100,15 +100,8 @@ impl Idempotency {
     /// Looks a request up in the cache: a stored entry it accepts is replayed, an identical
     /// request in flight is followed, else the entry is claimed (a miss, or a refresh when an
     /// entry was there but not accepted). GET and POST only; anything else is forwarded.
-    pub(crate) fn check_cached(
-        &self,
-        method: &Method,
-        path: &str,
-        query: Option<&str>,
-        headers: &HeaderMap,
-        body: &Bytes,
-        freshness: Freshness,
-    ) -> Check {
+    pub(crate) fn check_cached(&self, parts: &http::request::Parts, body: &Bytes, freshness: Freshness) -> Check {
+        let (method, path, query, headers) = (&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers);
         if !matches!(*method, Method::GET | Method::POST) {
             return Check::Decided(Start::Forward { bypassed: false });
         }

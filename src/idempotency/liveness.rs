@@ -27,11 +27,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::redis::RedisHandle;
+use crate::redis::{RedisHandle, ReplicaId};
 use crate::time::{self, Instant};
-
-/// Hex digits of a replica id (64 bits).
-const REPLICA_HEX: usize = 16;
 
 /// A claim's owner token, `{replica}.{claim}` (tokens of builds before owner liveness have
 /// another form): every write after the claim checks it. Its own type so that it cannot be passed
@@ -46,10 +43,10 @@ impl Owner {
     }
 
     /// A new claim's token on `replica`: its id, then 64 random bits (`{replica}.{claim}`).
-    pub(crate) fn mint(replica: &str) -> Owner {
+    pub(crate) fn mint(replica: &ReplicaId) -> Owner {
         let n: u64 = rand::random();
-        let mut token = String::with_capacity(replica.len() + 17);
-        token.push_str(replica);
+        let mut token = String::with_capacity(ReplicaId::HEX + 17);
+        token.push_str(replica.as_str());
         token.push('.');
         super::fingerprint::push_hex(&mut token, &n.to_be_bytes());
         Owner(token)
@@ -89,18 +86,12 @@ impl fmt::Debug for Owner {
 #[derive(Debug, Clone, Copy)]
 pub struct DeadOwner<'a>(pub &'a Owner);
 
-/// This replica's id: 64 random bits in hex.
-pub(crate) fn new_replica_id() -> String {
-    let n: u64 = rand::random();
-    super::fingerprint::hex(&n.to_be_bytes())
-}
-
 /// The replica that made the claim `owner` (`{replica}.{claim}`); `None` for a token of another
 /// form (made before owner liveness existed: never taken for dead).
 pub(crate) fn replica_of(owner: &str) -> Option<&str> {
     let (replica, claim) = owner.split_once('.')?;
     let hex = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_hexdigit());
-    (replica.len() == REPLICA_HEX && hex(replica) && hex(claim)).then_some(replica)
+    (replica.len() == ReplicaId::HEX && hex(replica) && hex(claim)).then_some(replica)
 }
 
 /// Whether this replica may take another for dead: its own heartbeats landed without a gap for
@@ -140,13 +131,13 @@ impl Trust {
 /// This replica's heartbeat, and its view of the others.
 pub(crate) struct Liveness {
     redis: RedisHandle,
-    replica: String,
+    replica: ReplicaId,
     ttl: Duration,
     trust: Mutex<Trust>,
 }
 
 impl Liveness {
-    pub(crate) fn new(redis: RedisHandle, replica: String) -> Arc<Liveness> {
+    pub(crate) fn new(redis: RedisHandle, replica: ReplicaId) -> Arc<Liveness> {
         let ttl = redis.liveness();
         Arc::new(Liveness {
             redis,
@@ -186,7 +177,7 @@ impl Liveness {
 
     /// One heartbeat: the record set again for a TTL, and whether it was still there.
     async fn beat(&self) {
-        let key = self.key(&self.replica);
+        let key = self.key(self.replica.as_str());
         let ttl_ms = u64::try_from(self.ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let key = &key;
         let answer = self
@@ -226,7 +217,7 @@ impl Liveness {
         let Some(replica) = owner.replica() else {
             return false;
         };
-        if replica == self.replica || !self.trust.lock().trusted(time::now(), self.ttl) {
+        if replica == self.replica.as_str() || !self.trust.lock().trusted(time::now(), self.ttl) {
             return false;
         }
         let key = self.key(replica);
@@ -249,8 +240,7 @@ mod tests {
 
     #[test]
     fn owner_tokens_name_their_replica() {
-        let replica = new_replica_id();
-        assert_eq!(replica.len(), REPLICA_HEX);
+        let replica = ReplicaId::random();
         let owner = format!("{replica}.00ff00ff00ff00ff");
         assert_eq!(replica_of(&owner), Some(replica.as_str()));
         // Tokens made before owner liveness (128 random bits, no dot) name no replica.

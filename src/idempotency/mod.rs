@@ -44,7 +44,7 @@ use tokio_util::task::TaskTracker;
 use crate::config::{IdempotencyPolicy, OnConcurrent, OnStoreError};
 use crate::error::ProxyError;
 use crate::metrics::{CompletionResult, IdempotencyResult, Metrics, RouteCounters};
-use crate::redis::RedisHandle;
+use crate::redis::{RedisHandle, ReplicaId};
 pub use cached::Freshness;
 pub use claim::Claim;
 use claim::{ClaimInner, Writer};
@@ -60,7 +60,7 @@ pub(crate) use live::Lives;
 use liveness::Liveness;
 pub use liveness::{DeadOwner, Owner};
 pub use recorder::Recorder;
-pub use redis_store::{RedisStore, TakenOver};
+pub use redis_store::{RedisStore, Succession, TakenOver};
 pub(crate) use rejoin::Rejoin;
 use relay::Relay;
 use renewal::Renewals;
@@ -107,7 +107,7 @@ pub struct Records {
     /// The lease renewals of this replica's in-flight claims (one task renews them all).
     pub renewals: Arc<Renewals>,
     /// This replica's id: the first part of its claims' owner tokens.
-    replica: Arc<str>,
+    replica: ReplicaId,
     /// This replica's heartbeat, and which other replicas are dead (Redis).
     liveness: Option<Arc<Liveness>>,
     /// The fingerprint written into records: version 2, or 1 (`[redis] fingerprint = 1`) while
@@ -124,7 +124,7 @@ impl Records {
             orphan_releases: Arc::new(AtomicUsize::new(0)),
             lives: Arc::new(Lives::default()),
             relay: None,
-            replica: liveness::new_replica_id().into(),
+            replica: ReplicaId::random(),
             liveness: None,
             fingerprint: fingerprint::Version::V2,
         }
@@ -142,7 +142,7 @@ impl Records {
         if redis.fingerprint_version() == 1 {
             records.fingerprint = fingerprint::Version::V1;
         }
-        let liveness = Liveness::new(redis.clone(), records.replica.to_string());
+        let liveness = Liveness::new(redis.clone(), records.replica.clone());
         liveness.start(tasks, stop.clone());
         let relay = Relay::new(redis, records.lives.clone(), liveness.clone(), tasks.clone(), stop);
         relay.start();
@@ -390,12 +390,10 @@ impl Idempotency {
     pub(crate) fn identity_of(
         &self,
         version: fingerprint::Version,
-        method: &Method,
-        path: &str,
-        query: Option<&str>,
-        headers: &HeaderMap,
+        parts: &http::request::Parts,
         body: &Bytes,
     ) -> ReplayIdentity {
+        let (method, path, query, headers) = (&parts.method, parts.uri.path(), parts.uri.query(), &parts.headers);
         ReplayIdentity {
             scope: self.scope_of(headers, query),
             fingerprint: fingerprint::fingerprint_as(version, method, path, query, headers, body),
@@ -413,24 +411,16 @@ impl Idempotency {
         fingerprint::scope_hash(headers, query, &self.policy.scope_headers)
     }
 
-    /// Checks a request against the store: claim, replay, hold, or refuse. `replay` replaces the
-    /// scope and fingerprint computed from the request (an admin replay carries the original's).
-    /// Decided here when no store round trip is needed (the in-memory store answers at once);
-    /// otherwise [`Idempotency::wait`] goes on with it.
-    pub fn check(
-        &self,
-        method: &Method,
-        path: &str,
-        query: Option<&str>,
-        headers: &HeaderMap,
-        body: &Bytes,
-        replay: Option<&ReplayIdentity>,
-    ) -> Check {
+    /// Checks a request (`parts`, `body`) against the store: claim, replay, hold, or refuse.
+    /// `replay` replaces the scope and fingerprint computed from the request (an admin replay
+    /// carries the original's). Decided here when no store round trip is needed (the in-memory
+    /// store answers at once); otherwise [`Idempotency::wait`] goes on with it.
+    pub fn check(&self, parts: &http::request::Parts, body: &Bytes, replay: Option<&ReplayIdentity>) -> Check {
         let p = &self.policy;
-        if !matches!(*method, Method::POST | Method::PATCH) {
+        if !matches!(parts.method, Method::POST | Method::PATCH) {
             return Check::Decided(Start::Forward { bypassed: false });
         }
-        let key = match fingerprint::request_key(headers, &p.header) {
+        let key = match fingerprint::request_key(&parts.headers, &p.header) {
             None if p.require_key => {
                 self.count(IdempotencyResult::Invalid);
                 return Check::Decided(Start::Refuse(ProxyError::IdempotencyKeyRequired {
@@ -448,7 +438,7 @@ impl Idempotency {
         };
         let ReplayIdentity { scope, fingerprint } = replay
             .cloned()
-            .unwrap_or_else(|| self.identity_of(self.records.fingerprint, method, path, query, headers, body));
+            .unwrap_or_else(|| self.identity_of(self.records.fingerprint, parts, body));
         let record = fingerprint::record_key(&self.route, &scope, &key);
         // A delivered response whose write has not landed yet is answered from here.
         if let Some(held) = self.records.held.get(&record) {
@@ -621,16 +611,13 @@ impl Idempotency {
             return TakeOver::Alive(pending);
         }
         let p = &self.policy;
-        let taken = store
-            .take_over(
-                &pending.record,
-                &pending.fingerprint,
-                DeadOwner(theirs),
-                &pending.owner,
-                p.lease,
-                liveness.ttl(),
-            )
-            .await;
+        let heir = Succession {
+            dead: DeadOwner(theirs),
+            owner: &pending.owner,
+            lease: p.lease,
+            liveness: liveness.ttl(),
+        };
+        let taken = store.take_over(&pending.record, &pending.fingerprint, heir).await;
         match taken {
             Ok(TakenOver::Yes) => {
                 self.count_takeover();
@@ -821,14 +808,9 @@ mod tests {
     }
 
     fn check(idem: &Idempotency) -> Check {
-        idem.check(
-            &Method::POST,
-            "/v1/chat",
-            None,
-            &keyed(),
-            &Bytes::from_static(b"{}"),
-            None,
-        )
+        let (mut parts, ()) = http::Request::post("/v1/chat").body(()).unwrap().into_parts();
+        parts.headers = keyed();
+        idem.check(&parts, &Bytes::from_static(b"{}"), None)
     }
 
     /// On the memory store no other replica can hold a key, but a task of this one

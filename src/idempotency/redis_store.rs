@@ -153,22 +153,60 @@ pub(crate) enum CutTakeover {
     Lost,
 }
 
+/// Who takes over a dead replica's claim, and on what terms ([`RedisStore::take_over`], and
+/// `take_over_cut` for a cut stream).
+#[derive(Debug, Clone, Copy)]
+pub struct Succession<'a> {
+    /// The claim's owner, whose replica stopped heartbeating.
+    pub dead: DeadOwner<'a>,
+    /// The owner token that takes the claim over.
+    pub owner: &'a Owner,
+    /// The new claim's lease.
+    pub lease: Duration,
+    /// A claim younger than this is left alone: its replica may not have written its liveness
+    /// record yet.
+    pub liveness: Duration,
+}
+
 /// A completion's arguments (`idem_complete_v2`'s ARGV).
-type CompleteArgs<'a> = (&'a Owner, &'a str, &'a str, &'a Bytes, u64, &'a Fingerprint);
+struct CompleteArgs<'a> {
+    /// The owner token that holds the claim (compare-and-set).
+    owner: &'a Owner,
+    /// The record's new state: `C` (the response kept) or `U` (completed, not kept).
+    state: &'a str,
+    /// The kept response's status and headers ([`MetaOf`], JSON); empty when not kept.
+    meta: &'a str,
+    /// The kept response's body; empty when not kept.
+    body: &'a Bytes,
+    /// How long the record is kept, in milliseconds.
+    ttl_ms: u64,
+    fingerprint: &'a Fingerprint,
+}
+
+/// A claim script, and the name its round trip is run (counted, logged) under.
+#[derive(Clone, Copy)]
+struct ClaimOp<'a> {
+    script: &'a Script,
+    /// The operation's name (`idem_begin`, `cache_reclaim`).
+    op: &'static str,
+}
 
 impl RedisStore {
-    /// Claims `key`, in progress under `dead` (a claim of a replica that stopped heartbeating),
-    /// for `owner`, unless that claim is younger than `liveness` (its replica may not have
-    /// written its liveness record yet).
+    /// Claims `key`, in progress under `heir.dead` (a claim of a replica that stopped
+    /// heartbeating), for `heir.owner`, unless that claim is younger than `heir.liveness` (its
+    /// replica may not have written its liveness record yet).
     pub async fn take_over(
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        dead: DeadOwner<'_>,
-        owner: &Owner,
-        lease: Duration,
-        liveness: Duration,
+        heir: Succession<'_>,
     ) -> Result<TakenOver, StoreError> {
+        let Succession {
+            dead,
+            owner,
+            lease,
+            liveness,
+        } = heir;
         let key = self.full_key(key);
         let script = &self.scripts.take_over;
         let give_up_at = self.redis.give_up_at_ms();
@@ -195,16 +233,21 @@ impl RedisStore {
         }
     }
 
-    /// Claims `key`, in progress under `dead`, for `owner` to continue its response after its
-    /// first `from` bytes; or who continues it already (`idem_takeover_cut_v1`).
+    /// Claims `key`, in progress under `heir.dead`, for `heir.owner` to continue its response
+    /// after its first `from` bytes; or who continues it already (`idem_takeover_cut_v1`).
     pub(crate) async fn take_over_cut(
         &self,
         key: &RecordKey,
         fingerprint: &Fingerprint,
-        (dead, owner): (DeadOwner<'_>, &Owner),
-        (lease, liveness): (Duration, Duration),
+        heir: Succession<'_>,
         from: u64,
     ) -> Result<CutTakeover, StoreError> {
+        let Succession {
+            dead,
+            owner,
+            lease,
+            liveness,
+        } = heir;
         let key = self.full_key(key);
         let script = &self.scripts.take_over_cut;
         let give_up_at = self.redis.give_up_at_ms();
@@ -258,7 +301,14 @@ impl RedisStore {
     /// counts as written once that many replicas acknowledged it within `command_timeout`
     /// (else an error that may have applied, so the completion is retried until they do).
     async fn complete_waited(&self, key: &str, args: CompleteArgs<'_>, replicas: u32) -> Result<bool, StoreError> {
-        let (owner, state, meta, body, ttl_ms, fingerprint) = args;
+        let CompleteArgs {
+            owner,
+            state,
+            meta,
+            body,
+            ttl_ms,
+            fingerprint,
+        } = args;
         let script = &self.scripts.complete;
         // WAIT answers before the command timeout gives up on it.
         let wait_ms = u64::try_from((self.redis.command_timeout() * 3 / 4).as_millis())
@@ -312,19 +362,22 @@ impl RedisStore {
         owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
-        self.claim_with(&self.scripts.reclaim, "cache_reclaim", key, fingerprint, owner, lease)
-            .await
+        let reclaim = ClaimOp {
+            script: &self.scripts.reclaim,
+            op: "cache_reclaim",
+        };
+        self.claim_with(reclaim, key, fingerprint, owner, lease).await
     }
 
     async fn claim_with(
         &self,
-        script: &Script,
-        op: &'static str,
+        claim: ClaimOp<'_>,
         key: &RecordKey,
         fingerprint: &Fingerprint,
         owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
+        let ClaimOp { script, op } = claim;
         let key = self.full_key(key);
         let give_up_at = self.redis.give_up_at_ms();
         let reply: Vec<Value> = self
@@ -352,8 +405,11 @@ impl Store for RedisStore {
         owner: &Owner,
         lease: Duration,
     ) -> Result<Begin, StoreError> {
-        self.claim_with(&self.scripts.begin, "idem_begin", key, fingerprint, owner, lease)
-            .await
+        let begin = ClaimOp {
+            script: &self.scripts.begin,
+            op: "idem_begin",
+        };
+        self.claim_with(begin, key, fingerprint, owner, lease).await
     }
 
     async fn renew(&self, key: &RecordKey, owner: &Owner, lease: Duration) -> Result<bool, StoreError> {
@@ -401,9 +457,15 @@ impl Store for RedisStore {
         };
         let replicas = self.redis.wait_replicas();
         if replicas > 0 {
-            return self
-                .complete_waited(&key, (owner, state, &meta, &body, ms(ttl), fingerprint), replicas)
-                .await;
+            let args = CompleteArgs {
+                owner,
+                state,
+                meta: &meta,
+                body: &body,
+                ttl_ms: ms(ttl),
+                fingerprint,
+            };
+            return self.complete_waited(&key, args, replicas).await;
         }
         let n: i64 = self
             .redis

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use super::live::{Follower, Live};
 use super::liveness::{DeadOwner, Owner};
-use super::redis_store::CutTakeover;
+use super::redis_store::{CutTakeover, Succession};
 use super::AnyStore;
 use super::{Claim, Idempotency};
 use crate::config::OnConcurrent;
@@ -55,15 +55,13 @@ impl Idempotency {
         }
         let owner = Owner::mint(&records.replica);
         let from = prefix.len() as u64;
-        let taken = store
-            .take_over_cut(
-                &dead.record,
-                &dead.fingerprint,
-                (DeadOwner(&dead.owner), &owner),
-                (p.lease, liveness.ttl()),
-                from,
-            )
-            .await;
+        let heir = Succession {
+            dead: DeadOwner(&dead.owner),
+            owner: &owner,
+            lease: p.lease,
+            liveness: liveness.ttl(),
+        };
+        let taken = store.take_over_cut(&dead.record, &dead.fingerprint, heir, from).await;
         match taken {
             Ok(CutTakeover::Won) => {
                 self.count_takeover();

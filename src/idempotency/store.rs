@@ -195,6 +195,16 @@ pub(crate) const PURGE_PER_CALL: usize = 64;
 /// A position in an expiry index: the expiry, then a sequence number that makes it unique.
 type Slot = (Instant, u64);
 
+/// When a write to the map happens, and the bounds it must leave the map within (evicting if
+/// need be).
+#[derive(Clone, Copy)]
+struct WriteAt {
+    /// The time of the write: a new record's storage time, and what a lapsed lease is lapsed at.
+    now: Instant,
+    /// The store's bounds, which evictions restore.
+    limits: MemoryLimits,
+}
+
 struct Memory {
     map: HashMap<RecordKey, Entry>,
     /// Completed records (kept or not kept), soonest-expiring first: the eviction order.
@@ -359,22 +369,13 @@ impl Memory {
     }
 
     /// Inserts (or replaces) `key`'s record, then evicts until the bounds hold again.
-    #[allow(clippy::too_many_arguments)]
-    fn insert(
-        &mut self,
-        key: &RecordKey,
-        ids: Ids,
-        state: MemState,
-        expires: Instant,
-        limits: MemoryLimits,
-        now: Instant,
-    ) {
+    fn insert(&mut self, key: &RecordKey, ids: Ids, state: MemState, expires: Instant, at: WriteAt) {
         // The caller's key is shared, not copied (the claim and its live response hold it too).
         self.remove(key.as_str());
         let name = key.clone();
         self.seq += 1;
         let entry = Entry {
-            stored: now,
+            stored: at.now,
             ids,
             state,
             expires,
@@ -386,7 +387,7 @@ impl Memory {
         }
         self.index(entry.is_lease()).insert(entry.slot(), name.clone());
         self.map.insert(name, entry);
-        self.evict(limits, now);
+        self.evict(at.limits, at.now);
     }
 
     /// Inserts a claim: `owner`'s lease on `key` until `expires`.
@@ -396,16 +397,15 @@ impl Memory {
         fingerprint: &Fingerprint,
         owner: &Owner,
         expires: Instant,
-        limits: MemoryLimits,
-        now: Instant,
+        at: WriteAt,
     ) {
         let ids = Ids::new(fingerprint, owner);
-        self.insert(key, ids, MemState::InProgress, expires, limits, now);
+        self.insert(key, ids, MemState::InProgress, expires, at);
     }
 
     /// Turns `key`'s lease (ours: checked by the caller) into its completed record in place: its
     /// key, fingerprint and owner are kept, not copied again. Then evicts until the bounds hold.
-    fn complete_lease(&mut self, key: &str, state: MemState, expires: Instant, limits: MemoryLimits, now: Instant) {
+    fn complete_lease(&mut self, key: &str, state: MemState, expires: Instant, at: WriteAt) {
         let Some(e) = self.map.get_mut(key) else {
             return;
         };
@@ -413,7 +413,7 @@ impl Memory {
         self.seq += 1;
         self.bytes = self.bytes.saturating_sub(e.size());
         e.state = state;
-        e.stored = now;
+        e.stored = at.now;
         e.expires = expires;
         e.seq = self.seq;
         self.bytes += e.size();
@@ -423,7 +423,7 @@ impl Memory {
         let slot = (e.expires, e.seq);
         let name = name.unwrap_or_else(|| RecordKey::new(key));
         self.completed.insert(slot, name);
-        self.evict(limits, now);
+        self.evict(at.limits, at.now);
     }
 
     /// Moves `key`'s record to a new expiry (a lease renewed), keeping its index in order.
@@ -507,7 +507,7 @@ impl MemoryStore {
             };
             match found {
                 None => {
-                    m.insert_lease(key, fingerprint, owner, now + lease, limits, now);
+                    m.insert_lease(key, fingerprint, owner, now + lease, WriteAt { now, limits });
                     Begin::Claimed
                 }
                 Some(Begin::Claimed) => {
@@ -541,7 +541,7 @@ impl MemoryStore {
                 }
                 _ => {}
             }
-            m.insert_lease(key, fingerprint, owner, now + lease, limits, now);
+            m.insert_lease(key, fingerprint, owner, now + lease, WriteAt { now, limits });
             Begin::Claimed
         })
     }
@@ -577,10 +577,11 @@ impl MemoryStore {
                 Completion::Kept(r) => MemState::Completed(r),
                 Completion::NotKept => MemState::NotKept,
             };
+            let at = WriteAt { now, limits };
             if m.map.get(key.as_str()).is_some_and(Entry::is_lease) {
-                m.complete_lease(key.as_str(), state, now + ttl, limits, now);
+                m.complete_lease(key.as_str(), state, now + ttl, at);
             } else {
-                m.insert(key, Ids::new(fingerprint, owner), state, now + ttl, limits, now);
+                m.insert(key, Ids::new(fingerprint, owner), state, now + ttl, at);
             }
             true
         })

@@ -3,7 +3,7 @@
 
 use http::{header, HeaderMap, HeaderName, HeaderValue, Method, Response, StatusCode};
 
-use super::{json_response, Jobs};
+use super::{json_response, JobId, Jobs};
 use crate::error::{error_response, ProxyError};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -29,16 +29,16 @@ impl Jobs {
             Some((id, "result")) => (id, true),
             Some(_) => return error_response(ProxyError::JobNotFound, log),
         };
-        if id.is_empty() || id.len() > 64 || !id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let Some(id) = JobId::parse(id) else {
             return error_response(ProxyError::JobNotFound, log);
-        }
+        };
         if method != Method::GET && method != Method::HEAD {
             let mut resp = error_response(ProxyError::JobMethodNotAllowed, log);
             resp.headers_mut()
                 .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
             return resp;
         }
-        let loaded = match self.load(id, want_result).await {
+        let loaded = match self.load(&id, want_result).await {
             Ok(l) => l,
             Err(_) => return error_response(ProxyError::JobsUnavailable, log),
         };
@@ -77,7 +77,7 @@ impl Jobs {
             }
         }
         h.insert(headers::X_REBOUND_ATTEMPTS, HeaderValue::from(view.attempts));
-        if let Ok(v) = HeaderValue::from_str(&view.id) {
+        if let Ok(v) = HeaderValue::from_str(view.id.as_str()) {
             h.insert(headers::X_REBOUND_JOB_ID, v);
         }
         resp

@@ -17,6 +17,7 @@ use rand::Rng as _;
 use tokio_util::sync::CancellationToken;
 
 use super::record::{CallbackState, CallbackView, JobResult, JobView};
+use super::JobId;
 
 /// POSTs per callback, the first included.
 pub(crate) const ATTEMPTS: u32 = 4;
@@ -88,7 +89,7 @@ impl Callbacks {
     pub(crate) async fn deliver(
         &self,
         url: &str,
-        job_id: &str,
+        job_id: &JobId,
         payload: Bytes,
         stop: &CancellationToken,
     ) -> CallbackView {
@@ -111,8 +112,8 @@ impl Callbacks {
             view.attempts += 1;
             let req = Request::post(url)
                 .header(header::CONTENT_TYPE, "application/json")
-                .header("idempotency-key", job_id)
-                .header(crate::wire::headers::X_REBOUND_JOB_ID, job_id)
+                .header("idempotency-key", job_id.as_str())
+                .header(crate::wire::headers::X_REBOUND_JOB_ID, job_id.as_str())
                 .header(header::USER_AGENT, concat!("rebound/", env!("CARGO_PKG_VERSION")))
                 .body(Full::new(payload.clone()));
             let Ok(req) = req else { return view };
@@ -137,15 +138,19 @@ impl Callbacks {
                     if !retryable {
                         return view;
                     }
-                    tracing::debug!(job = job_id, status = status.as_u16(), "job callback refused; retrying");
+                    tracing::debug!(
+                        job = job_id.as_str(),
+                        status = status.as_u16(),
+                        "job callback refused; retrying"
+                    );
                 }
                 Ok(Err(e)) => {
                     view.last_status = None;
-                    tracing::debug!(job = job_id, error = %crate::upstream::error_chain(&e), "job callback failed; retrying");
+                    tracing::debug!(job = job_id.as_str(), error = %crate::upstream::error_chain(&e), "job callback failed; retrying");
                 }
                 Err(_) => {
                     view.last_status = None;
-                    tracing::debug!(job = job_id, "job callback timed out; retrying");
+                    tracing::debug!(job = job_id.as_str(), "job callback timed out; retrying");
                 }
             }
         }

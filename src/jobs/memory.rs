@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use super::record::{
     CallbackState, CallbackView, Finished, JobResult, JobState, JobView, NewJob, StoredRequest, Submitted,
 };
+use super::JobId;
 
 /// Finished jobs kept at most.
 pub(crate) const MAX_FINISHED: usize = 10_000;
@@ -21,7 +22,7 @@ pub(crate) const MAX_RESULT_BYTES: usize = 64 << 20;
 
 /// A job a worker took.
 pub(crate) struct Taken {
-    pub id: String,
+    pub id: JobId,
     pub route: String,
     pub request: StoredRequest,
     pub body: Bytes,
@@ -44,11 +45,11 @@ pub(crate) struct MemoryQueue {
 
 #[derive(Default)]
 struct State {
-    jobs: HashMap<String, Job>,
-    queue: VecDeque<String>,
+    jobs: HashMap<JobId, Job>,
+    queue: VecDeque<JobId>,
     unfinished: usize,
     /// Finished job ids, in the order they finished.
-    finished: VecDeque<String>,
+    finished: VecDeque<JobId>,
     result_bytes: usize,
 }
 
@@ -131,7 +132,7 @@ impl MemoryQueue {
     }
 
     /// A job's view, its result and callback target.
-    pub(crate) fn load(&self, id: &str) -> Option<Loaded> {
+    pub(crate) fn load(&self, id: &JobId) -> Option<Loaded> {
         let mut s = self.state.lock();
         s.sweep(crate::time::now());
         let job = s.jobs.get(id)?;
@@ -181,7 +182,7 @@ impl MemoryQueue {
     }
 
     /// Records a run's outcome. Returns the number of unfinished jobs.
-    pub(crate) fn finish(&self, id: &str, f: &Finished, callback_pending: bool, ttl: Duration) -> usize {
+    pub(crate) fn finish(&self, id: &JobId, f: &Finished, callback_pending: bool, ttl: Duration) -> usize {
         let mut s = self.state.lock();
         let now = crate::time::now();
         if let Some(job) = s.jobs.get_mut(id) {
@@ -203,7 +204,7 @@ impl MemoryQueue {
                 job.result = f.result.clone();
                 job.expires = Some(now + ttl);
                 s.unfinished = s.unfinished.saturating_sub(1);
-                s.finished.push_back(id.to_string());
+                s.finished.push_back(id.clone());
                 s.result_bytes += added;
             }
         }
@@ -212,7 +213,7 @@ impl MemoryQueue {
     }
 
     /// Records what became of a job's callback.
-    pub(crate) fn callback_done(&self, id: &str, view: CallbackView) {
+    pub(crate) fn callback_done(&self, id: &JobId, view: CallbackView) {
         let mut s = self.state.lock();
         if let Some(job) = s.jobs.get_mut(id) {
             job.view.callback = Some(view);
@@ -241,9 +242,13 @@ impl State {
 mod tests {
     use super::*;
 
-    fn job(id: &str, fp: &str) -> NewJob {
+    fn id(text: &str) -> JobId {
+        JobId::from_stored(text.into())
+    }
+
+    fn job(text: &str, fp: &str) -> NewJob {
         NewJob {
-            id: id.into(),
+            id: id(text),
             route: "r".into(),
             fingerprint: fp.into(),
             access: crate::credentials::CredentialHash([7; 16]),
@@ -285,14 +290,14 @@ mod tests {
         assert_eq!(q.submit(job("b", ""), 2).0, Submitted::Queued);
         assert_eq!(q.submit(job("c", ""), 2).0, Submitted::Full);
         let t = q.take(|| 5).await;
-        assert_eq!(t.id, "a");
-        let v = q.load("a").unwrap().view;
+        assert_eq!(t.id.as_str(), "a");
+        let v = q.load(&id("a")).unwrap().view;
         assert_eq!((v.state, v.runs, v.started_ms), (JobState::Running, 1, Some(5)));
         // Running still counts against the cap.
         assert_eq!(q.submit(job("c", ""), 2).0, Submitted::Full);
-        assert_eq!(q.finish("a", &done(b"ok"), false, Duration::from_secs(60)), 1);
+        assert_eq!(q.finish(&id("a"), &done(b"ok"), false, Duration::from_secs(60)), 1);
         assert_eq!(q.submit(job("c", ""), 2).0, Submitted::Queued);
-        let l = q.load("a").unwrap();
+        let l = q.load(&id("a")).unwrap();
         assert_eq!(l.view.state, JobState::Succeeded);
         assert_eq!(l.result.unwrap().body, "ok");
     }
@@ -302,9 +307,9 @@ mod tests {
         let q = MemoryQueue::default();
         q.submit(job("a", ""), 10);
         q.take(|| 1).await;
-        q.finish("a", &done(b"x"), false, Duration::from_secs(10));
-        assert!(q.load("a").is_some());
+        q.finish(&id("a"), &done(b"x"), false, Duration::from_secs(10));
+        assert!(q.load(&id("a")).is_some());
         tokio::time::advance(Duration::from_secs(11)).await;
-        assert!(q.load("a").is_none());
+        assert!(q.load(&id("a")).is_none());
     }
 }

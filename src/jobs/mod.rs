@@ -25,6 +25,7 @@
 
 pub mod api;
 pub mod callback;
+mod id;
 pub mod memory;
 pub mod prefer;
 pub mod record;
@@ -57,6 +58,7 @@ use redis_queue::RedisQueue;
 use seal::Sealer;
 
 pub(crate) use api::is_api_path;
+pub(crate) use id::JobId;
 pub(crate) use prefer::wants_async;
 
 /// A job whose workers died this many times is failed as abandoned (a poison job must not take
@@ -89,7 +91,7 @@ pub trait Pipeline: Send + Sync + 'static {
 
 /// Marks a request run by a job worker (it is never queued again; dead letters name the job).
 #[derive(Debug, Clone)]
-pub(crate) struct JobRun(pub String);
+pub(crate) struct JobRun(pub JobId);
 
 /// The job service: the queue (memory or Redis), its workers, the API. One per process; cheap to
 /// clone.
@@ -193,7 +195,7 @@ impl Jobs {
     /// answer.
     async fn load(
         &self,
-        id: &str,
+        id: &JobId,
         full: bool,
     ) -> Result<Option<(record::JobView, Option<record::JobResult>, Option<String>)>, JobsError> {
         match &self.inner.backend {

@@ -4,6 +4,7 @@ use crate::words::{spelled, Spelled};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
+use super::JobId;
 use crate::credentials::CredentialHash;
 use crate::idempotency::ReplayIdentity;
 
@@ -45,7 +46,7 @@ pub(crate) struct StoredRequest {
 /// A job to create.
 #[derive(Debug, Clone)]
 pub(crate) struct NewJob {
-    pub id: String,
+    pub id: JobId,
     pub route: String,
     /// The idempotency fingerprint when the job came with a key (`""` without).
     pub fingerprint: String,
@@ -101,7 +102,7 @@ pub struct CallbackView {
 /// A job as `GET /jobs/{id}` shows it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct JobView {
-    pub id: String,
+    pub(crate) id: JobId,
     pub state: JobState,
     pub route: String,
     /// Whose job it is ([`NewJob::access`]); `None` when the stored hash cannot be read.
@@ -127,7 +128,7 @@ impl JobView {
     pub(crate) fn to_json(&self) -> serde_json::Value {
         let at = |ms: Option<u64>| ms.map(rfc3339);
         let mut v = serde_json::json!({
-            "job_id": self.id,
+            "job_id": self.id.as_str(),
             "status": self.state.as_str(),
             "route": self.route,
             "attempts": self.attempts,

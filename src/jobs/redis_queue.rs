@@ -27,7 +27,7 @@ use super::record::{
     CallbackState, CallbackView, Finished, JobResult, JobState, JobView, NewJob, StoredRequest, Submitted,
 };
 use super::seal::Sealer;
-use super::JobsError;
+use super::{JobId, JobsError};
 use crate::redis::{RedisError, RedisHandle};
 
 /// The consumer group every replica's workers read through.
@@ -66,6 +66,18 @@ pub(crate) struct Run {
     pub sealed: String,
     pub route: String,
     pub callback: Option<String>,
+}
+
+/// The stream entry a consumer holds, the job it names, and this run's owner token: what every
+/// owner-checked write of a run is addressed to.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Held<'a> {
+    /// The job's id.
+    pub(crate) id: &'a JobId,
+    /// The stream entry's id.
+    pub(crate) entry: &'a str,
+    /// This run's owner token (compare-and-set: a reclaimed job has another).
+    pub(crate) owner: &'a str,
 }
 
 /// A job read back with its result and callback target.
@@ -122,14 +134,15 @@ fn items(v: &Value) -> &[Value] {
 
 /// `(entry id, job id)` of a stream entry `[id, [field, value, ...]]` (fields are nil for an
 /// entry deleted while pending).
-fn entry(v: &Value) -> Option<(String, Option<String>)> {
+fn entry(v: &Value) -> Option<(String, Option<JobId>)> {
     let parts = items(v);
     let id = text(parts.first())?;
     let fields = parts.get(1).map(items).unwrap_or_default();
     let job = fields
         .chunks(2)
         .find(|kv| text(kv.first()).as_deref() == Some("job"))
-        .and_then(|kv| text(kv.get(1)));
+        .and_then(|kv| text(kv.get(1)))
+        .map(JobId::from_stored);
     Some((id, job))
 }
 
@@ -152,8 +165,8 @@ impl RedisQueue {
         }
     }
 
-    fn job_key(&self, id: &str) -> String {
-        self.redis.key(&format!("{{jobs}}:job:{id}"))
+    fn job_key(&self, id: &JobId) -> String {
+        self.redis.key(&format!("{{jobs}}:job:{}", id.as_str()))
     }
 
     /// Creates and queues a job (credentials sealed with `sealer`). Returns the outcome and the
@@ -170,7 +183,7 @@ impl RedisQueue {
         } else {
             let plain = serde_json::to_vec(&job.credentials).unwrap_or_default();
             // Validation requires a secret with Redis; without one nothing secret is written.
-            sealer.and_then(|s| s.seal(&job.id, &plain)).unwrap_or_default()
+            sealer.and_then(|s| s.seal(job.id.as_str(), &plain)).unwrap_or_default()
         };
         let req = serde_json::to_string(&job.request).unwrap_or_default();
         let mut fields: Vec<(&str, Vec<u8>)> = vec![
@@ -193,7 +206,7 @@ impl RedisQueue {
                 let mut inv = script.submit.prepare_invoke();
                 inv.key(&key)
                     .key(&stream)
-                    .arg(&job.id)
+                    .arg(job.id.as_str())
                     .arg(&job.fingerprint)
                     .arg(max_queue)
                     .arg(ms(ttl))
@@ -219,7 +232,7 @@ impl RedisQueue {
     }
 
     /// A job's status view, and with `full` its result and callback URL.
-    pub(crate) async fn load(&self, id: &str, full: bool) -> Result<Option<Loaded>, RedisError> {
+    pub(crate) async fn load(&self, id: &JobId, full: bool) -> Result<Option<Loaded>, RedisError> {
         let key = self.job_key(id);
         let mut fields: Vec<&str> = VIEW_FIELDS.to_vec();
         if full {
@@ -263,7 +276,7 @@ impl RedisQueue {
         conn: &mut redis::aio::MultiplexedConnection,
         consumer: &str,
         block: Duration,
-    ) -> Result<Option<(String, Option<String>)>, JobsError> {
+    ) -> Result<Option<(String, Option<JobId>)>, JobsError> {
         let reply: Value = redis::cmd("XREADGROUP")
             .arg("GROUP")
             .arg(GROUP)
@@ -299,7 +312,7 @@ impl RedisQueue {
         consumer: &str,
         min_idle: Duration,
         cursor: &str,
-    ) -> Result<(String, Option<(String, Option<String>)>), RedisError> {
+    ) -> Result<(String, Option<(String, Option<JobId>)>), RedisError> {
         let (stream, consumer, cursor) = (self.stream.clone(), consumer.to_string(), cursor.to_string());
         let reply: Value = self
             .redis
@@ -325,13 +338,12 @@ impl RedisQueue {
     /// Takes the job of an entry this consumer holds.
     pub(crate) async fn start(
         &self,
-        id: &str,
-        entry: &str,
-        owner: &str,
+        held: Held<'_>,
         now_ms: u64,
         max_runs: u32,
         ttl: Duration,
     ) -> Result<Start, RedisError> {
+        let Held { id, entry, owner } = held;
         let (key, stream, script) = (self.job_key(id), self.stream.clone(), self.scripts.clone());
         let reply: Vec<Value> = self
             .redis
@@ -389,14 +401,8 @@ impl RedisQueue {
     }
 
     /// Keeps a running job's entry from being reclaimed. `Ok(false)`: another worker owns it.
-    pub(crate) async fn heartbeat(
-        &self,
-        id: &str,
-        entry: &str,
-        owner: &str,
-        consumer: &str,
-        ttl: Duration,
-    ) -> Result<bool, RedisError> {
+    pub(crate) async fn heartbeat(&self, held: Held<'_>, consumer: &str, ttl: Duration) -> Result<bool, RedisError> {
+        let Held { id, entry, owner } = held;
         let (key, stream, script) = (self.job_key(id), self.stream.clone(), self.scripts.clone());
         let kept: i64 = self
             .redis
@@ -421,9 +427,7 @@ impl RedisQueue {
     /// still to deliver. Returns whether this worker still owned the job, and the queue depth.
     pub(crate) async fn finish(
         &self,
-        id: &str,
-        entry: &str,
-        owner: &str,
+        held: Held<'_>,
         f: &Finished,
         callback_pending: bool,
         ttl: Duration,
@@ -444,15 +448,13 @@ impl RedisQueue {
             fields.push(("cbst", b"pending".to_vec()));
             fields.push(("cbn", b"0".to_vec()));
         }
-        self.update(id, entry, owner, ttl, !callback_pending, fields).await
+        self.update(held, ttl, !callback_pending, fields).await
     }
 
     /// Records what became of the job's callback and acknowledges its entry.
     pub(crate) async fn callback_done(
         &self,
-        id: &str,
-        entry: &str,
-        owner: &str,
+        held: Held<'_>,
         cb: &CallbackView,
         ttl: Duration,
     ) -> Result<(bool, u64), RedisError> {
@@ -461,18 +463,17 @@ impl RedisQueue {
             ("cbn", cb.attempts.to_string().into_bytes()),
             ("cbs", cb.last_status.unwrap_or(0).to_string().into_bytes()),
         ];
-        self.update(id, entry, owner, ttl, true, fields).await
+        self.update(held, ttl, true, fields).await
     }
 
     async fn update(
         &self,
-        id: &str,
-        entry: &str,
-        owner: &str,
+        held: Held<'_>,
         ttl: Duration,
         ack: bool,
         fields: Vec<(&str, Vec<u8>)>,
     ) -> Result<(bool, u64), RedisError> {
+        let Held { id, entry, owner } = held;
         let (key, stream, script) = (self.job_key(id), self.stream.clone(), self.scripts.clone());
         let reply: Vec<Value> = self
             .redis
@@ -565,14 +566,14 @@ impl RedisQueue {
 /// Opens the sealed credentials of a job.
 pub(crate) fn open_credentials(
     sealer: Option<&Sealer>,
-    id: &str,
+    id: &JobId,
     sealed: &str,
 ) -> Result<Vec<(String, String)>, JobsError> {
     if sealed.is_empty() {
         return Ok(Vec::new());
     }
     sealer
-        .and_then(|s| s.open(id, sealed))
+        .and_then(|s| s.open(id.as_str(), sealed))
         .and_then(|plain| serde_json::from_slice(&plain).ok())
         .ok_or(JobsError::Sealed)
 }
@@ -582,10 +583,10 @@ pub(crate) fn open_credentials(
 /// For the fuzz targets under `fuzz/`.
 #[doc(hidden)]
 pub(crate) fn fuzz_decode(reply: &[Value]) {
-    let _ = decode("fuzz", reply);
+    let _ = decode(&JobId::from_stored("fuzz".to_string()), reply);
 }
 
-fn decode(id: &str, reply: &[Value]) -> Option<Loaded> {
+fn decode(id: &JobId, reply: &[Value]) -> Option<Loaded> {
     let full = reply.len() > VIEW_FIELDS.len();
     let get = |name: &str| {
         VIEW_FIELDS
@@ -605,7 +606,7 @@ fn decode(id: &str, reply: &[Value]) -> Option<Loaded> {
             last_status: opt("cbs").map(|s| s as u16).filter(|s| *s > 0),
         });
     let view = JobView {
-        id: id.to_string(),
+        id: id.clone(),
         state,
         route: text(get("route")).unwrap_or_default(),
         access: text(get("access")).and_then(|a| a.parse().ok()),
@@ -672,7 +673,7 @@ mod tests {
             fn any_job_hash_is_decoded_or_refused(
                 reply in proptest::collection::vec(value(), 0..=VIEW_FIELDS.len() + 2),
             ) {
-                let _ = decode("job", &reply);
+                let _ = decode(&JobId::from_stored("job".to_string()), &reply);
             }
         }
     }

@@ -3,13 +3,12 @@
 
 use bytes::Bytes;
 use http::{header, HeaderValue, Method, Response, StatusCode};
-use rand::Rng as _;
 
 use super::record::{JobState, NewJob, StoredRequest, Submitted};
-use super::{callback, hygiene, json_response, Backend, Jobs, JobsError};
+use super::{callback, hygiene, json_response, Backend, JobId, Jobs, JobsError};
 use crate::credentials;
 use crate::error::{error_response, ProxyError};
-use crate::idempotency::fingerprint::{self, digest, Version};
+use crate::idempotency::fingerprint::{self, Version};
 use crate::idempotency::{Idempotency, ReplayIdentity};
 use crate::wire::body::{ProxyBody, RequestLog};
 use crate::wire::headers;
@@ -17,9 +16,19 @@ use crate::wire::headers;
 /// A job's identity: its id, and with an idempotency key the fingerprint and identity every run
 /// claims (hashes only).
 struct Identity {
-    id: String,
+    id: JobId,
     fingerprint: String,
     replay: Option<ReplayIdentity>,
+}
+
+/// A submitted request as a job is made of it: the route it came on, that route's idempotency,
+/// and the request's head (the body travels apart: it is moved into the job).
+#[derive(Clone, Copy)]
+struct Submission<'a> {
+    /// The route's name.
+    route: &'a str,
+    idempotency: Option<&'a Idempotency>,
+    parts: &'a http::request::Parts,
 }
 
 impl Jobs {
@@ -38,21 +47,24 @@ impl Jobs {
             Err(e) => return error_response(e, log),
         };
         let version = idempotency.map_or(Version::V2, Idempotency::fingerprint_version);
-        let identity = match identity_of(route, idempotency, parts, &body, version) {
+        let submission = Submission {
+            route,
+            idempotency,
+            parts,
+        };
+        let identity = match identity_of(submission, &body, version) {
             Ok(i) => i,
             Err(e) => return error_response(e, log),
         };
         let id = identity.id.clone();
         let keyed = identity.replay.is_some();
-        let job = self.new_job(route, idempotency, parts, body.clone(), identity, callback.clone());
+        let job = self.new_job(submission, body.clone(), identity, callback.clone());
         let mut submitted = self.enqueue(job).await;
         if keyed && matches!(submitted, Ok(Submitted::Mismatch)) && matches!(self.inner.backend, Backend::Redis(_)) {
             // A job submitted before an upgrade, or by a replica on the other side of `[redis]
             // fingerprint`, holds the request's fingerprint of the other version.
-            if let Ok(identity) = identity_of(route, idempotency, parts, &body, version.other()) {
-                submitted = self
-                    .enqueue(self.new_job(route, idempotency, parts, body, identity, callback))
-                    .await;
+            if let Ok(identity) = identity_of(submission, &body, version.other()) {
+                submitted = self.enqueue(self.new_job(submission, body, identity, callback)).await;
             }
         }
         self.answer_submission(route, &id, submitted, log)
@@ -79,15 +91,12 @@ impl Jobs {
 
     /// The job as it is stored: credentials and the raw idempotency key apart (sealed in Redis),
     /// the rest of the request as sent.
-    fn new_job(
-        &self,
-        route: &str,
-        idempotency: Option<&Idempotency>,
-        parts: &http::request::Parts,
-        body: Bytes,
-        identity: Identity,
-        callback: Option<String>,
-    ) -> NewJob {
+    fn new_job(&self, submission: Submission<'_>, body: Bytes, identity: Identity, callback: Option<String>) -> NewJob {
+        let Submission {
+            route,
+            idempotency,
+            parts,
+        } = submission;
         let key_header = idempotency.map(|i| &i.policy.header);
         let mut kept = parts.headers.clone();
         hygiene::strip_hop_by_hop(&mut kept, false);
@@ -159,7 +168,7 @@ impl Jobs {
     fn answer_submission(
         &self,
         route: &str,
-        id: &str,
+        id: &JobId,
         submitted: Result<Submitted, JobsError>,
         log: RequestLog,
     ) -> Response<ProxyBody> {
@@ -202,15 +211,14 @@ impl Jobs {
 
 /// Same key, same tenant: same job id. Without a key (or on a method idempotency does not
 /// cover), a random id.
-fn identity_of(
-    route: &str,
-    idempotency: Option<&Idempotency>,
-    parts: &http::request::Parts,
-    body: &Bytes,
-    version: Version,
-) -> Result<Identity, ProxyError> {
+fn identity_of(submission: Submission<'_>, body: &Bytes, version: Version) -> Result<Identity, ProxyError> {
+    let Submission {
+        route,
+        idempotency,
+        parts,
+    } = submission;
     let random = || Identity {
-        id: format!("{:032x}", rand::rng().random::<u128>()),
+        id: JobId::random(),
         fingerprint: String::new(),
         replay: None,
     };
@@ -226,31 +234,24 @@ fn identity_of(
         Some(Err(e)) => return Err(ProxyError::InvalidIdempotencyKey { detail: e.to_string() }),
         Some(Ok(key)) => key,
     };
-    let (method, path, query) = (&parts.method, parts.uri.path(), parts.uri.query());
-    let replay = idem.identity_of(version, method, path, query, &parts.headers, body);
-    let id = digest(&[
-        b"rebound-job-v1",
-        route.as_bytes(),
-        replay.scope.as_str().as_bytes(),
-        key.as_bytes(),
-    ])[..32]
-        .to_string();
+    let replay = idem.identity_of(version, parts, body);
     Ok(Identity {
-        id,
+        id: JobId::keyed(route, &replay.scope, &key),
         fingerprint: replay.fingerprint.as_str().to_owned(),
         replay: Some(replay),
     })
 }
 
 /// 202 Accepted: where to poll, and the job's state.
-fn accepted(id: &str, state: JobState, existing: bool, log: RequestLog) -> Response<ProxyBody> {
-    let body = serde_json::to_vec(&serde_json::json!({ "job_id": id, "status": state.as_str() })).unwrap_or_default();
+fn accepted(id: &JobId, state: JobState, existing: bool, log: RequestLog) -> Response<ProxyBody> {
+    let body =
+        serde_json::to_vec(&serde_json::json!({ "job_id": id.as_str(), "status": state.as_str() })).unwrap_or_default();
     let mut resp = json_response(StatusCode::ACCEPTED, body, log);
     let h = resp.headers_mut();
     if let Ok(location) = HeaderValue::from_str(&format!("/jobs/{id}")) {
         h.insert(header::LOCATION, location);
     }
-    if let Ok(v) = HeaderValue::from_str(id) {
+    if let Ok(v) = HeaderValue::from_str(id.as_str()) {
         h.insert(headers::X_REBOUND_JOB_ID, v);
     }
     h.insert(headers::PREFERENCE_APPLIED, HeaderValue::from_static("respond-async"));

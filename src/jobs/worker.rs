@@ -20,10 +20,10 @@ use super::callback::{self, Callbacks};
 use super::memory::MemoryQueue;
 use super::prefer::without_respond_async;
 use super::record::{self, CallbackView, Finished, JobResult, JobState, StoredRequest};
-use super::redis_queue::{self, RedisQueue, Start};
+use super::redis_queue::{self, Held, RedisQueue, Start};
 use super::{
-    Backend, JobRun, Jobs, JobsError, Pipeline, DEPARTED_EVERY, DEPARTED_IDLE, MAX_RUNS, READ_BLOCK, REDIS_BACKOFF,
-    RESULT_HEADERS,
+    Backend, JobId, JobRun, Jobs, JobsError, Pipeline, DEPARTED_EVERY, DEPARTED_IDLE, MAX_RUNS, READ_BLOCK,
+    REDIS_BACKOFF, RESULT_HEADERS,
 };
 use crate::wire::body::Delivered;
 
@@ -93,11 +93,22 @@ struct Runtime {
 
 /// A job a worker owns for now.
 struct Lease {
-    id: String,
+    id: JobId,
     /// The owner token (Redis).
     owner: String,
     /// The stream entry (Redis).
     entry: Option<String>,
+}
+
+impl Lease {
+    /// This lease's job as the Redis queue addresses it, held through stream entry `entry`.
+    fn held<'a>(&'a self, entry: &'a str) -> Held<'a> {
+        Held {
+            id: &self.id,
+            entry,
+            owner: &self.owner,
+        }
+    }
 }
 
 enum Work {
@@ -236,7 +247,7 @@ impl Reader {
                 self.cursor = next;
                 self.rt.jobs.inner.metrics.jobs_reclaimed_total.inc();
                 tracing::info!(
-                    job = job.as_deref().unwrap_or("-"),
+                    job = job.as_ref().map_or("-", JobId::as_str),
                     "reclaiming a job whose worker stopped"
                 );
                 self.spawn_entry(entry, job, true, permit);
@@ -322,7 +333,7 @@ impl Reader {
         }
     }
 
-    fn spawn_entry(&self, entry: String, job: Option<String>, reclaimed: bool, permit: OwnedSemaphorePermit) {
+    fn spawn_entry(&self, entry: String, job: Option<JobId>, reclaimed: bool, permit: OwnedSemaphorePermit) {
         let rt = self.rt.clone();
         let q = self.queue.clone();
         self.tasks.spawn(async move {
@@ -334,22 +345,20 @@ impl Reader {
 
 impl Runtime {
     /// Takes and runs the job of a stream entry this consumer holds.
-    async fn redis_entry(&self, queue: &RedisQueue, entry: String, job: Option<String>, reclaimed: bool) {
+    async fn redis_entry(&self, queue: &RedisQueue, entry: String, job: Option<JobId>, reclaimed: bool) {
         let Some(id) = job else {
             let _ = queue.drop_entry(&entry).await;
             return;
         };
         let config = &self.jobs.inner.config;
         let owner = owner_token();
+        let held = Held {
+            id: &id,
+            entry: &entry,
+            owner: &owner,
+        };
         let started = queue
-            .start(
-                &id,
-                &entry,
-                &owner,
-                crate::time::now_unix_ms(),
-                MAX_RUNS,
-                config.result_ttl,
-            )
+            .start(held, crate::time::now_unix_ms(), MAX_RUNS, config.result_ttl)
             .await;
         let lease = Lease {
             id: id.clone(),
@@ -452,7 +461,7 @@ impl Runtime {
     /// the whole response.
     async fn execute(
         &self,
-        id: &str,
+        id: &JobId,
         stored: StoredRequest,
         body: Bytes,
         credentials: Vec<(String, String)>,
@@ -477,7 +486,7 @@ impl Runtime {
             Ok(r) => r,
             Err(e) => return failed(format!("the stored request is invalid: {e}")),
         };
-        req.extensions_mut().insert(JobRun(id.to_string()));
+        req.extensions_mut().insert(JobRun(id.clone()));
         if let Some(identity) = stored.identity {
             req.extensions_mut().insert(identity);
         }
@@ -544,21 +553,19 @@ impl Runtime {
                 self.jobs.set_depth(depth as u64);
                 true
             }
-            (Backend::Redis(q), Some(entry)) => {
-                match q.finish(&lease.id, entry, &lease.owner, f, callback_pending, ttl).await {
-                    Ok((owned, depth)) => {
-                        self.jobs.set_depth(depth);
-                        if !owned {
-                            tracing::warn!(job = %lease.id, "job was reclaimed by another worker meanwhile; this run's outcome is discarded");
-                        }
-                        owned
+            (Backend::Redis(q), Some(entry)) => match q.finish(lease.held(entry), f, callback_pending, ttl).await {
+                Ok((owned, depth)) => {
+                    self.jobs.set_depth(depth);
+                    if !owned {
+                        tracing::warn!(job = %lease.id, "job was reclaimed by another worker meanwhile; this run's outcome is discarded");
                     }
-                    Err(e) => {
-                        tracing::warn!(job = %lease.id, error = %e, "job outcome not recorded; it will be reclaimed");
-                        false
-                    }
+                    owned
                 }
-            }
+                Err(e) => {
+                    tracing::warn!(job = %lease.id, error = %e, "job outcome not recorded; it will be reclaimed");
+                    false
+                }
+            },
             (Backend::Redis(_), None) => false,
         }
     }
@@ -576,12 +583,10 @@ impl Runtime {
         let ttl = self.jobs.inner.config.result_ttl;
         match (&self.jobs.inner.backend, &lease.entry) {
             (Backend::Memory(q), _) => q.callback_done(&lease.id, delivered),
-            (Backend::Redis(q), Some(entry)) => {
-                match q.callback_done(&lease.id, entry, &lease.owner, &delivered, ttl).await {
-                    Ok((_, depth)) => self.jobs.set_depth(depth),
-                    Err(e) => tracing::warn!(job = %lease.id, error = %e, "job callback outcome not recorded"),
-                }
-            }
+            (Backend::Redis(q), Some(entry)) => match q.callback_done(lease.held(entry), &delivered, ttl).await {
+                Ok((_, depth)) => self.jobs.set_depth(depth),
+                Err(e) => tracing::warn!(job = %lease.id, error = %e, "job callback outcome not recorded"),
+            },
             (Backend::Redis(_), None) => {}
         }
     }
@@ -596,10 +601,7 @@ impl Runtime {
         let every = (config.visibility_timeout / 3).max(Duration::from_millis(100));
         loop {
             tokio::time::sleep(every).await;
-            match q
-                .heartbeat(&lease.id, entry, &lease.owner, &self.consumer, config.result_ttl)
-                .await
-            {
+            match q.heartbeat(lease.held(entry), &self.consumer, config.result_ttl).await {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(job = %lease.id, "job taken over by another worker (this one stalled past the visibility timeout)");

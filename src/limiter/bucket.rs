@@ -248,7 +248,8 @@ impl Bucket {
     pub(crate) fn settle(
         &mut self,
         now_ms: u64,
-        (held, others_wait): (Held, bool),
+        held: Held,
+        others_wait: bool,
         actual: impl Fn(Quota) -> Option<u64> + Copy,
     ) -> ([Option<(crate::limits::window::Window, u64)>; 4], Option<u64>) {
         self.holders = self.holders.saturating_sub(1);

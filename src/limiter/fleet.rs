@@ -3,13 +3,14 @@
 //! Redis away gets, and the replica count that sizes leases. Asked by a request that finds its
 //! lease spent, or in the background when a lease runs low (`Limiter::admit`).
 
+use crate::redis::ReplicaId;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::bucket::{Bucket, Quota};
-use super::queue::Place;
-use super::store::{Counters, QueueAnswer, QueueCaller, QueueOp, SlotsHeld};
+use super::queue::{Place, QueueShare};
+use super::store::{Counters, Demand, Leaser, QueueAnswer, QueueCaller, QueueOp, SlotsCaller, SlotsHeld};
 use super::{counter, window_ttl, Limit, SLOT_TTL};
 
 use crate::config::{LimitPolicy, RedisDown};
@@ -22,11 +23,28 @@ use crate::time::Instant;
 /// asks every 100 ms): a replica that dies waiting holds the queue up this long at most.
 const QUEUE_LIVENESS: Duration = Duration::from_secs(2);
 
+/// A declaration of the slots this replica holds of a bucket: how many, and its number in this
+/// replica's sequence (taken where the count is read: the store applies a replica's
+/// declarations in this order, whatever order they land in).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Declaration {
+    pub(super) slots: u64,
+    pub(super) seq: u64,
+}
+
+/// A bucket that left this replica's table (a new one took its place), and the number of the
+/// declaration that gives its idle slots back.
+pub(super) struct Evicted<'a> {
+    pub(super) key: BucketKey,
+    pub(super) bucket: &'a mut Bucket,
+    pub(super) seq: u64,
+}
+
 /// The store a replica's buckets draw on, and who this replica is in it.
 pub(crate) struct Fleet {
     pub(super) store: Arc<Counters>,
     /// This replica's name in the store's holdings and replica counts.
-    pub(super) replica: Arc<str>,
+    pub(super) replica: ReplicaId,
     /// The replicas last seen sharing a bucket (the size of a new bucket's leases).
     replicas: AtomicU32,
     /// The most replicas ever seen sharing a bucket, by this process (it outlives reloads): a
@@ -42,10 +60,9 @@ pub(crate) struct Fleet {
 
 impl Fleet {
     pub(super) fn new(store: Arc<Counters>, most: Arc<AtomicU32>) -> Fleet {
-        let replica: String = (0..16).map(|_| format!("{:x}", rand::random::<u8>() & 0xf)).collect();
         Fleet {
             store,
-            replica: Arc::from(replica),
+            replica: ReplicaId::random(),
             replicas: AtomicU32::new(most.load(Ordering::Relaxed).max(1)),
             most,
             renewing: AtomicBool::new(false),
@@ -59,19 +76,27 @@ impl Fleet {
         self.declared.fetch_add(1, Ordering::Relaxed) + 1
     }
 
-    /// Declares `total` slots of `bucket` (counted as declaration `seq`); what the store said.
+    /// Declares `declared.slots` slots of `bucket` (counted as declaration `declared.seq`); what
+    /// the store said.
     pub(super) async fn declare(
         &self,
         limit: &Limit,
         bucket: BucketKey,
-        (total, seq): (u64, u64),
+        declared: Declaration,
     ) -> Result<SlotsHeld, RedisError> {
         let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
         let b = bucket.to_string();
-        let held = self
-            .store
-            .hold_slots((&limit.policy.name, &b), (&self.replica, seq), total, (cap, SLOT_TTL))
-            .await;
+        let caller = SlotsCaller {
+            limit: &limit.policy.name,
+            bucket: &b,
+            replica: self.replica.as_str(),
+            seq: declared.seq,
+        };
+        let demand = Demand {
+            want: declared.slots,
+            limit: cap,
+        };
+        let held = self.store.hold_slots(caller, demand, SLOT_TTL).await;
         if let Ok(h) = &held {
             limit.waiting.fleet_saw(bucket, h.waiting);
             self.most.fetch_max(h.holders, Ordering::Relaxed);
@@ -98,10 +123,15 @@ impl Fleet {
         let id = counter(limit, bucket, quota, lease.window);
         let ttl = window_ttl(lease.window);
         let liveness = Duration::from_secs(2 * lease.window.period.nominal_secs());
-        let asked = self
-            .store
-            .lease(&id, (lease.want, ledger_limit), ttl, (&self.replica, liveness))
-            .await;
+        let demand = Demand {
+            want: lease.want,
+            limit: ledger_limit,
+        };
+        let leaser = Leaser {
+            replica: self.replica.as_str(),
+            liveness,
+        };
+        let asked = self.store.lease(&id, demand, ttl, leaser).await;
         let (granted, left, replicas) = match asked {
             Ok(g) => {
                 self.saw(g.replicas);
@@ -134,24 +164,24 @@ impl Fleet {
         (grant, replicas)
     }
 
-    /// Declares `total` slots of `bucket` held by this replica: the fleet's answer (at most the
-    /// cap, less what others hold) and the replicas holding slots of it, or what `redis_down`
-    /// allows.
+    /// Declares `declared.slots` slots of `bucket` held by this replica: the fleet's answer (at
+    /// most the cap, less what others hold) and the replicas holding slots of it, or what
+    /// `redis_down` allows.
     pub(super) async fn hold_slots(
         &self,
         limit: &Limit,
         bucket: BucketKey,
-        (total, seq): (u64, u64),
+        declared: Declaration,
     ) -> (u64, Option<u32>) {
         let cap = u64::from(limit.policy.concurrent.unwrap_or(0));
-        match self.declare(limit, bucket, (total, seq)).await {
+        match self.declare(limit, bucket, declared).await {
             Ok(held) => (held.granted, Some(held.holders)),
             Err(e) => {
                 log_store_error(&limit.policy, &e);
                 let granted = match limit.policy.redis_down {
-                    RedisDown::Open => total,
+                    RedisDown::Open => declared.slots,
                     RedisDown::Closed => 0,
-                    RedisDown::Local => total.min(self.share(cap, 0)),
+                    RedisDown::Local => declared.slots.min(self.share(cap, 0)),
                 };
                 (granted, None)
             }
@@ -161,12 +191,8 @@ impl Fleet {
     /// A bucket left this replica's table (a new one took its place): its unspent leases go back
     /// to the fleet's counts (Redis, or this process's), its idle slots to the fleet, told in the
     /// background.
-    pub(super) fn hand_back_evicted(
-        self: &Arc<Self>,
-        limit: &Arc<Limit>,
-        (key, bucket, seq): (BucketKey, &mut Bucket, u64),
-        now_ms: u64,
-    ) {
+    pub(super) fn hand_back_evicted(self: &Arc<Self>, limit: &Arc<Limit>, evicted: Evicted<'_>, now_ms: u64) {
+        let Evicted { key, bucket, seq } = evicted;
         let (leases, slots) = bucket.unspent(now_ms);
         if leases.iter().all(Option::is_none) && !slots {
             return;
@@ -181,7 +207,7 @@ impl Fleet {
                 }
             }
             if slots {
-                let _ = fleet.declare(&limit, key, (0, seq)).await;
+                let _ = fleet.declare(&limit, key, Declaration { slots: 0, seq }).await;
             }
         });
     }
@@ -201,7 +227,7 @@ impl Fleet {
                 for limit in limits.iter().filter_map(std::sync::Weak::upgrade) {
                     alive = true;
                     // Idle slots of a bucket others wait for go back with the renewal.
-                    let held: Vec<(BucketKey, (u64, u64))> = limit
+                    let held: Vec<(BucketKey, Declaration)> = limit
                         .buckets
                         .lock()
                         .iter_mut()
@@ -213,7 +239,10 @@ impl Fleet {
                             Some((*k, s.in_use() + s.free()))
                         })
                         .filter(|(_, n)| *n > 0)
-                        .map(|(k, n)| (k, (n, fleet.next_declaration())))
+                        .map(|(k, slots)| {
+                            let seq = fleet.next_declaration();
+                            (k, Declaration { slots, seq })
+                        })
                         .collect();
                     for (bucket, declared) in held {
                         let _ = fleet.declare(&limit, bucket, declared).await;
@@ -233,15 +262,15 @@ impl Fleet {
         &self,
         limit: &Limit,
         place: &Place,
-        (share, weight): ([u8; 16], u32),
+        share: QueueShare,
         until: Instant,
     ) -> Option<i64> {
         let left = until.saturating_duration_since(crate::time::now());
         let deadline_ms = crate::time::now_unix_ms() + u64::try_from(left.as_millis()).unwrap_or(u64::MAX);
-        let share = BucketKey(share).to_string();
+        let value = BucketKey(share.value).to_string();
         let op = QueueOp::Join {
-            share: &share,
-            weight,
+            share: &value,
+            weight: share.weight,
             deadline_ms,
         };
         self.queue(limit, place, op).await.map(|a| a.result)
@@ -278,12 +307,12 @@ impl Fleet {
         let caller = QueueCaller {
             limit: &limit.policy.name,
             bucket: &bucket,
-            replica: &self.replica,
+            replica: self.replica.as_str(),
             ticket: place.ticket.number(),
         };
         // The keys live while a request may wait; a replica counts as live while it polls.
         let ttl = limit.policy.max_wait + Duration::from_secs(60);
-        match self.store.queue(caller, op, (ttl, QUEUE_LIVENESS)).await {
+        match self.store.queue(caller, op, ttl, QUEUE_LIVENESS).await {
             Ok(answer) => {
                 if let Some(a) = answer {
                     limit.waiting.fleet_saw(place.bucket, a.waiting);

@@ -29,11 +29,12 @@ use crate::limits::window::Window;
 use crate::metrics::{LimitMetrics, Metrics};
 pub(crate) use bucket::Want;
 use bucket::{Bucket, Held, Quota, Step};
-use fleet::Fleet;
+use fleet::{Declaration, Evicted, Fleet};
 pub(crate) use pass::{fields, Pass};
 pub(crate) use queue::Place;
-use queue::Waiting;
+use queue::{QueueShare, Waiting};
 use store::{CounterId, Counters};
+pub(crate) use wait::{Subject, Timing};
 
 /// Buckets kept per limit at most (beyond those in use): past it, a new bucket takes the place of
 /// one not used lately ([`table::Table`]), whose unspent leases and idle slots go back to the
@@ -72,17 +73,29 @@ impl Limit {
 
     /// The share value and weight of a request of `bucket` in the bucket's queue (`share_by`'s
     /// value, weighed by `weights`; without `share_by`, the bucket itself).
-    pub(crate) fn share(&self, bucket: BucketKey, input: &KeyInput<'_>) -> ([u8; 16], u32) {
+    pub(crate) fn share(&self, bucket: BucketKey, input: &KeyInput<'_>) -> QueueShare {
         let policy = &self.policy;
         let Some(by) = &policy.share_by else {
-            return (bucket.0, 1);
+            return QueueShare {
+                value: bucket.0,
+                weight: 1,
+            };
         };
         let share = key::bucket(by, &policy.name, input);
         let weight = key::value(by, input)
             .and_then(|v| policy.weights.get(&v).copied())
             .unwrap_or(1);
-        (share.0, weight)
+        QueueShare { value: share.0, weight }
     }
+}
+
+/// What a request asks of its limits: what it may use of each bucket, and the price of its
+/// model (its spend, settled with the tokens it used).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Ask {
+    pub(crate) want: Want,
+    /// Its model's price under `[prices]`, if any.
+    pub(crate) price: Option<Price>,
 }
 
 /// Why a request was not admitted.
@@ -100,7 +113,7 @@ pub(crate) struct Refused {
 impl Limiter {
     /// The limits of `config`, their quotas from `store`.
     /// `most`: the most replicas this process has seen share a bucket (kept across reloads).
-    pub(crate) fn new(config: &Config, (store, most): (Arc<Counters>, Arc<AtomicU32>), metrics: &Metrics) -> Limiter {
+    pub(crate) fn new(config: &Config, store: Arc<Counters>, most: Arc<AtomicU32>, metrics: &Metrics) -> Limiter {
         let limits = config
             .limits
             .iter()
@@ -139,22 +152,23 @@ impl Limiter {
         names.iter().filter_map(|n| self.limits.get(n).cloned()).collect()
     }
 
-    /// Admits a request (of `buckets`, one per limit, which may use `want`, its model priced at
-    /// `price`) on every limit of `limits`, at `now_ms` (unix ms): the pass it holds until its response ends, or
-    /// the limit that refused it (what it took of the others given back).
+    /// Admits a request (of `buckets`, one per limit, asking `ask`: what it may use, its model's
+    /// price) on every limit of `limits`, at `now_ms` (unix ms): the pass it holds until its
+    /// response ends, or the limit that refused it (what it took of the others given back).
     pub(crate) async fn admit(
         &self,
-        (limits, buckets): (&[Arc<Limit>], &[BucketKey]),
-        (want, price): (Want, Option<Price>),
+        limits: &[Arc<Limit>],
+        buckets: &[BucketKey],
+        ask: Ask,
         now_ms: u64,
     ) -> Result<Pass, Refused> {
         let mut pass = Pass {
             held: Vec::with_capacity(limits.len()),
             fleet: self.fleet.clone(),
-            price,
+            price: ask.price,
         };
         for (limit, bucket) in limits.iter().zip(buckets.iter().copied()) {
-            match self.admit_one(limit, bucket, want, now_ms).await {
+            match self.admit_one(limit, bucket, ask.want, now_ms).await {
                 Ok(held) => pass.held.push((limit.clone(), bucket, held)),
                 Err((retry_after_ms, window)) => {
                     pass.cancel(now_ms);
@@ -198,13 +212,18 @@ impl Limiter {
                 (step, evicted, if counts { self.fleet.next_declaration() } else { 0 })
             };
             if let Some((key, mut old)) = evicted {
-                self.fleet.hand_back_evicted(limit, (key, &mut old, seq), now_ms);
+                let evicted = Evicted {
+                    key,
+                    bucket: &mut old,
+                    seq,
+                };
+                self.fleet.hand_back_evicted(limit, evicted, now_ms);
             }
             match step {
                 Step::Held(held, renewals) => {
                     for (i, lease) in renewals.into_iter().flat_map(|r| *r).enumerate() {
                         if let Some(lease) = lease {
-                            self.renew_in_background((limit.clone(), bucket), (Quota::ALL[i], lease), now_ms);
+                            self.renew_in_background(limit.clone(), bucket, Quota::ALL[i], lease, now_ms);
                         }
                     }
                     return Ok(held);
@@ -234,7 +253,11 @@ impl Limiter {
                     self.fleet
                         .renew_slots_in_background(with_slots.map(Arc::downgrade).collect());
                     let asking = Asking::new(limit, bucket, bucket::SLOTS);
-                    let (total, holders) = self.fleet.hold_slots(limit, bucket, (held + want, seq)).await;
+                    let declared = Declaration {
+                        slots: held + want,
+                        seq,
+                    };
+                    let (total, holders) = self.fleet.hold_slots(limit, bucket, declared).await;
                     asking.done(|b| {
                         if let Some(s) = b.slots.as_mut() {
                             if let Some(n) = holders {
@@ -285,7 +308,8 @@ impl Limiter {
                 }
                 if let Some(s) = b.slots.as_mut().filter(|s| s.free() > 0) {
                     s.give_back_idle();
-                    slots.push((*key, (s.in_use(), self.fleet.next_declaration())));
+                    let seq = self.fleet.next_declaration();
+                    slots.push((*key, Declaration { slots: s.in_use(), seq }));
                 }
             }
             for (id, window, n) in leases {
@@ -298,13 +322,13 @@ impl Limiter {
         }
     }
 
-    /// Queues a request for `limit` (`share` and its weight, until `until`): in the bucket's queue
-    /// here and, with Redis, in the fleet's; its place, or `None` when the queue is full.
+    /// Queues a request for `limit` (under `share`, until `until`): in the bucket's queue here
+    /// and, with Redis, in the fleet's; its place, or `None` when the queue is full.
     pub(crate) async fn queue(
         &self,
         limit: &Limit,
         bucket: BucketKey,
-        share: ([u8; 16], u32),
+        share: QueueShare,
         until: crate::time::Instant,
     ) -> Option<Place> {
         let mut place = limit.waiting.join(bucket, share, until).ok()?;
@@ -332,12 +356,7 @@ impl Limiter {
     /// Asks the fleet for `lease` of `bucket`'s `quota` off the request path: the lease in hand
     /// ran low, and the requests after this one spend the new one without waiting. The bucket
     /// marks the ask in flight (its requests wait for it rather than ask again).
-    fn renew_in_background(
-        &self,
-        (limit, bucket): (Arc<Limit>, BucketKey),
-        (quota, lease): (Quota, Lease),
-        now_ms: u64,
-    ) {
+    fn renew_in_background(&self, limit: Arc<Limit>, bucket: BucketKey, quota: Quota, lease: Lease, now_ms: u64) {
         let fleet = self.fleet.clone();
         crate::tasks::spawn("limit lease renewal", async move {
             let asking = Asking::new(&limit, bucket, quota as usize);
@@ -424,7 +443,8 @@ mod tests {
         let config = Config::parse(&src, std::path::Path::new("t.toml"), &|_| None).expect("config");
         Limiter::new(
             &config,
-            (Arc::new(Counters::local()), Arc::default()),
+            Arc::new(Counters::local()),
+            Arc::default(),
             &Metrics::new().expect("metrics"),
         )
     }
@@ -448,15 +468,15 @@ mod tests {
         limits.iter().map(|l| l.bucket(&input(headers))).collect()
     }
 
-    fn tokens(n: u64) -> (Want, Option<Price>) {
-        (
-            Want {
+    fn tokens(n: u64) -> Ask {
+        Ask {
+            want: Want {
                 tokens: n,
                 cost: 0,
                 sparing: false,
             },
-            None,
-        )
+            price: None,
+        }
     }
 
     fn used(output: u64) -> crate::wire::body::Used {
@@ -477,31 +497,31 @@ mod tests {
         let mut passes = Vec::new();
         for _ in 0..3 {
             passes.push(
-                l.admit((&limits, &buckets(&limits, &a)), tokens(0), NOW)
+                l.admit(&limits, &buckets(&limits, &a), tokens(0), NOW)
                     .await
                     .expect("admitted"),
             );
         }
         let refused = l
-            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW)
+            .admit(&limits, &buckets(&limits, &a), tokens(0), NOW)
             .await
             .err()
             .expect("refused");
         assert_eq!(refused.limit, "team");
         assert_eq!(refused.retry_after, Duration::from_secs(50));
         // Another team has its own bucket.
-        assert!(l.admit((&limits, &buckets(&limits, &b)), tokens(0), NOW).await.is_ok());
+        assert!(l.admit(&limits, &buckets(&limits, &b), tokens(0), NOW).await.is_ok());
         // A request that ended does not give back its request: it was made.
         for p in passes {
             p.settle(None, NOW + 500);
         }
         assert!(l
-            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW + 1000)
+            .admit(&limits, &buckets(&limits, &a), tokens(0), NOW + 1000)
             .await
             .is_err());
         // The next minute starts afresh.
         assert!(l
-            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW + 50_000)
+            .admit(&limits, &buckets(&limits, &a), tokens(0), NOW + 50_000)
             .await
             .is_ok());
     }
@@ -512,25 +532,23 @@ mod tests {
         let limits = l.for_route(&["team".into()]);
         let a = team("a");
         let first = l
-            .admit((&limits, &buckets(&limits, &a)), tokens(800), NOW)
+            .admit(&limits, &buckets(&limits, &a), tokens(800), NOW)
             .await
             .expect("admitted");
         assert!(
-            l.admit((&limits, &buckets(&limits, &a)), tokens(300), NOW)
-                .await
-                .is_err(),
+            l.admit(&limits, &buckets(&limits, &a), tokens(300), NOW).await.is_err(),
             "800 + 300 reserved > 1000"
         );
         // It used 100 of its 800: 700 come back.
         first.settle(Some(used(100)), NOW + 10);
         let second = l
-            .admit((&limits, &buckets(&limits, &a)), tokens(800), NOW + 20)
+            .admit(&limits, &buckets(&limits, &a), tokens(800), NOW + 20)
             .await
             .expect("admitted");
         // Used more than reserved: the excess counts, and the window is over the limit.
         second.settle(Some(used(950)), NOW + 30);
         assert!(l
-            .admit((&limits, &buckets(&limits, &a)), tokens(1), NOW + 40)
+            .admit(&limits, &buckets(&limits, &a), tokens(1), NOW + 40)
             .await
             .is_err());
     }
@@ -541,18 +559,19 @@ mod tests {
         let config = Config::parse(src, std::path::Path::new("t.toml"), &|_| None).expect("config");
         let l = Limiter::new(
             &config,
-            (Arc::new(Counters::local()), Arc::default()),
+            Arc::new(Counters::local()),
+            Arc::default(),
             &Metrics::new().expect("metrics"),
         );
         let limits = l.for_route(&["rpm".into(), "one".into()]);
         let h = HeaderMap::new();
         let first = l
-            .admit((&limits, &buckets(&limits, &h)), tokens(0), NOW)
+            .admit(&limits, &buckets(&limits, &h), tokens(0), NOW)
             .await
             .expect("first");
         for _ in 0..3 {
             let refused = l
-                .admit((&limits, &buckets(&limits, &h)), tokens(0), NOW)
+                .admit(&limits, &buckets(&limits, &h), tokens(0), NOW)
                 .await
                 .err()
                 .expect("no slot");
@@ -561,7 +580,7 @@ mod tests {
         first.settle(None, NOW + 10);
         // The refused requests were not made: rpm still has its second request.
         assert!(l
-            .admit((&limits, &buckets(&limits, &h)), tokens(0), NOW + 20)
+            .admit(&limits, &buckets(&limits, &h), tokens(0), NOW + 20)
             .await
             .is_ok());
     }
@@ -572,16 +591,16 @@ mod tests {
         let limits = l.for_route(&["team".into()]);
         let a = team("a");
         let one = l
-            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW)
+            .admit(&limits, &buckets(&limits, &a), tokens(0), NOW)
             .await
             .expect("one");
         let _two = l
-            .admit((&limits, &buckets(&limits, &a)), tokens(0), NOW)
+            .admit(&limits, &buckets(&limits, &a), tokens(0), NOW)
             .await
             .expect("two");
-        assert!(l.admit((&limits, &buckets(&limits, &a)), tokens(0), NOW).await.is_err());
+        assert!(l.admit(&limits, &buckets(&limits, &a), tokens(0), NOW).await.is_err());
         drop(one); // the response ended, however it ended
-        assert!(l.admit((&limits, &buckets(&limits, &a)), tokens(0), NOW).await.is_ok());
+        assert!(l.admit(&limits, &buckets(&limits, &a), tokens(0), NOW).await.is_ok());
     }
     /// Past the table's cap a new bucket takes an idle one's place in O(1): the table stays
     /// bounded, a bucket a request holds stays (its concurrent slot is not forgotten), and an
@@ -593,7 +612,7 @@ mod tests {
         *limits[0].buckets.lock() = table::Table::new(4);
         let ask = |h: HeaderMap| {
             let (l, limits) = (&l, &limits);
-            async move { l.admit((limits, &buckets(limits, &h)), tokens(0), NOW).await }
+            async move { l.admit(limits, &buckets(limits, &h), tokens(0), NOW).await }
         };
         let held = ask(team("t0")).await.expect("t0 holds its slot");
         ask(team("e")).await.expect("admitted").settle(None, NOW);

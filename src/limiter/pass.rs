@@ -8,7 +8,7 @@ use std::sync::Arc;
 use http::HeaderValue;
 
 use super::bucket::{Held, Quota};
-use super::fleet::Fleet;
+use super::fleet::{Declaration, Fleet};
 use super::{counter, window_ttl, Limit};
 use crate::limits::headers::{self, Status, Unit};
 use crate::limits::key::BucketKey;
@@ -83,9 +83,13 @@ impl Pass {
             let (excess, slots_after) = {
                 let mut buckets = limit.buckets.lock();
                 let Some(b) = buckets.get_mut(&bucket) else { continue };
-                let (excess, after) = b.settle(now_ms, (held, others_wait), actual);
+                let (excess, after) = b.settle(now_ms, held, others_wait, actual);
                 // Numbered where counted: a later declaration landing first wins.
-                (excess, after.map(|n| (n, self.fleet.next_declaration())))
+                let declared = after.map(|slots| Declaration {
+                    slots,
+                    seq: self.fleet.next_declaration(),
+                });
+                (excess, declared)
             };
             // What was given back may admit a waiting request.
             limit.waiting.wake();

@@ -47,6 +47,14 @@ struct Queues {
     next_ticket: u64,
 }
 
+/// A request's share in a limit's queue: the value it waits under (its `share_by` value, hashed
+/// as a bucket is; without `share_by`, its bucket), and that value's weight under `weights`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueueShare {
+    pub(crate) value: [u8; 16],
+    pub(crate) weight: u32,
+}
+
 /// A request's place in a bucket's queue.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Place {
@@ -79,20 +87,15 @@ impl Waiting {
         self.any.store(q.any(), Ordering::Release);
     }
 
-    /// Queues a request under `share` (its `weight`) until `deadline`.
-    pub(crate) fn join(
-        &self,
-        bucket: BucketKey,
-        (share, weight): ([u8; 16], u32),
-        deadline: Instant,
-    ) -> Result<Place, Full> {
+    /// Queues a request under `share` (its value, with its weight) until `deadline`.
+    pub(crate) fn join(&self, bucket: BucketKey, share: QueueShare, deadline: Instant) -> Result<Place, Full> {
         let mut queues = self.queues.lock();
         let first = queues.next_ticket;
         let queue = queues
             .local
             .entry(bucket)
             .or_insert_with(|| FairQueue::numbering_from(QUEUE_CAPACITY, first));
-        let ticket = queue.push(share, weight, 1, deadline)?;
+        let ticket = queue.push(share.value, share.weight, 1, deadline)?;
         queues.next_ticket = queues.next_ticket.max(ticket.number() + 1);
         self.any.store(true, Ordering::Release);
         Ok(Place {
@@ -246,14 +249,21 @@ impl Queues {
 mod tests {
     use super::*;
 
+    fn share(value: u8, weight: u32) -> QueueShare {
+        QueueShare {
+            value: [value; 16],
+            weight,
+        }
+    }
+
     #[test]
     fn the_head_is_the_one_that_may_try_and_leaving_moves_the_next_up() {
         let w = Waiting::default();
         let b = BucketKey([1; 16]);
         let far = crate::time::now() + Duration::from_secs(60);
         assert!(!w.busy(&b));
-        let first = w.join(b, ([1; 16], 1), far).unwrap();
-        let second = w.join(b, ([1; 16], 1), far).unwrap();
+        let first = w.join(b, share(1, 1), far).unwrap();
+        let second = w.join(b, share(1, 1), far).unwrap();
         assert!(w.busy(&b));
         assert!(w.is_head(&first) && !w.is_head(&second));
         w.leave(first);
@@ -268,8 +278,8 @@ mod tests {
         let b = BucketKey([1; 16]);
         let far = crate::time::now() + Duration::from_secs(60);
         // Joined here first, but the fleet gave it a later tag (a heavier share's turn).
-        let mut first = w.join(b, ([1; 16], 1), far).unwrap();
-        let mut second = w.join(b, ([2; 16], 4), far).unwrap();
+        let mut first = w.join(b, share(1, 1), far).unwrap();
+        let mut second = w.join(b, share(2, 4), far).unwrap();
         w.joined_fleet(&mut first, 1 << 20);
         w.joined_fleet(&mut second, 1 << 18);
         assert!(w.is_head(&second) && !w.is_head(&first));
@@ -287,8 +297,8 @@ mod tests {
         let w = Waiting::default();
         let b = BucketKey([1; 16]);
         let far = crate::time::now() + Duration::from_secs(60);
-        let mut batch = w.join(b, ([1; 16], 1), far).unwrap();
-        let mut chat = w.join(b, ([2; 16], 4), far).unwrap();
+        let mut batch = w.join(b, share(1, 1), far).unwrap();
+        let mut chat = w.join(b, share(2, 4), far).unwrap();
         w.joined_fleet(&mut batch, 100);
         w.joined_fleet(&mut chat, 120);
         assert!(w.is_head(&batch));
@@ -304,9 +314,9 @@ mod tests {
         let w = Waiting::default();
         let b = BucketKey([1; 16]);
         let far = crate::time::now() + Duration::from_secs(60);
-        let first = w.join(b, ([1; 16], 1), far).unwrap();
+        let first = w.join(b, share(1, 1), far).unwrap();
         w.leave(first);
-        let second = w.join(b, ([1; 16], 1), far).unwrap();
+        let second = w.join(b, share(1, 1), far).unwrap();
         assert_ne!(
             first.ticket, second.ticket,
             "a late `done` for the first must not remove the second"

@@ -19,8 +19,10 @@ use std::time::Duration;
 
 use rand::{Rng, SeedableRng};
 
-use super::store::{CounterId, Counters, Granted, QueueAnswer, QueueCaller, QueueOp, SlotsHeld};
-use super::{Limit, Limiter};
+use super::store::{
+    CounterId, Counters, Demand, Granted, Leaser, QueueAnswer, QueueCaller, QueueOp, SlotsCaller, SlotsHeld,
+};
+use super::{Ask, Limit, Limiter, Subject, Timing};
 use crate::config::Config;
 use crate::limits::fair_queue::{FairQueue, Ticket};
 use crate::limits::key::{BucketKey, KeyInput};
@@ -62,8 +64,17 @@ impl SimCall {
     }
 }
 
-/// A bucket's slot holdings: replica -> (slots, expiry, the declaration's sequence).
-type Holdings = HashMap<String, (u64, u64, u64)>;
+/// A bucket's slot holdings, by replica.
+type Holdings = HashMap<String, Holding>;
+
+/// One replica's holding of a bucket's slots.
+struct Holding {
+    slots: u64,
+    /// Until when it counts (simulated ms), unless renewed.
+    expiry: u64,
+    /// The number of the declaration that set it.
+    seq: u64,
+}
 
 /// The simulated Redis: the scripts' state.
 pub(crate) struct SimRedis {
@@ -71,7 +82,7 @@ pub(crate) struct SimRedis {
     counters: HashMap<CounterId, u64>,
     /// Per bucket (limit, bucket): replica -> until when it counts (the lease script's hash).
     leasers: HashMap<(String, String), HashMap<String, u64>>,
-    /// Per bucket: replica -> (slots, expiry, the declaration's sequence).
+    /// Per bucket: each replica's holding of its slots.
     holdings: HashMap<(String, String), Holdings>,
     queues: HashMap<(String, String), SimQueue>,
     /// Replica -> until when it is live in the queues.
@@ -103,19 +114,14 @@ impl SimRedis {
         crate::time::now().saturating_duration_since(self.start).as_millis() as u64
     }
 
-    pub(crate) fn lease(
-        &mut self,
-        id: &CounterId,
-        (want, limit): (u64, u64),
-        (replica, liveness): (&str, Duration),
-    ) -> Granted {
+    pub(crate) fn lease(&mut self, id: &CounterId, demand: Demand, leaser: Leaser<'_>) -> Granted {
         let now = self.now_ms();
         let used = self.counters.entry(id.clone()).or_insert(0);
-        let granted = want.min(limit.saturating_sub(*used));
+        let granted = demand.want.min(demand.limit.saturating_sub(*used));
         *used += granted;
         let fleet_used = *used;
         let leasers = self.leasers.entry((id.limit.clone(), id.bucket.clone())).or_default();
-        leasers.insert(replica.to_string(), now + liveness.as_millis() as u64);
+        leasers.insert(leaser.replica.to_string(), now + leaser.liveness.as_millis() as u64);
         leasers.retain(|_, until| *until >= now);
         let replicas = leasers.len() as u32;
         let waiting = self.waiting(&id.limit, &id.bucket);
@@ -133,38 +139,35 @@ impl SimRedis {
         *used
     }
 
-    pub(crate) fn hold_slots(
-        &mut self,
-        (limit, bucket): (&str, &str),
-        (replica, seq): (&str, u64),
-        want: u64,
-        (cap, ttl): (u64, Duration),
-    ) -> SlotsHeld {
+    pub(crate) fn hold_slots(&mut self, caller: SlotsCaller<'_>, demand: Demand, ttl: Duration) -> SlotsHeld {
+        let (replica, seq) = (caller.replica, caller.seq);
         let now = self.now_ms();
-        let waiting = self.waiting(limit, bucket);
+        let waiting = self.waiting(caller.limit, caller.bucket);
         let held = self
             .holdings
-            .entry((limit.to_string(), bucket.to_string()))
+            .entry((caller.limit.to_string(), caller.bucket.to_string()))
             .or_default();
-        held.retain(|_, (_, expiry, _)| *expiry > now);
-        let others: u64 = held
-            .iter()
-            .filter(|(r, _)| *r != replica)
-            .map(|(_, (n, _, _))| *n)
-            .sum();
+        held.retain(|_, h| h.expiry > now);
+        let others: u64 = held.iter().filter(|(r, _)| *r != replica).map(|(_, h)| h.slots).sum();
         let holders = 1 + held.keys().filter(|r| *r != replica).count() as u32;
-        if let Some((n, _, s)) = held.get(replica).filter(|(_, _, s)| seq < *s) {
-            let _ = s;
+        if let Some(h) = held.get(replica).filter(|h| seq < h.seq) {
             return SlotsHeld {
-                granted: *n,
+                granted: h.slots,
                 waiting,
                 holders,
             };
         }
-        let granted = want.min(cap.saturating_sub(others));
+        let granted = demand.want.min(demand.limit.saturating_sub(others));
         match granted {
             0 => held.remove(replica),
-            n => held.insert(replica.to_string(), (n, now + ttl.as_millis() as u64, seq)),
+            n => held.insert(
+                replica.to_string(),
+                Holding {
+                    slots: n,
+                    expiry: now + ttl.as_millis() as u64,
+                    seq,
+                },
+            ),
         };
         SlotsHeld {
             granted,
@@ -279,7 +282,7 @@ impl Fleet {
                     link: link.clone(),
                     timeout: Duration::from_millis(100),
                 });
-                let limiter = Limiter::new(&config, (Arc::new(store), Arc::default()), &metrics);
+                let limiter = Limiter::new(&config, Arc::new(store), Arc::default(), &metrics);
                 Replica {
                     limiter: Arc::new(limiter),
                     link,
@@ -324,10 +327,19 @@ struct Saturated {
     turned: u64,
 }
 
-/// Runs `clients` closed-loop clients (on replicas in turn, teams chat and batch in turn) for
-/// `run` against a `concurrent = cap` queued limit shared by team 4 : 1 on `replicas`; each gives
-/// up after a deadline drawn from `seed` and sends again.
-async fn saturate(seed: u64, (replicas, cap, clients): (usize, u64, usize), run: Duration) -> Saturated {
+/// The fleet a saturated run drives: its replicas, the limit's concurrent slots, and the
+/// closed-loop clients that send to it.
+struct Setup {
+    replicas: usize,
+    cap: u64,
+    clients: usize,
+}
+
+/// Runs `setup.clients` closed-loop clients (on replicas in turn, teams chat and batch in turn)
+/// for `run` against a `concurrent = setup.cap` queued limit shared by team 4 : 1 on
+/// `setup.replicas`; each gives up after a deadline drawn from `seed` and sends again.
+async fn saturate(seed: u64, setup: Setup, run: Duration) -> Saturated {
+    let Setup { replicas, cap, clients } = setup;
     let limit = format!(
         "key = \"route\"\nconcurrent = {cap}\non_limit = \"queue\"\nmax_wait = \"10s\"\nshare_by = \"header:x-team\"\nweights = {{ chat = 4, batch = 1 }}"
     );
@@ -345,7 +357,11 @@ async fn saturate(seed: u64, (replicas, cap, clients): (usize, u64, usize), run:
             while crate::time::now().saturating_duration_since(start) < run {
                 let arrived = crate::time::now();
                 let deadline = arrived + Duration::from_millis(rng.random_range(300..3000));
-                let waited = ask(&limiter, team, (arrived, deadline), &now_ms).await;
+                let timing = Timing {
+                    started: arrived,
+                    deadline,
+                };
+                let waited = ask(&limiter, team, timing, &now_ms).await;
                 let Some(pass) = waited else {
                     // Turned away: the client sends it again (a round trip later).
                     stats.lock().turned();
@@ -424,7 +440,12 @@ impl Books {
 #[tokio::test(start_paused = true)]
 async fn a_saturated_queued_limit_keeps_its_slots_busy_and_its_weights_on_three_replicas() {
     for seed in 0..4 {
-        let s = saturate(seed, (3, 8, 40), Duration::from_secs(30)).await;
+        let setup = Setup {
+            replicas: 3,
+            cap: 8,
+            clients: 40,
+        };
+        let s = saturate(seed, setup, Duration::from_secs(30)).await;
         assert!(
             s.most_in_flight <= 8,
             "seed {seed}: {} in flight of 8",
@@ -452,12 +473,7 @@ async fn a_saturated_queued_limit_keeps_its_slots_busy_and_its_weights_on_three_
 }
 
 /// A request of `team` to a replica's `limiter`: the product's wait for its limits.
-async fn ask(
-    limiter: &Limiter,
-    team: &str,
-    (arrived, deadline): (Instant, Instant),
-    now_ms: Clock<'_>,
-) -> Option<super::Pass> {
+async fn ask(limiter: &Limiter, team: &str, timing: Timing, now_ms: Clock<'_>) -> Option<super::Pass> {
     let limits = limiter.for_route(&["l".into()]);
     let h = headers(team);
     let input = KeyInput {
@@ -468,9 +484,17 @@ async fn ask(
     };
     let buckets: Vec<BucketKey> = limits.iter().map(|l| l.bucket(&input)).collect();
     let share = |l: &Limit, b: BucketKey| l.share(b, &input);
-    let want = (super::Want::default(), None);
+    let subject = Subject {
+        limits: &limits,
+        buckets: &buckets,
+        share: &share,
+    };
+    let ask = Ask {
+        want: super::Want::default(),
+        price: None,
+    };
     limiter
-        .wait_admit(&limits, (&buckets, &share), want, (arrived, deadline), now_ms)
+        .wait_admit(subject, ask, timing, now_ms)
         .await
         .ok()
         .map(|a| a.pass)
@@ -489,18 +513,20 @@ async fn a_slot_freed_on_one_replica_reaches_a_waiter_on_another_within_200_ms()
         let (a, b) = (rng.random_range(0..3), rng.random_range(0..3));
         let (a, b) = (&fleet.replicas[a], &fleet.replicas[(a + 1 + b % 2) % 3]);
         let far = start + Duration::from_secs(60);
-        let held = ask(&a.limiter, "chat", (start, far), &now_ms).await.expect("the slot");
+        let timing = Timing {
+            started: start,
+            deadline: far,
+        };
+        let held = ask(&a.limiter, "chat", timing, &now_ms).await.expect("the slot");
         let hold = Duration::from_millis(rng.random_range(100..3000));
         let waiter = async {
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..50))).await;
             let arrived = crate::time::now();
-            let pass = ask(
-                &b.limiter,
-                "chat",
-                (arrived, arrived + Duration::from_secs(20)),
-                &now_ms,
-            )
-            .await;
+            let timing = Timing {
+                started: arrived,
+                deadline: arrived + Duration::from_secs(20),
+            };
+            let pass = ask(&b.limiter, "chat", timing, &now_ms).await;
             (pass, crate::time::now())
         };
         let release = async {
@@ -553,14 +579,11 @@ async fn a_window_holds_while_a_replica_loses_redis_and_another_dies() {
                 continue;
             }
             let now = crate::time::now();
-            if let Some(pass) = ask(
-                &fleet.replicas[r].limiter,
-                "t",
-                (now, now + Duration::from_secs(5)),
-                &now_ms,
-            )
-            .await
-            {
+            let timing = Timing {
+                started: now,
+                deadline: now + Duration::from_secs(5),
+            };
+            if let Some(pass) = ask(&fleet.replicas[r].limiter, "t", timing, &now_ms).await {
                 admitted[r] += 1;
                 pass.settle(None, now_ms());
             }

@@ -61,6 +61,33 @@ pub struct Granted {
     pub waiting: u64,
 }
 
+/// What a call asks of a counter or of a bucket's slots: up to `want`, so long as the fleet
+/// holds no more than `limit` of it in all.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Demand {
+    pub want: u64,
+    pub limit: u64,
+}
+
+/// The replica a lease call counts among the bucket's replicas, and how long it counts there
+/// without another call.
+#[derive(Debug, Clone, Copy)]
+pub struct Leaser<'a> {
+    pub replica: &'a str,
+    pub liveness: Duration,
+}
+
+/// Who declares a bucket's slots: the limit, the bucket (hex), this replica and the
+/// declaration's number in its sequence (`limit_slots_v2.lua` applies a replica's declarations
+/// in this order, whatever order they land in).
+#[derive(Debug, Clone, Copy)]
+pub struct SlotsCaller<'a> {
+    pub limit: &'a str,
+    pub bucket: &'a str,
+    pub replica: &'a str,
+    pub seq: u64,
+}
+
 /// A bucket's fleet queue key: its waiting set (every entry, by deadline), whose length the
 /// lease and slot scripts read.
 fn queue_key(limit: &str, bucket: &str) -> String {
@@ -81,29 +108,29 @@ impl Counters {
         Counters::Local(parking_lot::Mutex::new(LocalCounters::default()))
     }
 
-    /// Up to `want` of `id`'s window quota of `limit`, kept for `ttl` (the window's end, plus a
-    /// margin); `replica` is counted among the bucket's replicas for `liveness`.
+    /// Up to `demand.want` of `id`'s window quota of `demand.limit`, kept for `ttl` (the window's
+    /// end, plus a margin); `leaser` is counted among the bucket's replicas for its liveness.
     pub async fn lease(
         &self,
         id: &CounterId,
-        (want, limit): (u64, u64),
+        demand: Demand,
         ttl: Duration,
-        (replica, liveness): (&str, Duration),
+        leaser: Leaser<'_>,
     ) -> Result<Granted, RedisError> {
         match self {
-            Counters::Local(t) => Ok(t.lock().lease(id, want, limit)),
+            Counters::Local(t) => Ok(t.lock().lease(id, demand.want, demand.limit)),
             #[cfg(test)]
-            Counters::Sim(s) => s.call(|r| r.lease(id, (want, limit), (replica, liveness))).await,
+            Counters::Sim(s) => s.call(|r| r.lease(id, demand, leaser)).await,
             Counters::Redis(redis) => {
                 let mut inv = LEASE.prepare_invoke();
                 inv.key(redis.key(&id.suffix()))
                     .key(redis.key(&id.replicas_suffix()))
                     .key(redis.key(&id.queue_suffix()))
-                    .arg(want)
-                    .arg(limit)
+                    .arg(demand.want)
+                    .arg(demand.limit)
                     .arg(ttl_ms(ttl))
-                    .arg(replica)
-                    .arg(ttl_ms(liveness));
+                    .arg(leaser.replica)
+                    .arg(ttl_ms(leaser.liveness));
                 let (granted, fleet_used, replicas, waiting): (u64, u64, u32, u64) = redis
                     .run("limit_lease", |mut c| async move { inv.invoke_async(&mut c).await })
                     .await?;
@@ -134,38 +161,35 @@ impl Counters {
         }
     }
 
-    /// Declares that `replica` holds `want` of `(limit_name, bucket)`'s `limit` concurrent slots
-    /// for `ttl`: granted up to what the other replicas' live holdings leave (what it holds, when
-    /// a later declaration of its own, by `seq`, landed first); the requests waiting in the
-    /// bucket's fleet queue; the replicas holding slots of it.
+    /// Declares that `caller`'s replica holds `demand.want` of its bucket's `demand.limit`
+    /// concurrent slots for `ttl`: granted up to what the other replicas' live holdings leave
+    /// (what it holds, when a later declaration of its own, by `caller.seq`, landed first); the
+    /// requests waiting in the bucket's fleet queue; the replicas holding slots of it.
     pub async fn hold_slots(
         &self,
-        (limit_name, bucket): (&str, &str),
-        (replica, seq): (&str, u64),
-        want: u64,
-        (limit, ttl): (u64, Duration),
+        caller: SlotsCaller<'_>,
+        demand: Demand,
+        ttl: Duration,
     ) -> Result<SlotsHeld, RedisError> {
         match self {
             // One process: it holds what it asks, within the limit.
             Counters::Local(_) => Ok(SlotsHeld {
-                granted: want.min(limit),
+                granted: demand.want.min(demand.limit),
                 waiting: 0,
                 holders: 1,
             }),
             #[cfg(test)]
-            Counters::Sim(s) => {
-                s.call(|r| r.hold_slots((limit_name, bucket), (replica, seq), want, (limit, ttl)))
-                    .await
-            }
+            Counters::Sim(s) => s.call(|r| r.hold_slots(caller, demand, ttl)).await,
             Counters::Redis(redis) => {
+                let (limit_name, bucket) = (caller.limit, caller.bucket);
                 let mut inv = SLOTS.prepare_invoke();
                 inv.key(redis.key(&format!("limit:{{{limit_name}:{bucket}}}:slots")))
                     .key(redis.key(&queue_key(limit_name, bucket)))
-                    .arg(replica)
-                    .arg(want)
-                    .arg(limit)
+                    .arg(caller.replica)
+                    .arg(demand.want)
+                    .arg(demand.limit)
                     .arg(ttl_ms(ttl))
-                    .arg(seq);
+                    .arg(caller.seq);
                 let (granted, _others, waiting, holders): (u64, u64, u64, u32) = redis
                     .run("limit_slots", |mut c| async move { inv.invoke_async(&mut c).await })
                     .await?;
@@ -226,13 +250,15 @@ pub struct QueueAnswer {
 }
 
 impl Counters {
-    /// One call on the fleet's queue of a bucket (see [`QueueAnswer`]). `None` without Redis
-    /// (one process: its own queue is the fleet's).
+    /// One call on the fleet's queue of a bucket (see [`QueueAnswer`]), its keys kept for `ttl`
+    /// and the caller's replica live in it for `liveness`. `None` without Redis (one process: its
+    /// own queue is the fleet's).
     pub async fn queue(
         &self,
         caller: QueueCaller<'_>,
         op: QueueOp<'_>,
-        (ttl, liveness): (Duration, Duration),
+        ttl: Duration,
+        liveness: Duration,
     ) -> Result<Option<QueueAnswer>, RedisError> {
         #[cfg(test)]
         if let Counters::Sim(s) = self {
@@ -294,7 +320,12 @@ pub struct LocalCounters {
 }
 
 /// A local counter: the limit, the bucket and the quota (its window apart).
-type LocalKey = (String, String, &'static str);
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct LocalKey {
+    limit: String,
+    bucket: String,
+    quota: &'static str,
+}
 
 impl LocalCounters {
     fn lease(&mut self, id: &CounterId, want: u64, limit: u64) -> Granted {
@@ -328,7 +359,11 @@ impl LocalCounters {
             }
             made.pop_front();
         }
-        let key = (id.limit.clone(), id.bucket.clone(), id.quota);
+        let key = LocalKey {
+            limit: id.limit.clone(),
+            bucket: id.bucket.clone(),
+            quota: id.quota,
+        };
         if self.counters.get(&key).is_none_or(|(w, _)| *w < id.window) {
             self.counters.insert(key.clone(), (id.window, 0));
             made.push_back((key.clone(), id.window));

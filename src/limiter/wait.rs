@@ -7,10 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Limit, Limiter, Pass, Place, Refused, Want};
+use super::{Ask, Limit, Limiter, Pass, Place, QueueShare, Refused};
 use crate::config::OnLimit;
 use crate::limits::key::BucketKey;
-use crate::limits::prices::Price;
 use crate::time::{self, Instant};
 
 /// How often a waiting request looks again when no release woke it (a release elsewhere in the
@@ -39,23 +38,42 @@ pub(crate) struct Turned {
 }
 
 /// The share value and weight of a request in a limit's queue, for its bucket.
-pub(crate) type Share<'s> = &'s (dyn Fn(&Limit, BucketKey) -> ([u8; 16], u32) + Sync);
+pub(crate) type Share<'s> = &'s (dyn Fn(&Limit, BucketKey) -> QueueShare + Sync);
 
 /// The wall clock, in unix ms (the limits' windows).
 pub(crate) type Clock<'c> = &'c (dyn Fn() -> u64 + Sync);
 
+/// A request as its route's limits see it: the limits, the bucket it falls in under each, and
+/// its share in their queues.
+#[derive(Clone, Copy)]
+pub(crate) struct Subject<'a> {
+    pub(crate) limits: &'a [Arc<Limit>],
+    /// One per limit, in the order of `limits`.
+    pub(crate) buckets: &'a [BucketKey],
+    pub(crate) share: Share<'a>,
+}
+
+/// When a request started, and the deadline it must be answered by: a queue's `max_wait` counts
+/// from `started`, and no wait goes past `deadline`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Timing {
+    pub(crate) started: Instant,
+    pub(crate) deadline: Instant,
+}
+
 impl Limiter {
-    /// Admits a request on `limits` (its `buckets`, one per limit; `share` in their queues)
-    /// wanting `want`, arrived `started`, by its `deadline` at the latest (a queue's `max_wait`
-    /// counts from `started` too).
+    /// Admits a request on `subject`'s limits (its buckets, one per limit; its share in their
+    /// queues) asking `ask`, arrived `timing.started`, by its `timing.deadline` at the latest (a
+    /// queue's `max_wait` counts from `started` too).
     pub(crate) async fn wait_admit(
         &self,
-        limits: &[Arc<Limit>],
-        (buckets, share): (&[BucketKey], Share<'_>),
-        want: (Want, Option<Price>),
-        (started, deadline): (Instant, Instant),
+        subject: Subject<'_>,
+        ask: Ask,
+        timing: Timing,
         now_ms: Clock<'_>,
     ) -> Result<Admitted, Turned> {
+        let Subject { limits, buckets, share } = subject;
+        let Timing { started, deadline } = timing;
         // A request that finds others waiting for a limit (here or in the fleet) waits behind them.
         let mut waiting: Option<InQueue> = None;
         for (i, (l, bucket)) in limits.iter().zip(buckets.iter().copied()).enumerate() {
@@ -80,7 +98,7 @@ impl Limiter {
                 Some(q) => self.turn(q.limit, &q.place).await,
             };
             if turn {
-                let refused = match self.admit((limits, buckets), want, now_ms()).await {
+                let refused = match self.admit(limits, buckets, ask, now_ms()).await {
                     Ok(pass) => {
                         let queued = waiting.is_some();
                         if let Some(q) = waiting {
@@ -91,10 +109,7 @@ impl Limiter {
                     Err(refused) => refused,
                 };
                 if waiting.is_none() {
-                    waiting = Some(
-                        self.queue_refused((limits, buckets, share), &refused, (started, deadline))
-                            .await?,
-                    );
+                    waiting = Some(self.queue_refused(subject, &refused, timing).await?);
                 }
                 pause = refused.retry_after;
                 // A slot may free on any replica: the fleet's head looks again soon.
@@ -133,10 +148,12 @@ impl Limiter {
     /// within the wait, or turned away.
     async fn queue_refused<'a>(
         &'a self,
-        (limits, buckets, share): (&'a [Arc<Limit>], &[BucketKey], Share<'_>),
+        subject: Subject<'a>,
         refused: &Refused,
-        (started, deadline): (Instant, Instant),
+        timing: Timing,
     ) -> Result<InQueue<'a>, Turned> {
+        let Subject { limits, buckets, share } = subject;
+        let Timing { started, deadline } = timing;
         let at = limits.iter().position(|l| l.policy.name == refused.limit);
         let l = at.and_then(|i| limits.get(i));
         let until = l.map(|l| (started + l.policy.max_wait).min(deadline));

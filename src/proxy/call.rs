@@ -31,7 +31,7 @@ use crate::cloud::{CloudAuth, Unavailable};
 use crate::config::{Balance, FailoverReason, RetryOn};
 use crate::error::ProxyError;
 use crate::retry::failover;
-use crate::retry::policy::{Decision, Outcome, RetryState, Stop, WaitSource};
+use crate::retry::policy::{Decision, Outcome, RetryState, Rules, Shown, Stop, WaitSource};
 use crate::retry::provider_error::{ErrorClass, ErrorSignal};
 use crate::retry::retry_after::HintSource;
 use crate::retry::{self, RetryHint};
@@ -393,16 +393,15 @@ impl<'r> Call<'r> {
         if let Some(reason) = failover::at_once(outcome, seen).filter(movable) {
             return Next::Move(reason);
         }
-        let decision = self.state.decide(
-            &route.retry,
-            &route.backoff,
-            &self.asked.parts.method,
-            outcome,
-            hint,
-            &route.budget,
-            received,
-            &mut rand::rng(),
-        );
+        let rules = Rules {
+            policy: &route.retry,
+            backoff: &route.backoff,
+            budget: &route.budget,
+        };
+        let shown = Shown { outcome, hint };
+        let decision = self
+            .state
+            .decide(rules, &self.asked.parts.method, shown, received, &mut rand::rng());
         match decision {
             Decision::Retry { wait, source, reason } => Next::Retry(Pause { wait, source, reason }),
             Decision::Deliver(stop) => match failover::after_decision(outcome, stop, seen).filter(movable) {

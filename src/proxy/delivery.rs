@@ -235,21 +235,12 @@ impl Delivery {
             body,
             keep_body: route.config.dead_letter_bodies,
             idempotency_header: idem.map(|i| &i.policy.header),
-            identity: idem.map(|i| {
-                i.identity_of(
-                    i.fingerprint_version(),
-                    &parts.method,
-                    parts.uri.path(),
-                    parts.uri.query(),
-                    &parts.headers,
-                    body,
-                )
-            }),
+            identity: idem.map(|i| i.identity_of(i.fingerprint_version(), parts, body)),
             reason,
             error_class: self.error_class(),
             final_status: self.status(),
             attempts: tokens::with_usage(&self.attempts, &self.tokens.ledger),
-            job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.clone()),
+            job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.as_str().to_owned()),
         };
         DeadLetter::of(failure, config)
     }

@@ -29,9 +29,8 @@ pub(super) async fn idempotency_step(
     let Some(idem) = &route.idempotency else {
         return Ok((None, false));
     };
-    let (method, uri) = (&parts.method, &parts.uri);
     let replay = parts.extensions.get::<ReplayIdentity>();
-    let started = match idem.check(method, uri.path(), uri.query(), &parts.headers, body, replay) {
+    let started = match idem.check(parts, body, replay) {
         Check::Decided(start) => start,
         // A store round trip (Redis) or a wait for an original in flight: boxed, so that its
         // state does not enlarge every request's future.
@@ -68,10 +67,9 @@ pub(super) async fn idempotency_step(
 async fn wait(idem: &Idempotency, pending: Pending, parts: &http::request::Parts, body: &Bytes) -> Start {
     match idem.wait(pending).await {
         Start::CheckOtherVersion => {
-            let (method, uri, headers) = (&parts.method, &parts.uri, &parts.headers);
             let version = idem.fingerprint_version().other();
-            let other = idem.identity_of(version, method, uri.path(), uri.query(), headers, body);
-            match idem.check(method, uri.path(), uri.query(), headers, body, Some(&other)) {
+            let other = idem.identity_of(version, parts, body);
+            match idem.check(parts, body, Some(&other)) {
                 Check::Decided(start) => start,
                 Check::Wait(pending) => idem.wait(pending).await,
             }

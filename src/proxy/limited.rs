@@ -15,10 +15,9 @@ use super::request::Request;
 use super::routes::Route;
 use crate::credentials::CredentialHash;
 use crate::error::ProxyError;
-use crate::limiter::{fields, Limit, Pass, Want};
+use crate::limiter::{fields, Ask, Limit, Pass, Subject, Timing, Want};
 use crate::limits::estimate;
 use crate::limits::key::{BucketKey, KeyInput};
-use crate::limits::prices::Price;
 use crate::metrics::LimitResult;
 use crate::time::{self, Instant};
 use crate::wire::body::{Flow, RequestLog, Settle, Used};
@@ -31,8 +30,8 @@ pub(super) type RateLimitFields = Option<(HeaderValue, HeaderValue)>;
 pub(super) async fn admit(cx: &Context, req: &Request, log: &mut RequestLog) -> Result<RateLimitFields, Refusal> {
     let (route, parts, deadline) = (&*req.route, &req.parts, req.deadline);
     let limits = &route.limits;
-    let (credential, model, want) = asks(cx, req);
-    let tokens = want.0.tokens;
+    let (credential, model, ask) = asks(cx, req);
+    let tokens = ask.want.tokens;
     let input = KeyInput {
         route: &route.name,
         credential,
@@ -43,16 +42,13 @@ pub(super) async fn admit(cx: &Context, req: &Request, log: &mut RequestLog) -> 
     // Each limit's bucket, hashed once.
     let buckets: smallvec::SmallVec<[BucketKey; 2]> = limits.iter().map(|l| l.bucket(&input)).collect();
     let share = |l: &Limit, bucket: BucketKey| l.share(bucket, &input);
-    let waited = cx
-        .limiter
-        .wait_admit(
-            limits,
-            (&buckets, &share),
-            want,
-            (started, deadline),
-            &time::now_unix_ms,
-        )
-        .await;
+    let subject = Subject {
+        limits,
+        buckets: &buckets,
+        share: &share,
+    };
+    let timing = Timing { started, deadline };
+    let waited = cx.limiter.wait_admit(subject, ask, timing, &time::now_unix_ms).await;
     match waited {
         Ok(a) => {
             let result = if a.queued {
@@ -71,7 +67,7 @@ pub(super) async fn admit(cx: &Context, req: &Request, log: &mut RequestLog) -> 
 
 /// What the request brings to its limits: its credential's hash and its model (each only when a
 /// key or a price needs it), and what it may use (tokens, and their cost at its model's price).
-fn asks<'b>(cx: &Context, req: &'b Request) -> (CredentialHash, Option<&'b str>, (Want, Option<Price>)) {
+fn asks<'b>(cx: &Context, req: &'b Request) -> (CredentialHash, Option<&'b str>, Ask) {
     let (route, body, named) = (&*req.route, &req.body, &req.named);
     let limits = &route.limits;
     let keys = || limits.iter().map(|l| &l.policy.key);
@@ -102,15 +98,15 @@ fn asks<'b>(cx: &Context, req: &'b Request) -> (CredentialHash, Option<&'b str>,
             output,
         })
     });
-    let want = (
-        Want {
+    let ask = Ask {
+        want: Want {
             tokens,
             cost,
             sparing: false,
         },
         price,
-    );
-    (credential, model, want)
+    };
+    (credential, model, ask)
 }
 
 /// The pass held by `log` until the response ends; the `RateLimit` fields.

@@ -106,7 +106,8 @@ impl Proxy {
         shared.metrics.init_series(config);
         let limiter = Arc::new(crate::limiter::Limiter::new(
             config,
-            (shared.limit_store.clone(), shared.limit_fleet_size.clone()),
+            shared.limit_store.clone(),
+            shared.limit_fleet_size.clone(),
             &shared.metrics,
         ));
         let routes = routes::build(config, shared, &limiter)?;

@@ -10,7 +10,7 @@ use crate::config::Api;
 use crate::credentials::{self, Credentials};
 use crate::error::ProxyError;
 use crate::upstream::{error_chain, AttemptError};
-use crate::wire::api::{self, Adapted, Host};
+use crate::wire::api::{self, Adapted, Host, Sent};
 use crate::wire::api::{Invalid, Named};
 use crate::wire::headers;
 
@@ -104,7 +104,13 @@ fn adapt(
         gcp_location: upstream.gcp_location.as_deref(),
         azure_api_version: upstream.azure_api_version.as_deref(),
     };
-    api::adapt(named, from, &host, (parts.uri.query(), body, &parts.headers), model)
+    let sent = Sent {
+        api: from,
+        query: parts.uri.query(),
+        body,
+        headers: &parts.headers,
+    };
+    api::adapt(named, &host, sent, model)
 }
 
 pub(super) fn attempt_error(upstream: &str, e: AttemptError) -> ProxyError {

@@ -13,6 +13,7 @@
 
 mod conn;
 mod nodes;
+mod replica;
 
 use parking_lot::RwLock;
 use std::future::Future;
@@ -31,6 +32,7 @@ use crate::time;
 pub use conn::Conn;
 pub use nodes::{key_slot, SentinelError};
 use nodes::{parse_slots, Nodes};
+pub use replica::ReplicaId;
 
 /// How often the supervisor checks Redis.
 const HEALTH_INTERVAL: Duration = Duration::from_secs(1);

@@ -146,6 +146,22 @@ pub(crate) enum Decision {
     },
 }
 
+/// A route's retry rules, as one attempt's decision reads them.
+#[derive(Clone, Copy)]
+pub(crate) struct Rules<'a> {
+    pub(crate) policy: &'a RetryPolicy,
+    pub(crate) backoff: &'a Backoff,
+    pub(crate) budget: &'a RetryBudget,
+}
+
+/// What one attempt showed: its outcome, and the reset its response gave (a header's, else its
+/// error body's).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Shown {
+    pub(crate) outcome: Outcome,
+    pub(crate) hint: Option<RetryHint>,
+}
+
 /// The retry state of one request across its attempts.
 #[derive(Debug, Clone)]
 pub(crate) struct RetryState {
@@ -189,20 +205,23 @@ impl RetryState {
         self.prev_backoff = None;
     }
 
-    /// Decides after attempt number `self.attempts` produced `outcome`. A `Retry` is committed:
-    /// the budget was withdrawn and the state advanced.
-    #[allow(clippy::too_many_arguments)]
+    /// Decides after attempt number `self.attempts` showed `shown` (its outcome and the reset it
+    /// gave), under a route's `rules`. A `Retry` is committed: the budget was withdrawn and the
+    /// state advanced.
     pub(crate) fn decide<R: Rng + ?Sized>(
         &mut self,
-        policy: &RetryPolicy,
-        backoff: &Backoff,
+        rules: Rules<'_>,
         method: &Method,
-        outcome: Outcome,
-        hint: Option<RetryHint>,
-        budget: &RetryBudget,
+        shown: Shown,
         now: Instant,
         rng: &mut R,
     ) -> Decision {
+        let Rules {
+            policy,
+            backoff,
+            budget,
+        } = rules;
+        let Shown { outcome, hint } = shown;
         if !outcome.is_failure() {
             return Decision::Deliver(Stop::Success);
         }
@@ -373,16 +392,12 @@ mod tests {
             hint: Option<RetryHint>,
         ) -> Decision {
             st.attempts += 1;
-            st.decide(
-                &self.policy,
-                &self.backoff,
-                &method,
-                outcome,
-                hint,
-                &self.budget,
-                self.now,
-                &mut self.rng,
-            )
+            let rules = Rules {
+                policy: &self.policy,
+                backoff: &self.backoff,
+                budget: &self.budget,
+            };
+            st.decide(rules, &method, Shown { outcome, hint }, self.now, &mut self.rng)
         }
     }
 

@@ -577,13 +577,19 @@ fn parameters_of<'a>(code: &[(usize, &'a str)], tuples: bool) -> Vec<(&'a str, u
     out
 }
 
+/// No function of the crate takes more than six parameters, `self` and each field of a tuple or
+/// struct pattern counted (test-only code aside: a `tests` folder, and what follows
+/// `#[cfg(test)]`).
 #[test]
-fn no_function_of_the_pipeline_takes_more_than_six_parameters() {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/proxy");
+fn no_function_takes_more_than_six_parameters() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&dir, &mut files);
     let mut over = Vec::new();
-    for file in files {
+    for file in files
+        .into_iter()
+        .filter(|f| !f.components().any(|c| c.as_os_str() == "tests"))
+    {
         let text = std::fs::read_to_string(&file).unwrap();
         for (name, line, n) in parameters_of(&code_lines(&text), true) {
             if n > 6 {

@@ -372,7 +372,16 @@ async fn redis_store_contract_on_a_cluster() {
 /// may land before its first heartbeat: chaos found another replica taking them over).
 #[tokio::test]
 async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() {
-    use rebound::hooks::idempotency::{DeadOwner, TakenOver};
+    use rebound::hooks::idempotency::{DeadOwner, Succession, TakenOver};
+    /// `owner` takes over `dead`'s claim, with the test's lease, unless it is younger than `liveness`.
+    fn heir<'a>(dead: &'a Owner, owner: &'a Owner, liveness: Duration) -> Succession<'a> {
+        Succession {
+            dead: DeadOwner(dead),
+            owner,
+            lease: TTL,
+            liveness,
+        }
+    }
     let redis = RedisServer::start();
     let handle = crate::support::sidecar::redis_handle(&redis.url()).await;
     let s = RedisStore::new(handle);
@@ -382,7 +391,7 @@ async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() 
     assert_eq!(s.begin(&key, &fp("fp"), &dead, TTL).await.unwrap(), Begin::Claimed);
     // Just claimed: too young, whoever asks.
     assert_eq!(
-        s.take_over(&key, &fp("fp"), DeadOwner(&dead), &own("new.1"), TTL, liveness)
+        s.take_over(&key, &fp("fp"), heir(&dead, &own("new.1"), liveness))
             .await
             .unwrap(),
         TakenOver::TooYoung
@@ -405,7 +414,7 @@ async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() 
         .unwrap();
     // Another fingerprint, or an owner that no longer holds it: changed, nothing written.
     assert_eq!(
-        s.take_over(&key, &fp("other"), DeadOwner(&dead), &own("new.1"), TTL, liveness)
+        s.take_over(&key, &fp("other"), heir(&dead, &own("new.1"), liveness))
             .await
             .unwrap(),
         TakenOver::Changed
@@ -414,10 +423,7 @@ async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() 
         s.take_over(
             &key,
             &fp("fp"),
-            DeadOwner(&own("fedcba9876543210.1")),
-            &own("new.1"),
-            TTL,
-            liveness
+            heir(&own("fedcba9876543210.1"), &own("new.1"), liveness)
         )
         .await
         .unwrap(),
@@ -428,13 +434,13 @@ async fn a_claim_is_taken_over_only_when_old_enough_and_still_the_dead_owners() 
     );
     // The dead owner's claim, old enough: taken over once; the new owner holds it, young again.
     assert_eq!(
-        s.take_over(&key, &fp("fp"), DeadOwner(&dead), &own("new.1"), TTL, liveness)
+        s.take_over(&key, &fp("fp"), heir(&dead, &own("new.1"), liveness))
             .await
             .unwrap(),
         TakenOver::Yes
     );
     assert_eq!(
-        s.take_over(&key, &fp("fp"), DeadOwner(&dead), &own("new.2"), TTL, liveness)
+        s.take_over(&key, &fp("fp"), heir(&dead, &own("new.2"), liveness))
             .await
             .unwrap(),
         TakenOver::Changed

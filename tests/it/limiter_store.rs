@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rebound::hooks::limiter::store::{CounterId, Counters, QueueCaller, QueueOp};
+use rebound::hooks::limiter::store::{CounterId, Counters, Demand, Leaser, QueueCaller, QueueOp, SlotsCaller};
 use rebound::hooks::metrics::Metrics;
 use rebound::hooks::redis::RedisHandle;
 use tokio_util::sync::CancellationToken;
@@ -34,6 +34,20 @@ async fn store(redis: &RedisServer) -> (Counters, CancellationToken) {
     (Counters::Redis(handle), stop)
 }
 
+/// A lease of up to 70 of a limit of 1000, as replica `r`.
+async fn lease_70(store: &Counters, window: u64) -> u64 {
+    let demand = Demand { want: 70, limit: 1000 };
+    let leaser = Leaser {
+        replica: "r",
+        liveness: Duration::from_secs(60),
+    };
+    store
+        .lease(&id(window), demand, Duration::from_secs(120), leaser)
+        .await
+        .unwrap()
+        .granted
+}
+
 fn id(window: u64) -> CounterId {
     CounterId {
         limit: "team".into(),
@@ -54,17 +68,7 @@ async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
     for r in &replicas {
         for _ in 0..20 {
             let r = r.clone();
-            set.spawn(async move {
-                r.0.lease(
-                    &id(7),
-                    (70, 1000),
-                    Duration::from_secs(120),
-                    ("r", Duration::from_secs(60)),
-                )
-                .await
-                .unwrap()
-                .granted
-            });
+            set.spawn(async move { lease_70(&r.0, 7).await });
         }
     }
     let mut total = 0;
@@ -72,17 +76,8 @@ async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
         total += g.unwrap();
     }
     assert_eq!(total, 1000, "60 leases of 70 share a limit of 1000 exactly");
-    let next = replicas[0]
-        .0
-        .lease(
-            &id(8),
-            (70, 1000),
-            Duration::from_secs(120),
-            ("r", Duration::from_secs(60)),
-        )
-        .await
-        .unwrap();
-    assert_eq!(next.granted, 70, "the next window starts afresh");
+    let next = lease_70(&replicas[0].0, 8).await;
+    assert_eq!(next, 70, "the next window starts afresh");
     // Spent beyond the lease: counted, so the fleet's next lease sees it; given back: freed.
     assert_eq!(
         replicas[1]
@@ -92,20 +87,7 @@ async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
             .unwrap(),
         1020
     );
-    assert_eq!(
-        replicas[2]
-            .0
-            .lease(
-                &id(8),
-                (70, 1000),
-                Duration::from_secs(120),
-                ("r", Duration::from_secs(60))
-            )
-            .await
-            .unwrap()
-            .granted,
-        0
-    );
+    assert_eq!(lease_70(&replicas[2].0, 8).await, 0);
     assert_eq!(
         replicas[1]
             .0
@@ -114,20 +96,7 @@ async fn three_replicas_leasing_at_once_never_get_more_than_the_limit() {
             .unwrap(),
         920
     );
-    assert_eq!(
-        replicas[2]
-            .0
-            .lease(
-                &id(8),
-                (70, 1000),
-                Duration::from_secs(120),
-                ("r", Duration::from_secs(60))
-            )
-            .await
-            .unwrap()
-            .granted,
-        70
-    );
+    assert_eq!(lease_70(&replicas[2].0, 8).await, 70);
     for r in replicas {
         r.1.cancel();
     }
@@ -138,23 +107,17 @@ async fn a_replica_that_stops_renewing_loses_its_slots() {
     let redis = RedisServer::start();
     let (a, stop_a) = store(&redis).await;
     let (b, stop_b) = store(&redis).await;
-    let bucket = ("team", "cd".repeat(16));
-    let bucket = (bucket.0, bucket.1.as_str());
     let ttl = Duration::from_millis(300);
-    assert_eq!(a.hold_slots(bucket, ("a", 1), 8, (10, ttl)).await.unwrap().granted, 8);
-    assert_eq!(
-        b.hold_slots(bucket, ("b", 1), 8, (10, ttl)).await.unwrap().granted,
-        2,
-        "what a's holding leaves"
-    );
+    assert_eq!(hold(&a, "a", 1, 8, ttl).await, 8);
+    assert_eq!(hold(&b, "b", 1, 8, ttl).await, 2, "what a's holding leaves");
     // a renews with fewer: b may take more.
-    assert_eq!(a.hold_slots(bucket, ("a", 2), 5, (10, ttl)).await.unwrap().granted, 5);
-    assert_eq!(b.hold_slots(bucket, ("b", 2), 8, (10, ttl)).await.unwrap().granted, 5);
+    assert_eq!(hold(&a, "a", 2, 5, ttl).await, 5);
+    assert_eq!(hold(&b, "b", 2, 8, ttl).await, 5);
     // a dies (stops renewing): once its holding expires, b may hold them all.
     let got = until("a's slots expired", Duration::from_secs(10), || {
         let b = &b;
         async move {
-            let n = b.hold_slots(bucket, ("b", 3), 10, (10, ttl)).await.unwrap().granted;
+            let n = hold(b, "b", 3, 10, ttl).await;
             (n == 10).then_some(n).ok_or_else(|| format!("{n} slots"))
         }
     })
@@ -162,10 +125,27 @@ async fn a_replica_that_stops_renewing_loses_its_slots() {
     assert_eq!(got, 10);
     // A declaration that was counted before the latest one but lands after it is ignored: it
     // would free slots still in use.
-    assert_eq!(b.hold_slots(bucket, ("b", 2), 0, (10, ttl)).await.unwrap().granted, 10);
-    assert_eq!(a.hold_slots(bucket, ("a", 9), 1, (10, ttl)).await.unwrap().granted, 0);
+    assert_eq!(hold(&b, "b", 2, 0, ttl).await, 10);
+    assert_eq!(hold(&a, "a", 9, 1, ttl).await, 0);
     stop_a.cancel();
     stop_b.cancel();
+}
+
+/// Declaration `seq` of `replica` on bucket `cd..` of limit `team`: it holds `want` of the
+/// bucket's 10 slots for `ttl`; what it was granted.
+async fn hold(store: &Counters, replica: &str, seq: u64, want: u64, ttl: Duration) -> u64 {
+    let bucket = "cd".repeat(16);
+    let caller = SlotsCaller {
+        limit: "team",
+        bucket: &bucket,
+        replica,
+        seq,
+    };
+    store
+        .hold_slots(caller, Demand { want, limit: 10 }, ttl)
+        .await
+        .unwrap()
+        .granted
 }
 
 /// Calls the fleet queue of bucket `ef..` of limit `shared` as `replica` with `ticket`.
@@ -178,7 +158,7 @@ async fn queue(store: &Counters, (replica, ticket): (&str, u64), op: QueueOp<'_>
         ticket,
     };
     store
-        .queue(caller, op, (Duration::from_secs(60), liveness))
+        .queue(caller, op, Duration::from_secs(60), liveness)
         .await
         .expect("redis")
         .map(|a| (a.result, a.waiting))
@@ -335,7 +315,7 @@ async fn teams_whose_requests_give_up_keep_their_weighted_share() {
             };
             let a = replicas[*r]
                 .0
-                .queue(caller, QueueOp::Head, (Duration::from_secs(60), live))
+                .queue(caller, QueueOp::Head, Duration::from_secs(60), live)
                 .await
                 .expect("redis")
                 .expect("a fleet queue");

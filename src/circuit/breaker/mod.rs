@@ -246,19 +246,26 @@ pub struct Ticket {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum TicketKind {
     Call(Attempt),
-    Probe { id: u64, lease: Option<LeaseToken> },
+    Probe(Probe),
+}
+
+/// A half-open trial's ticket: its slot, and the fleet lease it holds, if any.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Probe {
+    id: u64,
+    lease: Option<LeaseToken>,
 }
 
 impl Ticket {
     /// Whether this call is a half-open trial.
     pub fn is_probe(&self) -> bool {
-        matches!(self.kind, TicketKind::Probe { .. })
+        matches!(self.kind, TicketKind::Probe(_))
     }
 
     /// The fleet lease this probe holds, if any.
     pub fn lease(&self) -> Option<LeaseToken> {
         match self.kind {
-            TicketKind::Probe { lease, .. } => lease,
+            TicketKind::Probe(probe) => probe.lease,
             TicketKind::Call(_) => None,
         }
     }
@@ -493,10 +500,10 @@ impl Breaker {
                             });
                             Admission::Allowed(Ticket {
                                 generation,
-                                kind: TicketKind::Probe {
+                                kind: TicketKind::Probe(Probe {
                                     id,
                                     lease: Some(credit.token),
-                                },
+                                }),
                             })
                         }
                         None => {
@@ -516,7 +523,7 @@ impl Breaker {
                     });
                     Admission::Allowed(Ticket {
                         generation,
-                        kind: TicketKind::Probe { id, lease: None },
+                        kind: TicketKind::Probe(Probe { id, lease: None }),
                     })
                 }
             }
@@ -549,8 +556,8 @@ impl Breaker {
             TicketKind::Call(attempt) if matches!(self.phase, Phase::Closed) => {
                 self.record_closed(attempt, verdict, hint, now, rng)
             }
-            TicketKind::Probe { id, lease } if matches!(self.phase, Phase::HalfOpen { .. }) => {
-                self.record_probe(id, lease, verdict, hint, now, rng)
+            TicketKind::Probe(probe) if matches!(self.phase, Phase::HalfOpen { .. }) => {
+                self.record_probe(probe, verdict, hint, now, rng)
             }
             // Same generation but another phase cannot happen (every transition starts a new
             // generation); ignore defensively.
@@ -565,13 +572,13 @@ impl Breaker {
 
     fn record_probe(
         &mut self,
-        id: u64,
-        lease: Option<LeaseToken>,
+        probe: Probe,
         verdict: Verdict,
         hint: Option<Duration>,
         now: Instant,
         rng: &mut impl Rng,
     ) -> Option<Transition> {
+        let Probe { id, lease } = probe;
         let mut done = false;
         if let Phase::HalfOpen { slots, successes, .. } = &mut self.phase {
             slots.retain(|s| s.id != id);
@@ -655,7 +662,7 @@ impl Breaker {
         if ticket.generation != self.generation {
             return;
         }
-        if let (TicketKind::Probe { id, .. }, Phase::HalfOpen { slots, .. }) = (ticket.kind, &mut self.phase) {
+        if let (TicketKind::Probe(Probe { id, .. }), Phase::HalfOpen { slots, .. }) = (ticket.kind, &mut self.phase) {
             slots.retain(|s| s.id != id);
         }
     }

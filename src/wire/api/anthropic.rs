@@ -6,7 +6,7 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
-use super::envelope::{edit, json_string, model_entry, Adapted, Host, Names};
+use super::envelope::{edit, json_string, model_entry, Adapted, Host, Names, Sent};
 use super::named::{in_path_named, Invalid, Named, Op, Top};
 use crate::config::Api;
 
@@ -59,11 +59,16 @@ fn vertex_model<'a>(path: &'a str, publisher: &str) -> Option<(&'a str, &'a str)
 pub(super) fn adapt(
     out: &mut Adapted,
     (op, stream): (&Op, bool),
-    from: Api,
     to: &Host<'_>,
-    (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
+    sent: Sent<'_>,
     model: Names<'_>,
 ) -> Option<()> {
+    let Sent {
+        api: from,
+        query,
+        body,
+        headers,
+    } = sent;
     match (op, to.api) {
         (Op::Messages, Api::Anthropic) => {
             out.path = to.v1("/messages");

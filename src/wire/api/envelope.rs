@@ -2,7 +2,7 @@
 //! adapted ([`Adapted`]), and the edits of a path's query and a JSON body's top-level members
 //! that each family's file makes (`anthropic.rs`, `openai.rs`, `gemini.rs`). Pure: no I/O.
 
-use http::{HeaderName, HeaderValue};
+use http::{HeaderMap, HeaderName, HeaderValue};
 use percent_encoding::utf8_percent_encode;
 
 use super::named::COMPONENT;
@@ -47,6 +47,16 @@ impl Host<'_> {
             self.gcp_project?, self.gcp_location?
         ))
     }
+}
+
+/// The app's request as it came, in the API it was written for: what an envelope is made from.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Sent<'a> {
+    /// The API of the route the request came on.
+    pub(crate) api: Api,
+    pub(crate) query: Option<&'a str>,
+    pub(crate) body: &'a [u8],
+    pub(crate) headers: &'a HeaderMap,
 }
 
 /// A request adapted for a host: what replaces the app's path, query, body and headers.
@@ -138,8 +148,24 @@ mod tests {
     use super::*;
     use crate::config::Api;
     use crate::wire::api::anthropic::{ANTHROPIC_BETA_HEADER, ANTHROPIC_VERSION_HEADER, VERTEX_VERSION};
-    use crate::wire::api::{adapt, Named};
-    use http::HeaderMap;
+    use crate::wire::api::{Invalid, Named};
+
+    /// `wire::api::adapt` of a request to `from` with its `(query, body, headers)`.
+    fn adapt(
+        named: &Named,
+        from: Api,
+        to: &Host<'_>,
+        (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
+        model: Option<&str>,
+    ) -> Result<Option<Adapted>, Invalid> {
+        let sent = Sent {
+            api: from,
+            query,
+            body,
+            headers,
+        };
+        crate::wire::api::adapt(named, to, sent, model)
+    }
 
     const MESSAGES: &str = r#"{"model":"claude-sonnet-4-5","max_tokens":64,"messages":[{"role":"user","content":"hi \"there\""}],"stream":true}"#;
 

@@ -30,10 +30,8 @@ pub(crate) mod gemini;
 mod named;
 mod openai;
 
-use http::HeaderMap;
-
 use envelope::Names;
-pub(crate) use envelope::{Adapted, Host, Reframe, Reframed};
+pub(crate) use envelope::{Adapted, Host, Reframe, Reframed, Sent};
 use named::{any_path_model, checked, Top};
 pub(crate) use named::{api_of_path, has_dot_segment, in_path, segment, Invalid, Named, Op};
 use percent_encoding::percent_decode_str;
@@ -85,14 +83,13 @@ impl Named {
     }
 }
 
-/// `named` (read from a request in `from`'s API) as `to` takes it, naming `model` (the target's
+/// `named` (read from the request `sent`, in its route's API) as `to` takes it, naming `model` (the target's
 /// name for the requested model). `Ok(None)`: nothing can be adapted (the request goes as it
 /// came); `Err`: the model is no name `to` allows in its paths ([`segment`]).
 pub(crate) fn adapt(
     named: &Named,
-    from: Api,
     to: &Host<'_>,
-    (query, body, headers): (Option<&str>, &[u8], &HeaderMap),
+    sent: Sent<'_>,
     model: Option<&str>,
 ) -> Result<Option<Adapted>, Invalid> {
     let Some(op) = &named.op else { return Ok(None) };
@@ -103,7 +100,7 @@ pub(crate) fn adapt(
     };
     let mut out = Adapted {
         path: String::new(),
-        query: query.map(str::to_string),
+        query: sent.query.map(str::to_string),
         body: None,
         remove: &[],
         insert: None,
@@ -114,10 +111,8 @@ pub(crate) fn adapt(
         path: in_path.as_deref(),
     };
     let adapted = match op {
-        Op::Messages | Op::CountTokens => {
-            anthropic::adapt(&mut out, (op, named.stream), from, to, (query, body, headers), names)
-        }
-        Op::OpenAi(op) => openai::adapt(&mut out, op, to, (query, body), names),
+        Op::Messages | Op::CountTokens => anthropic::adapt(&mut out, (op, named.stream), to, sent, names),
+        Op::OpenAi(op) => openai::adapt(&mut out, op, to, sent, names),
         Op::Gemini(method) => gemini::adapt(&mut out, method, to, names),
     };
     Ok(adapted.map(|()| out))

@@ -3,7 +3,7 @@
 //! (`/openai/v1/{op}`). What a request to each names and its envelope for each of them. rebound's
 //! own errors take OpenAI's shape by default (`src/error.rs`).
 
-use super::envelope::{edit, model_entry, with_first, without, Adapted, Host, Names};
+use super::envelope::{edit, model_entry, with_first, without, Adapted, Host, Names, Sent};
 use super::named::{in_path_named, Invalid, Named, Op, Top};
 use crate::config::Api;
 
@@ -39,9 +39,10 @@ pub(super) fn adapt(
     out: &mut Adapted,
     op: &'static str,
     to: &Host<'_>,
-    (query, body): (Option<&str>, &[u8]),
+    sent: Sent<'_>,
     model: Names<'_>,
 ) -> Option<()> {
+    let Sent { query, body, .. } = sent;
     match to.api {
         Api::OpenAi => {
             out.path = to.v1(&format!("/{op}"));

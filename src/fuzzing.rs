@@ -43,3 +43,36 @@ pub fn values(mut data: &[u8]) -> Vec<Value> {
 fn take(data: &[u8], n: usize) -> (&[u8], &[u8]) {
     data.split_at(n.min(data.len()))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A reply value: nil, an integer, or a bulk string of any bytes or of words a reply holds.
+    fn value() -> impl Strategy<Value = Value> {
+        let word = proptest::sample::select(&["completed", "in_progress", "queued", "0", "1", "-1", "", "{}"][..]);
+        prop_oneof![
+            Just(Value::Nil),
+            any::<i64>().prop_map(Value::Int),
+            proptest::collection::vec(any::<u8>(), 0..48).prop_map(Value::BulkString),
+            word.prop_map(|w| Value::BulkString(w.as_bytes().to_vec())),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(crate::testing::proptest_config(1024))]
+
+        /// The `redis_replies` fuzz target on stable: any bytes, and any reply of Redis values,
+        /// are decoded or refused, never a panic.
+        #[test]
+        fn any_reply_is_decoded_or_refused(bytes in proptest::collection::vec(any::<u8>(), 0..256), reply in proptest::collection::vec(value(), 0..24)) {
+            let from_bytes = values(&bytes);
+            prop_assert!(from_bytes.len() <= bytes.len());
+            for reply in [from_bytes, reply] {
+                job_hash(&reply);
+                idempotency_begin_reply(reply);
+            }
+        }
+    }
+}

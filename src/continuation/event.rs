@@ -194,6 +194,7 @@ pub(crate) fn str_at<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn whole_events_whatever_the_framing_and_terminators() {
@@ -249,5 +250,91 @@ mod tests {
         let out = encode("ping", &serde_json::json!({"type": "ping"}));
         assert_eq!(out, b"event: ping\ndata: {\"type\":\"ping\"}\n\n");
         assert_eq!(encode("", &serde_json::json!(1)), b"data: 1\n\n");
+    }
+
+    /// Where each event of a whole stream ends, as the SSE specification reads it, written
+    /// plainly: `\r\n`, `\n` or `\r` ends a line, and an empty line after a line of the event
+    /// ends it (just after its terminator). Empty lines before an event's first line dispatch
+    /// nothing: they go with the event that follows.
+    fn event_ends(stream: &[u8]) -> Vec<usize> {
+        let (mut ends, mut i, mut empty, mut lines) = (Vec::new(), 0, true, false);
+        while i < stream.len() {
+            let end = match stream[i] {
+                b'\r' if stream.get(i + 1) == Some(&b'\n') => i + 2,
+                b'\r' | b'\n' => i + 1,
+                _ => {
+                    empty = false;
+                    i += 1;
+                    continue;
+                }
+            };
+            match (empty, lines) {
+                (true, true) => {
+                    ends.push(end);
+                    lines = false;
+                }
+                (true, false) => {}
+                (false, _) => lines = true,
+            }
+            empty = true;
+            i = end;
+        }
+        ends
+    }
+
+    /// Bytes that look like a stream: field lines, comments, blank lines, every terminator, and
+    /// now and then any byte.
+    fn stream_bytes() -> impl Strategy<Value = Vec<u8>> {
+        let piece = prop_oneof![
+            Just(b"data: {\"x\":1}".to_vec()),
+            Just(b"event: a".to_vec()),
+            Just(b": ping".to_vec()),
+            Just(b"\n".to_vec()),
+            Just(b"\r".to_vec()),
+            Just(b"\r\n".to_vec()),
+            any::<u8>().prop_map(|b| vec![b]),
+        ];
+        proptest::collection::vec(piece, 0..24).prop_map(|p| p.concat())
+    }
+
+    proptest! {
+        #![proptest_config(crate::testing::proptest_config(512))]
+
+        /// Any stream cut into chunks anywhere: the framer gives the events the specification
+        /// reads in the whole stream, in order, each its bytes as they came; what it holds after
+        /// each chunk is only the event not complete yet.
+        #[test]
+        fn the_framer_finds_the_events_the_specification_reads(
+            stream in stream_bytes(),
+            cuts in proptest::collection::vec(any::<usize>(), 0..6),
+        ) {
+            let mut cut: Vec<usize> = cuts.iter().map(|c| c % (stream.len() + 1)).collect();
+            cut.push(stream.len());
+            cut.sort_unstable();
+            let (mut f, mut events, mut from) = (Framer::default(), Vec::<Bytes>::new(), 0);
+            for &to in &cut {
+                f.push(&stream[from..to]);
+                from = to;
+                while let Some(e) = f.next_event() {
+                    events.push(e);
+                }
+                let taken: usize = events.iter().map(Bytes::len).sum();
+                prop_assert_eq!(f.held(), to - taken, "holds only what is not an event yet");
+            }
+            // Each event ends where the specification says, but for one case: a `\r\n` cut
+            // between its bytes ends the event at the `\r` (the framer does not wait for the
+            // `\n`, which then goes with the next event as an empty line, dispatching nothing).
+            let want = event_ends(&stream);
+            let ends: Vec<usize> = events.iter().scan(0, |end, e| { *end += e.len(); Some(*end) }).collect();
+            let text = String::from_utf8_lossy(&stream);
+            prop_assert_eq!(ends.len(), want.len(), "{:?}: {:?} {:?}", text, ends, want);
+            for (got, want) in ends.iter().zip(&want) {
+                let straddled = *got + 1 == *want && stream[*got - 1] == b'\r' && stream[*got] == b'\n' && cut.contains(got);
+                prop_assert!(got == want || straddled, "{:?}: {:?}", text, ends);
+            }
+            let mut all: Vec<u8> = events.iter().flat_map(|e| e.to_vec()).collect();
+            all.extend(f.take_held().unwrap_or_default());
+            prop_assert_eq!(all, stream);
+        }
     }
 }

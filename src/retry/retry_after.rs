@@ -870,13 +870,11 @@ mod tests {
         "anthropic-ratelimit-output-tokens-remaining",
     ];
 
-    /// Deterministic property tests: a fixed seed, and no regression files written outside the
-    /// module (a failure prints its minimal input; add it to a table test).
+    /// The crate's property-test configuration (`crate::testing`): a fixed seed unless
+    /// `REBOUND_FUZZ_SEED` says otherwise, no regression files, more cases with
+    /// `REBOUND_FUZZ_SCALE`.
     fn proptest_config(cases: u32) -> ProptestConfig {
-        let mut config = ProptestConfig::with_cases(cases);
-        config.rng_seed = proptest::test_runner::RngSeed::Fixed(0x4E7_0AF7E4);
-        config.failure_persistence = None;
-        config
+        crate::testing::proptest_config(cases)
     }
 
     proptest! {

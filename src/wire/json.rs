@@ -1,7 +1,7 @@
 //! JSON read without parsing it whole, pure: a body's top-level members (each key and its
 //! value's bytes, nested values skipped by counting brackets outside strings, strings skipped
 //! with `memchr`), a key compared as serde decodes it, a string value decoded. What a request
-//! names ([`super::named`]) and a request's envelope ([`super::envelope`]) read bodies so: one
+//! names and its envelope ([`super::api`]) read bodies so: one
 //! pass, no allocation but for a string with escapes, any depth without recursion.
 
 use std::borrow::Cow;
@@ -143,6 +143,7 @@ fn value_end(b: &[u8], i: usize) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
 
     #[test]
     fn members_are_found_as_serde_reads_them() {
@@ -203,5 +204,91 @@ mod tests {
         let got = members(body.as_bytes()).expect("one object");
         assert_eq!(got.len(), 2);
         assert_eq!(got[1], (&b"model"[..], &br#""m""#[..]));
+    }
+
+    /// `body`'s members as serde reads them: each key decoded, each value parsed (a repeated key:
+    /// the last, as serde keeps it); `None` when a key or a value is not JSON.
+    fn read(members: &[(&[u8], &[u8])]) -> Option<serde_json::Map<String, serde_json::Value>> {
+        members
+            .iter()
+            .map(|(key, value)| Some((string(key)?.into_owned(), serde_json::from_slice(value).ok()?)))
+            .collect()
+    }
+
+    /// A JSON text with each of `edits` applied: a byte put at a place (a space, a quote, a
+    /// bracket, a comma, a backslash or any byte), or a byte taken out.
+    fn edited(text: &[u8], edits: &[(usize, Option<u8>)]) -> Vec<u8> {
+        let mut out = text.to_vec();
+        for (at, byte) in edits {
+            match byte {
+                Some(b) if !out.is_empty() => out.insert(at % (out.len() + 1), *b),
+                Some(b) => out.push(*b),
+                None if !out.is_empty() => {
+                    out.remove(at % out.len());
+                }
+                None => {}
+            }
+        }
+        out
+    }
+
+    fn an_edit() -> impl Strategy<Value = (usize, Option<u8>)> {
+        let byte = prop_oneof![proptest::sample::select(&b" \t\n\"\\{}[],:0e-"[..]), any::<u8>()];
+        (any::<usize>(), proptest::option::of(byte))
+    }
+
+    proptest! {
+        #![proptest_config(crate::testing::proptest_config(512))]
+
+        /// Any JSON object, compact or pretty: the scan finds its members in order, each key and
+        /// value what serde reads.
+        #[test]
+        fn the_scan_reads_each_object_as_serde_reads_it(
+            members in proptest::collection::btree_map("[a-z\"\\\\\u{e9}]{0,6}", crate::testing::json_value(&["model"]), 0..8),
+            pretty in any::<bool>(),
+        ) {
+            let doc = serde_json::Value::Object(members.into_iter().collect());
+            let text = match pretty {
+                true => serde_json::to_vec_pretty(&doc),
+                false => serde_json::to_vec(&doc),
+            }.expect("serialisable");
+            let found = super::members(&text);
+            prop_assert!(found.is_some(), "{}", String::from_utf8_lossy(&text));
+            let found = found.unwrap_or_default();
+            let keys: Vec<String> = found.iter().filter_map(|(k, _)| string(k).map(Cow::into_owned)).collect();
+            let names: Vec<String> = doc.as_object().map(|m| m.keys().cloned().collect()).unwrap_or_default();
+            prop_assert_eq!(keys, names);
+            // Compared with serde's reading of the text (a float may not read back as written).
+            let want: serde_json::Value = serde_json::from_slice(&text).expect("JSON");
+            prop_assert_eq!(read(&found).map(serde_json::Value::Object), Some(want));
+        }
+
+        /// Any bytes, and any JSON object with bytes put in or taken out: the scan never panics;
+        /// whatever serde reads as one object, the scan reads too, with the same members.
+        #[test]
+        fn whatever_serde_reads_as_an_object_the_scan_reads_the_same(
+            doc in crate::testing::json_value(&["model", "stream"]),
+            edits in proptest::collection::vec(an_edit(), 0..4),
+            noise in proptest::collection::vec(any::<u8>(), 0..64),
+        ) {
+            let text = serde_json::to_vec(&doc).expect("serialisable");
+            for body in [edited(&text, &edits), noise.clone()] {
+                let found = super::members(&body);
+                if let Ok(serde_json::Value::Object(want)) = serde_json::from_slice::<serde_json::Value>(&body) {
+                    let found = found.as_deref().and_then(read);
+                    prop_assert_eq!(found, Some(want), "{}", String::from_utf8_lossy(&body));
+                }
+                // The members are the body's own bytes, in order, never past its end.
+                if let Some(found) = found {
+                    let mut at = 0;
+                    for (key, value) in found {
+                        let key_at = key.as_ptr() as usize - body.as_ptr() as usize;
+                        let value_at = value.as_ptr() as usize - body.as_ptr() as usize;
+                        prop_assert!(at <= key_at && key_at + key.len() < value_at && value_at + value.len() <= body.len());
+                        at = value_at + value.len();
+                    }
+                }
+            }
+        }
     }
 }

@@ -465,4 +465,76 @@ mod tests {
         );
         assert!(matches!(got, Ok(Some(_))), "{got:?}");
     }
+
+    /// Requests of each API: its route's API and a path of each operation it names.
+    const REQUESTS: [(Api, &str); 9] = [
+        (Api::Anthropic, "/v1/messages"),
+        (Api::Anthropic, "/v1/messages/count_tokens"),
+        (
+            Api::Bedrock,
+            "/model/anthropic.claude-v2%3A1/invoke-with-response-stream",
+        ),
+        (
+            Api::VertexAnthropic,
+            "/v1/projects/p/locations/l/publishers/anthropic/models/c@1:rawPredict",
+        ),
+        (Api::OpenAi, "/v1/chat/completions"),
+        (Api::OpenAi, "/v1/embeddings"),
+        (Api::AzureOpenAi, "/openai/deployments/d/responses"),
+        (Api::Gemini, "/v1beta/models/g:streamGenerateContent"),
+        (
+            Api::VertexGemini,
+            "/v1/projects/p/locations/l/publishers/google/models/g:generateContent",
+        ),
+    ];
+
+    /// The members an envelope may take out, put in or rename.
+    const EDITED: [&str; 4] = ["model", "stream", "anthropic_version", "anthropic_beta"];
+
+    proptest::proptest! {
+        #![proptest_config(crate::testing::proptest_config(512))]
+
+        /// Any request of any API, any body (JSON or not), any model name, for every host of its
+        /// family: adapting never panics; a path made is one the host resolves where it was meant
+        /// (no dot segment, no query or fragment, a valid URI path); a body made is a JSON object
+        /// exactly when the app's was, with every member the envelope does not edit as serde read
+        /// it in the app's body.
+        #[test]
+        fn any_request_is_adapted_for_any_host_of_its_family_or_sent_as_it_came(
+            request in proptest::sample::select(&REQUESTS[..]),
+            to in proptest::prelude::any::<usize>(),
+            doc in crate::testing::json_value(&EDITED),
+            noise in proptest::option::of(proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64)),
+            model in "[a-zA-Z0-9./:@%?#\\ -]{0,24}|\\PC{0,8}",
+            azure in proptest::prelude::any::<bool>(),
+        ) {
+            let (from, path) = request;
+            let hosts: Vec<Api> = Api::ALL.into_iter().filter(|a| a.family() == from.family()).collect();
+            let to = hosts[to % hosts.len()];
+            let body = noise.unwrap_or_else(|| serde_json::to_vec(&doc).unwrap_or_default());
+            let Ok(named) = Named::read(from, path, &body) else { return Ok(()) };
+            let mut to = host(to);
+            to.azure_api_version = azure.then_some("2024-10-21");
+            let mut headers = HeaderMap::new();
+            headers.insert(ANTHROPIC_BETA_HEADER, http::HeaderValue::from_static("a,b"));
+            let Ok(Some(a)) = adapt(&named, from, &to, (Some("alt=sse&key=k"), &body, &headers), Some(&model)) else {
+                return Ok(());
+            };
+            proptest::prop_assert!(a.path.starts_with('/'), "{:?}", a.path);
+            proptest::prop_assert!(!crate::wire::api::has_dot_segment(&a.path), "{:?}", a.path);
+            proptest::prop_assert!(!a.path.contains(['?', '#']), "{:?}", a.path);
+            proptest::prop_assert!(http::uri::PathAndQuery::try_from(a.path.as_str()).is_ok(), "{:?}", a.path);
+            let Some(made) = a.body else { return Ok(()) };
+            let before = serde_json::from_slice::<serde_json::Value>(&body).ok();
+            let after = serde_json::from_slice::<serde_json::Value>(&made).ok();
+            let (Some(serde_json::Value::Object(before)), Some(serde_json::Value::Object(after))) = (before, after) else {
+                return Err(proptest::test_runner::TestCaseError::fail(format!(
+                    "a body made from {:?}: {:?}", String::from_utf8_lossy(&body), String::from_utf8_lossy(&made)
+                )));
+            };
+            for (key, value) in before.iter().filter(|(k, _)| !EDITED.contains(&k.as_str())) {
+                proptest::prop_assert_eq!(after.get(key), Some(value), "{}", key);
+            }
+        }
+    }
 }

@@ -548,29 +548,7 @@ mod tests {
 
     /// Any JSON value, up to a few levels deep, with keys that are often `model` or `stream`.
     fn json_value() -> impl Strategy<Value = serde_json::Value> {
-        use serde_json::Value;
-        let key = prop_oneof![
-            Just("model".to_string()),
-            Just("stream".to_string()),
-            Just("messages".to_string()),
-            "[a-z\"\\\\\u{e9}]{0,6}",
-        ];
-        let leaf = prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            any::<f64>()
-                .prop_filter("finite", |f| f.is_finite())
-                .prop_map(Value::from),
-            "[ -~\u{e9}\u{1F600}\n\"\\\\]{0,12}".prop_map(Value::String),
-        ];
-        leaf.prop_recursive(4, 48, 6, move |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-                prop::collection::btree_map(key.clone(), inner, 0..6)
-                    .prop_map(|m| Value::Object(m.into_iter().collect())),
-            ]
-        })
+        crate::testing::json_value(&["model", "stream", "messages"])
     }
 
     proptest! {

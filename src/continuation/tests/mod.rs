@@ -560,8 +560,13 @@ proptest! {
         let starts: Vec<usize> = (0..i)
             .filter(|&k| t[k..].starts_with(char::is_alphanumeric) && !t[..k].ends_with(char::is_alphanumeric))
             .collect();
-        let j = if overlap && !starts.is_empty() { starts[back % starts.len()] } else { i };
-        let how = if prefill && j == i { How::Prefill } else { How::Turn };
+        // A cut inside a run of whitespace: the continuation gives the run whole (as a prefill's
+        // does, whose partial is sent without its trailing whitespace). One that gave only the
+        // run's rest could not be told from one repeating it ("\n" after "\n"): the seam keeps
+        // the app's whitespace then, by its rule 2, and the run is one shorter.
+        let run = if t[i..].starts_with(char::is_whitespace) { i - (t[..i].len() - t[..i].trim_end().len()) } else { i };
+        let j = if overlap && !starts.is_empty() { starts[back % starts.len()] } else { run };
+        let how = if prefill && j == run { How::Prefill } else { How::Turn };
         let (dialect, request, app_stream, cont) = if chat {
             (Dialect::Chat, gpt(false), gpt_stream("a", &pieces(&t[..i], &app_cuts), false), gpt_stream("b", &pieces(&t[j..], &cuts), true))
         } else {

@@ -25,6 +25,8 @@ mod json_digest;
 pub mod kept;
 pub mod live;
 pub mod liveness;
+#[cfg(test)]
+mod model;
 mod recorder;
 pub(crate) mod redis_store;
 mod rejoin;

@@ -90,7 +90,7 @@ pub(crate) fn fuzz_parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
     parse_begin(reply)
 }
 
-fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
+pub(super) fn parse_begin(reply: Vec<Value>) -> Result<Begin, StoreError> {
     let bad = || StoreError::UnexpectedReply("idem_begin_v4");
     match text(reply.first()).as_deref() {
         // Only when this replica's estimate of Redis's clock is off by more than the time left.

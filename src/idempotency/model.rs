@@ -1,0 +1,486 @@
+//! A model check of the idempotency protocol across replicas ([stateright]): every interleaving
+//! of requests with one key, on replicas that crash, pause past their lease and resume, checked
+//! exhaustively for the promises of docs/failure-modes.md.
+//!
+//! The Redis scripts are atomic steps, written here as the Lua does them (`idem_begin_v4`,
+//! `idem_complete_v2`, `idem_release_v2`, `idem_takeover_v1`); what a replica decides from a
+//! script's reply is the product's own code: the begin reply is read by `redis_store::parse_begin`
+//! and a dead owner's replica is named by `liveness::replica_of`. Time is not modelled: a live,
+//! reachable owner renews its lease, so a lease lapses only under an owner that is paused or
+//! dead, and a replica's liveness lapses only when it is paused or dead.
+
+use std::collections::BTreeSet;
+
+use redis::Value;
+use stateright::{Checker, Expectation, Model, Property};
+
+use super::liveness::{replica_of, Owner};
+use super::redis_store::parse_begin;
+use super::store::Begin;
+
+/// How many times a client sends its request, at most (its first send and one retry).
+const SENDS: u8 = 2;
+
+/// A replica's state.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Node {
+    Up,
+    /// Stopped past its lease and its liveness (a GC pause, a frozen VM), then resumed.
+    Paused,
+    /// Running, Redis out of its reach (past its lease and its liveness): it serves what it holds
+    /// to the end, and every script it runs fails.
+    Cut,
+    Crashed,
+}
+
+/// The record of the key in Redis.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+struct Record {
+    /// Claimed, not completed (`st` = `P`); else completed with `body` (`C`).
+    pending: bool,
+    /// The owner: (replica, claim).
+    own: (u8, u8),
+    body: u8,
+}
+
+/// A client's request, on the replica `at`.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+enum Req {
+    /// Not sent yet, or to be sent again (it has been sent `sends` times).
+    Idle { sends: u8 },
+    /// Owns the key as `claim`, the provider not called yet.
+    Claimed { at: u8, claim: u8, sends: u8 },
+    /// The provider answered `resp`; the completion is not written yet.
+    Called { at: u8, claim: u8, resp: u8, sends: u8 },
+    /// Waits for the response of the owner `owner`.
+    Following { at: u8, owner: (u8, u8), sends: u8 },
+    /// The client got the response `Some(resp)`, or an error.
+    Done(Option<u8>),
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq)]
+pub(super) struct State {
+    record: Option<Record>,
+    nodes: Vec<Node>,
+    reqs: Vec<Req>,
+    /// Provider calls made for the key.
+    calls: u8,
+    claims: u8,
+    /// The bodies clients were given by a replay.
+    replays: BTreeSet<u8>,
+    /// The first response a completion stored.
+    stored: Option<u8>,
+    /// One of docs/failure-modes.md's exceptions happened, after which a second provider call is
+    /// allowed: a replica crashed holding a response it had not stored, or a lease or a liveness
+    /// lapsed under a replica that was only paused (as one cut off from Redis).
+    exception: bool,
+    pauses: u8,
+}
+
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub(super) enum Action {
+    Send(usize, u8),
+    Call(usize),
+    Complete(usize),
+    Fail(usize),
+    Follow(usize),
+    TakeOver(usize),
+    Lapse,
+    Crash(u8),
+    Pause(u8),
+    /// The replica loses Redis (a partition); `Resume` heals it.
+    Cut(u8),
+    Resume(u8),
+}
+
+/// The protocol, or a variant of it known to be wrong.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Variant {
+    /// As the product does it.
+    Product,
+    /// `idem_complete` writes without checking that the caller still owns the key.
+    CompleteWithoutOwnerCheck,
+}
+
+/// `replicas` replicas and `requests` requests with one key, each replica pausing at most once
+/// in all (`pauses`).
+pub(super) struct Protocol {
+    pub(super) replicas: u8,
+    pub(super) requests: usize,
+    pub(super) pauses: u8,
+    pub(super) variant: Variant,
+}
+
+/// Whether a request holds the claim `own` (it has not called the provider yet, or has not stored
+/// the response).
+fn held(state: &State, own: (u8, u8)) -> bool {
+    state
+        .reqs
+        .iter()
+        .any(|q| matches!(*q, Req::Claimed { at, claim, .. } | Req::Called { at, claim, .. } if (at, claim) == own))
+}
+
+/// An owner token as the product mints them: `{replica}.{claim}`, each in hex.
+fn token((replica, claim): (u8, u8)) -> Owner {
+    Owner::new(format!("{:016x}.{:016x}", u64::from(replica) + 1, u64::from(claim) + 1))
+}
+
+/// The replica a token names, read by the product's `replica_of`.
+fn replica_named(owner: (u8, u8)) -> Option<u8> {
+    let token = token(owner);
+    let hex = replica_of(token.as_str())?;
+    u64::from_str_radix(hex, 16)
+        .ok()
+        .and_then(|n| u8::try_from(n.checked_sub(1)?).ok())
+}
+
+/// `idem_begin_v4`'s reply to a new claim by `owner` of the key in `record`.
+fn begin_reply(record: Option<Record>) -> Vec<Value> {
+    let word = |w: &str| Value::BulkString(w.as_bytes().to_vec());
+    match record {
+        None => vec![word("claimed")],
+        Some(r) if r.pending => vec![word("in_progress"), Value::Int(1000), word(token(r.own).as_str())],
+        Some(r) => vec![
+            word("completed"),
+            word(r#"{"status":200,"headers":[]}"#),
+            Value::BulkString(vec![r.body]),
+        ],
+    }
+}
+
+impl Protocol {
+    fn after_crash(state: &mut State, replica: u8) {
+        // A response got and not yet stored is lost with the replica: the key runs again on the
+        // client's retry (the documented exception: docs/failure-modes.md, "replica crash").
+        state.exception |= state
+            .reqs
+            .iter()
+            .any(|q| matches!(*q, Req::Called { at, .. } if at == replica));
+        for req in &mut state.reqs {
+            let (at, sends) = match *req {
+                Req::Claimed { at, sends, .. } | Req::Called { at, sends, .. } | Req::Following { at, sends, .. } => {
+                    (at, sends)
+                }
+                _ => continue,
+            };
+            if at == replica {
+                // The client sees its connection reset, and sends again while it may.
+                *req = if sends < SENDS {
+                    Req::Idle { sends }
+                } else {
+                    Req::Done(None)
+                };
+            }
+        }
+    }
+
+    fn send(&self, state: &mut State, (i, at): (usize, u8), sends: u8) {
+        let sends = sends + 1;
+        if state.nodes[usize::from(at)] == Node::Cut {
+            // `on_store_error = "fail_closed"`: 503 `store_unavailable`, nothing sent upstream.
+            state.reqs[i] = if sends < SENDS {
+                Req::Idle { sends }
+            } else {
+                Req::Done(None)
+            };
+            return;
+        }
+        match parse_begin(begin_reply(state.record)) {
+            Ok(Begin::Claimed) => {
+                let claim = state.claims;
+                state.claims += 1;
+                state.record = Some(Record {
+                    pending: true,
+                    own: (at, claim),
+                    body: 0,
+                });
+                state.reqs[i] = Req::Claimed { at, claim, sends };
+            }
+            Ok(Begin::InProgress { owner, .. }) => {
+                let own = state.record.map_or((0, 0), |r| r.own);
+                assert_eq!(owner.as_str(), token(own).as_str());
+                state.reqs[i] = Req::Following { at, owner: own, sends };
+            }
+            Ok(Begin::Completed(stored)) => {
+                let body = stored.body.first().copied().unwrap_or(u8::MAX);
+                state.replays.insert(body);
+                state.reqs[i] = Req::Done(Some(body));
+            }
+            _ => state.reqs[i] = Req::Done(None),
+        }
+    }
+
+    fn complete(&self, state: &mut State, i: usize) {
+        let Req::Called { at, claim, resp, .. } = state.reqs[i] else {
+            return;
+        };
+        if state.nodes[usize::from(at)] == Node::Cut {
+            // The completion cannot be written (`result="lost"`); the client has its response, and
+            // a retry elsewhere runs again (docs/failure-modes.md, "cut off from Redis").
+            state.exception = true;
+            state.reqs[i] = Req::Done(Some(resp));
+            return;
+        }
+        let ours = state.record.is_none_or(|r| r.own == (at, claim));
+        let written = match self.variant {
+            Variant::Product => ours && state.record.is_none_or(|r| r.pending),
+            Variant::CompleteWithoutOwnerCheck => true,
+        };
+        if written {
+            state.stored.get_or_insert(resp);
+            state.record = Some(Record {
+                pending: false,
+                own: (at, claim),
+                body: resp,
+            });
+        }
+        state.reqs[i] = Req::Done(Some(resp));
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![State {
+            record: None,
+            nodes: vec![Node::Up; usize::from(self.replicas)],
+            reqs: vec![Req::Idle { sends: 0 }; self.requests],
+            calls: 0,
+            claims: 0,
+            replays: BTreeSet::new(),
+            stored: None,
+            exception: false,
+            pauses: 0,
+        }]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        let node = |r: u8| state.nodes[usize::from(r)];
+        let up = |r: u8| node(r) == Node::Up;
+        let running = |r: u8| matches!(node(r), Node::Up | Node::Cut);
+        for (i, req) in state.reqs.iter().enumerate() {
+            match *req {
+                Req::Idle { sends } if sends < SENDS => {
+                    actions.extend((0..self.replicas).filter(|r| running(*r)).map(|r| Action::Send(i, r)));
+                }
+                Req::Claimed { at, .. } if running(at) => actions.extend([Action::Call(i), Action::Fail(i)]),
+                Req::Called { at, .. } if running(at) => actions.push(Action::Complete(i)),
+                Req::Following { at, owner, .. } if up(at) => {
+                    let pending = state.record.is_some_and(|r| r.pending && r.own == owner);
+                    if !pending {
+                        actions.push(Action::Follow(i));
+                    } else if replica_named(owner).is_some_and(|r| !up(r)) {
+                        // Its owner's replica stopped beating: the follower may take the key over.
+                        actions.push(Action::TakeOver(i));
+                    }
+                }
+                _ => {}
+            }
+        }
+        // A lease lapses when its owner stops renewing it: the owner's replica is not up, or no
+        // request holds the claim any more (a release that could not be written).
+        if state
+            .record
+            .is_some_and(|r| r.pending && (!up(r.own.0) || !held(state, r.own)))
+        {
+            actions.push(Action::Lapse);
+        }
+        for r in 0..self.replicas {
+            match node(r) {
+                Node::Up => {
+                    actions.push(Action::Crash(r));
+                    if state.pauses < self.pauses {
+                        actions.extend([Action::Pause(r), Action::Cut(r)]);
+                    }
+                }
+                Node::Paused | Node::Cut => actions.extend([Action::Resume(r), Action::Crash(r)]),
+                Node::Crashed => {}
+            }
+        }
+    }
+
+    fn next_state(&self, last: &State, action: Action) -> Option<State> {
+        let mut state = last.clone();
+        match action {
+            Action::Send(i, at) => {
+                let Req::Idle { sends } = state.reqs[i] else {
+                    return None;
+                };
+                self.send(&mut state, (i, at), sends);
+            }
+            Action::Call(i) => {
+                let Req::Claimed { at, claim, sends } = state.reqs[i] else {
+                    return None;
+                };
+                state.calls += 1;
+                state.reqs[i] = Req::Called {
+                    at,
+                    claim,
+                    resp: 100 + state.calls,
+                    sends,
+                };
+            }
+            Action::Complete(i) => self.complete(&mut state, i),
+            Action::Fail(i) => {
+                // Failed for good before any byte: the key is released (owner-checked).
+                let Req::Claimed { at, claim, .. } = state.reqs[i] else {
+                    return None;
+                };
+                let reachable = state.nodes[usize::from(at)] == Node::Up;
+                if reachable && state.record.is_some_and(|r| r.pending && r.own == (at, claim)) {
+                    state.record = None;
+                }
+                state.reqs[i] = Req::Done(None);
+            }
+            Action::Follow(i) => {
+                let Req::Following { sends, .. } = state.reqs[i] else {
+                    return None;
+                };
+                match state.record {
+                    // The original completed: its response, as stored.
+                    Some(r) if !r.pending => {
+                        state.replays.insert(r.body);
+                        state.reqs[i] = Req::Done(Some(r.body));
+                    }
+                    // Released, lapsed or taken over: the follower's request begins again.
+                    _ => state.reqs[i] = Req::Idle { sends: sends - 1 },
+                }
+            }
+            Action::TakeOver(i) => {
+                let Req::Following { at, owner, sends } = state.reqs[i] else {
+                    return None;
+                };
+                let dead = usize::from(owner.0);
+                state.exception |= matches!(state.nodes[dead], Node::Paused | Node::Cut);
+                let claim = state.claims;
+                state.claims += 1;
+                state.record = Some(Record {
+                    pending: true,
+                    own: (at, claim),
+                    body: 0,
+                });
+                state.reqs[i] = Req::Claimed { at, claim, sends };
+            }
+            Action::Lapse => {
+                let owner = state.record.map(|r| usize::from(r.own.0))?;
+                state.exception |= matches!(state.nodes[owner], Node::Paused | Node::Cut);
+                state.record = None;
+            }
+            Action::Crash(r) => {
+                state.nodes[usize::from(r)] = Node::Crashed;
+                Protocol::after_crash(&mut state, r);
+            }
+            Action::Pause(r) => {
+                state.nodes[usize::from(r)] = Node::Paused;
+                state.pauses += 1;
+            }
+            Action::Cut(r) => {
+                state.nodes[usize::from(r)] = Node::Cut;
+                state.pauses += 1;
+            }
+            Action::Resume(r) => state.nodes[usize::from(r)] = Node::Up,
+        }
+        Some(state)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        vec![
+            Property::always(
+                "at most one provider call per key, but for the documented exceptions",
+                |_, s: &State| s.calls <= 1 || s.exception,
+            ),
+            Property::always(
+                "a completed key keeps the response stored first, and replays it",
+                |_, s: &State| {
+                    let kept = s.record.is_none_or(|r| r.pending || Some(r.body) == s.stored);
+                    kept && s.replays.iter().all(|b| Some(*b) == s.stored)
+                },
+            ),
+            Property::always(
+                "every key ends completed or released, every request answered",
+                |m, s: &State| {
+                    let mut next = Vec::new();
+                    m.actions(s, &mut next);
+                    let all_down = s.nodes.iter().all(|n| *n == Node::Crashed);
+                    !next.is_empty()
+                        || all_down
+                        || (s.record.is_none_or(|r| !r.pending) && s.reqs.iter().all(|q| matches!(q, Req::Done(_))))
+                },
+            ),
+            Property::sometimes("a replay", |_, s: &State| !s.replays.is_empty()),
+            Property::sometimes("a takeover of a dead owner's key, then a replay", |_, s: &State| {
+                s.claims >= 2 && !s.replays.is_empty() && s.calls == 1
+            }),
+        ]
+    }
+}
+
+/// Checks `protocol` exhaustively; the names of the properties that failed (an `always` with a
+/// counterexample, printed; a `sometimes` with no example).
+pub(super) fn failures(protocol: Protocol) -> Vec<&'static str> {
+    let properties: Vec<(&'static str, bool)> = protocol
+        .properties()
+        .iter()
+        .map(|p| (p.name, matches!(p.expectation, Expectation::Sometimes)))
+        .collect();
+    let checker = protocol.checker().spawn_bfs().join();
+    eprintln!(
+        "{} states, {} unique",
+        checker.state_count(),
+        checker.unique_state_count()
+    );
+    properties
+        .into_iter()
+        .filter(|(name, sometimes)| {
+            let found = checker.discovery(name);
+            if let (Some(path), false) = (&found, sometimes) {
+                eprintln!("{name}: {:?}", path.clone().into_actions());
+            }
+            found.is_some() != *sometimes
+        })
+        .map(|(name, _)| name)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_replicas_and_two_requests_keep_every_promise() {
+        let product = Protocol {
+            replicas: 2,
+            requests: 2,
+            pauses: 1,
+            variant: Variant::Product,
+        };
+        assert_eq!(failures(product), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_completion_without_the_owner_check_is_found() {
+        let bad = Protocol {
+            replicas: 2,
+            requests: 2,
+            pauses: 1,
+            variant: Variant::CompleteWithoutOwnerCheck,
+        };
+        assert_eq!(
+            failures(bad),
+            vec!["a completed key keeps the response stored first, and replays it"]
+        );
+    }
+
+    #[test]
+    fn three_replicas_and_three_requests_keep_every_promise() {
+        let product = Protocol {
+            replicas: 3,
+            requests: 3,
+            pauses: 1,
+            variant: Variant::Product,
+        };
+        assert_eq!(failures(product), Vec::<&str>::new());
+    }
+}

@@ -71,10 +71,12 @@ pub(super) struct State {
     /// The first response a completion stored.
     stored: Option<u8>,
     /// One of docs/failure-modes.md's exceptions happened, after which a second provider call is
-    /// allowed: a replica crashed holding a response it had not stored, or a lease or a liveness
-    /// lapsed under a replica that was only paused (as one cut off from Redis).
+    /// allowed: a replica crashed holding a response it had not stored, a completion was lost to
+    /// a replica cut off from Redis, a lease or a liveness lapsed under a replica that was only
+    /// paused or cut off, or Redis forgot the key.
     exception: bool,
     pauses: u8,
+    flushes: u8,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -91,6 +93,8 @@ pub(super) enum Action {
     /// The replica loses Redis (a partition); `Resume` heals it.
     Cut(u8),
     Resume(u8),
+    /// Redis restarts empty (or fails over to a replica that had not the key yet).
+    Flush,
 }
 
 /// The protocol, or a variant of it known to be wrong.
@@ -102,12 +106,13 @@ pub(super) enum Variant {
     CompleteWithoutOwnerCheck,
 }
 
-/// `replicas` replicas and `requests` requests with one key, each replica pausing at most once
-/// in all (`pauses`).
+/// `replicas` replicas and `requests` requests with one key, with at most `pauses` pauses or
+/// cuts from Redis in all, and at most `flushes` restarts of Redis empty.
 pub(super) struct Protocol {
     pub(super) replicas: u8,
     pub(super) requests: usize,
     pub(super) pauses: u8,
+    pub(super) flushes: u8,
     pub(super) variant: Variant,
 }
 
@@ -253,6 +258,7 @@ impl Model for Protocol {
             stored: None,
             exception: false,
             pauses: 0,
+            flushes: 0,
         }]
     }
 
@@ -286,6 +292,9 @@ impl Model for Protocol {
             .is_some_and(|r| r.pending && (!up(r.own.0) || !held(state, r.own)))
         {
             actions.push(Action::Lapse);
+        }
+        if state.flushes < self.flushes {
+            actions.push(Action::Flush);
         }
         for r in 0..self.replicas {
             match node(r) {
@@ -381,6 +390,15 @@ impl Model for Protocol {
                 state.pauses += 1;
             }
             Action::Resume(r) => state.nodes[usize::from(r)] = Node::Up,
+            Action::Flush => {
+                // The key is forgotten: a retry runs again (docs/failure-modes.md, "Redis
+                // restarted empty"); what it stores next is the key's response from then on.
+                state.exception |= state.record.is_some();
+                state.record = None;
+                state.stored = None;
+                state.replays.clear();
+                state.flushes += 1;
+            }
         }
         Some(state)
     }
@@ -454,6 +472,7 @@ mod tests {
             replicas: 2,
             requests: 2,
             pauses: 1,
+            flushes: 1,
             variant: Variant::Product,
         };
         assert_eq!(failures(product), Vec::<&str>::new());
@@ -465,6 +484,7 @@ mod tests {
             replicas: 2,
             requests: 2,
             pauses: 1,
+            flushes: 1,
             variant: Variant::CompleteWithoutOwnerCheck,
         };
         assert_eq!(
@@ -479,6 +499,7 @@ mod tests {
             replicas: 3,
             requests: 3,
             pauses: 1,
+            flushes: 0,
             variant: Variant::Product,
         };
         assert_eq!(failures(product), Vec::<&str>::new());

@@ -77,6 +77,9 @@ pub(super) struct State {
     exception: bool,
     pauses: u8,
     flushes: u8,
+    /// Responses whose client went away mid-stream, still read to their end by their replica to
+    /// be stored (`complete_on_disconnect`): (replica, claim, response).
+    orphans: Vec<(u8, u8, u8)>,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -95,6 +98,10 @@ pub(super) enum Action {
     Resume(u8),
     /// Redis restarts empty (or fails over to a replica that had not the key yet).
     Flush,
+    /// The client of a response in flight goes away mid-stream, and will send again.
+    Disconnect(usize),
+    /// A response whose client went away is stored.
+    CompleteOrphan(usize),
 }
 
 /// The protocol, or a variant of it known to be wrong.
@@ -113,16 +120,19 @@ pub(super) struct Protocol {
     pub(super) requests: usize,
     pub(super) pauses: u8,
     pub(super) flushes: u8,
+    /// Clients that go away mid-stream, at most, in all.
+    pub(super) disconnects: u8,
     pub(super) variant: Variant,
 }
 
 /// Whether a request holds the claim `own` (it has not called the provider yet, or has not stored
 /// the response).
 fn held(state: &State, own: (u8, u8)) -> bool {
-    state
-        .reqs
-        .iter()
-        .any(|q| matches!(*q, Req::Claimed { at, claim, .. } | Req::Called { at, claim, .. } if (at, claim) == own))
+    state.orphans.iter().any(|(at, claim, _)| (*at, *claim) == own)
+        || state
+            .reqs
+            .iter()
+            .any(|q| matches!(*q, Req::Claimed { at, claim, .. } | Req::Called { at, claim, .. } if (at, claim) == own))
 }
 
 /// An owner token as the product mints them: `{replica}.{claim}`, each in hex.
@@ -160,7 +170,9 @@ impl Protocol {
         state.exception |= state
             .reqs
             .iter()
-            .any(|q| matches!(*q, Req::Called { at, .. } if at == replica));
+            .any(|q| matches!(*q, Req::Called { at, .. } if at == replica))
+            || state.orphans.iter().any(|(at, ..)| *at == replica);
+        state.orphans.retain(|(at, ..)| *at != replica);
         for req in &mut state.reqs {
             let (at, sends) = match *req {
                 Req::Claimed { at, sends, .. } | Req::Called { at, sends, .. } | Req::Following { at, sends, .. } => {
@@ -219,11 +231,16 @@ impl Protocol {
         let Req::Called { at, claim, resp, .. } = state.reqs[i] else {
             return;
         };
+        self.store(state, (at, claim), resp);
+        state.reqs[i] = Req::Done(Some(resp));
+    }
+
+    /// `idem_complete_v2` by the owner `(at, claim)` of the response `resp`.
+    fn store(&self, state: &mut State, (at, claim): (u8, u8), resp: u8) {
         if state.nodes[usize::from(at)] == Node::Cut {
-            // The completion cannot be written (`result="lost"`); the client has its response, and
-            // a retry elsewhere runs again (docs/failure-modes.md, "cut off from Redis").
+            // The completion cannot be written (`result="lost"`), and a retry elsewhere runs
+            // again (docs/failure-modes.md, "cut off from Redis").
             state.exception = true;
-            state.reqs[i] = Req::Done(Some(resp));
             return;
         }
         let ours = state.record.is_none_or(|r| r.own == (at, claim));
@@ -239,7 +256,6 @@ impl Protocol {
                 body: resp,
             });
         }
-        state.reqs[i] = Req::Done(Some(resp));
     }
 }
 
@@ -259,6 +275,7 @@ impl Model for Protocol {
             exception: false,
             pauses: 0,
             flushes: 0,
+            orphans: Vec::new(),
         }]
     }
 
@@ -272,7 +289,12 @@ impl Model for Protocol {
                     actions.extend((0..self.replicas).filter(|r| running(*r)).map(|r| Action::Send(i, r)));
                 }
                 Req::Claimed { at, .. } if running(at) => actions.extend([Action::Call(i), Action::Fail(i)]),
-                Req::Called { at, .. } if running(at) => actions.push(Action::Complete(i)),
+                Req::Called { at, sends, .. } if running(at) => {
+                    actions.push(Action::Complete(i));
+                    if sends < SENDS && (state.orphans.len() as u8) < self.disconnects {
+                        actions.push(Action::Disconnect(i));
+                    }
+                }
                 Req::Following { at, owner, .. } if up(at) => {
                     let pending = state.record.is_some_and(|r| r.pending && r.own == owner);
                     if !pending {
@@ -295,6 +317,11 @@ impl Model for Protocol {
         }
         if state.flushes < self.flushes {
             actions.push(Action::Flush);
+        }
+        for (k, (at, ..)) in state.orphans.iter().enumerate() {
+            if running(*at) {
+                actions.push(Action::CompleteOrphan(k));
+            }
         }
         for r in 0..self.replicas {
             match node(r) {
@@ -390,6 +417,17 @@ impl Model for Protocol {
                 state.pauses += 1;
             }
             Action::Resume(r) => state.nodes[usize::from(r)] = Node::Up,
+            Action::Disconnect(i) => {
+                let Req::Called { at, claim, resp, sends } = state.reqs[i] else {
+                    return None;
+                };
+                state.orphans.push((at, claim, resp));
+                state.reqs[i] = Req::Idle { sends };
+            }
+            Action::CompleteOrphan(k) => {
+                let (at, claim, resp) = state.orphans.remove(k);
+                self.store(&mut state, (at, claim), resp);
+            }
             Action::Flush => {
                 // The key is forgotten: a retry runs again (docs/failure-modes.md, "Redis
                 // restarted empty"); what it stores next is the key's response from then on.
@@ -473,6 +511,7 @@ mod tests {
             requests: 2,
             pauses: 1,
             flushes: 1,
+            disconnects: 1,
             variant: Variant::Product,
         };
         assert_eq!(failures(product), Vec::<&str>::new());
@@ -485,6 +524,7 @@ mod tests {
             requests: 2,
             pauses: 1,
             flushes: 1,
+            disconnects: 1,
             variant: Variant::CompleteWithoutOwnerCheck,
         };
         assert_eq!(
@@ -500,6 +540,7 @@ mod tests {
             requests: 3,
             pauses: 1,
             flushes: 0,
+            disconnects: 0,
             variant: Variant::Product,
         };
         assert_eq!(failures(product), Vec::<&str>::new());

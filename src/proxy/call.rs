@@ -19,7 +19,7 @@ use super::commit;
 use super::context::Context;
 use super::cursor::{Cursor, Cut};
 use super::delivery::{Delivery, Progress};
-use super::hold_scope::{Credential, HoldScope};
+use super::hold_scope::HoldScope;
 use super::outbound;
 use super::pacing;
 use super::primed::Primed;
@@ -201,13 +201,10 @@ impl<'r> Call<'r> {
                     return Admit::Stop(self.progress.stop_before_attempt(Stop::NotRetryable, failovers, || e));
                 }
             };
-            // The credential is hashed only when some hold concerns this upstream, or after a 429;
-            // the app's, once per request (a target that sets or signs its own, or that moves the
-            // request to another envelope, is hashed as sent).
-            let credential = match target.upstream.config.sets_credential || target.adapt_from.is_some() {
-                true => Credential::Set(self.cx.credentials.presented(req.headers(), req.uri().query())),
-                false => Credential::App(asked.request),
-            };
+            // The credential the provider is sent (not always the app's: a target sets or signs
+            // its own, hop-by-hop headers are stripped, a resume has its own query), hashed only
+            // when some hold concerns this upstream, or after a 429.
+            let credential = self.cx.credentials.presented(req.headers(), req.uri().query());
             let scope = HoldScope::new(credential, asked.named.model_or_empty());
             let bounds = Bounds {
                 others: self.at.others(route, index).next().is_some(),

@@ -12,36 +12,19 @@
 
 use std::cell::OnceCell;
 
-use super::request::Request;
 use super::routes::Target;
 use crate::config::RateLimitScope;
-use crate::credentials::{CredentialHash, Credentials, LimitKey, Presented};
-
-/// The credential an attempt carries: the app's (its request's, hashed once per request) or the
-/// one its target sets or signs in its place.
-pub(super) enum Credential<'a> {
-    App(&'a Request),
-    Set(Presented),
-}
-
-impl Credential<'_> {
-    fn hash(&self, forms: &Credentials) -> CredentialHash {
-        match self {
-            Credential::App(request) => request.credential(forms),
-            Credential::Set(presented) => presented.hash(forms),
-        }
-    }
-}
+use crate::credentials::{Credentials, LimitKey, Presented};
 
 /// What one attempt asked for, as far as holds go: its credential and the model it names.
 pub(super) struct HoldScope<'a> {
-    credential: Credential<'a>,
+    credential: Presented,
     model: &'a str,
     per_model: OnceCell<LimitKey>,
 }
 
 impl<'a> HoldScope<'a> {
-    pub(super) fn new(credential: Credential<'a>, model: &'a str) -> HoldScope<'a> {
+    pub(super) fn new(credential: Presented, model: &'a str) -> HoldScope<'a> {
         HoldScope {
             credential,
             model,

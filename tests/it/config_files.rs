@@ -343,9 +343,10 @@ mod properties {
     /// 256 cases times `REBOUND_FUZZ_SCALE`, on a fixed seed unless `REBOUND_FUZZ_SEED` names
     /// another (as the library's property tests: `src/testing.rs`), no regression files.
     fn config() -> ProptestConfig {
-        let number = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u32>().ok());
-        let mut c = ProptestConfig::with_cases(256 * number("REBOUND_FUZZ_SCALE").unwrap_or(1).clamp(1, 1_000_000));
-        c.rng_seed = proptest::test_runner::RngSeed::Fixed(number("REBOUND_FUZZ_SEED").map_or(0xC0F1_6000, u64::from));
+        let number = |name: &str| std::env::var(name).ok().and_then(|v| v.trim().parse::<u64>().ok());
+        let scale = u32::try_from(number("REBOUND_FUZZ_SCALE").unwrap_or(1).clamp(1, 1_000_000)).unwrap_or(1);
+        let mut c = ProptestConfig::with_cases(256 * scale);
+        c.rng_seed = proptest::test_runner::RngSeed::Fixed(number("REBOUND_FUZZ_SEED").unwrap_or(0xC0F1_6000));
         c.failure_persistence = None;
         c
     }

@@ -383,9 +383,6 @@ fn the_pub_scan_reads_items_and_fields_and_skips_narrower_ones() {
     );
 }
 
-/// One deadline per request: what its headers ask of the retry policy (`retry_terms`, where
-/// the deadline comes from) is read in the request's own module only, once, and every other step
-/// borrows it.
 /// The app's credential is hashed once per request, by `proxy/request.rs`: no other step of the
 /// pipeline reads the credential of the app's head (`parts`) itself.
 #[test]
@@ -415,6 +412,9 @@ fn no_module_but_the_requests_hashes_the_apps_credential() {
     assert_eq!(found, 1, "proxy/request.rs reads it once");
 }
 
+/// One deadline per request: what its headers ask of the retry policy (`retry_terms`, where
+/// the deadline comes from) is read in the request's own module only, once, and every other step
+/// borrows it.
 #[test]
 fn no_module_but_the_requests_computes_a_deadline() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));

@@ -137,6 +137,18 @@ fn held(state: &State, own: (u8, u8)) -> bool {
             .any(|q| matches!(*q, Req::Claimed { at, claim, .. } | Req::Called { at, claim, .. } if (at, claim) == own))
 }
 
+/// Request `i` on replica `at` claims the key under a new claim (a begin, or a takeover).
+fn claim(state: &mut State, (i, at): (usize, u8), sends: u8) {
+    let claim = state.claims;
+    state.claims += 1;
+    state.record = Some(Record {
+        pending: true,
+        own: (at, claim),
+        body: 0,
+    });
+    state.reqs[i] = Req::Claimed { at, claim, sends };
+}
+
 /// An owner token as the product mints them: `{replica}.{claim}`, each in hex.
 fn token((replica, claim): (u8, u8)) -> Owner {
     Owner::new(format!("{:016x}.{:016x}", u64::from(replica) + 1, u64::from(claim) + 1))
@@ -207,16 +219,7 @@ impl Protocol {
             return;
         }
         match parse_begin(begin_reply(state.record)) {
-            Ok(Begin::Claimed) => {
-                let claim = state.claims;
-                state.claims += 1;
-                state.record = Some(Record {
-                    pending: true,
-                    own: (at, claim),
-                    body: 0,
-                });
-                state.reqs[i] = Req::Claimed { at, claim, sends };
-            }
+            Ok(Begin::Claimed) => claim(state, (i, at), sends),
             Ok(Begin::InProgress { owner, .. }) => {
                 let own = state.record.map_or((0, 0), |r| r.own);
                 assert_eq!(owner.as_str(), token(own).as_str());
@@ -395,15 +398,8 @@ impl Model for Protocol {
                 };
                 let dead = usize::from(owner.0);
                 state.exceptions += u8::from(matches!(state.nodes[dead], Node::Paused | Node::Cut));
-                let claim = state.claims;
-                state.claims += 1;
                 state.takeovers += 1;
-                state.record = Some(Record {
-                    pending: true,
-                    own: (at, claim),
-                    body: 0,
-                });
-                state.reqs[i] = Req::Claimed { at, claim, sends };
+                claim(&mut state, (i, at), sends);
             }
             Action::Lapse => {
                 let owner = state.record.map(|r| usize::from(r.own.0))?;

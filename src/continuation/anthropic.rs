@@ -69,7 +69,10 @@ fn observe(t: &mut Transcript, e: &Event) {
             }
         }
         "message_delta" => t.ended |= !v["delta"]["stop_reason"].is_null(),
-        "message_stop" => t.ended = true,
+        "message_stop" => {
+            t.ended = true;
+            t.closed = true;
+        }
         _ => {}
     }
 }

@@ -54,6 +54,7 @@ fn observe(t: &mut Transcript, e: &Event) {
     let v = match &e.data {
         Data::Done => {
             t.ended = true;
+            t.closed = true;
             return;
         }
         Data::Json(v) if v.get("error").is_none() => v,

@@ -181,6 +181,9 @@ pub(crate) fn cut_event(dialect: super::Dialect, message: &str, next_seq: Option
 /// OpenAI's end of a stream.
 pub(crate) const DONE: &[u8] = b"data: [DONE]\n\n";
 
+/// Anthropic's end of a stream.
+pub(crate) const MESSAGE_STOP: &[u8] = b"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
 /// The unsigned integer at `key` of a JSON object.
 pub(crate) fn u64_at(v: &Value, key: &str) -> Option<u64> {
     v.get(key).and_then(Value::as_u64)

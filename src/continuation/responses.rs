@@ -91,7 +91,10 @@ fn observe(t: &mut Transcript, e: &Event) {
                 }
             }
         }
-        "response.completed" | "response.incomplete" | "response.failed" => t.ended = true,
+        "response.completed" | "response.incomplete" | "response.failed" => {
+            t.ended = true;
+            t.closed = true;
+        }
         _ => {}
     }
 }

@@ -69,7 +69,11 @@ pub(crate) struct Transcript {
     /// Chat's `created`, Responses' `created_at`.
     pub(crate) created: Option<Value>,
     pub(crate) started: bool,
+    /// The message ended (a finish or stop reason, or the stream's last event).
     pub(crate) ended: bool,
+    /// The stream's own last event came (Chat's `[DONE]`, Anthropic's `message_stop`,
+    /// Responses' final event).
+    pub(crate) closed: bool,
     pub(crate) blocks: Vec<Block>,
     /// Bytes of text and items kept, and whether some were not.
     kept: usize,
@@ -95,6 +99,7 @@ impl Transcript {
             created: None,
             started: false,
             ended: false,
+            closed: false,
             blocks: Vec::new(),
             kept: 0,
             overflow: false,
@@ -133,6 +138,17 @@ impl Transcript {
     pub(crate) fn produced_chars(&self) -> usize {
         let chars = |b: &Block| b.parts.iter().map(|p| p.chars().count()).sum::<usize>();
         self.blocks.iter().filter(|b| b.kind != Kind::Tool).map(chars).sum()
+    }
+
+    /// For a stream cut after its message ended but before its last event: that event (Chat's
+    /// `[DONE]`, Anthropic's `message_stop`), so that the app reads a whole stream. `None` when
+    /// nothing is missing or the message had not ended.
+    pub(crate) fn closing(&self) -> Option<&'static [u8]> {
+        match (self.ended && !self.closed, self.dialect) {
+            (true, Dialect::Chat) => Some(super::event::DONE),
+            (true, Dialect::Messages) => Some(super::event::MESSAGE_STOP),
+            _ => None,
+        }
     }
 
     /// What to do about a cut, for the original `request` (its body). `prefill`: the target

@@ -383,9 +383,13 @@ impl Continued {
                 self.count(Fate::Failed);
                 self.fail(format!("cut again after {MAX_HOPS} continuations: {why}").into());
             }
-            // The app has the whole message: nothing to finish, nothing to report.
+            // The app has the whole message: nothing to finish, nothing to report; the stream's
+            // last event, if the cut took it, so that the stream ends as a whole one does.
             Plan::Refuse(Refusal::Ended) => {
                 self.count(Fate::Failed);
+                if let Some(end) = app.closing() {
+                    self.send(Bytes::from_static(end));
+                }
                 self.done = true;
             }
             Plan::Refuse(refusal) => {
@@ -419,6 +423,19 @@ impl Continued {
         self.framer.push(data);
         while let Some(at) = self.framer.next_found() {
             let event = &self.framer.found()[at.clone()];
+            let following = self.followed.is_some() || self.rejoined;
+            if following && self.splicer.is_none() && classify_event(event).is_some() {
+                // An error event in a stream this request follows is the verdict of the replica
+                // that runs it (which continues the stream it can and ends with an error event
+                // the one it cannot): final here too, never continued a second time.
+                let found = self.framer.take_found();
+                self.send(found);
+                if let Some(flag) = &self.error_seen {
+                    flag.store(true, Ordering::Release);
+                }
+                self.done = true;
+                return;
+            }
             if classify_event(event).is_some() {
                 // The provider's error event: kept for the app should the stream not be
                 // finished; what came before it goes on.

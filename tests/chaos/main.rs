@@ -20,6 +20,9 @@ mod support;
 
 mod checks;
 mod load;
+mod soak;
+mod soak_checks;
+mod streams;
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -177,9 +180,14 @@ on_store_error = "fail_closed"
     )
 }
 
+/// One at a time: the chaos test and the soak each load both cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// One replica: the real binary on fixed ports, so that a restart comes back where clients look.
 struct Replica {
     toml: String,
+    /// Its environment (the soak's credential services).
+    env: Vec<(&'static str, String)>,
     url: String,
     admin: String,
     process: Option<ReboundProcess>,
@@ -193,7 +201,8 @@ impl Replica {
         self.process.as_ref().and_then(|p| p.child.id())
     }
     async fn start(&mut self) {
-        self.process = Some(ReboundProcess::start(&self.toml, &[]).await);
+        let env: Vec<(&str, &str)> = self.env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        self.process = Some(ReboundProcess::start(&self.toml, &env).await);
     }
     async fn metrics(&self) -> String {
         send("GET", &format!("{}/metrics", self.admin), &[], "").await.text()
@@ -261,6 +270,7 @@ async fn chaos() {
         minutes.map_or("bounded run".to_string(), |m| format!("soak of {m} min"))
     );
 
+    let _alone = ONE_AT_A_TIME.lock().await;
     let provider = Arc::new(FakeProvider::start().await);
     let mut redis = RedisServer::start();
     let mut replicas = Vec::new();
@@ -268,6 +278,7 @@ async fn chaos() {
         let (port, admin_port) = (free_port(), free_port());
         replicas.push(Replica {
             toml: config(port, admin_port, &provider.url(), &redis.url()),
+            env: Vec::new(),
             url: format!("http://127.0.0.1:{port}"),
             admin: format!("http://127.0.0.1:{admin_port}"),
             process: None,
@@ -280,46 +291,10 @@ async fn chaos() {
         urls: replicas.iter().map(|r| r.url.clone()).collect(),
     });
 
-    // The load: flows started at `rate` per second, at most 400 at once.
-    let stop = Arc::new(AtomicBool::new(false));
-    let skipped = Arc::new(AtomicU64::new(0));
-    let flows: Arc<Mutex<Vec<Flow>>> = Arc::default();
-    let generator = {
-        let (stop, skipped, flows, clients, provider) = (
-            stop.clone(),
-            skipped.clone(),
-            flows.clone(),
-            clients.clone(),
-            provider.clone(),
-        );
-        tokio::spawn(async move {
-            let mut rng = StdRng::seed_from_u64(seed);
-            let limit = Arc::new(tokio::sync::Semaphore::new(400));
-            let mut tasks = tokio::task::JoinSet::new();
-            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            let mut id = 0u64;
-            while !stop.load(Ordering::SeqCst) {
-                tick.tick().await;
-                let spec = Spec::draw(&mut rng, id);
-                id += 1;
-                let Ok(permit) = limit.clone().try_acquire_owned() else {
-                    skipped.fetch_add(1, Ordering::SeqCst);
-                    continue;
-                };
-                let (clients, provider, flows) = (clients.clone(), provider.clone(), flows.clone());
-                tasks.spawn(async move {
-                    let flow = clients.run(provider, spec, seed).await;
-                    flows.lock().unwrap().push(flow);
-                    drop(permit);
-                });
-                while tasks.try_join_next().is_some() {}
-            }
-            while tasks.join_next().await.is_some() {}
-        })
-    };
+    let load = Load::start(clients.clone(), provider.clone(), seed, rate, Spec::draw);
 
     // RSS every 5 s.
+    let stop = Arc::new(AtomicBool::new(false));
     let rss: RssSamples = Arc::default();
     let pids: Arc<Mutex<Vec<Option<u32>>>> = Arc::new(Mutex::new(replicas.iter().map(Replica::pid).collect()));
     let sampler = {
@@ -348,7 +323,7 @@ async fn chaos() {
         redis_frozen(&redis, &replicas, &provider, &mut inj, round).await;
         tokio::time::sleep(Duration::from_secs(6)).await;
         let follows = followed_streams(&replicas, 1, round).await;
-        replica_killed(&mut replicas[1], &mut inj).await;
+        replica_killed(&mut replicas[1], 1, &mut inj).await;
         owner_death_checked(follows, &replicas, &provider, &mut inj).await;
         *pids.lock().unwrap() = replicas.iter().map(Replica::pid).collect();
         tokio::time::sleep(Duration::from_secs(6)).await;
@@ -367,10 +342,7 @@ async fn chaos() {
     }
     let load_for = started.elapsed();
     stop.store(true, Ordering::SeqCst);
-    tokio::time::timeout(Duration::from_secs(90), generator)
-        .await
-        .expect("every flow ends (each attempt is bounded)")
-        .unwrap();
+    let (flows, skipped) = load.finish().await;
     sampler.abort();
 
     // Keys taken over from a replica taken for dead (owner liveness): each one is a second run.
@@ -390,10 +362,9 @@ async fn chaos() {
             format!("replica {i}: {taken} keys of route fake taken over since its last start {lines:?}"),
         );
     }
-    let flows = std::mem::take(&mut *flows.lock().unwrap());
     let report = checks::check(&flows, &provider, &mut inj);
     eprintln!("\n{}", inj.log.join("\n"));
-    eprintln!("\n{}", report.table(load_for, skipped.load(Ordering::SeqCst)));
+    eprintln!("\n{}", report.table(load_for, skipped));
     eprintln!("| check | passed | measured |\n|---|---|---|");
     for (name, ok, detail) in &inj.checks {
         eprintln!("| {name} | {ok} | {detail} |");
@@ -402,6 +373,71 @@ async fn chaos() {
     eprintln!("chaos: seed {seed}, whole run {:.1} s", started.elapsed().as_secs_f64());
     let failures = report.failures(&inj);
     assert!(failures.is_empty(), "chaos invariants broken:\n{}", failures.join("\n"));
+}
+
+/// The clients' load: flows drawn by `draw` and started at `rate` per second, at most 400 at once.
+struct Load {
+    stop: Arc<AtomicBool>,
+    skipped: Arc<AtomicU64>,
+    flows: Arc<Mutex<Vec<Flow>>>,
+    generator: tokio::task::JoinHandle<()>,
+}
+
+impl Load {
+    fn start(
+        clients: Arc<Clients>,
+        provider: Arc<FakeProvider>,
+        seed: u64,
+        rate: f64,
+        draw: fn(&mut StdRng, u64) -> Spec,
+    ) -> Load {
+        let stop = Arc::new(AtomicBool::new(false));
+        let skipped = Arc::new(AtomicU64::new(0));
+        let flows: Arc<Mutex<Vec<Flow>>> = Arc::default();
+        let (stopped, skips, done) = (stop.clone(), skipped.clone(), flows.clone());
+        let generator = tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let limit = Arc::new(tokio::sync::Semaphore::new(400));
+            let mut tasks = tokio::task::JoinSet::new();
+            let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut id = 0u64;
+            while !stopped.load(Ordering::SeqCst) {
+                tick.tick().await;
+                let spec = draw(&mut rng, id);
+                id += 1;
+                let Ok(permit) = limit.clone().try_acquire_owned() else {
+                    skips.fetch_add(1, Ordering::SeqCst);
+                    continue;
+                };
+                let (clients, provider, done) = (clients.clone(), provider.clone(), done.clone());
+                tasks.spawn(async move {
+                    let flow = clients.run(provider, spec, seed).await;
+                    done.lock().unwrap().push(flow);
+                    drop(permit);
+                });
+                while tasks.try_join_next().is_some() {}
+            }
+            while tasks.join_next().await.is_some() {}
+        });
+        Load {
+            stop,
+            skipped,
+            flows,
+            generator,
+        }
+    }
+
+    /// Stops starting flows and waits for those started: every flow, and the flows not started.
+    async fn finish(self) -> (Vec<Flow>, u64) {
+        self.stop.store(true, Ordering::SeqCst);
+        tokio::time::timeout(Duration::from_secs(90), self.generator)
+            .await
+            .expect("every flow ends (each attempt is bounded)")
+            .unwrap();
+        let flows = std::mem::take(&mut *self.flows.lock().unwrap());
+        (flows, self.skipped.load(Ordering::SeqCst))
+    }
 }
 
 /// Replica 0's RSS over the run (it is only ever reloaded, never restarted), and the figure for
@@ -667,7 +703,7 @@ async fn owner_death_checked(follows: Follows, replicas: &[Replica], provider: &
     );
 }
 
-async fn replica_killed(replica: &mut Replica, inj: &mut Injections) {
+async fn replica_killed(replica: &mut Replica, index: usize, inj: &mut Injections) {
     let inflight = replica.busy().await;
     let start = Instant::now();
     let p = replica.process.as_mut().expect("running");
@@ -678,7 +714,7 @@ async fn replica_killed(replica: &mut Replica, inj: &mut Injections) {
     say(
         inj,
         start,
-        format!("replica 1 SIGKILLed with {inflight} requests in flight, restarted on its port"),
+        format!("replica {index} SIGKILLed with {inflight} requests in flight, restarted on its port"),
     );
     inj.windows.push(Window {
         kind: "replica SIGKILLed",

@@ -643,3 +643,114 @@ data: {"type":"content_block_start","index":1,"content_block":{"type":"tool_use"
     let series = r#"rebound_continuations_total{result="refused_tool_call",route="fake"}"#;
     until_metric(&rebound, series, |n| n == 1.0).await;
 }
+
+/// Two replicas on one Redis, a `continue_streams` route with idempotency (the shipped config).
+async fn two_replicas(
+    provider: &FakeProvider,
+    redis: &crate::support::redis::RedisServer,
+) -> [crate::support::sidecar::ReboundProcess; 2] {
+    use crate::support::sidecar::ReboundProcess;
+    let mut doc = crate::support::shipped::doc(&provider.url(), &[]);
+    doc["routes"][0]["continue_streams"] = toml_edit::value(true);
+    doc["redis"]["url"] = toml_edit::value(redis.url());
+    let toml = doc.to_string();
+    [
+        ReboundProcess::start(&toml, &[]).await,
+        ReboundProcess::start(&toml, &[]).await,
+    ]
+}
+
+/// `key`'s stream (5 events 300 ms apart) sent to both replicas at once, read to its end.
+async fn both_at_once(r: &[crate::support::sidecar::ReboundProcess; 2], key: &str) -> (BodyRead, BodyRead) {
+    let (original, follower) = tokio::join!(keyed_stream(&r[0].proxy, key), keyed_stream(&r[1].proxy, key));
+    tokio::join!(
+        read_body(original.into_body(), b"", Duration::from_secs(30)),
+        read_body(follower.into_body(), b"", Duration::from_secs(30))
+    )
+}
+
+async fn keyed_stream(base: &str, key: &str) -> http::Response<hyper::body::Incoming> {
+    send_streaming_within(
+        Duration::from_secs(60),
+        "POST",
+        &format!("{base}/openai/v1/chat/completions"),
+        &[
+            ("x-fake-key", key),
+            ("idempotency-key", key),
+            ("x-fake-chunks", "5"),
+            ("x-fake-gap-ms", "300"),
+            ("content-type", "application/json"),
+            ("authorization", "Bearer sk-test"),
+        ],
+        r#"{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"count"}]}"#,
+    )
+    .await
+}
+
+fn overloaded_after(after: usize) -> Step {
+    Step::MidStreamError {
+        after,
+        error_type: "overloaded_error".into(),
+    }
+}
+
+/// A keyed stream continued by its owner (cut by an error event mid-stream) and followed from
+/// another replica: the follower reads the continued whole as the app does, the key keeps it,
+/// and a later request replays it: two provider calls in all.
+#[tokio::test]
+async fn a_continued_stream_reaches_its_followers_and_the_key_keeps_it() {
+    let (redis, provider) = (crate::support::redis::RedisServer::start(), FakeProvider::start().await);
+    let r = two_replicas(&provider, &redis).await;
+    provider.script("kept", vec![overloaded_after(2)]);
+    let (original, follower) = both_at_once(&r, "kept").await;
+    for (name, read) in [("original", &original), ("follower", &follower)] {
+        let body = String::from_utf8_lossy(&read.bytes).to_string();
+        assert!(read.clean, "{name}: {body}");
+        assert_eq!(chat_text(&body), whole(5), "{name}: {body}");
+    }
+    assert_eq!(original.bytes, follower.bytes, "the follower reads what the app read");
+    let again = keyed_stream(&r[0].proxy, "kept").await;
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    let again = read_body(again.into_body(), b"", Duration::from_secs(30)).await;
+    assert_eq!(again.bytes, original.bytes, "the key keeps the continued whole");
+    assert_eq!(provider.count("kept"), 2, "the cut and its continuation");
+}
+
+/// The owner cannot finish the stream (every continuation is reset): its app gets the error
+/// event that says so, and so does the follower on another replica, which reads that end as it
+/// came and does not continue the stream on its own (the soak found a follower doing so: a
+/// second answer to one key, while the key was released for a third). The provider sees what
+/// one replica alone makes of the request, nothing more.
+#[tokio::test]
+async fn a_stream_its_owner_could_not_finish_ends_the_same_for_its_followers() {
+    let (redis, provider) = (crate::support::redis::RedisServer::start(), FakeProvider::start().await);
+    let r = two_replicas(&provider, &redis).await;
+    let steps = || [vec![overloaded_after(2)], vec![Step::Reset; 40]].concat();
+    provider.script("alone", steps());
+    let alone = read_body(
+        keyed_stream(&r[0].proxy, "alone").await.into_body(),
+        b"",
+        Duration::from_secs(30),
+    )
+    .await;
+    let alone_text = String::from_utf8_lossy(&alone.bytes).to_string();
+    // It ends with the provider's error event, as it came.
+    assert!(
+        alone.clean && alone_text.contains("scripted overloaded_error"),
+        "{alone_text}"
+    );
+    provider.script("followed", steps());
+    let (original, follower) = both_at_once(&r, "followed").await;
+    let body = String::from_utf8_lossy(&original.bytes).to_string();
+    assert!(original.clean && body.contains("scripted overloaded_error"), "{body}");
+    assert_eq!(
+        String::from_utf8_lossy(&follower.bytes),
+        body,
+        "the follower ends as the original did"
+    );
+    assert_eq!(
+        provider.count("followed"),
+        provider.count("alone"),
+        "no call of the follower's own"
+    );
+}

@@ -2,6 +2,7 @@
 //! continuation's events through a splicer, and everything the app received read as an SDK reads
 //! it ([`sdk`]): one message, consistent indexes, one end, the whole text, the summed usage.
 
+mod closing;
 mod sdk;
 
 use proptest::prelude::*;

@@ -102,6 +102,8 @@ pub struct StandIn {
     pub addr: SocketAddr,
     seen: Arc<Mutex<Vec<Seen>>>,
     handler: Arc<Mutex<Arc<Handler>>>,
+    /// How long each answer waits before it is made (a slow credential service).
+    delay: Arc<Mutex<Duration>>,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
@@ -113,19 +115,22 @@ impl StandIn {
         let addr = listener.local_addr().unwrap();
         let seen: Arc<Mutex<Vec<Seen>>> = Arc::default();
         let handler: Arc<Mutex<Arc<Handler>>> = Arc::new(Mutex::new(Arc::new(handler)));
+        let delay: Arc<Mutex<Duration>> = Arc::default();
         let (stop, mut stopped) = tokio::sync::oneshot::channel::<()>();
-        let (s, h) = (seen.clone(), handler.clone());
+        let (s, h, d) = (seen.clone(), handler.clone(), delay.clone());
         tokio::spawn(async move {
             loop {
                 let stream = tokio::select! {
                     accepted = listener.accept() => match accepted { Ok((s, _)) => s, Err(_) => continue },
                     _ = &mut stopped => return,
                 };
-                let (s, h) = (s.clone(), h.clone());
+                let (s, h, d) = (s.clone(), h.clone(), d.clone());
                 tokio::spawn(async move {
                     let service = hyper::service::service_fn(move |req: Request<Incoming>| {
-                        let (s, h) = (s.clone(), h.clone());
+                        let (s, h, d) = (s.clone(), h.clone(), d.clone());
                         async move {
+                            let wait = *d.lock().unwrap();
+                            tokio::time::sleep(wait).await;
                             let (parts, body) = req.into_parts();
                             let body = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
                             let seen = Seen {
@@ -160,6 +165,7 @@ impl StandIn {
             addr,
             seen,
             handler,
+            delay,
             _stop: stop,
         }
     }
@@ -174,6 +180,11 @@ impl StandIn {
         handler: impl Fn(&Seen, usize) -> (u16, Vec<(String, String)>, String) + Send + Sync + 'static,
     ) {
         *self.handler.lock().unwrap() = Arc::new(handler);
+    }
+
+    /// Each answer from now on waits `wait` first.
+    pub fn delay(&self, wait: Duration) {
+        *self.delay.lock().unwrap() = wait;
     }
 
     pub fn seen(&self) -> Vec<Seen> {

@@ -724,8 +724,9 @@ async fn answer(
             return Ok(resp);
         }
         Some(Step::MidStreamError { after, error_type }) => {
-            let events = sse_events(state, key, after.max(1), gap, anthropic);
-            // The normal stream up to (not including) its end, then the error.
+            let events = sse_events(state, key, chunks.max(after + 1), gap, anthropic);
+            // The normal stream's first events (none of them its last: no finish reason), then
+            // the error.
             let events = futures_util::StreamExt::take(events, after.max(1));
             let error = futures_util::stream::once(async move {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -790,7 +791,13 @@ async fn answer(
                 return Ok(resp);
             }
             fake_hosts::HostAnswer::AnthropicStream => {
-                return Ok(sse_stream(state, key, (0, chunks), gap, true, false));
+                // A prefill goes on from where it stops, as on Anthropic's own path.
+                let from = if from_start {
+                    0
+                } else {
+                    continued_from(request.as_ref())
+                };
+                return Ok(sse_stream(state, key, (from, chunks), gap, true, false));
             }
             fake_hosts::HostAnswer::Events { events, content_type } => {
                 return Ok(listed_events(state, key, events, gap, content_type));

@@ -1,6 +1,8 @@
 //! Sentinel of the test's own: a master, a replica and three sentinels (quorum 2, a master is
 //! down after 1 s of silence), on free ports. The master can be SIGKILLed; the sentinels then
-//! promote the replica. Every process is killed on drop.
+//! promote the replica. The soak fails it over again and again: whichever node is master is
+//! frozen or killed, and a killed node comes back as the new master's replica. Every process is
+//! killed on drop.
 
 use std::process::Child;
 use std::time::{Duration, Instant};
@@ -10,10 +12,13 @@ use super::redis::{free_port, query, role, signal, spawn_server, wait_listening}
 pub const MASTER_NAME: &str = "mymaster";
 
 pub struct RedisSentinel {
+    /// The first master's port.
     pub master: u16,
+    /// The first replica's port.
     pub replica: u16,
     pub sentinels: Vec<u16>,
-    master_child: Option<Child>,
+    /// The two data nodes (the first master, the first replica): port, process, directory.
+    nodes: Vec<(u16, Option<Child>, std::path::PathBuf)>,
     others: Vec<Child>,
     _dir: tempfile::TempDir,
 }
@@ -26,12 +31,13 @@ impl RedisSentinel {
         wait_listening(master);
         let replica_dir = dir.path().join("replica");
         std::fs::create_dir_all(&replica_dir).expect("dir");
-        let mut others = vec![spawn_server(
+        let replica_child = spawn_server(
             replica,
             &replica_dir,
             &["--replicaof", "127.0.0.1", &master.to_string()],
-        )];
+        );
         wait_listening(replica);
+        let mut others = Vec::new();
         let mut sentinels = Vec::new();
         for _ in 0..3 {
             let port = free_port();
@@ -61,7 +67,10 @@ impl RedisSentinel {
             master,
             replica,
             sentinels,
-            master_child: Some(master_child),
+            nodes: vec![
+                (master, Some(master_child), dir.path().to_path_buf()),
+                (replica, Some(replica_child), replica_dir),
+            ],
             others,
             _dir: dir,
         };
@@ -99,11 +108,71 @@ impl RedisSentinel {
             .collect()
     }
 
-    /// SIGKILLs the master.
+    /// SIGKILLs the first master.
     pub fn kill_master(&mut self) {
-        if let Some(mut c) = self.master_child.take() {
+        if let Some(mut c) = self.nodes[0].1.take() {
             signal(&c, "-KILL");
             let _ = c.wait();
+        }
+    }
+
+    /// The node that is master now (by its own `ROLE`), and the other one.
+    fn roles(&self) -> (usize, usize) {
+        match role(self.nodes[1].0).as_deref() {
+            Some("master") if role(self.nodes[0].0).as_deref() != Some("master") => (1, 0),
+            _ => (0, 1),
+        }
+    }
+
+    /// SIGSTOPs the master for `pause` (past the sentinels' 1 s, so they promote the other
+    /// node; the frozen one, resumed, is made its replica). Whether the other node was master
+    /// when it resumed.
+    pub fn freeze_master(&self, pause: Duration) -> bool {
+        let (m, other) = self.roles();
+        let child = self.nodes[m].1.as_ref().expect("the master runs");
+        signal(child, "-STOP");
+        std::thread::sleep(pause);
+        signal(child, "-CONT");
+        role(self.nodes[other].0).as_deref() == Some("master")
+    }
+
+    /// SIGKILLs the master, waits (at most `within`) until the sentinels promote the other node,
+    /// then starts the killed node again, empty, as the new master's replica, and waits until it
+    /// is in sync. How long the promotion took, if it happened.
+    pub fn fail_over(&mut self, within: Duration) -> Option<Duration> {
+        let (m, other) = self.roles();
+        let started = Instant::now();
+        if let Some(mut c) = self.nodes[m].1.take() {
+            signal(&c, "-KILL");
+            let _ = c.wait();
+        }
+        let new_master = self.nodes[other].0;
+        let deadline = started + within;
+        let mut promoted = None;
+        while Instant::now() < deadline {
+            if role(new_master).as_deref() == Some("master") {
+                promoted = Some(started.elapsed());
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (port, _, dir) = &self.nodes[m];
+        let child = spawn_server(*port, dir, &["--replicaof", "127.0.0.1", &new_master.to_string()]);
+        wait_listening(*port);
+        self.nodes[m].1 = Some(child);
+        self.wait_synced(m, Duration::from_secs(20));
+        promoted
+    }
+
+    fn wait_synced(&self, node: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        while Instant::now() < deadline {
+            let synced = query::<String>(self.nodes[node].0, ::redis::cmd("INFO").arg("replication"))
+                .is_ok_and(|i| i.contains("master_link_status:up"));
+            if synced {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
     }
 
@@ -122,7 +191,8 @@ impl RedisSentinel {
 
 impl Drop for RedisSentinel {
     fn drop(&mut self) {
-        for c in self.master_child.iter_mut().chain(self.others.iter_mut()) {
+        let nodes = self.nodes.iter_mut().filter_map(|n| n.1.as_mut());
+        for c in nodes.chain(self.others.iter_mut()) {
             let _ = c.kill();
             let _ = c.wait();
         }

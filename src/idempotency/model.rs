@@ -2,6 +2,13 @@
 //! of requests with one key, on replicas that crash, pause past their lease and resume, checked
 //! exhaustively for the promises of docs/failure-modes.md.
 //!
+//! With the relay modelled ([`Protocol::chunks`] > 0), a response is that many chunks, produced
+//! one at a time, and a follower reads them through the
+//! owner's relay stream (`relay.rs`: data entries, then an end entry, in order; each `XADD`
+//! atomic), and ends clean only on the end entry `complete`. A relay write that fails (its
+//! replica cut off from Redis) stops that relay for good; a reader whose connection fails (Redis
+//! restarted, its replica cut off) ends its followers with an abort (`Read::Failed`).
+//!
 //! The Redis scripts are atomic steps, written here as the Lua does them (`idem_begin_v4`,
 //! `idem_complete_v2`, `idem_release_v2`, `idem_takeover_v1`); what a replica decides from a
 //! script's reply is the product's own code: the begin reply is read by `redis_store::parse_begin`
@@ -20,6 +27,9 @@ use super::store::Begin;
 
 /// How many times a client sends its request, at most (its first send and one retry).
 const SENDS: u8 = 2;
+
+/// A relay stream's end entry `complete` (data entries are the chunk's index).
+const END_COMPLETE: u8 = 100;
 
 /// A replica's state.
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
@@ -50,10 +60,24 @@ enum Req {
     Idle { sends: u8 },
     /// Owns the key as `claim`, the provider not called yet.
     Claimed { at: u8, claim: u8, sends: u8 },
-    /// The provider answered `resp`; the completion is not written yet.
-    Called { at: u8, claim: u8, resp: u8, sends: u8 },
-    /// Waits for the response of the owner `owner`.
-    Following { at: u8, owner: (u8, u8), sends: u8 },
+    /// The provider answers `resp`, of which `sent` chunks came; the completion is not written yet.
+    Called {
+        at: u8,
+        claim: u8,
+        resp: u8,
+        sends: u8,
+        sent: u8,
+    },
+    /// Follows the response of the owner `owner`: `read` entries of its relay stream read, the
+    /// chunks it has as a mask (`have`); `broken` once its reader's connection failed.
+    Following {
+        at: u8,
+        owner: (u8, u8),
+        sends: u8,
+        read: u8,
+        have: u8,
+        broken: bool,
+    },
     /// The client got the response `Some(resp)`, or an error.
     Done(Option<u8>),
 }
@@ -80,14 +104,24 @@ pub(super) struct State {
     pauses: u8,
     flushes: u8,
     /// Responses whose client went away mid-stream, still read to their end by their replica to
-    /// be stored (`complete_on_disconnect`): (replica, claim, response).
-    orphans: Vec<(u8, u8, u8)>,
+    /// be stored (`complete_on_disconnect`): (replica, claim, response, chunks sent).
+    orphans: Vec<(u8, u8, u8, u8)>,
+    /// The relay streams in Redis: (owner, entries, whether its relay still writes).
+    streams: Vec<((u8, u8), Vec<u8>, bool)>,
+    /// A follower ended clean without every chunk.
+    partial_clean: bool,
+    /// A follower ended clean, reading through the relay.
+    relayed: bool,
 }
 
 #[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
 pub(super) enum Action {
     Send(usize, u8),
     Call(usize),
+    /// The owner's next chunk comes (and is relayed).
+    Produce(usize),
+    /// A follower reads its relay stream's next entry, or learns that its reader failed.
+    Read(usize),
     Complete(usize),
     Fail(usize),
     Follow(usize),
@@ -113,6 +147,9 @@ pub(super) enum Variant {
     Product,
     /// `idem_complete` writes without checking that the caller still owns the key.
     CompleteWithoutOwnerCheck,
+    /// A reader whose connection fails reconnects and reads on from the last entry it read
+    /// (after Redis restarted empty: from the new stream's first entry).
+    ReaderReadsOn,
 }
 
 /// `replicas` replicas and `requests` requests with one key, with at most `pauses` pauses or
@@ -124,17 +161,51 @@ pub(super) struct Protocol {
     pub(super) flushes: u8,
     /// Clients that go away mid-stream, at most, in all.
     pub(super) disconnects: u8,
+    /// The chunks of a response, relayed to followers one by one; 0: the relay is not modelled
+    /// (a follower waits for the record, then replays it).
+    pub(super) chunks: u8,
     pub(super) variant: Variant,
 }
 
 /// Whether a request holds the claim `own` (it has not called the provider yet, or has not stored
 /// the response).
 fn held(state: &State, own: (u8, u8)) -> bool {
-    state.orphans.iter().any(|(at, claim, _)| (*at, *claim) == own)
+    state.orphans.iter().any(|(at, claim, ..)| (*at, *claim) == own)
         || state
             .reqs
             .iter()
             .any(|q| matches!(*q, Req::Claimed { at, claim, .. } | Req::Called { at, claim, .. } if (at, claim) == own))
+}
+
+/// The owner `own`'s relay writes `entry` (`XADD`): a write from a replica cut off from Redis
+/// fails, and its relay stops for good; after Redis restarted empty, the write makes a new
+/// stream.
+fn relay(state: &mut State, own: (u8, u8), entry: u8) {
+    let reachable = state.nodes[usize::from(own.0)] == Node::Up;
+    match state.streams.iter_mut().find(|s| s.0 == own) {
+        Some(stream) if stream.2 && reachable => stream.1.push(entry),
+        Some(stream) => stream.2 = false,
+        None if reachable => state.streams.push((own, vec![entry], true)),
+        None => state.streams.push((own, Vec::new(), false)),
+    }
+}
+
+/// The next entry of `owner`'s relay stream after `read` entries, if it is there.
+fn entry(state: &State, owner: (u8, u8), read: u8) -> Option<u8> {
+    let stream = state.streams.iter().find(|s| s.0 == owner)?;
+    stream.1.get(usize::from(read)).copied()
+}
+
+/// A follower's client is answered with an error (an abort mid-stream, or no response), and
+/// sends again while it may.
+fn fail_follower(state: &mut State, i: usize) {
+    if let Req::Following { sends, .. } = state.reqs[i] {
+        state.reqs[i] = if sends < SENDS {
+            Req::Idle { sends }
+        } else {
+            Req::Done(None)
+        };
+    }
 }
 
 /// Request `i` on replica `at` claims the key under a new claim (a begin, or a takeover).
@@ -189,6 +260,9 @@ impl Protocol {
                 || state.orphans.iter().any(|(at, ..)| *at == replica),
         );
         state.orphans.retain(|(at, ..)| *at != replica);
+        for stream in state.streams.iter_mut().filter(|s| s.0 .0 == replica) {
+            stream.2 = false;
+        }
         for req in &mut state.reqs {
             let (at, sends) = match *req {
                 Req::Claimed { at, sends, .. } | Req::Called { at, sends, .. } | Req::Following { at, sends, .. } => {
@@ -223,7 +297,14 @@ impl Protocol {
             Ok(Begin::InProgress { owner, .. }) => {
                 let own = state.record.map_or((0, 0), |r| r.own);
                 assert_eq!(owner.as_str(), token(own).as_str());
-                state.reqs[i] = Req::Following { at, owner: own, sends };
+                state.reqs[i] = Req::Following {
+                    at,
+                    owner: own,
+                    sends,
+                    read: 0,
+                    have: 0,
+                    broken: false,
+                };
             }
             Ok(Begin::Completed(stored)) => {
                 let body = stored.body.first().copied().unwrap_or(u8::MAX);
@@ -238,6 +319,9 @@ impl Protocol {
         let Req::Called { at, claim, resp, .. } = state.reqs[i] else {
             return;
         };
+        if self.chunks > 0 {
+            relay(state, (at, claim), END_COMPLETE);
+        }
         self.store(state, (at, claim), resp);
         state.reqs[i] = Req::Done(Some(resp));
     }
@@ -252,8 +336,8 @@ impl Protocol {
         }
         let ours = state.record.is_none_or(|r| r.own == (at, claim));
         let written = match self.variant {
-            Variant::Product => ours && state.record.is_none_or(|r| r.pending),
             Variant::CompleteWithoutOwnerCheck => true,
+            Variant::Product | Variant::ReaderReadsOn => ours && state.record.is_none_or(|r| r.pending),
         };
         if written {
             state.stored.get_or_insert(resp);
@@ -262,6 +346,38 @@ impl Protocol {
                 own: (at, claim),
                 body: resp,
             });
+        }
+    }
+}
+
+impl Protocol {
+    /// Follower `i` reads the next entry of its owner's relay stream (or learns its reader failed).
+    fn read(&self, state: &mut State, i: usize) {
+        let Req::Following {
+            owner,
+            read,
+            have,
+            broken,
+            ..
+        } = state.reqs[i]
+        else {
+            return;
+        };
+        match entry(state, owner, read) {
+            _ if broken => fail_follower(state, i),
+            Some(END_COMPLETE) => {
+                // A clean end: the follower's client has what it read.
+                state.partial_clean |= have != (1 << self.chunks) - 1;
+                state.relayed = true;
+                state.reqs[i] = Req::Done(Some(0));
+            }
+            None => fail_follower(state, i),
+            Some(chunk) => {
+                if let Req::Following { read, have, .. } = &mut state.reqs[i] {
+                    *read += 1;
+                    *have |= 1 << chunk;
+                }
+            }
         }
     }
 }
@@ -284,6 +400,9 @@ impl Model for Protocol {
             pauses: 0,
             flushes: 0,
             orphans: Vec::new(),
+            streams: Vec::new(),
+            partial_clean: false,
+            relayed: false,
         }]
     }
 
@@ -297,19 +416,38 @@ impl Model for Protocol {
                     actions.extend((0..self.replicas).filter(|r| running(*r)).map(|r| Action::Send(i, r)));
                 }
                 Req::Claimed { at, .. } if running(at) => actions.extend([Action::Call(i), Action::Fail(i)]),
-                Req::Called { at, sends, .. } if running(at) => {
-                    actions.push(Action::Complete(i));
+                Req::Called { at, sends, sent, .. } if running(at) => {
+                    actions.push(if sent < self.chunks {
+                        Action::Produce(i)
+                    } else {
+                        Action::Complete(i)
+                    });
                     if sends < SENDS && (state.orphans.len() as u8) < self.disconnects {
                         actions.push(Action::Disconnect(i));
                     }
                 }
-                Req::Following { at, owner, .. } if up(at) => {
+                Req::Following {
+                    at,
+                    owner,
+                    read,
+                    broken,
+                    ..
+                } if up(at) => {
                     let pending = state.record.is_some_and(|r| r.pending && r.own == owner);
-                    if !pending {
+                    if broken || entry(state, owner, read).is_some() {
+                        // Its reader's next entry (a last look comes before any other decision),
+                        // or its failure.
+                        actions.push(Action::Read(i));
+                    } else if !pending {
                         actions.push(Action::Follow(i));
                     } else if replica_named(owner).is_some_and(|r| !up(r)) {
-                        // Its owner's replica stopped beating: the follower may take the key over.
-                        actions.push(Action::TakeOver(i));
+                        // Its owner's replica stopped beating: a follower that has nothing yet may
+                        // take the key over; one that has bytes is aborted.
+                        actions.push(if read == 0 {
+                            Action::TakeOver(i)
+                        } else {
+                            Action::Follow(i)
+                        });
                     }
                 }
                 _ => {}
@@ -364,8 +502,18 @@ impl Model for Protocol {
                     claim,
                     resp: 100 + state.calls,
                     sends,
+                    sent: 0,
                 };
             }
+            Action::Produce(i) => {
+                let Req::Called { at, claim, sent, .. } = &mut state.reqs[i] else {
+                    return None;
+                };
+                let (own, chunk) = ((*at, *claim), *sent);
+                *sent += 1;
+                relay(&mut state, own, chunk);
+            }
+            Action::Read(i) => self.read(&mut state, i),
             Action::Complete(i) => self.complete(&mut state, i),
             Action::Fail(i) => {
                 // Failed for good before any byte: the key is released (owner-checked).
@@ -379,9 +527,15 @@ impl Model for Protocol {
                 state.reqs[i] = Req::Done(None);
             }
             Action::Follow(i) => {
-                let Req::Following { sends, .. } = state.reqs[i] else {
+                let Req::Following { sends, read, .. } = state.reqs[i] else {
                     return None;
                 };
+                if read > 0 {
+                    // Its reader had entries: the original ended without its end entry (released,
+                    // taken over, or its replica dead): aborted.
+                    fail_follower(&mut state, i);
+                    return Some(state);
+                }
                 match state.record {
                     // The original completed: its response, as stored.
                     Some(r) if !r.pending => {
@@ -393,7 +547,7 @@ impl Model for Protocol {
                 }
             }
             Action::TakeOver(i) => {
-                let Req::Following { at, owner, sends } = state.reqs[i] else {
+                let Req::Following { at, owner, sends, .. } = state.reqs[i] else {
                     return None;
                 };
                 let dead = usize::from(owner.0);
@@ -417,17 +571,37 @@ impl Model for Protocol {
             Action::Cut(r) => {
                 state.nodes[usize::from(r)] = Node::Cut;
                 state.pauses += 1;
+                // Its readers' connections fail.
+                for req in state.reqs.iter_mut().filter(|_| self.chunks > 0) {
+                    if let Req::Following { at, broken, .. } = req {
+                        *broken |= *at == r;
+                    }
+                }
             }
             Action::Resume(r) => state.nodes[usize::from(r)] = Node::Up,
             Action::Disconnect(i) => {
-                let Req::Called { at, claim, resp, sends } = state.reqs[i] else {
+                let Req::Called {
+                    at,
+                    claim,
+                    resp,
+                    sends,
+                    sent,
+                } = state.reqs[i]
+                else {
                     return None;
                 };
-                state.orphans.push((at, claim, resp));
+                state.orphans.push((at, claim, resp, sent));
                 state.reqs[i] = Req::Idle { sends };
             }
             Action::CompleteOrphan(k) => {
-                let (at, claim, resp) = state.orphans.remove(k);
+                // Read to its end (its chunks relayed as they come), then stored.
+                let (at, claim, resp, sent) = state.orphans.remove(k);
+                for chunk in sent..self.chunks {
+                    relay(&mut state, (at, claim), chunk);
+                }
+                if self.chunks > 0 {
+                    relay(&mut state, (at, claim), END_COMPLETE);
+                }
                 self.store(&mut state, (at, claim), resp);
             }
             Action::Flush => {
@@ -438,6 +612,16 @@ impl Model for Protocol {
                 state.stored = None;
                 state.replays.clear();
                 state.flushes += 1;
+                // The relay streams are gone, and every reader's connection with them.
+                state.streams.clear();
+                for req in state.reqs.iter_mut().filter(|_| self.chunks > 0) {
+                    if let Req::Following { read, broken, .. } = req {
+                        match self.variant {
+                            Variant::ReaderReadsOn => *read = 0,
+                            _ => *broken = true,
+                        }
+                    }
+                }
             }
         }
         Some(state)
@@ -471,7 +655,14 @@ impl Model for Protocol {
                         || (s.record.is_none_or(|r| !r.pending) && s.reqs.iter().all(|q| matches!(q, Req::Done(_))))
                 },
             ),
+            Property::always("no follower ends with a clean end on a partial body", |_, s: &State| {
+                !s.partial_clean
+            }),
             Property::sometimes("a replay", |_, s: &State| !s.replays.is_empty()),
+            Property::sometimes(
+                "a follower reads the whole response through the relay",
+                |m, s: &State| s.relayed || m.chunks == 0,
+            ),
             Property::sometimes("a takeover of a dead owner's key, then a replay", |_, s: &State| {
                 s.takeovers >= 1 && !s.replays.is_empty() && s.calls == 1
             }),
@@ -510,44 +701,61 @@ pub(super) fn failures(protocol: Protocol) -> Vec<&'static str> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn two_replicas_and_two_requests_keep_every_promise() {
-        let product = Protocol {
-            replicas: 2,
-            requests: 2,
+    fn protocol(replicas: u8, requests: usize, chunks: u8, variant: Variant) -> Protocol {
+        Protocol {
+            replicas,
+            requests,
             pauses: 1,
             flushes: 1,
             disconnects: 1,
-            variant: Variant::Product,
-        };
-        assert_eq!(failures(product), Vec::<&str>::new());
+            chunks,
+            variant,
+        }
+    }
+
+    #[test]
+    fn two_replicas_and_two_requests_keep_every_promise() {
+        assert_eq!(failures(protocol(2, 2, 0, Variant::Product)), Vec::<&str>::new());
     }
 
     #[test]
     fn a_completion_without_the_owner_check_is_found() {
+        assert_eq!(
+            failures(protocol(2, 2, 0, Variant::CompleteWithoutOwnerCheck)),
+            vec!["a completed key keeps the response stored first, and replays it"]
+        );
+    }
+
+    /// The relay: a follower reads the response as it is produced, and ends clean only with all
+    /// of it, whatever crashes, pauses, cuts and Redis restarts come between.
+    #[test]
+    fn followers_read_the_relay_to_a_whole_end_or_an_abort() {
+        let relayed = Protocol {
+            disconnects: 0,
+            ..protocol(2, 2, 1, Variant::Product)
+        };
+        assert_eq!(failures(relayed), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn a_reader_that_reads_on_after_redis_restarted_is_found() {
         let bad = Protocol {
-            replicas: 2,
-            requests: 2,
-            pauses: 1,
-            flushes: 1,
-            disconnects: 1,
-            variant: Variant::CompleteWithoutOwnerCheck,
+            pauses: 0,
+            disconnects: 0,
+            ..protocol(2, 2, 1, Variant::ReaderReadsOn)
         };
         assert_eq!(
             failures(bad),
-            vec!["a completed key keeps the response stored first, and replays it"]
+            vec!["no follower ends with a clean end on a partial body"]
         );
     }
 
     #[test]
     fn three_replicas_and_three_requests_keep_every_promise() {
         let product = Protocol {
-            replicas: 3,
-            requests: 3,
-            pauses: 1,
             flushes: 0,
             disconnects: 0,
-            variant: Variant::Product,
+            ..protocol(3, 3, 0, Variant::Product)
         };
         assert_eq!(failures(product), Vec::<&str>::new());
     }

@@ -643,8 +643,13 @@ async fn answer(
             return Ok(sse_response(BodyExt::boxed(StreamBody::new(stream))));
         }
         Some(Step::CutAfterFirstChunk) => {
-            // Let the head and first chunk reach the wire before the abort.
-            let first = futures_util::stream::iter(vec![Ok(Frame::data(Bytes::from(sse_chunk(0))))]);
+            // Let the head and first chunk reach the wire before the abort (an Anthropic stream's
+            // first frame starts its message).
+            let chunk = match anthropic {
+                true => format!("{}{}", anthropic_stream_start(), anthropic_event(0)),
+                false => sse_chunk(0),
+            };
+            let first = futures_util::stream::iter(vec![Ok(Frame::data(Bytes::from(chunk)))]);
             let cut = futures_util::stream::once(async {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 Err(std::io::Error::other("scripted cut"))

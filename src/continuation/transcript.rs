@@ -143,7 +143,12 @@ impl Transcript {
     /// For a stream cut after its message ended but before its last event: that event (Chat's
     /// `[DONE]`, Anthropic's `message_stop`), so that the app reads a whole stream. `None` when
     /// nothing is missing or the message had not ended.
+    /// Not when the transcript may have missed events (over its cap: the last one may have come)
+    /// or the stream has a choice it does not follow (`n` > 1: another may be cut short).
     pub(crate) fn closing(&self) -> Option<&'static [u8]> {
+        if self.overflow || self.unsupported {
+            return None;
+        }
         match (self.ended && !self.closed, self.dialect) {
             (true, Dialect::Chat) => Some(super::event::DONE),
             (true, Dialect::Messages) => Some(super::event::MESSAGE_STOP),

@@ -38,6 +38,9 @@ pub struct Recorder {
     held_end: Option<HeldEnd>,
     /// Set when the response turned out to be a failure while it streamed (not stored).
     failed: Option<Arc<AtomicBool>>,
+    /// It is the read to the end of a response whose client went away: dropped before that end
+    /// (the runtime shutting down), it is not handed to another read.
+    draining: bool,
 }
 
 struct HeldEnd {
@@ -61,6 +64,7 @@ impl Recorder {
             live,
             held_end: None,
             failed,
+            draining: false,
         }
     }
 
@@ -207,7 +211,7 @@ impl Drop for Recorder {
         let Some(claim) = self.claim.take() else { return };
         let tasks = claim.tasks.clone();
         let body = self.body.take();
-        let (Some(body), true) = (body, claim.policy.complete_on_disconnect) else {
+        let (Some(body), true) = (body, claim.policy.complete_on_disconnect && !self.draining) else {
             if let Some(live) = &self.live {
                 live.finish(End::Aborted);
             }
@@ -224,6 +228,7 @@ impl Drop for Recorder {
             live: self.live.take(),
             held_end: None,
             failed: self.failed.take(),
+            draining: true,
         };
         tasks.spawn(drain_and_store(rec));
     }

@@ -6,9 +6,13 @@
 //! runs it, as it read the original. A duplicate that comes later follows (or replays) the
 //! continued whole.
 //!
-//! Anything else ([`Rejoin::Alone`]: no Redis, the owner is not dead but its stream ended, the
-//! record restarted by a takeover, a follower that has other bytes than the winner) leaves the
-//! follower to continue on its own, as a follower of a route without a key would.
+//! A follower whose owner is alive ([`Rejoin::OwnerRuns`]: its mirror lost the relay, a failover
+//! of Redis, while the original runs on) is not continued: a continuation of its own would be a
+//! second answer for the key. It ends as a follower of a route without continuation does.
+//!
+//! Anything else ([`Rejoin::Alone`]: no Redis, the record restarted by a takeover, a follower
+//! that has other bytes than the winner) leaves the follower to continue on its own, as a
+//! follower of a route without a key would.
 
 use std::sync::Arc;
 
@@ -28,6 +32,8 @@ pub(crate) enum Rejoin {
     Follow(Follower, Arc<Live>),
     /// Nobody for this follower: it continues on its own.
     Alone,
+    /// The original runs on (its replica is alive): not continued here.
+    OwnerRuns,
 }
 
 impl super::Followed {
@@ -50,8 +56,11 @@ impl Idempotency {
         let (Some(head), Some(prefix)) = (dead.head_now(), dead.body()) else {
             return Rejoin::Alone;
         };
-        if p.on_concurrent != OnConcurrent::Follow || !liveness.is_dead(&dead.owner).await {
+        if p.on_concurrent != OnConcurrent::Follow {
             return Rejoin::Alone;
+        }
+        if !liveness.is_dead(&dead.owner).await {
+            return Rejoin::OwnerRuns;
         }
         let owner = Owner::mint(&records.replica);
         let from = prefix.len() as u64;

@@ -208,6 +208,7 @@ impl Relay {
         let (mut next, mut sent) = (0, 0usize);
         loop {
             let batch = live.next_batch(next, MAX_ENTRY).await;
+            let offset = sent;
             sent = sent.saturating_add(batch.data.iter().map(Bytes::len).sum());
             if batch.cut || sent > cap {
                 self.append(&key, &[("e", Bytes::from_static(b"cut"))], ttl).await;
@@ -217,6 +218,9 @@ impl Relay {
             let mut fields = Vec::with_capacity(2);
             if !batch.data.is_empty() {
                 fields.push(("d", concat(batch.data.iter())));
+                // Where its bytes start: a reader tells a stream that lost entries (Redis lost
+                // writes: a failover, a flush) from a whole one.
+                fields.push(("o", Bytes::from(offset.to_string())));
             }
             if let Some(end) = batch.end {
                 let unshared = end == End::Complete && live.is_unshared();
@@ -318,6 +322,7 @@ impl Reader {
             }
         };
         let mut last = String::from("0");
+        let mut received = 0u64;
         let mut accepted = false;
         let mut ask_every = ASK_FIRST;
         let mut asked_at = None;
@@ -328,15 +333,16 @@ impl Reader {
                 ask_every = (ask_every * 2).min(ASK_MAX);
             }
             let block = if accepted { READ_BLOCK } else { ask_every };
-            match self.read_once(&mut conn, &mut last, block).await {
+            match self.read_once(&mut conn, (&mut last, &mut received), block).await {
                 Read::Entries { ended: true, .. } => return,
                 Read::Entries { accepted: a, .. } => accepted |= a,
                 Read::Failed => return self.live.finish(End::Aborted),
                 Read::Nothing => {
                     if !self.original_runs().await {
                         // One last look: its end may have been written just before.
-                        if let Read::Entries { ended: true, .. } =
-                            self.read_once(&mut conn, &mut last, Duration::ZERO).await
+                        if let Read::Entries { ended: true, .. } = self
+                            .read_once(&mut conn, (&mut last, &mut received), Duration::ZERO)
+                            .await
                         {
                             return;
                         }
@@ -401,10 +407,12 @@ impl Reader {
         }
     }
 
+    /// The entries after `last` (then the last read), at most `block` from now; `received`: the
+    /// data bytes read so far, which the next data entry must start at.
     async fn read_once(
         &self,
         conn: &mut redis::aio::MultiplexedConnection,
-        last: &mut String,
+        (last, received): (&mut String, &mut u64),
         block: Duration,
     ) -> Read {
         let block_ms = u64::try_from(block.as_millis()).unwrap_or(1000);
@@ -428,6 +436,17 @@ impl Reader {
                 self.live.set_head(head);
             }
             if let Some(data) = entry.map.get("d").and_then(bytes_of) {
+                let at = entry.map.get("o").and_then(bytes_of);
+                let at = at.and_then(|o| std::str::from_utf8(&o).ok()?.parse::<u64>().ok());
+                if at.is_some_and(|at| at != *received) {
+                    // Entries were lost (an entry without `o` is an older replica's: taken as is).
+                    tracing::warn!(
+                        "a followed response's relay lost entries (Redis lost writes): its followers here end"
+                    );
+                    self.live.finish(End::Aborted);
+                    return Read::Entries { accepted, ended: true };
+                }
+                *received += data.len() as u64;
                 self.live.push(&data);
             }
             if let Some(end) = entry.map.get("e").and_then(bytes_of) {

@@ -533,6 +533,9 @@ async fn rejoin_or_ask(
         }
         Rejoin::Follow(follower, live) => Ok(Next::Rejoined(follower.boxed_unsync(), Box::new(app), live)),
         Rejoin::Alone => again.ask(app, how, hop, cuts).await.map(|a| Next::Spliced(Box::new(a))),
+        Rejoin::OwnerRuns => {
+            Err("the original it follows runs on: a continuation here would be a second answer".into())
+        }
     }
 }
 
@@ -569,6 +572,8 @@ impl Body for Continued {
                         this.body = stream;
                         this.splicer = Some(splicer);
                         this.target = Some(target);
+                        // Its own continuation now, not one it joined.
+                        this.rejoined = false;
                     }
                     Ok(Next::Rejoined(stream, app, live)) => {
                         this.body = stream;

@@ -263,12 +263,34 @@ pub fn check(flows: &[Flow], provider: &FakeProvider, inj: &mut Injections) -> R
             }
         }
         if spec.keyed {
+            // Runs beyond the first: provider calls after a client had the key's whole 2xx, more
+            // than one 2xx neither replayed nor followed, or a call made for a follower (a
+            // follower never calls the provider: it reads the original, or a continuation run
+            // for every follower after its owner died).
+            let done = successes.iter().map(|(a, _, _)| a.end).min();
+            let late: Vec<_> = match done {
+                Some(done) => ledger.iter().filter(|c| c.at.is_some_and(|at| at > done)).collect(),
+                None => Vec::new(),
+            };
+            let fresh = successes.iter().filter(|(_, replayed, _)| !replayed).count();
+            let followers: Vec<&str> = flow
+                .sends
+                .iter()
+                .flat_map(|s| &s.attempts)
+                .filter(|a| matches!(a.outcome, Outcome::Response { replayed: true, .. }))
+                .map(|a| a.token.as_str())
+                .collect();
+            let follower_calls = ledger
+                .iter()
+                .filter(|c| c.header("x-chaos-attempt").is_some_and(|t| followers.contains(&t)))
+                .count();
+            let second_run = !late.is_empty() || fresh > 1 || follower_calls > 0;
             // (b) two successful responses for one key are byte-identical.
             r.checked("(b) 2xx for one key identical");
             if let Some((_, _, first)) = successes.first() {
                 let differs = successes.iter().find(|(_, _, b)| b != first);
-                if let (Some(_), Some(w)) = (differs, window) {
-                    // A documented fault: a key may run twice, each run its own bytes.
+                if let (Some(_), Some(w), true) = (differs, window, second_run) {
+                    // A documented fault let the key run twice, each run its own bytes.
                     allowed = true;
                     r.allowed("(b) 2xx for one key identical", w);
                 } else if let Some((_, _, other)) = differs {
@@ -293,13 +315,7 @@ pub fn check(flows: &[Flow], provider: &FakeProvider, inj: &mut Injections) -> R
             // (a) no provider call after a client had the key's whole 2xx; at most one 2xx that
             // is neither replayed nor followed.
             r.checked("(a) one run per key");
-            let done = successes.iter().map(|(a, _, _)| a.end).min();
-            let late: Vec<_> = match done {
-                Some(done) => ledger.iter().filter(|c| c.at.is_some_and(|at| at > done)).collect(),
-                None => Vec::new(),
-            };
-            let fresh = successes.iter().filter(|(_, replayed, _)| !replayed).count();
-            if !late.is_empty() || fresh > 1 {
+            if second_run {
                 match window {
                     Some(w) => {
                         allowed = true;
@@ -348,12 +364,13 @@ pub fn check(flows: &[Flow], provider: &FakeProvider, inj: &mut Injections) -> R
                         r.violation(
                             "(a) one run per key",
                             format!(
-                                "{} (+{} ms into the run) fault {}: {} fresh 2xx, {} calls after completion; sends {detail}; provider calls {calls}",
+                                "{} (+{} ms into the run) fault {}: {} fresh 2xx, {} calls after completion, {} calls for followers; sends {detail}; provider calls {calls}",
                                 spec.fake_key,
                                 run_start.map_or(0, |r| ms(start, r)),
                                 spec.fault.name(),
                                 fresh,
-                                late.len()
+                                late.len(),
+                                follower_calls
                             ),
                         );
                     }

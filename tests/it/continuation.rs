@@ -754,3 +754,43 @@ async fn a_stream_its_owner_could_not_finish_ends_the_same_for_its_followers() {
         "no call of the follower's own"
     );
 }
+
+/// The follower's reader loses its connection to Redis (as in a failover) while the original
+/// runs on: the follower is not continued on its own (a second answer for the key); it ends with
+/// a visible cut, and the provider sees the original's call only.
+#[tokio::test]
+async fn a_follower_that_loses_the_relay_while_the_original_runs_is_not_continued_alone() {
+    use crate::support::redis::query;
+    let (redis, provider) = (crate::support::redis::RedisServer::start(), FakeProvider::start().await);
+    let r = two_replicas(&provider, &redis).await;
+    let original = keyed_stream(&r[0].proxy, "lost").await;
+    let follower = keyed_stream(&r[1].proxy, "lost").await;
+    assert_eq!(follower.headers()["idempotent-replayed"], "true", "a follower");
+    let follower = tokio::spawn(read_body(follower.into_body(), b"", Duration::from_secs(30)));
+    // Its reader's connection (blocked in XREAD), killed by Redis.
+    let port = redis.port;
+    tokio::task::spawn_blocking(move || {
+        for _ in 0..500 {
+            let clients: String = query(port, ::redis::cmd("CLIENT").arg("LIST")).unwrap_or_default();
+            let reader = clients.lines().find(|l| l.contains("cmd=xread"));
+            if let Some(id) = reader.and_then(|l| l.split(' ').find_map(|f| f.strip_prefix("id="))) {
+                let _: ::redis::Value = query(port, ::redis::cmd("CLIENT").arg("KILL").arg("ID").arg(id)).unwrap();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("no reader blocked in XREAD");
+    })
+    .await
+    .unwrap();
+    let original = read_body(original.into_body(), b"", Duration::from_secs(30)).await;
+    assert!(original.clean, "the original is not touched");
+    assert_eq!(chat_text(&String::from_utf8_lossy(&original.bytes)), whole(5));
+    let follower = follower.await.unwrap();
+    let text = String::from_utf8_lossy(&follower.bytes).to_string();
+    assert!(
+        follower.clean && text.contains(r#""type":"stream_cut""#),
+        "a visible cut: {text}"
+    );
+    assert_eq!(provider.count("lost"), 1, "the original's call only");
+}

@@ -204,3 +204,86 @@ async fn followers_end_as_the_original_ends() {
     assert!(duplicate.header("idempotent-replayed").is_none());
     assert_eq!(provider.count("bad"), 2);
 }
+
+/// Waits (10 s at most) until the Redis on `port` holds a relay stream with at least `entries`
+/// entries; its key.
+fn relay_stream(port: u16, entries: usize) -> String {
+    use crate::support::redis::query;
+    for _ in 0..500 {
+        let keys: Vec<String> = query(port, ::redis::cmd("KEYS").arg("*:live:*")).unwrap_or_default();
+        for key in keys {
+            let n: usize = query(port, ::redis::cmd("XLEN").arg(&key)).unwrap_or(0);
+            if n >= entries {
+                return key;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    panic!("no relay stream with {entries} entries");
+}
+
+/// The relay stream lost an entry in its middle (a failover to a replica that had not all of
+/// it: the owner's later writes land after the gap), and a duplicate comes after: its reader,
+/// reading the stream from its start, sees the bytes no longer start where it is and aborts its
+/// follower. It never ends clean with a hole in the middle (as it did: it read on to `[DONE]`).
+#[tokio::test]
+async fn a_follower_whose_relay_lost_an_entry_is_aborted_never_whole_with_a_hole() {
+    use crate::support::redis::query;
+    let redis = RedisServer::start();
+    let provider = FakeProvider::start().await;
+    let config = config(&provider.url(), Some(&redis.url()));
+    let (a, b) = (Box::pin(config.start()).await, Box::pin(config.start()).await);
+    let original = stream(&a.url, "gap", "12", "200").await;
+    // A follower on A makes A relay its response (a local follower does not: published
+    // follow requests start the relay), then the stream's third entry after the head goes.
+    let first = tokio::spawn({
+        let url = b.url.clone();
+        async move { read(stream(&url, "gap", "12", "200").await).await }
+    });
+    let port = redis.port;
+    tokio::task::spawn_blocking(move || {
+        let key = relay_stream(port, 5);
+        let entries: Vec<(String, std::collections::HashMap<String, Vec<u8>>)> =
+            query(port, ::redis::cmd("XRANGE").arg(&key).arg("-").arg("+")).unwrap();
+        let data: Vec<&String> = entries
+            .iter()
+            .filter(|(_, f)| f.contains_key("d"))
+            .map(|(id, _)| id)
+            .collect();
+        let _: i64 = query(port, ::redis::cmd("XDEL").arg(&key).arg(data[1])).unwrap();
+    })
+    .await
+    .unwrap();
+    // A duplicate on a third replica: a new reader, from the stream's start.
+    let c = Box::pin(config.start()).await;
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(format!("{}/fake/v1/chat/completions", c.url))
+        .header("x-fake-key", "gap")
+        .header("idempotency-key", "gap")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+            br#"{"stream":true}"#,
+        )))
+        .unwrap();
+    // No response, or one cut short: never a clean end.
+    let late = match client().request(req).await {
+        Ok(resp) => Some(read(resp).await),
+        Err(_) => None,
+    };
+    let original = read(original).await;
+    assert!(original.clean, "the original is not touched");
+    assert!(
+        first.await.unwrap().clean,
+        "the first follower had read the entry before it went"
+    );
+    if let Some(late) = late {
+        assert!(
+            !late.clean,
+            "a follower missing an entry ends with an abort, never clean: {} of {} bytes",
+            late.bytes.len(),
+            original.bytes.len()
+        );
+    }
+    assert_eq!(provider.count("gap"), 1);
+}

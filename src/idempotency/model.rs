@@ -351,6 +351,83 @@ impl Protocol {
 }
 
 impl Protocol {
+    /// A fault, or what follows one (a lapse, a resume, an orphan's end): `None` when `action`
+    /// does not apply to `state`.
+    fn fault(&self, state: &mut State, action: Action) -> Option<()> {
+        match action {
+            Action::Lapse => {
+                let owner = state.record.map(|r| usize::from(r.own.0))?;
+                state.exceptions += u8::from(matches!(state.nodes[owner], Node::Paused | Node::Cut));
+                state.record = None;
+            }
+            Action::Crash(r) => {
+                state.nodes[usize::from(r)] = Node::Crashed;
+                Protocol::after_crash(state, r);
+            }
+            Action::Pause(r) => {
+                state.nodes[usize::from(r)] = Node::Paused;
+                state.pauses += 1;
+            }
+            Action::Cut(r) => {
+                state.nodes[usize::from(r)] = Node::Cut;
+                state.pauses += 1;
+                // Its readers' connections fail.
+                for req in state.reqs.iter_mut().filter(|_| self.chunks > 0) {
+                    if let Req::Following { at, broken, .. } = req {
+                        *broken |= *at == r;
+                    }
+                }
+            }
+            Action::Resume(r) => state.nodes[usize::from(r)] = Node::Up,
+            Action::Disconnect(i) => {
+                let Req::Called {
+                    at,
+                    claim,
+                    resp,
+                    sends,
+                    sent,
+                } = state.reqs[i]
+                else {
+                    return None;
+                };
+                state.orphans.push((at, claim, resp, sent));
+                state.reqs[i] = Req::Idle { sends };
+            }
+            Action::CompleteOrphan(k) => {
+                // Read to its end (its chunks relayed as they come), then stored.
+                let (at, claim, resp, sent) = state.orphans.remove(k);
+                for chunk in sent..self.chunks {
+                    relay(state, (at, claim), chunk);
+                }
+                if self.chunks > 0 {
+                    relay(state, (at, claim), END_COMPLETE);
+                }
+                self.store(state, (at, claim), resp);
+            }
+            Action::Flush => {
+                // The key is forgotten: a retry runs again (docs/failure-modes.md, "Redis
+                // restarted empty"); what it stores next is the key's response from then on.
+                state.exceptions += u8::from(state.record.is_some());
+                state.record = None;
+                state.stored = None;
+                state.replays.clear();
+                state.flushes += 1;
+                // The relay streams are gone, and every reader's connection with them.
+                state.streams.clear();
+                for req in state.reqs.iter_mut().filter(|_| self.chunks > 0) {
+                    if let Req::Following { read, broken, .. } = req {
+                        match self.variant {
+                            Variant::ReaderReadsOn => *read = 0,
+                            _ => *broken = true,
+                        }
+                    }
+                }
+            }
+            _ => return None,
+        }
+        Some(())
+    }
+
     /// Follower `i` reads the next entry of its owner's relay stream (or learns its reader failed).
     fn read(&self, state: &mut State, i: usize) {
         let Req::Following {
@@ -555,74 +632,7 @@ impl Model for Protocol {
                 state.takeovers += 1;
                 claim(&mut state, (i, at), sends);
             }
-            Action::Lapse => {
-                let owner = state.record.map(|r| usize::from(r.own.0))?;
-                state.exceptions += u8::from(matches!(state.nodes[owner], Node::Paused | Node::Cut));
-                state.record = None;
-            }
-            Action::Crash(r) => {
-                state.nodes[usize::from(r)] = Node::Crashed;
-                Protocol::after_crash(&mut state, r);
-            }
-            Action::Pause(r) => {
-                state.nodes[usize::from(r)] = Node::Paused;
-                state.pauses += 1;
-            }
-            Action::Cut(r) => {
-                state.nodes[usize::from(r)] = Node::Cut;
-                state.pauses += 1;
-                // Its readers' connections fail.
-                for req in state.reqs.iter_mut().filter(|_| self.chunks > 0) {
-                    if let Req::Following { at, broken, .. } = req {
-                        *broken |= *at == r;
-                    }
-                }
-            }
-            Action::Resume(r) => state.nodes[usize::from(r)] = Node::Up,
-            Action::Disconnect(i) => {
-                let Req::Called {
-                    at,
-                    claim,
-                    resp,
-                    sends,
-                    sent,
-                } = state.reqs[i]
-                else {
-                    return None;
-                };
-                state.orphans.push((at, claim, resp, sent));
-                state.reqs[i] = Req::Idle { sends };
-            }
-            Action::CompleteOrphan(k) => {
-                // Read to its end (its chunks relayed as they come), then stored.
-                let (at, claim, resp, sent) = state.orphans.remove(k);
-                for chunk in sent..self.chunks {
-                    relay(&mut state, (at, claim), chunk);
-                }
-                if self.chunks > 0 {
-                    relay(&mut state, (at, claim), END_COMPLETE);
-                }
-                self.store(&mut state, (at, claim), resp);
-            }
-            Action::Flush => {
-                // The key is forgotten: a retry runs again (docs/failure-modes.md, "Redis
-                // restarted empty"); what it stores next is the key's response from then on.
-                state.exceptions += u8::from(state.record.is_some());
-                state.record = None;
-                state.stored = None;
-                state.replays.clear();
-                state.flushes += 1;
-                // The relay streams are gone, and every reader's connection with them.
-                state.streams.clear();
-                for req in state.reqs.iter_mut().filter(|_| self.chunks > 0) {
-                    if let Req::Following { read, broken, .. } = req {
-                        match self.variant {
-                            Variant::ReaderReadsOn => *read = 0,
-                            _ => *broken = true,
-                        }
-                    }
-                }
-            }
+            fault => self.fault(&mut state, fault)?,
         }
         Some(state)
     }

@@ -117,7 +117,8 @@ impl Report {
     }
 }
 
-fn overlaps(windows: &[Window], start: Instant, end: Instant) -> Option<&'static str> {
+/// The first documented window that overlaps `start..end`, by its kind.
+pub fn overlaps(windows: &[Window], start: Instant, end: Instant) -> Option<&'static str> {
     windows
         .iter()
         .find(|w| w.start <= end && start <= w.end)

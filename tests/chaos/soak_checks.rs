@@ -3,8 +3,9 @@
 //! credentials the hosts received, (m) the clients' own retries.
 
 use std::collections::{BTreeMap, HashMap};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::checks::overlaps;
 use crate::load::{Flow, Kind, Outcome, CLIENT_SENDS};
 use crate::soak::{Anchor, Issued, LIMIT};
 use crate::support::FakeProvider;
@@ -15,13 +16,6 @@ pub type Check = (&'static str, bool, String);
 
 /// Examples kept per check.
 const EXAMPLES: usize = 5;
-
-fn overlaps(windows: &[Window], start: Instant, end: Instant) -> Option<&'static str> {
-    windows
-        .iter()
-        .find(|w| w.start <= end && start <= w.end)
-        .map(|w| w.kind)
-}
 
 fn minute_of(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs() / 60

@@ -65,6 +65,11 @@ pub enum ProxyError {
         upstream: String,
         retry_after: std::time::Duration,
     },
+    #[error("upstream {upstream} has as many requests in flight as its concurrency limit allows, and none ended within the wait this request had; nothing was sent upstream; retry after the retry-after delay")]
+    ConcurrencyLimited {
+        upstream: String,
+        retry_after: std::time::Duration,
+    },
     #[error("over the route's limit {limit} (its [limits.{limit}] table); retry after the retry-after delay")]
     LimitExceeded {
         limit: String,
@@ -111,7 +116,10 @@ macro_rules! error_kinds {
             $($kind),*
         }
 
-        impl ErrorKind {
+        /// `concurrency_limited`, by a name short enough for its row of [`ErrorKind::row`] to fit a line.
+const CONCURRENCY: &str = words::CONCURRENCY_LIMITED;
+
+impl ErrorKind {
             /// Every kind, in declaration order.
             pub const ALL: &[ErrorKind] = &[$(ErrorKind::$kind),*];
         }
@@ -137,6 +145,7 @@ error_kinds! {
     StoreUnavailable,
     CircuitOpen,
     Cooldown,
+    ConcurrencyLimited,
     LimitExceeded,
     CredentialUnavailable,
     NoTargetAvailable,
@@ -228,6 +237,7 @@ impl ErrorKind {
             ),
             K::CircuitOpen => (S::SERVICE_UNAVAILABLE, words::CIRCUIT_OPEN, "Circuit open", false),
             K::Cooldown => (S::TOO_MANY_REQUESTS, words::COOLDOWN, "Rate-limit cooldown", false),
+            K::ConcurrencyLimited => (S::TOO_MANY_REQUESTS, CONCURRENCY, "Concurrency limit", false),
             K::LimitExceeded => (S::TOO_MANY_REQUESTS, "limit_exceeded", "Limit exceeded", false),
             K::CredentialUnavailable => (
                 S::SERVICE_UNAVAILABLE,
@@ -319,6 +329,7 @@ impl ProxyError {
             ProxyError::StoreUnavailable => K::StoreUnavailable,
             ProxyError::CircuitOpen { .. } => K::CircuitOpen,
             ProxyError::Cooldown { .. } => K::Cooldown,
+            ProxyError::ConcurrencyLimited { .. } => K::ConcurrencyLimited,
             ProxyError::LimitExceeded { .. } => K::LimitExceeded,
             ProxyError::CredentialUnavailable { .. } => K::CredentialUnavailable,
             ProxyError::NoTargetAvailable { .. } => K::NoTargetAvailable,
@@ -352,6 +363,7 @@ impl ProxyError {
             ProxyError::QueueFull { .. } => Some(std::time::Duration::from_secs(5)),
             ProxyError::CircuitOpen { retry_after, .. }
             | ProxyError::Cooldown { retry_after, .. }
+            | ProxyError::ConcurrencyLimited { retry_after, .. }
             | ProxyError::LimitExceeded { retry_after, .. } => Some(*retry_after),
             ProxyError::NoTargetAvailable { retry_after, .. } => *retry_after,
             _ => None,
@@ -558,6 +570,7 @@ mod tests {
             K::StoreUnavailable,
             K::CircuitOpen,
             K::Cooldown,
+            K::ConcurrencyLimited,
             K::CredentialUnavailable,
             K::NoTargetAvailable,
             K::QueueFull,

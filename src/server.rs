@@ -4,6 +4,8 @@
 //! [`Server::shutdown`]: then it stops accepting, turns `/readyz` to 503, lets in-flight requests
 //! and streams finish within `shutdown_grace`, and closes whatever is left after it.
 
+use crate::limiter::concurrency::Concurrency;
+use crate::limiter::store::Counters;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -131,11 +133,9 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         jobs: Jobs::new(&config, redis.clone(), metrics.clone()),
         traces: Traces::start(&config.telemetry, &metrics)?,
         clouds: crate::cloud::Clouds::new(metrics.clone(), background.clone(), background_stop.clone()),
-        limit_store: Arc::new(match redis.clone() {
-            Some(r) => crate::limiter::store::Counters::Redis(r),
-            None => crate::limiter::store::Counters::local(),
-        }),
+        limit_store: Arc::new(Counters::of(redis.clone())),
         limit_fleet_size: Arc::default(),
+        concurrency: Concurrency::start(metrics.clone(), redis.as_ref(), &background, background_stop.clone()),
     };
     let traces = shared.traces.clone();
     shared

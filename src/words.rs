@@ -57,6 +57,8 @@ pub(crate) const COOLDOWN: &str = "cooldown";
 /// No cloud credential could be had: why the loop stopped before an attempt, and rebound's error
 /// code for it.
 pub(crate) const CREDENTIAL_UNAVAILABLE: &str = "credential_unavailable";
+/// A target's `concurrency` limit had no room for the request within its wait.
+pub(crate) const CONCURRENCY_LIMITED: &str = "concurrency_limited";
 
 /// Why the retry loop delivered an outcome rather than retrying it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -82,6 +84,9 @@ pub(crate) enum Stop {
     Cooldown,
     /// No cloud credential could be had for the upstream (decided before an attempt).
     CredentialUnavailable,
+    /// The target's concurrency limit had no room within the request's wait (decided before an
+    /// attempt).
+    ConcurrencyLimited,
 }
 
 // The `reason` of the log line, of a dead letter and of `rebound_dead_letters_total`, and the
@@ -98,13 +103,14 @@ spelled!(Stop {
     CIRCUIT_OPEN => CircuitOpen,
     COOLDOWN => Cooldown,
     CREDENTIAL_UNAVAILABLE => CredentialUnavailable,
+    CONCURRENCY_LIMITED => ConcurrencyLimited,
 });
 
 impl Stop {
     /// The reasons a failure becomes a dead letter (`rebound_dead_letters_total{reason}`, in this
     /// order): rebound stopped retrying something transient, or could not try at all.
     /// `NotRetryable` (a permanent 4xx is the app's to see) and `Success` are not.
-    pub(crate) const DEAD_LETTER: [Stop; 8] = [
+    pub(crate) const DEAD_LETTER: [Stop; 9] = [
         Stop::Exhausted,
         Stop::BudgetExhausted,
         Stop::Deadline,
@@ -113,6 +119,7 @@ impl Stop {
         Stop::CircuitOpen,
         Stop::Cooldown,
         Stop::CredentialUnavailable,
+        Stop::ConcurrencyLimited,
     ];
 
     /// Whether a failure delivered for this reason is a dead letter.
@@ -120,6 +127,31 @@ impl Stop {
         Stop::DEAD_LETTER.contains(&self)
     }
 }
+
+/// What said a provider had too much: an overload signal that shrinks an adaptive `concurrency`
+/// limit (`limits::aimd`), the `signal` label of `rebound_concurrency_adjustments_total` (which
+/// adds `success` for an increase).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) enum Signal {
+    /// A 429 with no reset or a short one.
+    RateLimited,
+    /// A 502, 503 or 504: the provider, or the gateway in front of it, shedding.
+    Unavailable,
+    /// A 529, an in-band `overloaded_error`, Bedrock's ServiceUnavailableException.
+    Overloaded,
+    /// No first byte within `first_byte_timeout`.
+    FirstByteTimeout,
+    /// The time to first byte well above its floor.
+    SlowFirstByte,
+}
+
+spelled!(Signal {
+    "rate_limited" => RateLimited,
+    "unavailable" => Unavailable,
+    "overloaded" => Overloaded,
+    "first_byte_timeout" => FirstByteTimeout,
+    "slow_first_byte" => SlowFirstByte,
+});
 
 /// What one attempt came to, as `rebound_upstream_attempts_total{outcome}`, an attempt's record
 /// and its span count it.
@@ -190,7 +222,8 @@ mod tests {
         round_trips(Stop::as_str);
         round_trips(AttemptOutcome::as_str);
         round_trips(TargetState::as_str);
-        assert_eq!(Stop::ALL.len(), 10);
+        assert_eq!(Stop::ALL.len(), 11);
+        round_trips(Signal::as_str);
         assert_eq!(AttemptOutcome::ALL.map(AttemptOutcome::as_str)[2], "status_429");
         assert_eq!(
             Stop::Deadline.as_str(),

@@ -14,6 +14,34 @@ use smallvec::SmallVec;
 
 use crate::credentials::HEADERS;
 
+/// An upstream's `concurrency`: the requests it may have in flight at once, per credential and
+/// model, across the fleet. Enforced by `limiter::concurrency`, adapted by `limits::aimd`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Concurrency {
+    /// A number: this many, always.
+    Fixed(u32),
+    /// `"adaptive"`: found from the provider's answers, within `[concurrency]`'s bounds.
+    Adaptive,
+}
+
+/// `[concurrency]`: where every adaptive limit starts, and the bounds it moves in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConcurrencyBounds {
+    pub initial: u32,
+    pub min: u32,
+    pub max: u32,
+}
+
+impl Default for ConcurrencyBounds {
+    fn default() -> ConcurrencyBounds {
+        ConcurrencyBounds {
+            initial: 20,
+            min: 1,
+            max: 1000,
+        }
+    }
+}
+
 /// One `[limits.NAME]` table.
 #[derive(Debug, Clone)]
 pub struct LimitPolicy {

@@ -43,8 +43,8 @@ pub(crate) use crate::words::Spelled;
 pub(crate) use api::vertex_location_of;
 pub use api::{Api, ApiOf, Family};
 pub use jitter::Jitter;
+pub use limits::{Concurrency, ConcurrencyBounds, LimitPolicy, OnLimit, PriceConfig, RedisDown};
 pub(crate) use limits::{KeySpec, Part};
-pub use limits::{LimitPolicy, OnLimit, PriceConfig, RedisDown};
 pub use targets::{Balance, FailoverOn, FailoverReason, TargetConfig};
 
 /// The whole validated configuration.
@@ -73,6 +73,8 @@ pub struct Config {
     pub limits: BTreeMap<String, Arc<LimitPolicy>>,
     /// `[prices]`: USD per million tokens, by model (`"*"`: any other model).
     pub prices: BTreeMap<String, PriceConfig>,
+    /// `[concurrency]`: the bounds of the upstreams' adaptive `concurrency`.
+    pub concurrency: ConcurrencyBounds,
     /// The clouds' environment variables, captured when an upstream's `auth` is a cloud's.
     pub cloud_env: CloudEnv,
 }
@@ -395,6 +397,9 @@ pub struct UpstreamConfig {
     /// Azure OpenAI's `azure_api_version`: deployment paths with this `api-version`; `None`: the
     /// v1 API (`/openai/v1/...`, the model in the body).
     pub(crate) azure_api_version: Option<String>,
+    /// Requests in flight at once per credential and model, across the fleet (`None`: no
+    /// limit).
+    pub concurrency: Option<Concurrency>,
 }
 
 impl UpstreamConfig {
@@ -415,6 +420,7 @@ impl std::fmt::Debug for UpstreamConfig {
             .field("cooldown", &self.cooldown)
             .field("pacing", &self.pacing)
             .field("pacing_reserve", &self.pacing_reserve)
+            .field("concurrency", &self.concurrency)
             .field("ca_file", &self.ca_file)
             .field(
                 "set_headers",

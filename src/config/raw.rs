@@ -32,6 +32,8 @@ pub struct RawConfig {
     pub cache: BTreeMap<String, RawCache>,
     #[serde(default)]
     pub limits: BTreeMap<String, RawLimit>,
+    /// The tuning of every adaptive `concurrency`.
+    pub concurrency: Option<RawConcurrency>,
     /// USD per million tokens, by model.
     #[serde(default)]
     pub prices: BTreeMap<String, RawPrice>,
@@ -138,6 +140,17 @@ pub struct RawUpstream {
     pub gcp_project: Option<String>,
     pub gcp_location: Option<String>,
     pub azure_api_version: Option<String>,
+    /// A number (a fixed limit) or `"adaptive"`.
+    pub concurrency: Option<toml::Value>,
+}
+
+/// `[concurrency]`: the bounds of every adaptive limit.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawConcurrency {
+    pub initial: Option<i64>,
+    pub min: Option<i64>,
+    pub max: Option<i64>,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]

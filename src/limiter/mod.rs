@@ -7,6 +7,7 @@
 //! Not yet: leases are handed back at shutdown only, not on a reload (docs/limits.md, "Not yet").
 
 mod bucket;
+pub(crate) mod concurrency;
 mod fleet;
 mod pass;
 mod queue;
@@ -34,7 +35,7 @@ pub(crate) use pass::{fields, Pass};
 pub(crate) use queue::Place;
 use queue::{QueueShare, Waiting};
 use store::{CounterId, Counters};
-pub(crate) use wait::{Subject, Timing};
+pub(crate) use wait::{Subject, Timing, QUEUE_POLL};
 
 /// Buckets kept per limit at most (beyond those in use): past it, a new bucket takes the place of
 /// one not used lately ([`table::Table`]), whose unspent leases and idle slots go back to the

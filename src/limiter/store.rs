@@ -104,6 +104,14 @@ pub enum Counters {
 }
 
 impl Counters {
+    /// Redis's counters, else this process's.
+    pub fn of(redis: Option<RedisHandle>) -> Counters {
+        match redis {
+            Some(r) => Counters::Redis(r),
+            None => Counters::local(),
+        }
+    }
+
     pub fn local() -> Counters {
         Counters::Local(parking_lot::Mutex::new(LocalCounters::default()))
     }

@@ -21,6 +21,7 @@
 // fleet's counts the property tests model): docs/limits.md, "Not yet".
 #![cfg_attr(not(test), allow(dead_code))]
 
+pub(crate) mod aimd;
 pub(crate) mod concurrency;
 pub(crate) mod estimate;
 pub(crate) mod fair_queue;

@@ -4,8 +4,10 @@
 //! Labels are bounded: route and upstream names from the config, outcomes and codes from fixed
 //! sets. No label ever holds a path, a key or a credential.
 
+mod concurrency;
 mod series;
 
+pub(crate) use concurrency::{ConcurrencySeries, ScopeSeries};
 pub(crate) use series::{LimitMetrics, LimitResult};
 
 use prometheus::core::Collector;
@@ -44,10 +46,13 @@ const OPERATION_BUCKETS: &[f64] = &[
     0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92,
 ];
 
+/// Where a family is registered: the registry, the names exported so far, the names' prefix.
+type Registered<'a> = (&'a Registry, &'a RefCell<Vec<String>>, &'a str);
+
 /// Registers `metric` and hands it back: a family cannot be defined without being exported. Its
 /// name is noted in `names` (a registry lists only the families that have samples).
 fn reg<M: Collector + Clone + 'static>(
-    (registry, names, prefix): (&Registry, &RefCell<Vec<String>>, &str),
+    (registry, names, prefix): Registered<'_>,
     metric: M,
 ) -> Result<M, prometheus::Error> {
     registry.register(Box::new(metric.clone()))?;
@@ -169,6 +174,8 @@ pub struct Metrics {
     pub(crate) credential_refreshes_total: IntCounterVec,
     /// Seconds left on the cloud credential held, by upstream, as of the scrape.
     pub(crate) credential_expiry_seconds: prometheus::GaugeVec,
+    /// The upstreams' `concurrency` limits.
+    pub(crate) concurrency: concurrency::ConcurrencyFamilies,
 }
 
 impl Metrics {
@@ -426,6 +433,7 @@ impl Metrics {
                 r,
                 IntGaugeVec::new(Opts::new("build_info", "Build information; always 1."), &["version"])?,
             )?,
+            concurrency: concurrency::ConcurrencyFamilies::new(r)?,
             registry,
             gen_ai,
             names: names.into_inner(),

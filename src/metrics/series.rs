@@ -20,6 +20,9 @@ impl Metrics {
             }
         }
         for (name, u) in &config.upstreams {
+            if u.concurrency.is_some() {
+                self.init_concurrency(name, &config.metrics.models);
+            }
             if u.circuit.is_some() {
                 self.circuit_state.with_label_values(&[name]);
                 self.circuit_rejections_total.with_label_values(&[name]);

@@ -24,12 +24,14 @@ use super::outbound;
 use super::pacing;
 use super::primed::Primed;
 use super::request;
+use super::room::{self, Room};
 use super::routes::{Route, Target};
 use super::tokens::RequestTokens;
 use crate::circuit::{Admission, CircuitState, Hold, Permit};
 use crate::cloud::{CloudAuth, Unavailable};
 use crate::config::{Balance, FailoverReason, RetryOn};
 use crate::error::ProxyError;
+use crate::limiter::concurrency::{Queued, Slot};
 use crate::retry::failover;
 use crate::retry::policy::{Decision, Outcome, RetryState, Rules, Shown, Stop, WaitSource};
 use crate::retry::provider_error::{ErrorClass, ErrorSignal};
@@ -62,14 +64,19 @@ pub(super) fn attempts<'r>(
     async move {
         let mut now = started;
         loop {
-            // A hold is waited out with nothing of admission's answer kept.
+            // A hold (or a turn in a concurrency queue) is waited out with nothing of
+            // admission's answer kept.
             let (req, admitted) = loop {
-                let hold = match call.admit(now) {
+                match call.admit(now) {
                     Admit::Go(req, admitted) => break (req, admitted),
-                    Admit::Hold(hold) => hold,
+                    Admit::Hold(hold) => tokio::time::sleep(hold).await,
+                    Admit::Queue(target) => {
+                        if let Some(q) = &call.queued {
+                            room::turn(target, q).await;
+                        }
+                    }
                     Admit::Stop(delivery) => return delivery,
-                };
-                tokio::time::sleep(hold).await;
+                }
                 now = time::now();
             };
             let target = admitted.target;
@@ -126,6 +133,10 @@ pub(super) struct Call<'r> {
     payload: Option<String>,
     /// An attempt was repeated after its cloud credential was rejected (once per request).
     reauthed: bool,
+    /// The attempt's place under its target's `concurrency` limit, while it runs.
+    slot: Option<Slot>,
+    /// The request's place in a target's concurrency queue, while it waits.
+    queued: Option<Queued>,
 }
 
 impl<'r> Call<'r> {
@@ -152,6 +163,8 @@ impl<'r> Call<'r> {
             retrying: None,
             payload: None,
             reauthed: false,
+            slot: None,
+            queued: None,
         }
     }
 
@@ -162,20 +175,7 @@ impl<'r> Call<'r> {
         let (asked, route) = (self.asked, self.asked.route);
         let failovers = self.at.failovers;
         if self.state.deadline <= now {
-            let upstream = route
-                .targets
-                .get(self.progress.target)
-                .unwrap_or(route.primary())
-                .name
-                .to_string();
-            let timeout_ms = self.progress.deadline.as_millis();
-            let delivery = self
-                .progress
-                .stop_before_attempt(Stop::Deadline, failovers, || ProxyError::Timeout {
-                    upstream,
-                    timeout_ms,
-                });
-            return Admit::Stop(delivery);
+            return Admit::Stop(self.past_deadline());
         }
         loop {
             let Some(target) = self.at.next(route).and_then(|i| route.targets.get(i)) else {
@@ -226,6 +226,11 @@ impl<'r> Call<'r> {
                     return Admit::Hold(hold);
                 }
             }
+            let slot = match self.room(target, &scope, now) {
+                Placed::Slot(slot) => slot,
+                Placed::Elsewhere => continue,
+                Placed::Answer(admit) => return admit,
+            };
             let mut req = req;
             if let Some(auth) = &target.cloud {
                 // A rewritten body is hashed for its own attempt; the app's once for them all.
@@ -254,7 +259,61 @@ impl<'r> Call<'r> {
             if let Some((from, reason)) = self.at.arrive(index) {
                 self.count_failover(from, target, reason);
             }
+            self.slot = slot;
             return Admit::Go(req, Admitted { target, permit, scope });
+        }
+    }
+
+    /// The request's deadline has come before an attempt: 504 `deadline_exceeded`, or, when it
+    /// came while the request waited for a target's concurrency limit, that limit's 429.
+    fn past_deadline(&mut self) -> Delivery {
+        let (route, failovers) = (self.asked.route, self.at.failovers);
+        if let Some(q) = self.queued.take() {
+            let e = room::refusal(q.upstream(), &route.name, true);
+            return self
+                .progress
+                .stop_before_attempt(Stop::ConcurrencyLimited, failovers, || e);
+        }
+        let upstream = route
+            .targets
+            .get(self.progress.target)
+            .unwrap_or(route.primary())
+            .name
+            .to_string();
+        let timeout_ms = self.progress.deadline.as_millis();
+        self.progress
+            .stop_before_attempt(Stop::Deadline, failovers, || ProxyError::Timeout {
+                upstream,
+                timeout_ms,
+            })
+    }
+
+    /// The room `target`'s concurrency limit has for the attempt (see `room.rs`): its slot, or
+    /// another target, or a wait in its queue or a 429.
+    fn room(&mut self, target: &'r Target, scope: &HoldScope<'_>, now: Instant) -> Placed<'r> {
+        let (route, index) = (self.asked.route, target.index);
+        let ask = room::Ask {
+            key: &|| scope.per_model(&self.cx.credentials, target),
+            model: &self.progress.tokens.model,
+            route: &route.name,
+            elsewhere: self.at.others_free(route, index),
+            deadline: self.state.deadline,
+        };
+        match room::room(target, &ask, &mut self.queued, now) {
+            Room::Free(slot) => Placed::Slot(slot),
+            Room::Elsewhere => {
+                self.at.at_limit(index);
+                Placed::Elsewhere
+            }
+            Room::Wait => {
+                self.at.wait_for(index);
+                Placed::Answer(Admit::Queue(target))
+            }
+            Room::Refused(e) => {
+                let stop = Stop::ConcurrencyLimited;
+                let failovers = self.at.failovers;
+                Placed::Answer(Admit::Stop(self.progress.stop_before_attempt(stop, failovers, || e)))
+            }
         }
     }
 
@@ -321,6 +380,9 @@ impl<'r> Call<'r> {
         };
         let explicit = hint.filter(|h| h.source.is_explicit()).map(|h| h.delay);
         permit.record(outcome, explicit, received);
+        if let Some(slot) = &self.slot {
+            room::observe(slot, outcome, hint.map(|h| h.delay), (sent, received));
+        }
         if class == Some(ErrorClass::Exhausted) {
             // A quota used up: the credential is avoided fleet-wide until its reset (an hour when
             // the provider gives none).
@@ -411,6 +473,7 @@ impl<'r> Call<'r> {
     /// The request leaves `target` for `reason`: its answer kept (delivered if no other target
     /// can run), the next attempt admitted at once.
     fn move_on(&mut self, result: Answer, target: &Target, reason: FailoverReason, now: Instant) {
+        self.slot = None;
         self.progress.keep(result, target, self.state.total, now);
         self.at.leave(self.asked.route, target.index, reason, &mut self.state);
         self.waited = (Duration::ZERO, None);
@@ -421,6 +484,7 @@ impl<'r> Call<'r> {
     /// returned (the refresh the rejection asked for, within the deadline).
     fn reauth(&mut self, result: Answer, target: &Target, auth: Arc<CloudAuth>, now: Instant) -> Then {
         tracing::info!(route = %self.asked.route.name, upstream = %target.name, "cloud credential rejected: renewed, attempt repeated");
+        self.slot = None;
         self.reauthed = true;
         self.progress.keep(result, target, self.state.total, now);
         self.waited = (Duration::ZERO, None);
@@ -433,6 +497,7 @@ impl<'r> Call<'r> {
     /// returned.
     fn retry(&mut self, result: Answer, target: &Target, pause: Pause, now: Instant) -> Duration {
         let Pause { wait, source, reason } = pause;
+        self.slot = None;
         let route = &self.asked.route.name;
         self.cx
             .metrics
@@ -460,10 +525,14 @@ impl<'r> Call<'r> {
         if let Some(family) = family {
             family.with_label_values(&[&*route.name]).inc();
         }
-        let result = result.map_err(|e| {
+        let mut result = result.map_err(|e| {
             tracing::warn!(route = %route.name, upstream = %target.name, error = %e, "upstream attempt failed");
             outbound::attempt_error(&target.name, e)
         });
+        // The limit's place is held until the response ends.
+        if let (Some(slot), Ok(resp)) = (self.slot.take(), result.as_mut()) {
+            resp.body_mut().inner_mut().hold_until_end(Box::new(slot));
+        }
         let total = self.state.total;
         if outcome.is_failure() && (total > 1 || stop != Stop::NotRetryable) {
             tracing::info!(route = %route.name, attempts = total, reason = stop.as_str(), outcome = outcome.label(), "delivering failure");
@@ -545,8 +614,23 @@ enum Admit<'r> {
     Go(Request<Full<Bytes>>, Admitted<'r>),
     /// Pacing or a cooldown holds the request this long; admit again then.
     Hold(Duration),
+    /// Every target is at its `concurrency` limit: wait for a turn in this one's queue, then
+    /// admit again.
+    Queue(&'r Target),
     /// No attempt can run: this is delivered.
     Stop(Delivery),
+}
+
+/// What a target's concurrency limit said of an attempt. Returned by value and matched at once
+/// (as `Admit` is): boxing the large answer would allocate on every refusal and every wait.
+#[allow(clippy::large_enum_variant)]
+enum Placed<'r> {
+    /// Its slot (none: no limit).
+    Slot(Option<Slot>),
+    /// At the limit: another target.
+    Elsewhere,
+    /// This is admission's answer.
+    Answer(Admit<'r>),
 }
 
 /// An admitted attempt: where it goes, the circuit's permit, and the scope its holds are kept under

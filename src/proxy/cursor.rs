@@ -32,6 +32,9 @@ pub(super) struct Cursor {
     pub(super) failovers: u32,
     /// Targets that cut the stream this request continues: chosen only when no other is left.
     deferred: Vec<usize>,
+    /// Targets found at their `concurrency` limit since the last attempt: not chosen while
+    /// another has room.
+    busy: Vec<usize>,
 }
 
 /// A target that cut a stream, and whether it stalled it (the idle timeout) rather than reset it
@@ -51,6 +54,7 @@ impl Cursor {
             soonest: None,
             failovers: 0,
             deferred: Vec::new(),
+            busy: Vec::new(),
         }
     }
 
@@ -103,6 +107,25 @@ impl Cursor {
             .filter(move |t| t.index != index && !self.is_left(t.index))
     }
 
+    /// Whether a target it has not left, besides `index`, has not been found at its limit.
+    pub(super) fn others_free(&self, route: &Route, index: usize) -> bool {
+        self.others(route, index).any(|t| !self.busy.contains(&t.index))
+    }
+
+    /// `index` is at its `concurrency` limit: another target is chosen for now.
+    pub(super) fn at_limit(&mut self, index: usize) {
+        self.busy.push(index);
+        if self.current == Some(index) {
+            self.current = None;
+        }
+    }
+
+    /// The request waits for `index` (every other target is at its limit too).
+    pub(super) fn wait_for(&mut self, index: usize) {
+        self.current = Some(index);
+        self.busy.clear();
+    }
+
     /// Whether a target it has not left takes a larger prompt than `target` (an unknown
     /// `context_window` is not larger than any).
     pub(super) fn larger_context(&self, route: &Route, target: &Target) -> bool {
@@ -134,12 +157,13 @@ impl Cursor {
             return (!self.is_left(0)).then_some(0);
         }
         // A target that cut the stream only when no other is left.
-        let fresh = |i: usize| !self.is_left(i) && !self.deferred.contains(&i);
+        let open = |i: usize| !self.is_left(i) && !self.busy.contains(&i);
+        let fresh = |i: usize| open(i) && !self.deferred.contains(&i);
         let any_fresh = route.targets.iter().any(|t| fresh(t.index));
         let candidates: Vec<Candidate> = route
             .targets
             .iter()
-            .filter(|t| !self.is_left(t.index) && (!any_fresh || fresh(t.index)))
+            .filter(|t| open(t.index) && (!any_fresh || fresh(t.index)))
             .map(|t| Candidate {
                 index: t.index,
                 weight: t.config.weight,
@@ -166,6 +190,7 @@ impl Cursor {
     /// (from which target, and why), to be counted.
     pub(super) fn arrive(&mut self, index: usize) -> Option<(usize, FailoverReason)> {
         self.current = Some(index);
+        self.busy.clear();
         // Back on the target it left (a continuation on the one that cut the stream): no move.
         let moved = self.leaving.take().filter(|(from, _)| *from != index);
         if moved.is_some() {

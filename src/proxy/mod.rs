@@ -34,6 +34,7 @@ mod pacing;
 mod primed;
 mod request;
 mod respond;
+mod room;
 mod routes;
 mod shared;
 pub(crate) mod stream;
@@ -104,6 +105,7 @@ impl Proxy {
     /// Resolves routes against upstreams and policies and builds the connection pools.
     pub fn new(config: &Config, shared: &Shared) -> Result<Proxy, BuildError> {
         shared.metrics.init_series(config);
+        shared.concurrency.configure(config);
         let limiter = Arc::new(crate::limiter::Limiter::new(
             config,
             shared.limit_store.clone(),
@@ -123,6 +125,7 @@ impl Proxy {
             clouds: _,
             limit_store: _,
             limit_fleet_size: _,
+            concurrency: _,
         } = shared.clone();
         Ok(Proxy {
             routes,

@@ -1,6 +1,7 @@
 //! The route table of one configuration: each route with everything it refers to resolved (its
 //! targets, policies, idempotency and metrics), built by [`build`].
 
+use crate::limiter::concurrency::UpstreamLimit;
 use std::time::Duration;
 
 use super::shared::Shared;
@@ -65,6 +66,8 @@ pub(crate) struct Target {
     /// The route's API, when this target speaks another of its family: each request's envelope
     /// is adapted (`wire::api`).
     pub(crate) adapt_from: Option<Api>,
+    /// Its upstream's `concurrency` limits, if it has one.
+    pub(crate) concurrency: Option<Arc<UpstreamLimit>>,
 }
 
 impl Target {
@@ -93,6 +96,7 @@ impl Target {
             load: Load::default(),
             cloud,
             adapt_from: (config.api != api).then_some(api),
+            concurrency: None,
         }
     }
 }
@@ -204,7 +208,9 @@ pub(super) fn build(
             match upstreams.get(&t.upstream) {
                 Some(upstream) => {
                     let cloud = shared.clouds.for_upstream(&upstream.config, &config.cloud_env);
-                    list.push(Target::new((&r.name, r.api), (index, t), upstream, metrics, cloud));
+                    let mut target = Target::new((&r.name, r.api), (index, t), upstream, metrics, cloud);
+                    target.concurrency = shared.concurrency.for_upstream(&t.upstream);
+                    list.push(target);
                 }
                 None => {
                     tracing::error!(route = %r.name, upstream = %t.upstream, "route refers to an unknown upstream");

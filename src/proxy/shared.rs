@@ -44,6 +44,9 @@ pub struct Shared {
     /// The most replicas seen sharing a limit's bucket (the share a replica takes while Redis is
     /// away), kept across reloads.
     pub(crate) limit_fleet_size: Arc<std::sync::atomic::AtomicU32>,
+    /// The upstreams' `concurrency` limits (a reload that keeps an upstream's settings keeps its
+    /// limits).
+    pub(crate) concurrency: Arc<crate::limiter::concurrency::Concurrency>,
 }
 
 impl Shared {

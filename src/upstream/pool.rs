@@ -262,6 +262,9 @@ pub(crate) struct UpstreamBody {
     /// bytes are written in and go out from (its room reclaimed once the frames before are
     /// written and dropped: no allocation per frame).
     reframe: Option<Box<(ToSse, BytesMut)>>,
+    /// What the response holds until its last frame is in (or it is dropped): a request's place
+    /// under its upstream's `concurrency` limit.
+    held: Option<Box<dyn std::any::Any + Send + Sync>>,
 }
 
 impl UpstreamBody {
@@ -270,6 +273,7 @@ impl UpstreamBody {
             inner,
             give_back,
             reframe: None,
+            held: None,
         };
         if body.inner.is_end_stream() {
             body.done();
@@ -284,8 +288,17 @@ impl UpstreamBody {
     }
 
     fn done(&mut self) {
+        self.held = None;
         if let Some((pool, sender)) = self.give_back.take() {
             pool.checkin(sender);
+        }
+    }
+
+    /// Keeps `held` until the body's last frame is in, or it is dropped (at once when it has
+    /// ended already).
+    pub(crate) fn hold_until_end(&mut self, held: Box<dyn std::any::Any + Send + Sync>) {
+        if !self.inner.is_end_stream() {
+            self.held = Some(held);
         }
     }
 
@@ -296,7 +309,10 @@ impl UpstreamBody {
         match &polled {
             Poll::Ready(None) => self.done(),
             Poll::Ready(Some(Ok(_))) if self.inner.is_end_stream() => self.done(),
-            Poll::Ready(Some(Err(_))) => self.give_back = None,
+            Poll::Ready(Some(Err(_))) => {
+                self.give_back = None;
+                self.held = None;
+            }
             _ => {}
         }
         polled

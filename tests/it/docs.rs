@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use rebound::hooks::config::raw::{
-    RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLimit, RawLog, RawMetrics,
-    RawPrice, RawRedis, RawRetry, RawRoute, RawServer, RawTarget, RawTelemetry, RawUpstream,
+    RawAdmin, RawCache, RawCircuit, RawConcurrency, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLimit,
+    RawLog, RawMetrics, RawPrice, RawRedis, RawRetry, RawRoute, RawServer, RawTarget, RawTelemetry, RawUpstream,
 };
 use rebound::hooks::error::ErrorKind;
 use rebound::hooks::metrics::Metrics;
@@ -58,7 +58,7 @@ fn documented_keys(text: &str) -> BTreeMap<String, Vec<String>> {
 fn every_config_key_is_documented_and_every_documented_key_exists() {
     let path = root().join("docs/configuration.md");
     let documented = documented_keys(&read(&path));
-    let tables: [(&str, BTreeSet<String>); 17] = [
+    let tables: [(&str, BTreeSet<String>); 18] = [
         ("[server]", fields::<RawServer>()),
         ("[admin]", fields::<RawAdmin>()),
         ("[log]", fields::<RawLog>()),
@@ -76,6 +76,7 @@ fn every_config_key_is_documented_and_every_documented_key_exists() {
         ("[cache.NAME]", fields::<RawCache>()),
         ("[limits.NAME]", fields::<RawLimit>()),
         ("[prices]", fields::<RawPrice>()),
+        ("[concurrency]", fields::<RawConcurrency>()),
     ];
     let mut problems = Vec::new();
     for (heading, keys) in &tables {

@@ -14,6 +14,7 @@ mod client_retries;
 mod cloud_aws;
 mod cloud_azure;
 mod cloud_gcp;
+mod concurrency;
 mod config_files;
 mod continuation;
 mod credentials;

@@ -5,14 +5,60 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::super::limits::MICRO;
+use super::super::raw::RawConcurrency;
 use super::super::raw::{RawLimit, RawPrice, RawRoute};
-use super::super::{KeySpec, LimitPolicy, OnLimit, PriceConfig, RedisDown};
+use super::super::{Concurrency, ConcurrencyBounds, KeySpec, LimitPolicy, OnLimit, PriceConfig, RedisDown};
 use super::{names, Validator};
 
 /// The longest `max_wait` (a request held longer than this is better answered 429).
 const MAX_WAIT_CAP: Duration = Duration::from_secs(600);
 
+/// The most requests an upstream's `concurrency` admits at once.
+const MAX_CONCURRENCY: u32 = 1_000_000;
+
 impl Validator<'_> {
+    /// An upstream's `concurrency`: a number from 1, or `"adaptive"`.
+    pub(super) fn upstream_concurrency(&mut self, key: &str, raw: Option<&toml::Value>) -> Option<Concurrency> {
+        let expected = format!("expected an integer from 1 to {MAX_CONCURRENCY} or \"adaptive\"");
+        match raw? {
+            toml::Value::String(s) if s == "adaptive" => Some(Concurrency::Adaptive),
+            toml::Value::Integer(n) if (1..=i64::from(MAX_CONCURRENCY)).contains(n) => {
+                Some(Concurrency::Fixed(*n as u32))
+            }
+            other => {
+                self.err(key, format!("{expected}, found {other}"));
+                None
+            }
+        }
+    }
+
+    /// `[concurrency]`: `min <= initial <= max`, from 1.
+    pub(super) fn concurrency(&mut self, raw: Option<&RawConcurrency>) -> ConcurrencyBounds {
+        let d = ConcurrencyBounds::default();
+        let Some(r) = raw else { return d };
+        let min = self.int("concurrency.min", r.min, d.min, 1, MAX_CONCURRENCY);
+        let max = self.int("concurrency.max", r.max, d.max.max(min), 1, MAX_CONCURRENCY);
+        let initial = self.int(
+            "concurrency.initial",
+            r.initial,
+            d.initial.clamp(min, max.max(min)),
+            1,
+            MAX_CONCURRENCY,
+        );
+        if min > max {
+            self.err(
+                "concurrency.max",
+                format!("expected at least concurrency.min ({min}), found {max}"),
+            );
+        } else if !(min..=max).contains(&initial) {
+            self.err(
+                "concurrency.initial",
+                format!("expected from concurrency.min ({min}) to concurrency.max ({max}), found {initial}"),
+            );
+        }
+        ConcurrencyBounds { initial, min, max }
+    }
+
     /// A `[limits.NAME]` table.
     pub(super) fn limit(&mut self, name: &str, r: &RawLimit) -> Option<LimitPolicy> {
         let key = |k: &str| format!("limits.{name}.{k}");

@@ -274,6 +274,7 @@ impl Validator<'_> {
             .filter_map(|(name, l)| Some((name.clone(), Arc::new(self.limit(name, l)?))))
             .collect();
         let prices = self.prices(&raw.prices);
+        let concurrency = self.concurrency(raw.concurrency.as_ref());
         let has_cloud_auth = upstreams.values().any(|u| u.auth != Auth::Static);
         let routes = self.routes(&raw.routes, (&raw.upstreams, &upstreams), &retry, &idempotency);
         self.route_caches(&raw.routes, &cache);
@@ -297,6 +298,7 @@ impl Validator<'_> {
             cache,
             limits,
             prices,
+            concurrency,
             cloud_env: match has_cloud_auth {
                 true => CloudEnv::capture(self.env),
                 false => CloudEnv::default(),

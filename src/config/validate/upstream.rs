@@ -55,6 +55,7 @@ impl Validator<'_> {
         let sets_credential =
             auth != Auth::Static || set_headers.iter().any(|(h, _)| self.credentials.headers().contains(h));
         let api = self.api(name, u, &authority);
+        let concurrency = self.upstream_concurrency(&key("concurrency"), u.concurrency.as_ref());
         Some(UpstreamConfig {
             name: name.to_string(),
             scheme,
@@ -79,6 +80,7 @@ impl Validator<'_> {
             gcp_project: api.gcp_project,
             gcp_location: api.gcp_location,
             azure_api_version: api.azure_api_version,
+            concurrency,
         })
     }
 

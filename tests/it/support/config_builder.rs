@@ -3,8 +3,8 @@
 //! the real parser and validator, as a file would be.
 
 use rebound::hooks::config::raw::{
-    RawAdmin, RawCache, RawCircuit, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLimit, RawLog, RawMetrics,
-    RawPrice, RawRedis, RawRetry, RawRoute, RawServer, RawTelemetry, RawUpstream,
+    RawAdmin, RawCache, RawCircuit, RawConcurrency, RawConfig, RawDeadLetters, RawIdempotency, RawJobs, RawLimit,
+    RawLog, RawMetrics, RawPrice, RawRedis, RawRetry, RawRoute, RawServer, RawTelemetry, RawUpstream,
 };
 
 use super::sidecar::{parse, Rebound};
@@ -197,6 +197,16 @@ impl TestConfig {
         };
         edit(&mut redis);
         self.with_redis(redis)
+    }
+
+    /// `[concurrency]`: the bounds of every adaptive `concurrency`.
+    pub fn concurrency_bounds(mut self, initial: i64, min: i64, max: i64) -> TestConfig {
+        self.0.concurrency = Some(RawConcurrency {
+            initial: Some(initial),
+            min: Some(min),
+            max: Some(max),
+        });
+        self
     }
 
     /// `[retry.NAME]`.

@@ -207,6 +207,9 @@ struct State {
     /// Per credential: the window's start and the requests in it.
     windows: Mutex<HashMap<String, (std::time::Instant, usize)>>,
     rate_limited: AtomicUsize,
+    /// Requests being answered (until their response head is returned), and the most at once.
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
     /// The region a Bedrock signature must be scoped to (any when `None`).
     aws_region: Mutex<Option<String>>,
     /// Keep recorded request bodies (off in the benchmark to stay flat in memory).
@@ -302,6 +305,16 @@ impl FakeProvider {
     /// Bedrock's signatures must be scoped to `region` (see `fake_hosts.rs`).
     pub fn aws_region(&self, region: &str) {
         *lock(&self.state.aws_region) = Some(region.to_string());
+    }
+
+    /// The most requests it was answering at once (from arrival to its response head: a
+    /// [`Step::Delay`] counts whole), since the start or [`FakeProvider::reset_most_in_flight`].
+    pub fn most_in_flight(&self) -> usize {
+        self.state.most_in_flight.load(Ordering::SeqCst)
+    }
+
+    pub fn reset_most_in_flight(&self) {
+        self.state.most_in_flight.store(0, Ordering::SeqCst);
     }
 
     /// TCP connections accepted so far.
@@ -416,6 +429,23 @@ impl<T: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Freezable<T> {
     }
 }
 
+/// A request being answered, counted in `in_flight` until dropped.
+struct Answering(Arc<State>);
+
+impl Answering {
+    fn new(state: &Arc<State>) -> Answering {
+        let now = state.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        state.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        Answering(state.clone())
+    }
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 async fn handle(
     state: Arc<State>,
     frozen: Arc<AtomicBool>,
@@ -426,6 +456,7 @@ async fn handle(
         return Ok(control(&state, req).await);
     }
     let key = header(req.headers(), "x-fake-key").unwrap_or("default").to_string();
+    let _answering = Answering::new(&state);
     let chunks: usize = header(req.headers(), "x-fake-chunks")
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);

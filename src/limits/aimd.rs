@@ -1,0 +1,356 @@
+//! An adaptive concurrency limit (`concurrency = "adaptive"`): additive increase, multiplicative
+//! decrease, on the provider's own answers. docs/concurrency.md states the algorithm, its
+//! constants and why; this is that text as code.
+//!
+//! - **Shrinks** by [`DECREASE`] on an overload signal ([`Signal`]): a 429 with no reset or a
+//!   short one, a 503 or 529 (or their in-band forms: `overloaded_error`), no first byte within
+//!   `first_byte_timeout`, or a time to first byte well above its recent floor. At most once per
+//!   round: a signal from a request sent before the last decrease is the same overload seen late
+//!   (every request in flight when capacity fell reports it), not a new one.
+//! - **Grows** while requests at the limit succeed: each success adds `step / limit`, so a whole
+//!   limit's worth of them (one round) adds `step`; `step` starts at 1 and doubles after each round
+//!   without a signal (at most half the limit), so a limit far below a capacity that came back
+//!   finds it in a few rounds, and one near it probes by 1 or 2. A decrease sets `step` back to 1.
+//! - The **floor** of the time to first byte is the least smoothed value ([`ALPHA`]) seen over the
+//!   last one to two [`FLOOR_WINDOW`]s: a time above [`SLOW_RATIO`] times it (and at least
+//!   [`SLOW_MARGIN`] above it) is a provider queueing the request, not a long prompt: one long
+//!   prompt moves the smoothed value by a fifth.
+//!
+//! Decides: the limit, and whether an answer is a signal. Does not decide: who is admitted under
+//! the limit (`limiter::concurrency`), nor how the fleet shares it (the same steps run in the
+//! fleet's script, `concurrency_v1.lua`). No clock reads: `now` is a parameter.
+
+use std::time::Duration;
+
+use crate::time::Instant;
+
+/// A decrease multiplies the limit by this.
+pub(crate) const DECREASE: f64 = 0.75;
+/// How much of a new time to first byte the smoothed value takes.
+pub(crate) const ALPHA: f64 = 0.2;
+/// The floor is the least smoothed time over the current window and the one before.
+pub(crate) const FLOOR_WINDOW: Duration = Duration::from_secs(30);
+/// A time to first byte this many times its floor is a signal...
+pub(crate) const SLOW_RATIO: f64 = 2.0;
+/// ...when it is also this much above it.
+pub(crate) const SLOW_MARGIN: Duration = Duration::from_millis(100);
+/// A 429 whose reset is at most this is a provider out of capacity (a longer one is a quota's
+/// window: the cooldown's business).
+pub(crate) const SHORT_RESET: Duration = Duration::from_secs(2);
+
+pub(crate) use crate::words::Signal;
+
+/// What an answer changed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Adjusted {
+    /// Lowered, on this signal, to the limit.
+    Down(Signal, f64),
+    /// Raised past a whole number, to the limit.
+    Up(f64),
+}
+
+/// One scope's adaptive limit.
+#[derive(Debug, Clone)]
+pub(crate) struct Aimd {
+    limit: f64,
+    min: f64,
+    max: f64,
+    step: f64,
+    /// Successes at the limit since `step` last changed.
+    round: f64,
+    /// The successes a round takes: the limit when it began.
+    round_len: f64,
+    last_decrease: Option<Instant>,
+    floor: Floor,
+}
+
+/// The least smoothed time to first byte over a window and the one before it.
+#[derive(Debug, Clone, Default)]
+struct Floor {
+    smoothed: Option<f64>,
+    /// The least of each window: (window start, least), the current last.
+    windows: [Option<(Instant, f64)>; 2],
+}
+
+impl Floor {
+    /// Takes a sample (seconds) at `now`; the floor before it, and the smoothed value after.
+    fn sample(&mut self, secs: f64, now: Instant) -> (Option<f64>, f64) {
+        let floor = self.least();
+        let smoothed = match self.smoothed {
+            Some(s) => s + ALPHA * (secs - s),
+            None => secs,
+        };
+        self.smoothed = Some(smoothed);
+        match self.windows[1] {
+            Some((start, least)) if now.saturating_duration_since(start) < FLOOR_WINDOW => {
+                self.windows[1] = Some((start, least.min(smoothed)));
+            }
+            Some(current) => self.windows = [Some(current), Some((now, smoothed))],
+            None => self.windows[1] = Some((now, smoothed)),
+        }
+        // A window more than one window old no longer counts.
+        if let (Some((old, _)), Some((cur, _))) = (self.windows[0], self.windows[1]) {
+            if cur.saturating_duration_since(old) >= FLOOR_WINDOW * 2 {
+                self.windows[0] = None;
+            }
+        }
+        (floor, smoothed)
+    }
+
+    fn least(&self) -> Option<f64> {
+        self.windows.iter().flatten().map(|(_, l)| *l).reduce(f64::min)
+    }
+}
+
+/// A successful answer, as the limit sees it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Success {
+    /// When its request was sent.
+    pub(crate) sent: Instant,
+    /// Its time to first byte (the response head, read ahead to its first event).
+    pub(crate) first_byte: Duration,
+    /// Whether the requests in flight when it was admitted were at least half the limit: one
+    /// below that says nothing of whether the limit could be higher.
+    pub(crate) at_limit: bool,
+}
+
+impl Aimd {
+    /// A limit starting at `initial`, moving within `min..=max`.
+    pub(crate) fn new(initial: u32, min: u32, max: u32) -> Aimd {
+        let (min, max) = (f64::from(min.max(1)), f64::from(max.max(min.max(1))));
+        Aimd {
+            limit: f64::from(initial).clamp(min, max),
+            min,
+            max,
+            step: 1.0,
+            round: 0.0,
+            round_len: f64::from(initial).clamp(min, max),
+            last_decrease: None,
+            floor: Floor::default(),
+        }
+    }
+
+    /// The limit: the requests that may be in flight at once.
+    pub(crate) fn limit(&self) -> u32 {
+        self.limit.floor() as u32
+    }
+
+    /// The limit as a fraction (the fleet's script keeps it so).
+    pub(crate) fn exact(&self) -> f64 {
+        self.limit
+    }
+
+    /// The fleet set the limit to `limit` (its script adjusted it with every replica's signals);
+    /// `lowered`: it lowered it since this replica last heard, at `now` as far as this replica
+    /// knows: signals from requests sent before then are not new.
+    pub(crate) fn set(&mut self, limit: f64, lowered: bool, now: Instant) {
+        self.limit = limit.clamp(self.min, self.max);
+        if lowered {
+            self.after_decrease(now);
+        }
+    }
+
+    /// An overload signal from a request sent at `sent`, seen at `now`: the limit shrinks unless
+    /// a decrease came after the request was sent.
+    pub(crate) fn overload(&mut self, signal: Signal, sent: Instant, now: Instant) -> Option<Adjusted> {
+        if self.last_decrease.is_some_and(|d| sent < d) {
+            return None;
+        }
+        let before = self.limit;
+        self.limit = (self.limit * DECREASE).max(self.min);
+        self.after_decrease(now);
+        (self.limit < before).then_some(Adjusted::Down(signal, self.limit))
+    }
+
+    fn after_decrease(&mut self, now: Instant) {
+        self.last_decrease = Some(now);
+        self.step = 1.0;
+        self.round = 0.0;
+        self.round_len = self.limit;
+    }
+
+    /// A success seen at `now`: a signal if its first byte was slow against the floor, else
+    /// growth when it ran at the limit.
+    pub(crate) fn success(&mut self, s: Success, now: Instant) -> Option<Adjusted> {
+        let secs = s.first_byte.as_secs_f64();
+        let (floor, smoothed) = self.floor.sample(secs, now);
+        if let Some(floor) = floor {
+            let slow = |t: f64| t > floor * SLOW_RATIO && t > floor + SLOW_MARGIN.as_secs_f64();
+            if slow(secs) && slow(smoothed) {
+                return self.overload(Signal::SlowFirstByte, s.sent, now);
+            }
+        }
+        if !s.at_limit || self.limit >= self.max {
+            return None;
+        }
+        let before = self.limit;
+        self.limit = (self.limit + self.step / self.limit).min(self.max);
+        self.round += 1.0;
+        if self.round >= self.round_len.floor() {
+            self.round = 0.0;
+            self.round_len = self.limit;
+            self.step = (self.step * 2.0).min((self.limit / 2.0).max(1.0));
+        }
+        (self.limit.floor() > before.floor()).then_some(Adjusted::Up(self.limit))
+    }
+
+    /// The growth a success adds now (for the fleet's script, which adds every replica's).
+    pub(crate) fn growth_since(&self, before: f64) -> f64 {
+        (self.limit - before).max(0.0)
+    }
+}
+
+/// The overload signal an answer is, if any: `status` (or the status an in-band error stands
+/// for), its reset if it gave one, whether it was a first-byte timeout.
+pub(crate) fn signal_of(status: Option<u16>, reset: Option<Duration>, first_byte_timeout: bool) -> Option<Signal> {
+    if first_byte_timeout {
+        return Some(Signal::FirstByteTimeout);
+    }
+    match status? {
+        429 if reset.is_none_or(|r| r <= SHORT_RESET) => Some(Signal::RateLimited),
+        502..=504 => Some(Signal::Unavailable),
+        529 => Some(Signal::Overloaded),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: u64) -> Instant {
+        crate::time::now() + Duration::from_millis(ms)
+    }
+
+    fn ok(sent: Instant, first_byte_ms: u64) -> Success {
+        Success {
+            sent,
+            first_byte: Duration::from_millis(first_byte_ms),
+            at_limit: true,
+        }
+    }
+
+    #[test]
+    fn a_signal_shrinks_it_once_per_round() {
+        let mut a = Aimd::new(32, 1, 1000);
+        let t0 = at(0);
+        assert_eq!(
+            a.overload(Signal::Overloaded, t0, at(10)),
+            Some(Adjusted::Down(Signal::Overloaded, 24.0))
+        );
+        // Every request in flight when capacity fell says so: one decrease, not one each.
+        assert_eq!(a.overload(Signal::Overloaded, t0, at(20)), None);
+        assert_eq!(a.overload(Signal::RateLimited, at(5), at(30)), None);
+        // A request sent after the decrease that is still refused: the next one.
+        assert_eq!(
+            a.overload(Signal::RateLimited, at(15), at(40)),
+            Some(Adjusted::Down(Signal::RateLimited, 18.0))
+        );
+        assert_eq!(a.limit(), 18);
+    }
+
+    #[test]
+    fn it_never_leaves_its_bounds() {
+        let mut a = Aimd::new(4, 2, 6);
+        for i in 0..20u64 {
+            a.overload(Signal::Unavailable, at(i * 10 + 5), at(i * 10 + 6));
+        }
+        assert_eq!(a.limit(), 2);
+        for i in 0..1000u64 {
+            a.success(ok(at(i), 10), at(i));
+        }
+        assert_eq!(a.limit(), 6);
+        assert_eq!(Aimd::new(50, 1, 10).limit(), 10);
+    }
+
+    #[test]
+    fn growth_doubles_its_step_each_round_without_a_signal() {
+        let mut a = Aimd::new(8, 1, 1000);
+        let mut limits = Vec::new();
+        let mut n = 0u64;
+        // Five rounds of successes at the limit: each round is a limit's worth of them.
+        for _ in 0..5 {
+            let round = a.limit();
+            for _ in 0..round {
+                n += 1;
+                a.success(ok(at(n), 10), at(n));
+            }
+            limits.push(a.limit());
+        }
+        // Each round adds twice what the one before added (at most half the limit): a limit of 8
+        // finds a capacity of 24 that came back in five rounds; one at 1 per round would take 16.
+        assert_eq!(limits, vec![8, 10, 13, 19, 27], "{limits:?}");
+        // A decrease starts the step again at 1.
+        a.overload(Signal::Overloaded, at(n), at(n + 1));
+        let after = a.exact();
+        for i in 0..a.limit() as u64 {
+            a.success(ok(at(n + 2 + i), 10), at(n + 2 + i));
+        }
+        assert!((a.exact() - after - 1.0).abs() < 0.2, "{} after {after}", a.exact());
+    }
+
+    #[test]
+    fn a_success_below_half_the_limit_does_not_grow_it() {
+        let mut a = Aimd::new(20, 1, 1000);
+        for i in 0..500u64 {
+            let s = Success {
+                at_limit: false,
+                ..ok(at(i), 10)
+            };
+            assert_eq!(a.success(s, at(i)), None);
+        }
+        assert_eq!(a.limit(), 20);
+    }
+
+    #[test]
+    fn a_first_byte_well_above_its_floor_is_a_signal_one_long_prompt_is_not() {
+        let mut a = Aimd::new(20, 1, 1000);
+        for i in 0..50u64 {
+            a.success(ok(at(i), 200), at(i));
+        }
+        let grown = a.exact();
+        // One slow answer (a long prompt) moves the smoothed value by a fifth: no signal.
+        assert!(!matches!(a.success(ok(at(60), 900), at(60)), Some(Adjusted::Down(..))));
+        // The provider queueing every request: the smoothed value passes twice the floor.
+        let mut down = None;
+        for i in 0..10u64 {
+            if let Some(adj @ Adjusted::Down(..)) = a.success(ok(at(70 + i), 1500), at(70 + i)) {
+                down = Some(adj);
+                break;
+            }
+        }
+        assert!(
+            matches!(down, Some(Adjusted::Down(Signal::SlowFirstByte, l)) if l < grown),
+            "{down:?}"
+        );
+    }
+
+    #[test]
+    fn the_floor_forgets_what_is_two_windows_old() {
+        let mut f = Floor::default();
+        let t = at(0);
+        f.sample(0.1, t);
+        for s in 1..=70u64 {
+            f.sample(1.0, t + Duration::from_secs(s));
+        }
+        // The 100 ms of 70 s ago is gone; the floor is the smoothed value since.
+        let least = f.least().unwrap();
+        assert!(least > 0.5, "{least}");
+    }
+
+    #[test]
+    fn what_is_a_signal() {
+        let s = |status, reset: Option<u64>| signal_of(Some(status), reset.map(Duration::from_secs), false);
+        assert_eq!(s(429, None), Some(Signal::RateLimited));
+        assert_eq!(s(429, Some(1)), Some(Signal::RateLimited));
+        // A quota's window: the cooldown waits it out, the limit is not the cause.
+        assert_eq!(s(429, Some(30)), None);
+        assert_eq!(s(503, None), Some(Signal::Unavailable));
+        assert_eq!(s(529, None), Some(Signal::Overloaded));
+        assert_eq!(s(500, None), None);
+        assert_eq!(s(400, None), None);
+        assert_eq!(s(200, None), None);
+        assert_eq!(signal_of(None, None, true), Some(Signal::FirstByteTimeout));
+        assert_eq!(signal_of(None, None, false), None);
+    }
+}

@@ -38,6 +38,12 @@ const MAX_ENTRY: usize = 256 << 10;
 /// How long a reader blocks for the next entries before it looks at the record (and at the
 /// liveness of the original's replica).
 const READ_BLOCK: Duration = Duration::from_millis(500);
+/// What a blocking read's answer may take past its block before the read counts as failed. Not
+/// `[redis] command_timeout` (100 ms by default, for commands that answer at once): Redis answers
+/// an empty blocking read from its event loop, up to 100 ms late when idle and more when the host
+/// is busy, and a read taken for failed ends its followers (or, while the original's replica still
+/// looks alive, cuts them: `Rejoin::OwnerRuns`), though nothing was lost.
+const READ_SLACK: Duration = Duration::from_secs(1);
 /// The first and the longest pause before a follow request is published again.
 const ASK_FIRST: Duration = Duration::from_millis(50);
 const ASK_MAX: Duration = Duration::from_secs(1);
@@ -421,7 +427,7 @@ impl Reader {
             cmd.arg("BLOCK").arg(block_ms);
         }
         cmd.arg("COUNT").arg(64).arg("STREAMS").arg(&self.key).arg(&*last);
-        let bound = block + self.relay.redis.command_timeout();
+        let bound = block + self.relay.redis.command_timeout().max(READ_SLACK);
         let reply = tokio::time::timeout(bound, cmd.query_async::<Option<StreamReadReply>>(conn)).await;
         let reply = match reply {
             Ok(Ok(Some(r))) => r,

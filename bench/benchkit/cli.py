@@ -11,7 +11,7 @@ from .common import (
 )
 from .targets import BODY_TARGETS, C1_TARGETS
 
-MODES = ["forward", "idempotency", "follow", "policy", "scale", "cache", "c1", "body", "fleet", "limits"]
+MODES = ["forward", "idempotency", "follow", "policy", "scale", "cache", "c1", "body", "fleet", "limits", "brownout"]
 
 
 def build_parser(description=None):
@@ -31,6 +31,14 @@ def build_parser(description=None):
                     help="fleet mode: from single (one redis-server), cluster (3 masters, no replicas); default both")
     ap.add_argument("--fleet-connections", type=int, default=8,
                     help="fleet and limits modes: wrk connections to each of the 3 replicas (default 8)")
+    ap.add_argument("--brownout-phases", default="32:30,8:60,32:30",
+                    help="brownout mode: the provider's capacity and how long it lasts, in turn (default "
+                         "32:30,8:60,32:30)")
+    ap.add_argument("--brownout-statics", default="8,16,32",
+                    help="brownout mode: the fixed concurrency limits compared (default 8,16,32)")
+    ap.add_argument("--brownout-rate", type=float, default=0.0,
+                    help="brownout mode: requests per second offered (default: twice the first capacity's "
+                         "throughput)")
     ap.add_argument("--mode", default="forward", choices=MODES,
                     help="forward: direct vs nginx vs rebound (default); idempotency: rebound's CPU per keyed "
                          "request with its in-memory idempotency store empty, then full; follow: one SSE stream "
@@ -40,7 +48,9 @@ def build_parser(description=None):
                          "--scale-streams concurrent SSE streams (rebound, and nginx unless --targets rebound); "
                          "fleet: Redis CPU per keyed request with 3 replicas on one Redis and on a 3-master Cluster; "
                          "limits: CPU per request with a fleet-wide limit vs plain forwarding, then the limit's "
-                         "Redis calls and Redis CPU per admitted request with 3 replicas on one Redis")
+                         "Redis calls and Redis CPU per admitted request with 3 replicas on one Redis; "
+                         "brownout: a provider whose capacity drops and comes back, 3 replicas with no limit, "
+                         "fixed limits and an adaptive one")
     ap.add_argument("--runs", type=int, default=None,
                     help="repeat everything N times, report the median (default 1; 3 in the fleet and limits modes)")
     ap.add_argument("--targets", default=",".join(DEFAULT_TARGETS),
@@ -89,8 +99,18 @@ def split_list(text):
 
 def mode_targets(ap, args, targets_given):
     """What the mode implies for the targets (and checks its own target list)."""
-    if args.mode in ("idempotency", "follow", "policy", "cache", "fleet", "limits"):
+    if args.mode in ("idempotency", "follow", "policy", "cache", "fleet", "limits", "brownout"):
         args.targets = "rebound"
+    if args.mode == "brownout":
+        try:
+            phases = [(int(c), float(s)) for c, _, s in (p.partition(":") for p in split_list(args.brownout_phases))]
+            args.brownout_statics = [int(n) for n in split_list(args.brownout_statics)]
+        except ValueError:
+            ap.error("--brownout-phases: capacity:seconds,...; --brownout-statics: numbers")
+        if not phases or any(c < 1 or not 1 <= s <= 600 for c, s in phases):
+            ap.error("--brownout-phases: capacity from 1, seconds from 1 to 600")
+        if any(n < 1 for n in args.brownout_statics) or not 0 <= args.brownout_rate <= 10000:
+            ap.error("--brownout-statics from 1, --brownout-rate 0..10000")
     if args.mode == "fleet":
         topologies = split_list(args.fleet_topology)
         if not topologies or set(topologies) - set(FLEET_TOPOLOGIES):
@@ -153,6 +173,7 @@ def parse_args(argv=None, description=None):
         args.duration, args.latency_duration, args.warmup, args.sse_rounds = 3, 5, 1, 1
         args.idem_reps = 1
         args.idle_seconds = 3
+        args.brownout_phases, args.brownout_statics = "32:4,8:8,32:4", "8,32"
     mode_targets(ap, args, targets_given)
     targets = split_list(args.targets)
     bad = [t for t in targets if t not in ALL_TARGETS]
@@ -189,6 +210,9 @@ def run_params(args):
                       fleet_connections=args.fleet_connections, fleet_replicas=len(FLEET_REPLICAS),
                       fleet_idle_s=FLEET_IDLE_S,
                       fleet_config=str(REBOUND_LIMITS_CONFIG.relative_to(ROOT)) + " + [redis] (one redis-server)")
+    if args.mode == "brownout":
+        params.update(brownout_phases=args.brownout_phases, brownout_statics=args.brownout_statics,
+                      brownout_rate=args.brownout_rate, brownout_config="bench/rebound.brownout.bench.toml")
     if args.mode == "scale":
         params.update(idle_connections=args.idle_connections, idle_batch=args.idle_batch, idle_seconds=args.idle_seconds,
                       scale_streams=args.scale_streams, scale_events=args.scale_events, scale_gap_ms=args.scale_gap_ms)

@@ -17,6 +17,7 @@ from .common import (
     BenchError, log,
 )
 from .fleet import fleet_main
+from .brownout import PROVIDER_PORT as BROWNOUT_PORT, brownout_main
 from .follow import follow_main
 from .forward import forward_main
 from .idempotency import idem_main
@@ -30,14 +31,16 @@ from .tools import build, ensure_tools
 
 MODES = {"forward": forward_main, "idempotency": idem_main, "follow": follow_main, "policy": policy_main,
          "scale": scale_main, "cache": cache_main, "c1": c1_main, "body": body_main, "fleet": fleet_main,
-         "limits": limits_main}
+         "limits": limits_main, "brownout": brownout_main}
 
 
 def ports_needed(args):
     """{port: what listens on it} for every fixed port of the run."""
     ports = {UPSTREAM_PORT: "fake upstream", NGINX_PORT: "nginx", REBOUND_PORT: "rebound", ADMIN_PORT: "rebound admin",
              FLOOR_PORT: "hyper-floor"}
-    if args.mode in ("fleet", "limits"):
+    if args.mode == "brownout":
+        ports[BROWNOUT_PORT] = "brownout provider"
+    if args.mode in ("fleet", "limits", "brownout"):
         for i, (port, admin) in enumerate(FLEET_REPLICAS):
             ports.update({port: f"rebound replica {i}", admin: f"rebound replica {i} admin"})
     return ports

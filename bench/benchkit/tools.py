@@ -34,7 +34,7 @@ def apt_tools(args):
     needed = (("wrk", "wrk"), ("taskset", "util-linux"))
     if args.mode == "forward" or (args.mode in ("scale", "c1", "body") and "nginx" in args.targets):
         needed = (("nginx", "nginx"),) + needed
-    if args.mode in ("fleet", "limits") or (args.mode == "cache" and args.cache_store == "redis"):
+    if args.mode in ("fleet", "limits", "brownout") or (args.mode == "cache" and args.cache_store == "redis"):
         needed = (("redis-server", "redis-server"), ("redis-cli", "redis-tools")) + needed
     return needed
 

@@ -71,7 +71,7 @@ def test_errors(argv, message, capsys):
 def test_help_has_the_description_and_every_mode():
     text = build_parser("bench/run: usage text").format_help()
     assert "bench/run: usage text" in text
-    assert "{forward,idempotency,follow,policy,scale,cache,c1,body,fleet,limits}" in text
+    assert "{forward,idempotency,follow,policy,scale,cache,c1,body,fleet,limits,brownout}" in text
     assert "than 10% of a core" in text  # %% in the help string
 
 

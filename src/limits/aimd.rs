@@ -8,9 +8,12 @@
 //!   round: a signal from a request sent before the last decrease is the same overload seen late
 //!   (every request in flight when capacity fell reports it), not a new one.
 //! - **Grows** while requests at the limit succeed: each success adds `step / limit`, so a whole
-//!   limit's worth of them (one round) adds `step`; `step` starts at 1 and doubles after each round
-//!   without a signal (at most half the limit), so a limit far below a capacity that came back
-//!   finds it in a few rounds, and one near it probes by 1 or 2. A decrease sets `step` back to 1.
+//!   limit's worth of them (one round) adds `step`. Below the limit the last decrease came from
+//!   (the **ceiling**: where the provider pushed back) `step` is 1, the classic additive increase
+//!   that keeps the sawtooth near the capacity small; one round past the ceiling without a signal
+//!   says the capacity grew, and from then `step` doubles after each clean round (at most half the
+//!   limit), so a limit far below a capacity that came back finds it in a few rounds (as CUBIC
+//!   probes slowly near its last maximum and fast beyond it).
 //! - The **floor** of the time to first byte is the least smoothed value ([`ALPHA`]) seen over the
 //!   last one to two [`FLOOR_WINDOW`]s: a time above [`SLOW_RATIO`] times it (and at least
 //!   [`SLOW_MARGIN`] above it) is a provider queueing the request, not a long prompt: one long
@@ -56,6 +59,8 @@ pub(crate) struct Aimd {
     min: f64,
     max: f64,
     step: f64,
+    /// The limit before the last decrease, until a round past it without a signal.
+    ceiling: Option<f64>,
     /// Successes at the limit since `step` last changed.
     round: f64,
     /// The successes a round takes: the limit when it began.
@@ -123,6 +128,7 @@ impl Aimd {
             min,
             max,
             step: 1.0,
+            ceiling: None,
             round: 0.0,
             round_len: f64::from(initial).clamp(min, max),
             last_decrease: None,
@@ -144,8 +150,10 @@ impl Aimd {
     /// `lowered`: it lowered it since this replica last heard, at `now` as far as this replica
     /// knows: signals from requests sent before then are not new.
     pub(crate) fn set(&mut self, limit: f64, lowered: bool, now: Instant) {
+        let before = self.limit;
         self.limit = limit.clamp(self.min, self.max);
         if lowered {
+            self.ceiling = Some(before.max(self.limit));
             self.after_decrease(now);
         }
     }
@@ -158,6 +166,7 @@ impl Aimd {
         }
         let before = self.limit;
         self.limit = (self.limit * DECREASE).max(self.min);
+        self.ceiling = Some(before);
         self.after_decrease(now);
         (self.limit < before).then_some(Adjusted::Down(signal, self.limit))
     }
@@ -189,7 +198,13 @@ impl Aimd {
         if self.round >= self.round_len.floor() {
             self.round = 0.0;
             self.round_len = self.limit;
-            self.step = (self.step * 2.0).min((self.limit / 2.0).max(1.0));
+            match self.ceiling {
+                // Below where the provider pushed back: probe by one.
+                Some(c) if self.limit < c => {}
+                // A whole round past it, no signal: the capacity grew; find it fast.
+                Some(_) => self.ceiling = None,
+                None => self.step = (self.step * 2.0).min((self.limit / 2.0).max(1.0)),
+            }
         }
         (self.limit.floor() > before.floor()).then_some(Adjusted::Up(self.limit))
     }
@@ -198,6 +213,20 @@ impl Aimd {
     pub(crate) fn growth_since(&self, before: f64) -> f64 {
         (self.limit - before).max(0.0)
     }
+}
+
+/// Whether a request that would be `position`th (from 1) in a scope's queue can expect a place in
+/// time: places free at `allowance` per `hold` (how long a place is held, smoothed; `None`: not
+/// known yet, so it waits), and once it has one it still needs about `hold` to be served. It waits
+/// when its expected place comes within `wait_left` (what the queue may take) and leaves `hold`
+/// before its deadline (`deadline_left`); else a 429 at once is better than a wait that ends in
+/// one, or in an attempt cut short by the deadline (under sustained overload, a first-in first-out
+/// queue where every request waits to its deadline serves nobody in time).
+pub(crate) fn may_wait(position: u32, allowance: u32, hold: Option<Duration>, left: (Duration, Duration)) -> bool {
+    let (wait_left, deadline_left) = left;
+    let Some(hold) = hold else { return true };
+    let expected = hold.mul_f64(f64::from(position) / f64::from(allowance.max(1)));
+    expected < wait_left && expected + hold <= deadline_left
 }
 
 /// The overload signal an answer is, if any: `status` (or the status an in-band error stands
@@ -280,13 +309,25 @@ mod tests {
         // Each round adds twice what the one before added (at most half the limit): a limit of 8
         // finds a capacity of 24 that came back in five rounds; one at 1 per round would take 16.
         assert_eq!(limits, vec![8, 10, 13, 19, 27], "{limits:?}");
-        // A decrease starts the step again at 1.
+        // A decrease starts the step again at 1, and below the limit it came from (the ceiling,
+        // 27) growth stays at one per round: the sawtooth near a capacity stays small.
         a.overload(Signal::Overloaded, at(n), at(n + 1));
-        let after = a.exact();
-        for i in 0..a.limit() as u64 {
-            a.success(ok(at(n + 2 + i), 10), at(n + 2 + i));
+        let mut n = n + 2;
+        let mut rounds = Vec::new();
+        for _ in 0..12 {
+            let round = a.limit();
+            for _ in 0..round {
+                n += 1;
+                a.success(ok(at(n), 10), at(n));
+            }
+            rounds.push(a.limit());
         }
-        assert!((a.exact() - after - 1.0).abs() < 0.2, "{} after {after}", a.exact());
+        // 20 to 28 by one a round, a round past it, then doubling again: +2, +3, +7.
+        assert_eq!(
+            rounds,
+            vec![21, 22, 23, 24, 25, 26, 27, 28, 29, 31, 34, 41],
+            "{rounds:?}"
+        );
     }
 
     #[test]
@@ -336,6 +377,22 @@ mod tests {
         // The 100 ms of 70 s ago is gone; the floor is the smoothed value since.
         let least = f.least().unwrap();
         assert!(least > 0.5, "{least}");
+    }
+
+    #[test]
+    fn a_request_waits_only_for_a_place_it_can_use() {
+        let s = Duration::from_secs;
+        let hold = Some(s(1));
+        // Eight places held a second each: the 16th in line expects one in 2 s.
+        assert!(may_wait(16, 8, hold, (s(30), s(10))));
+        // The 80th in 10 s, and needs a second more: past a 10 s deadline.
+        assert!(!may_wait(80, 8, hold, (s(30), s(10))));
+        assert!(may_wait(72, 8, hold, (s(30), s(10))));
+        // The queue's own bound.
+        assert!(!may_wait(16, 8, hold, (s(2), s(900))));
+        // Nothing known yet: it waits; no allowance counts as one.
+        assert!(may_wait(1000, 8, None, (s(1), s(1))));
+        assert!(!may_wait(2, 0, hold, (s(30), s(2))));
     }
 
     #[test]

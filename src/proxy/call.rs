@@ -381,7 +381,13 @@ impl<'r> Call<'r> {
         let explicit = hint.filter(|h| h.source.is_explicit()).map(|h| h.delay);
         permit.record(outcome, explicit, received);
         if let Some(slot) = &self.slot {
-            room::observe(slot, outcome, hint.map(|h| h.delay), (sent, received));
+            room::observe(
+                slot,
+                outcome,
+                hint.map(|h| h.delay),
+                (sent, received),
+                self.state.deadline,
+            );
         }
         if class == Some(ErrorClass::Exhausted) {
             // A quota used up: the credential is avoided fleet-wide until its reset (an hour when

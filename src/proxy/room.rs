@@ -14,6 +14,9 @@ use crate::limiter::QUEUE_POLL;
 use crate::retry::policy::Outcome;
 use crate::time::{self, Instant};
 
+/// A timeout this close to the request's deadline was the deadline's.
+const DEADLINE_SLACK: Duration = Duration::from_millis(10);
+
 /// What the target's limit says of the attempt.
 pub(super) enum Room {
     /// Go: with the permit to hold while it runs (none when the upstream has no limit).
@@ -46,11 +49,17 @@ pub(super) fn room(target: &Target, ask: &Ask<'_>, queued: &mut Option<Queued>, 
     let key = (ask.key)();
     let place = queued.as_ref().map(|q| &q.place);
     match limit.try_acquire(key, ask.model, place, now) {
-        Acquired::Ok(permit) => {
-            if let Some(q) = queued.take() {
-                q.admitted();
+        Acquired::Ok(slot) => {
+            let Some(q) = queued.take() else {
+                return Room::Free(Some(slot));
+            };
+            q.admitted();
+            // Its turn came too late to be served before its deadline: the place goes to the
+            // next, the request gets its 429 rather than an attempt cut short.
+            if slot.hold().is_some_and(|hold| now + hold > ask.deadline) {
+                return Room::Refused(refusal(&target.name, ask.route, true));
             }
-            return Room::Free(Some(permit));
+            return Room::Free(Some(slot));
         }
         Acquired::Full => {}
     }
@@ -67,7 +76,7 @@ pub(super) fn room(target: &Target, ask: &Ask<'_>, queued: &mut Option<Queued>, 
             if until <= now {
                 return refused(false);
             }
-            match limit.queue(key, ask.model, ask.route, until) {
+            match limit.queue(key, ask.model, ask.route, (until, ask.deadline)) {
                 Some(q) => {
                     *queued = Some(q);
                     Room::Wait
@@ -98,13 +107,21 @@ pub(super) async fn turn(target: &Target, queued: &Queued) {
 }
 
 /// What an attempt's answer tells its target's limit: an overload signal, or a success and its
-/// time to first byte (`hint`: the reset the answer gave).
-pub(super) fn observe(permit: &Slot, outcome: Outcome, hint: Option<Duration>, (sent, received): (Instant, Instant)) {
+/// time to first byte (`hint`: the reset the answer gave). A timeout the request's own `deadline`
+/// cut short is not the provider's: only one that came before it is a signal.
+pub(super) fn observe(
+    permit: &Slot,
+    outcome: Outcome,
+    hint: Option<Duration>,
+    (sent, received): (Instant, Instant),
+    deadline: Instant,
+) {
     let status = match outcome {
         Outcome::Status(s) | Outcome::InBand(s) => Some(s.as_u16()),
         _ => None,
     };
-    let signal = concurrency::signal_of(status, hint, outcome == Outcome::Timeout);
+    let timed_out = outcome == Outcome::Timeout && received + DEADLINE_SLACK < deadline;
+    let signal = concurrency::signal_of(status, hint, timed_out);
     permit.observe(Seen {
         sent,
         received,

@@ -18,7 +18,7 @@ pub(crate) mod sync;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -67,6 +67,9 @@ pub(crate) struct UpstreamLimit {
 pub(crate) struct Scope {
     pub(crate) key: LimitKey,
     in_flight: AtomicU32,
+    /// How long a place is held (from admission to the response's end), smoothed: microseconds
+    /// as `f64` bits, 0 before the first.
+    hold_bits: AtomicU64,
     pub(crate) state: parking_lot::Mutex<State>,
     /// Its limit and in-flight gauges (under its model's label).
     series: ScopeSeries,
@@ -245,6 +248,7 @@ impl UpstreamLimit {
         let scope = Arc::new(Scope {
             key,
             in_flight: AtomicU32::new(0),
+            hold_bits: AtomicU64::new(0),
             state: parking_lot::Mutex::new(State {
                 aimd,
                 part,
@@ -316,14 +320,34 @@ impl UpstreamLimit {
             upstream: self.clone(),
             scope,
             at_limit: running * 2 >= allowance,
+            since: now,
+            served: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// Queues a request of `key` on this replica (its queue share: `route`) until `until`; `None`
-    /// when the queue is full.
-    pub(crate) fn queue(self: &Arc<Self>, key: LimitKey, model: &str, route: &str, until: Instant) -> Option<Queued> {
+    /// Queues a request of `key` on this replica (its queue share: `route`) until `until`, when
+    /// it can expect a place it can use before then and before its `deadline`
+    /// ([`aimd::may_wait`]); `None` when it cannot, or the queue is full.
+    pub(crate) fn queue(
+        self: &Arc<Self>,
+        key: LimitKey,
+        model: &str,
+        route: &str,
+        (until, deadline): (Instant, Instant),
+    ) -> Option<Queued> {
         let now = time::now();
         let scope = self.scope(key, model, now);
+        let (position, allowance) = {
+            let st = scope.state.lock();
+            (st.waiting + 1, st.allowance())
+        };
+        let left = (
+            until.saturating_duration_since(now),
+            deadline.saturating_duration_since(now),
+        );
+        if !aimd::may_wait(position, allowance, scope.hold(), left) {
+            return None;
+        }
         let share = QueueShare {
             value: hash16(route.as_bytes()),
             weight: 1,
@@ -364,6 +388,7 @@ impl UpstreamLimit {
     pub(crate) fn synced(&self, scope: &Scope, answer: sync::Answer, now: Instant) {
         {
             let mut st = scope.state.lock();
+            tracing::debug!(upstream = %self.name, ?answer, waiting = st.waiting, "concurrency exchanged with the fleet");
             let lowered = answer.decreases > st.decreases;
             st.decreases = answer.decreases;
             st.aimd.set(answer.limit, lowered, now);
@@ -382,7 +407,27 @@ impl Scope {
     pub(crate) fn in_flight(&self) -> u32 {
         self.in_flight.load(Ordering::Relaxed)
     }
+
+    /// How long a place is held by a success, smoothed (`None` before the first ended).
+    pub(crate) fn hold(&self) -> Option<Duration> {
+        let bits = self.hold_bits.load(Ordering::Relaxed);
+        (bits != 0).then(|| Duration::from_secs_f64(f64::from_bits(bits) / 1e6))
+    }
+
+    /// A place was held `held` (a lost race between two updates loses one sample, never corrupts).
+    fn held(&self, held: Duration) {
+        let sample = (held.as_secs_f64() * 1e6).max(1.0);
+        let bits = self.hold_bits.load(Ordering::Relaxed);
+        let next = match bits {
+            0 => sample,
+            b => f64::from_bits(b) + HOLD_ALPHA * (sample - f64::from_bits(b)),
+        };
+        self.hold_bits.store(next.to_bits(), Ordering::Relaxed);
+    }
 }
+
+/// How much of a new hold time the smoothed one takes.
+const HOLD_ALPHA: f64 = 0.1;
 
 /// A request in flight on a scope: given back when dropped (an attempt that failed at once; the
 /// response's body when it ends).
@@ -391,6 +436,10 @@ pub(crate) struct Slot {
     scope: Arc<Scope>,
     /// At least half the requests this replica may run were running when it was admitted.
     at_limit: bool,
+    /// When it was admitted.
+    since: Instant,
+    /// Its answer was a success: how long it is held is a service time.
+    served: std::sync::atomic::AtomicBool,
 }
 
 /// An attempt's answer, as the limit sees it.
@@ -405,8 +454,16 @@ pub(crate) struct Seen {
 }
 
 impl Slot {
+    /// How long a place of its scope is held by a success, smoothed.
+    pub(crate) fn hold(&self) -> Option<Duration> {
+        self.scope.hold()
+    }
+
     /// Adjusts the limit on an attempt's answer (a fixed limit does not move).
     pub(crate) fn observe(&self, seen: Seen) {
+        if seen.ok && seen.signal.is_none() {
+            self.served.store(true, Ordering::Relaxed);
+        }
         if !self.upstream.adaptive() {
             return;
         }
@@ -452,6 +509,10 @@ impl Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
+        // A failure frees its place at once: only a success says how long a place is held.
+        if self.served.load(Ordering::Relaxed) {
+            self.scope.held(time::now().saturating_duration_since(self.since));
+        }
         self.scope.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.scope.series.in_flight.dec();
         self.upstream.waiting.wake();

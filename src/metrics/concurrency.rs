@@ -101,12 +101,17 @@ impl ConcurrencySeries {
 }
 
 impl Metrics {
-    /// The series of `upstream`'s `concurrency` a configuration gives from the start.
-    pub(super) fn init_concurrency(&self, upstream: &str, models: &[String]) {
+    /// The series of `upstream`'s `concurrency` a configuration gives from the start: the limit
+    /// at `initial` (where a scope starts) until a request's scope says otherwise.
+    pub(super) fn init_concurrency(&self, upstream: &str, models: &[String], initial: u32) {
         let f = &self.concurrency;
         f.queue_seconds.with_label_values(&[upstream]);
         for model in models.iter().map(String::as_str).chain(["other"]) {
             f.in_flight.with_label_values(&[upstream, model]);
+            let limit = f.limit.with_label_values(&[upstream, model]);
+            if limit.get() == 0 {
+                limit.set(i64::from(initial));
+            }
         }
         for signal in Signal::NAMES {
             f.adjustments_total.with_label_values(&[upstream, "down", signal]);

@@ -20,8 +20,12 @@ impl Metrics {
             }
         }
         for (name, u) in &config.upstreams {
-            if u.concurrency.is_some() {
-                self.init_concurrency(name, &config.metrics.models);
+            if let Some(mode) = u.concurrency {
+                let initial = match mode {
+                    crate::config::Concurrency::Fixed(n) => n,
+                    crate::config::Concurrency::Adaptive => config.concurrency.initial,
+                };
+                self.init_concurrency(name, &config.metrics.models, initial);
             }
             if u.circuit.is_some() {
                 self.circuit_state.with_label_values(&[name]);

@@ -80,6 +80,11 @@ circuit = "fast"
 url = "{fake_url}"
 cooldown = "reject"
 
+# An adaptive concurrency limit (docs/concurrency.md): the rebound_concurrency_* series.
+[upstreams.adaptive]
+url = "{fake_url}"
+concurrency = "adaptive"
+
 # SigV4 with keys from the environment (EXERCISE_AWS_ENV): the credential metrics are exported.
 [upstreams.signed]
 url = "{fake_url}"
@@ -122,6 +127,12 @@ name = "spread"
 path_prefix = "/spread/"
 targets = [{{ upstream = "fake", weight = 3 }}, {{ upstream = "limited" }}]
 balance = "weighted"
+strip_prefix = true
+
+[[routes]]
+name = "adaptive"
+path_prefix = "/adaptive/"
+upstream = "adaptive"
 strip_prefix = true
 
 [[routes]]
@@ -228,6 +239,8 @@ def exercised(rebound_bin, workdir, fake):
         call("GET", "/limited/ok", cred)  # refused by the cooldown
         call("GET", "/nowhere")  # no route
         call("GET", "/signed/ok")  # signed with SigV4 (auth = "aws")
+        call("GET", "/adaptive/ok")  # under an adaptive concurrency limit: its scope made
+        call("GET", "/adaptive/fail")  # a 503: the limit shrinks (an adjustment down)
         # The same chat completion twice on the cached route: a miss (stored), then a hit (no
         # upstream call; the stored usage counts as tokens saved).
         chat = json.dumps({"model": "gpt-4o-mini", "messages": [{"role": "user", "content": run}]}).encode()

@@ -5,6 +5,7 @@
 use prometheus::{Histogram, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts};
 
 use super::{reg, Metrics, Registered, WAIT_BUCKETS};
+use crate::config::{Concurrency, Config};
 use crate::words::Signal;
 
 /// The four families.
@@ -103,7 +104,12 @@ impl ConcurrencySeries {
 impl Metrics {
     /// The series of `upstream`'s `concurrency` a configuration gives from the start: the limit
     /// at `initial` (where a scope starts) until a request's scope says otherwise.
-    pub(super) fn init_concurrency(&self, upstream: &str, models: &[String], initial: u32) {
+    pub(super) fn init_concurrency(&self, upstream: &str, mode: Concurrency, config: &Config) {
+        let initial = match mode {
+            Concurrency::Fixed(n) => n,
+            Concurrency::Adaptive => config.concurrency.initial,
+        };
+        let models = &config.metrics.models;
         let f = &self.concurrency;
         f.queue_seconds.with_label_values(&[upstream]);
         for model in models.iter().map(String::as_str).chain(["other"]) {

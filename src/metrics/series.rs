@@ -21,11 +21,7 @@ impl Metrics {
         }
         for (name, u) in &config.upstreams {
             if let Some(mode) = u.concurrency {
-                let initial = match mode {
-                    crate::config::Concurrency::Fixed(n) => n,
-                    crate::config::Concurrency::Adaptive => config.concurrency.initial,
-                };
-                self.init_concurrency(name, &config.metrics.models, initial);
+                self.init_concurrency(name, mode, config);
             }
             if u.circuit.is_some() {
                 self.circuit_state.with_label_values(&[name]);

@@ -9,6 +9,7 @@ import json
 import sys
 import time
 
+from .brownout_provider import parse_phases
 from .brownout_report import client_stats, provider_stats, settle_times, table, verdicts
 from .common import BENCH, FLEET_REPLICAS, HOST, LOAD_CPU, BenchError, log
 from .fleet import ReboundReplica, fleet_config_text, log_problems, start_fleet_redis
@@ -23,15 +24,6 @@ SERVICE_S = 1.0  # a stream's length at the provider (200 ms to the first token,
 DEADLINE_MS = 10_000  # each request's x-rebound-deadline-ms: the longest it waits in a queue
 LIMIT_SERIES = 'rebound_concurrency_limit{model="other",upstream="fake"}'
 IN_FLIGHT_SERIES = 'rebound_concurrency_in_flight{model="other",upstream="fake"}'
-
-
-def parse_phases(text):
-    """`32:30,8:60` -> [(32, 30.0), (8, 60.0)]."""
-    phases = []
-    for part in text.split(","):
-        cap, _, seconds = part.partition(":")
-        phases.append((int(cap), float(seconds)))
-    return phases
 
 
 def config_text(index, redis_table, mode):

@@ -9,6 +9,7 @@ from .common import (
     IDEM_MAX_ENTRIES, LIMITS_TEAMS, LOAD_CPU, PROXY_CPU, REBOUND_CONFIG, REBOUND_IDEM_CONFIG, REBOUND_LIMITS_CONFIG,
     REBOUND_POLICY_CONFIG, ROOT, BENCH,
 )
+from .brownout_provider import parse_phases
 from .targets import BODY_TARGETS, C1_TARGETS
 
 MODES = ["forward", "idempotency", "follow", "policy", "scale", "cache", "c1", "body", "fleet", "limits", "brownout"]
@@ -103,7 +104,7 @@ def mode_targets(ap, args, targets_given):
         args.targets = "rebound"
     if args.mode == "brownout":
         try:
-            phases = [(int(c), float(s)) for c, _, s in (p.partition(":") for p in split_list(args.brownout_phases))]
+            phases = parse_phases(args.brownout_phases)
             args.brownout_statics = [int(n) for n in split_list(args.brownout_statics)]
         except ValueError:
             ap.error("--brownout-phases: capacity:seconds,...; --brownout-statics: numbers")

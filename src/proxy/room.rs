@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::routes::Target;
 use crate::credentials::LimitKey;
 use crate::error::ProxyError;
-use crate::limiter::concurrency::{self, Acquired, Queued, Seen, Slot, MAX_QUEUE_WAIT};
+use crate::limiter::concurrency::{Acquired, Queued, Seen, Slot, MAX_QUEUE_WAIT};
 use crate::limiter::QUEUE_POLL;
 use crate::retry::policy::Outcome;
 use crate::time::{self, Instant};
@@ -121,7 +121,7 @@ pub(super) fn observe(
         _ => None,
     };
     let timed_out = outcome == Outcome::Timeout && received + DEADLINE_SLACK < deadline;
-    let signal = concurrency::signal_of(status, hint, timed_out);
+    let signal = crate::limits::aimd::signal_of(status, hint, timed_out);
     permit.observe(Seen {
         sent,
         received,

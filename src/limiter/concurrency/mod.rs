@@ -529,9 +529,3 @@ fn hash16(bytes: &[u8]) -> [u8; 16] {
     out.copy_from_slice(&blake3::hash(bytes).as_bytes()[..16]);
     out
 }
-
-/// The signal of an attempt's answer: its status (or the status an in-band error stands for),
-/// its reset, a first-byte timeout.
-pub(crate) fn signal_of(status: Option<u16>, reset: Option<Duration>, first_byte_timeout: bool) -> Option<Signal> {
-    aimd::signal_of(status, reset, first_byte_timeout)
-}

@@ -18,6 +18,13 @@
 //!   last one to two [`FLOOR_WINDOW`]s: a time above [`SLOW_RATIO`] times it (and at least
 //!   [`SLOW_MARGIN`] above it) is a provider queueing the request, not a long prompt: one long
 //!   prompt moves the smoothed value by a fifth.
+//! - A queue **building**: at the limit, [`QUEUE_RUN`] answers in a row whose time and smoothed
+//!   time are above [`QUEUE_RATIO`] times the floor (and [`QUEUE_MARGIN`] above it) are the first
+//!   sign that the limit has passed the capacity
+//!   (each request past it waits for one to end at the provider): a gentle decrease
+//!   ([`GENTLE_DECREASE`]) that drains that queue before the times double, so the probing above
+//!   the capacity costs a few tens of milliseconds, not a second. Such an answer never grows the
+//!   limit.
 //!
 //! Decides: the limit, and whether an answer is a signal. Does not decide: who is admitted under
 //! the limit (`limiter::concurrency`), nor how the fleet shares it (the same steps run in the
@@ -37,6 +44,14 @@ pub(crate) const FLOOR_WINDOW: Duration = Duration::from_secs(30);
 pub(crate) const SLOW_RATIO: f64 = 2.0;
 /// ...when it is also this much above it.
 pub(crate) const SLOW_MARGIN: Duration = Duration::from_millis(100);
+/// At the limit, a smoothed time to first byte this many times its floor is a queue building...
+pub(crate) const QUEUE_RATIO: f64 = 1.5;
+/// ...when it is also this much above it...
+pub(crate) const QUEUE_MARGIN: Duration = Duration::from_millis(50);
+/// ...in this many answers in a row (one long prompt is one answer)...
+pub(crate) const QUEUE_RUN: u32 = 3;
+/// ...and the limit is multiplied by this (once per round, as any decrease).
+pub(crate) const GENTLE_DECREASE: f64 = 0.9;
 /// A 429 whose reset is at most this is a provider out of capacity (a longer one is a quota's
 /// window: the cooldown's business).
 pub(crate) const SHORT_RESET: Duration = Duration::from_secs(2);
@@ -67,6 +82,8 @@ pub(crate) struct Aimd {
     round_len: f64,
     last_decrease: Option<Instant>,
     floor: Floor,
+    /// Answers in a row that said a queue is building.
+    queueing: u32,
 }
 
 /// The least smoothed time to first byte over a window and the one before it.
@@ -133,6 +150,7 @@ impl Aimd {
             round_len: f64::from(initial).clamp(min, max),
             last_decrease: None,
             floor: Floor::default(),
+            queueing: 0,
         }
     }
 
@@ -161,11 +179,15 @@ impl Aimd {
     /// An overload signal from a request sent at `sent`, seen at `now`: the limit shrinks unless
     /// a decrease came after the request was sent.
     pub(crate) fn overload(&mut self, signal: Signal, sent: Instant, now: Instant) -> Option<Adjusted> {
+        self.decrease(signal, DECREASE, sent, now)
+    }
+
+    fn decrease(&mut self, signal: Signal, factor: f64, sent: Instant, now: Instant) -> Option<Adjusted> {
         if self.last_decrease.is_some_and(|d| sent < d) {
             return None;
         }
         let before = self.limit;
-        self.limit = (self.limit * DECREASE).max(self.min);
+        self.limit = (self.limit * factor).max(self.min);
         self.ceiling = Some(before);
         self.after_decrease(now);
         (self.limit < before).then_some(Adjusted::Down(signal, self.limit))
@@ -184,9 +206,20 @@ impl Aimd {
         let secs = s.first_byte.as_secs_f64();
         let (floor, smoothed) = self.floor.sample(secs, now);
         if let Some(floor) = floor {
-            let slow = |t: f64| t > floor * SLOW_RATIO && t > floor + SLOW_MARGIN.as_secs_f64();
-            if slow(secs) && slow(smoothed) {
+            let above = |t: f64, ratio: f64, margin: Duration| t > floor * ratio && t > floor + margin.as_secs_f64();
+            if above(secs, SLOW_RATIO, SLOW_MARGIN) && above(smoothed, SLOW_RATIO, SLOW_MARGIN) {
                 return self.overload(Signal::SlowFirstByte, s.sent, now);
+            }
+            let building =
+                s.at_limit && above(secs, QUEUE_RATIO, QUEUE_MARGIN) && above(smoothed, QUEUE_RATIO, QUEUE_MARGIN);
+            self.queueing = if building { self.queueing + 1 } else { 0 };
+            if self.queueing >= QUEUE_RUN {
+                self.queueing = 0;
+                return self.decrease(Signal::SlowFirstByte, GENTLE_DECREASE, s.sent, now);
+            }
+            if building {
+                // Not a success that says the limit could be higher.
+                return None;
             }
         }
         if !s.at_limit || self.limit >= self.max {
@@ -350,8 +383,10 @@ mod tests {
             a.success(ok(at(i), 200), at(i));
         }
         let grown = a.exact();
-        // One slow answer (a long prompt) moves the smoothed value by a fifth: no signal.
+        // One slow answer (a long prompt) moves the smoothed value by a fifth: no signal, neither
+        // the hard one nor a queue building (the next answer is fast again).
         assert!(!matches!(a.success(ok(at(60), 900), at(60)), Some(Adjusted::Down(..))));
+        assert!(!matches!(a.success(ok(at(61), 200), at(61)), Some(Adjusted::Down(..))));
         // The provider queueing every request: the smoothed value passes twice the floor.
         let mut down = None;
         for i in 0..10u64 {
@@ -364,6 +399,40 @@ mod tests {
             matches!(down, Some(Adjusted::Down(Signal::SlowFirstByte, l)) if l < grown),
             "{down:?}"
         );
+    }
+
+    #[test]
+    fn a_queue_building_at_the_limit_is_a_gentle_decrease_below_it_nothing() {
+        let mut a = Aimd::new(40, 1, 1000);
+        for i in 0..50u64 {
+            a.success(ok(at(i), 200), at(i));
+        }
+        let grown = a.exact();
+        // Each request past the capacity waits 150 ms at the provider: 1.75 times the floor,
+        // not twice it; below half the limit that is a slower model, not this limit's doing.
+        for i in 0..20u64 {
+            let s = Success {
+                at_limit: false,
+                ..ok(at(60 + i), 350)
+            };
+            assert_eq!(a.success(s, at(60 + i)), None);
+        }
+        let mut down = None;
+        for i in 0..10u64 {
+            if let Some(adj) = a.success(ok(at(100 + i), 350), at(100 + i)) {
+                down = Some(adj);
+                break;
+            }
+        }
+        // The third answer in a row.
+        assert_eq!(a.queueing, 0);
+        let expected = grown * GENTLE_DECREASE;
+        assert!(
+            matches!(down, Some(Adjusted::Down(Signal::SlowFirstByte, l)) if (l - expected).abs() < 1e-9),
+            "{down:?} {grown}"
+        );
+        // Once per round: the requests sent before it say the same.
+        assert_eq!(a.success(ok(at(105), 350), at(120)), None);
     }
 
     #[test]

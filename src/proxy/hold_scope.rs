@@ -43,7 +43,7 @@ impl<'a> HoldScope<'a> {
             let credential = self.credential.hash(forms);
             match target.upstream.config.rate_limit_scope {
                 RateLimitScope::Credential => LimitKey::from(credential),
-                RateLimitScope::Model => LimitKey::new(credential, model_for(target, self.model)),
+                RateLimitScope::Model => forms.limit_key(credential, model_for(target, self.model)),
             }
         })
     }

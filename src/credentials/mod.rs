@@ -8,6 +8,8 @@
 //! configuration; [`Presented`] is what one request carried, hashed into a [`CredentialHash`]
 //! only when something is keyed by it.
 
+mod memo;
+
 use std::borrow::Cow;
 use std::fmt;
 use std::str::FromStr;
@@ -45,10 +47,20 @@ const RESPONSE_SECRETS: [HeaderName; 1] = [http::header::SET_COOKIE];
 
 /// The credential forms in force: [`HEADERS`], then `[server] credential_headers`, then the query
 /// parameters of [`QUERY_PARAMS`]. Cheap to clone.
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Credentials {
     headers: Arc<[HeaderName]>,
+    /// The credentials' and models' hashes already computed (not part of what the list is).
+    memo: Arc<memo::Memo>,
 }
+
+impl PartialEq for Credentials {
+    fn eq(&self, other: &Credentials) -> bool {
+        self.headers == other.headers
+    }
+}
+
+impl Eq for Credentials {}
 
 impl Default for Credentials {
     fn default() -> Credentials {
@@ -73,6 +85,7 @@ impl Credentials {
         }
         Credentials {
             headers: headers.into(),
+            memo: Arc::default(),
         }
     }
 
@@ -153,7 +166,11 @@ impl Presented {
     /// request; one that carries only forms known before the list grew hashes as it did then.
     /// Computed once; `forms` must be the forms the credential was presented under.
     pub(crate) fn hash(&self, forms: &Credentials) -> CredentialHash {
-        *self.hashed.get_or_init(|| self.hash_with(forms))
+        *self.hashed.get_or_init(|| {
+            // The SHA-256 of a credential seen before, from the forms' memo.
+            let values = &self.values[..];
+            CredentialHash(forms.memo.name((b'c', values), || self.hash_with(forms).0))
+        })
     }
 
     fn hash_with(&self, forms: &Credentials) -> CredentialHash {
@@ -248,6 +265,25 @@ impl LimitKey {
         LimitKey {
             credential,
             model: Some(first_128_bits(h)),
+        }
+    }
+}
+
+impl Credentials {
+    /// [`LimitKey::new`], the model's hash from the memo when it was computed before.
+    pub(crate) fn limit_key(&self, credential: CredentialHash, model: &str) -> LimitKey {
+        if model.is_empty() {
+            return LimitKey::from(credential);
+        }
+        let model = self.memo.name((b'm', model), || {
+            let mut h = Sha256::new();
+            h.update(MODEL_DOMAIN);
+            h.update(model.as_bytes());
+            first_128_bits(h)
+        });
+        LimitKey {
+            credential,
+            model: Some(model),
         }
     }
 }
@@ -463,6 +499,26 @@ mod tests {
         // first 16 bytes (checked independently with Python's hashlib).
         assert_eq!(
             hash(&[("authorization", "Bearer test")], None).to_string(),
+            "7cdb1810be83ef94a5650d60389790f5"
+        );
+    }
+
+    #[test]
+    fn the_memo_names_as_the_hash_does() {
+        let forms = Credentials::default();
+        let mut headers = HeaderMap::new();
+        headers.insert("authorization", HeaderValue::from_static("Bearer test"));
+        for _ in 0..2 {
+            // Asked twice from fresh requests: the second answer is the memo's.
+            let p = forms.presented(&headers, None);
+            assert_eq!(p.hash(&forms).to_string(), "7cdb1810be83ef94a5650d60389790f5");
+            let h = p.hash(&forms);
+            assert_eq!(forms.limit_key(h, "gpt-4o"), LimitKey::new(h, "gpt-4o"));
+            assert_eq!(forms.limit_key(h, ""), LimitKey::new(h, ""));
+        }
+        headers.insert("authorization", HeaderValue::from_static("Bearer other"));
+        assert_ne!(
+            forms.presented(&headers, None).hash(&forms).to_string(),
             "7cdb1810be83ef94a5650d60389790f5"
         );
     }

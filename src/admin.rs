@@ -5,10 +5,14 @@
 //! | method and path | does |
 //! | --- | --- |
 //! | `GET /admin/dead-letters?route=&reason=&upstream=&since=&limit=&cursor=` | list, newest first |
-//! | `GET /admin/dead-letters/summary?route=&reason=&upstream=&since=` | counts grouped by cause |
+//! | `GET /admin/dead-letters/summary?route=&reason=&upstream=&since=` | groups by cause, with timelines and analysis |
 //! | `GET /admin/dead-letters/{id}` | one entry |
 //! | `POST /admin/dead-letters/{id}/replay` | re-send one entry through its route |
-//! | `POST /admin/dead-letters/replay?route=&reason=&upstream=&since=` | replay every match |
+//! | `POST /admin/dead-letters/replay?route=&reason=&upstream=&since=&group=` | replay every match |
+//! | `POST /admin/dead-letters/replay?...&dry_run=true` | what a replay would send |
+//! | `GET /admin/fleet` | the fleet now (the console's view) |
+//!
+//! and `GET /console`, the operator's console ([`crate::console`]), served when a token is set.
 //! | `DELETE /admin/dead-letters?route=&reason=&upstream=&since=` | purge (all, or matching) |
 
 use std::convert::Infallible;
@@ -44,6 +48,8 @@ pub(crate) struct AdminState {
     pub dead_letters: DeadLetters,
     /// The running proxy (replays go through it).
     pub proxy: Arc<ArcSwap<Proxy>>,
+    /// What happened lately (the analysis and the console read it).
+    pub(crate) journal: Arc<crate::journal::Journal>,
 }
 
 /// Serves admin requests until `stop` is cancelled.
@@ -88,6 +94,9 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
     if req.method() != Method::GET && req.method() != Method::HEAD {
         return text(StatusCode::METHOD_NOT_ALLOWED, "GET only\n");
     }
+    if let Some(resp) = crate::console::asset(&path, state.token.is_some()) {
+        return resp;
+    }
     match path.as_str() {
         "/healthz" => text(StatusCode::OK, "ok\n"),
         "/readyz" => {
@@ -115,7 +124,7 @@ async fn handle(state: &AdminState, req: Request<Incoming>) -> Response<Full<Byt
         }
         _ => text(
             StatusCode::NOT_FOUND,
-            "not found: try /healthz, /readyz, /metrics or /admin/dead-letters\n",
+            "not found: try /healthz, /readyz, /metrics, /console or /admin/dead-letters\n",
         ),
     }
 }
@@ -151,7 +160,18 @@ async fn admin_api(state: &AdminState, rest: &str, req: Request<Incoming>) -> Re
                 .await
                 .map(|p| json(StatusCode::OK, &p))
         }
-        (Method::GET, ["dead-letters", "summary"]) => dl.summary(&filter).await.map(|s| json(StatusCode::OK, &s)),
+        (Method::GET, ["dead-letters", "summary"]) => crate::console::summary(dl, &state.journal, &filter)
+            .await
+            .map(|s| json(StatusCode::OK, &s)),
+        (Method::GET, ["fleet"]) => Ok(json(
+            StatusCode::OK,
+            &crate::console::fleet(&state.journal, state.redis.is_some()),
+        )),
+        (Method::POST, ["dead-letters", "replay"]) if query("dry_run").is_some_and(|v| v == "true") => {
+            crate::console::replay_plan(dl, &filter)
+                .await
+                .map(|p| json(StatusCode::OK, &p))
+        }
         (Method::GET, ["dead-letters", id]) => dl.get(id).await.map(|e| match e {
             Some(e) => json(StatusCode::OK, &e),
             None => problem(ErrorKind::AdminNotFound, "no dead letter with this id"),
@@ -308,6 +328,7 @@ fn parse_filter(query: Option<&str>) -> Filter {
         reason: query_param(query, "reason"),
         upstream: query_param(query, "upstream"),
         since,
+        group: query_param(query, "group"),
     }
 }
 

@@ -180,7 +180,14 @@ fn summary_table(s: &Summary) -> String {
         .groups
         .iter()
         .map(|g| {
+            let verdict = g.analysis.as_ref().map_or("-".to_string(), |a| {
+                serde_json::to_value(a.verdict)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default()
+            });
             vec![
+                g.key.clone(),
                 g.count.to_string(),
                 g.route.clone(),
                 g.upstream.clone(),
@@ -189,11 +196,13 @@ fn summary_table(s: &Summary) -> String {
                 g.final_status.to_string(),
                 utc(g.first_seen_ms),
                 utc(g.last_seen_ms),
+                verdict,
             ]
         })
         .collect();
     let mut out = table(
         &[
+            "GROUP",
             "COUNT",
             "ROUTE",
             "UPSTREAM",
@@ -202,10 +211,25 @@ fn summary_table(s: &Summary) -> String {
             "STATUS",
             "FIRST SEEN",
             "LAST SEEN",
+            "VERDICT",
         ],
         &rows,
     );
-    let _ = writeln!(out, "total: {}", s.total);
+    let _ = write!(out, "total: {}", s.total);
+    if s.truncated {
+        out.push_str(" (the read stopped at its bound: the oldest entries of the window are not counted)");
+    }
+    out.push('\n');
+    for g in &s.groups {
+        let _ = write!(out, "\n{}", g.key);
+        if let Some(m) = &g.message {
+            let _ = write!(out, "  {m}");
+        }
+        out.push('\n');
+        if let Some(a) = &g.analysis {
+            let _ = writeln!(out, "  {}", a.line);
+        }
+    }
     out
 }
 

@@ -26,6 +26,7 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
+#[allow(clippy::large_enum_variant)] // parsed once per process: its size costs nothing
 enum Command {
     /// Validate a configuration and print the effective routes and policies (exit 0 valid, 1 not).
     Check,
@@ -60,6 +61,9 @@ struct FilterArgs {
     /// Only entries since this time (unix ms or RFC 3339).
     #[arg(long)]
     since: Option<String>,
+    /// Only this group of the summary (its GROUP column).
+    #[arg(long)]
+    group: Option<String>,
 }
 
 impl FilterArgs {
@@ -69,6 +73,7 @@ impl FilterArgs {
             ("reason", &self.reason),
             ("upstream", &self.upstream),
             ("since", &self.since),
+            ("group", &self.group),
         ]
         .into_iter()
         .filter_map(|(k, v)| v.clone().map(|v| (k, v)))
@@ -88,7 +93,9 @@ enum DeadLetterAction {
         #[arg(long)]
         cursor: Option<String>,
     },
-    /// Counts grouped by route, upstream, reason, error class and status.
+    /// Groups by cause (route, upstream, reason, class, status, the provider's message masked),
+    /// each with what else happened then and whether a replay is sensible; the last 24 hours
+    /// unless --since.
     Summary {
         #[command(flatten)]
         filter: FilterArgs,

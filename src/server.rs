@@ -94,6 +94,22 @@ impl Server {
     }
 }
 
+/// The journal's task: reads the series once a second, the targets' states brought up to date
+/// first, until `stop`.
+fn start_journal(
+    journal: Arc<crate::journal::Journal>,
+    proxy: &Arc<ArcSwap<Proxy>>,
+    metrics: &Arc<Metrics>,
+    stop: &CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let proxy = proxy.clone();
+    let refresh = move || proxy.load().refresh_target_states(crate::time::now());
+    crate::tasks::spawn(
+        "journal",
+        crate::journal::run(journal, metrics.clone(), refresh, stop.clone()),
+    )
+}
+
 /// Binds the listeners and starts serving.
 pub async fn start(config: Config) -> Result<Server, StartError> {
     let metrics = Arc::new(Metrics::new()?);
@@ -162,8 +178,10 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
         token: config.admin.token.clone(),
         dead_letters: shared_dead_letters,
         proxy: proxy.clone(),
+        journal: Arc::default(),
     });
     let admin_stop = CancellationToken::new();
+    let journal_task = start_journal(admin_state.journal.clone(), &proxy, &metrics, &admin_stop);
     let admin_task = crate::tasks::spawn(
         "admin listener",
         admin::serve(admin_listener, admin_state.clone(), admin_stop.clone()),
@@ -189,6 +207,7 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
             background.wait().await;
             admin_stop.cancel();
             let _ = admin_task.await;
+            let _ = journal_task.await;
             exit
         }
     });

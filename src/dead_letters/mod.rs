@@ -9,8 +9,10 @@
 //! exclude every credential form (`crate::credentials`) and every `[dead_letters]
 //! sensitive_headers` entry, the query is redacted; the idempotency scope is kept as its hash only.
 
+pub(crate) mod analysis;
+
 use parking_lot::Mutex;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 
 use base64::Engine as _;
@@ -79,6 +81,10 @@ pub struct DeadLetter {
     pub error_class: String,
     /// The status the app received.
     pub final_status: u16,
+    /// The provider's error message of the last answer, when it gave one (credential-like
+    /// tokens redacted, at most 300 characters: [`analysis::keepable_message`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error_message: Option<String>,
     pub attempts: Vec<AttemptRecord>,
     /// Non-sensitive request headers (for replay).
     pub headers: Vec<(String, String)>,
@@ -149,6 +155,9 @@ pub struct Filter {
     pub upstream: Option<String>,
     /// Entries at or after this time (unix ms).
     pub since: Option<u64>,
+    /// One group of the summary (its `key`).
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 impl Filter {
@@ -157,8 +166,18 @@ impl Filter {
             && self.reason.as_ref().is_none_or(|r| *r == e.reason)
             && self.upstream.as_ref().is_none_or(|u| *u == e.upstream)
             && self.since.is_none_or(|t| e.time_ms >= t)
+            && self.group.as_ref().is_none_or(|g| *g == analysis::group_key(e))
     }
 }
+
+/// A summary reads at most this many entries...
+const SUMMARY_MAX_ENTRIES: usize = 20_000;
+/// ...for at most this long, so that a large store cannot stall the admin port.
+const SUMMARY_MAX_TIME: std::time::Duration = std::time::Duration::from_secs(2);
+/// The window a summary covers when the filter sets no `since`.
+pub(crate) const SUMMARY_DEFAULT_WINDOW_MS: u64 = 24 * 3600 * 1000;
+/// The parts of a summary's timelines.
+const TIMELINE_BUCKETS: u64 = 48;
 
 /// A page of entries, newest first.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -168,25 +187,55 @@ pub struct Page {
     pub(crate) next_cursor: Option<String>,
 }
 
-/// One group of the summary.
+/// One group of the summary: one cause ([`analysis`]).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct Group {
+    /// Names the group in a filter (`group=`): 16 hex digits of what makes it one cause.
+    #[serde(default)]
+    pub key: String,
     pub route: String,
     pub upstream: String,
     pub reason: String,
     pub error_class: String,
     pub final_status: u16,
+    /// The provider's message, masked (ids, numbers, quoted values).
+    #[serde(default)]
+    pub message: Option<String>,
+    /// One entry's message as it was kept (the newest).
+    #[serde(default)]
+    pub example: Option<String>,
     pub count: u64,
     pub first_seen_ms: u64,
     pub(crate) last_seen_ms: u64,
+    /// Entries whose body was kept (that can be re-sent).
+    #[serde(default)]
+    pub replayable: u64,
+    /// Entries with an idempotency key (a replay of them cannot generate twice).
+    #[serde(default)]
+    pub with_key: u64,
+    /// Entries replayed at least once.
+    #[serde(default)]
+    pub replayed: u64,
+    /// Entries per part of the summary's `window`.
+    #[serde(default)]
+    pub timeline: Vec<u32>,
+    #[serde(default)]
+    pub analysis: Option<analysis::Analysis>,
 }
 
-/// Counts grouped by route, upstream, reason, error class and status: what an on-call engineer
-/// opens first.
+/// Counts grouped by cause, with timelines and analysis: what an on-call engineer opens first.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Summary {
+    /// Entries read (within the window).
     pub total: u64,
     pub groups: Vec<Group>,
+    /// The span the timelines cover.
+    #[serde(default)]
+    pub window: Option<analysis::Window>,
+    /// The read stopped at its bound (entries or time) before the window's start: the oldest
+    /// entries of the window are not counted.
+    #[serde(default)]
+    pub truncated: bool,
 }
 
 /// The dead-letter store could not answer: Redis's error, kept as the source.
@@ -239,7 +288,7 @@ impl Ring {
 /// Appends a replay record to an entry's JSON list (KEYS[1] the replays hash, ARGV[1] the entry
 /// id, ARGV[2] the record).
 static APPEND_REPLAY: std::sync::LazyLock<redis::Script> =
-    std::sync::LazyLock::new(|| redis::Script::new(include_str!("redis/scripts/dead_letter_replay_v1.lua")));
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../redis/scripts/dead_letter_replay_v1.lua")));
 
 /// Entries read per Redis round trip while scanning.
 const SCAN_BATCH: usize = 500;
@@ -261,6 +310,8 @@ pub struct Failure<'a> {
     pub reason: &'a str,
     pub error_class: &'a str,
     pub final_status: u16,
+    /// The provider's error message of the last answer, as it came.
+    pub error_message: Option<&'a str>,
     pub attempts: Vec<AttemptRecord>,
     pub job_id: Option<String>,
 }
@@ -302,6 +353,10 @@ impl DeadLetter {
             reason: f.reason.to_string(),
             error_class: f.error_class.to_string(),
             final_status: f.final_status,
+            error_message: f
+                .error_message
+                .map(analysis::keepable_message)
+                .filter(|m| !m.is_empty()),
             attempts: f.attempts,
             headers: keepable_headers(&parts.headers, config),
             body_base64: (keep_body && !body.is_empty()).then(|| encode_body(body)),
@@ -505,36 +560,44 @@ impl DeadLetters {
         }
     }
 
-    /// Counts grouped by route, upstream, reason, error class and status, with first and last seen.
-    pub async fn summary(&self, filter: &Filter) -> Result<Summary, DeadLetterError> {
-        let mut groups: BTreeMap<(String, String, String, String, u16), Group> = BTreeMap::new();
-        let mut total = 0;
-        for e in self.matching(filter).await? {
-            total += 1;
-            let k = (
-                e.route.clone(),
-                e.upstream.clone(),
-                e.reason.clone(),
-                e.error_class.clone(),
-                e.final_status,
-            );
-            let g = groups.entry(k).or_insert_with(|| Group {
-                route: e.route.clone(),
-                upstream: e.upstream.clone(),
-                reason: e.reason.clone(),
-                error_class: e.error_class.clone(),
-                final_status: e.final_status,
-                count: 0,
-                first_seen_ms: e.time_ms,
-                last_seen_ms: e.time_ms,
-            });
-            g.count += 1;
-            g.first_seen_ms = g.first_seen_ms.min(e.time_ms);
-            g.last_seen_ms = g.last_seen_ms.max(e.time_ms);
+    /// The groups of the entries matching `filter` since its `since` (else the last 24 hours)
+    /// up to `now_ms`, newest first, read within [`SUMMARY_MAX_ENTRIES`] and [`SUMMARY_MAX_TIME`]
+    /// (`truncated` says the read stopped there). Without analysis: the caller has the journal.
+    pub async fn summary(&self, filter: &Filter, now_ms: u64) -> Result<Summary, DeadLetterError> {
+        let since = filter.since.unwrap_or(now_ms.saturating_sub(SUMMARY_DEFAULT_WINDOW_MS));
+        let started = crate::time::now();
+        let mut entries = Vec::new();
+        let mut cursor: Option<String> = None;
+        let mut truncated = false;
+        'read: loop {
+            let batch = self.scan_back(cursor.as_deref(), SCAN_BATCH).await?;
+            let done = batch.len() < SCAN_BATCH;
+            cursor = batch.last().map(|e| e.id.clone());
+            for e in batch {
+                if e.time_ms < since {
+                    break 'read;
+                }
+                if filter.matches(&e) {
+                    entries.push(e);
+                }
+            }
+            if done || cursor.is_none() {
+                break;
+            }
+            if entries.len() >= SUMMARY_MAX_ENTRIES
+                || crate::time::now().saturating_duration_since(started) >= SUMMARY_MAX_TIME
+            {
+                truncated = true;
+                break;
+            }
         }
-        let mut groups: Vec<Group> = groups.into_values().collect();
-        groups.sort_by(|a, b| b.count.cmp(&a.count).then(b.last_seen_ms.cmp(&a.last_seen_ms)));
-        Ok(Summary { total, groups })
+        let window = analysis::Window::new(since, now_ms.max(since), TIMELINE_BUCKETS);
+        Ok(Summary {
+            total: entries.len() as u64,
+            groups: analysis::group(&entries, window),
+            window: Some(window),
+            truncated,
+        })
     }
 
     /// Records a replay's outcome on its entry.
@@ -710,6 +773,7 @@ mod tests {
             reason: reason.into(),
             error_class: "status_5xx".into(),
             final_status: 503,
+            error_message: None,
             attempts: vec![],
             headers: vec![],
             body_base64: None,
@@ -759,7 +823,11 @@ mod tests {
         let p3 = s.list(&a, 10, p2.next_cursor.as_deref()).await.unwrap();
         assert_eq!(p3.items.len(), 5);
         assert!(p3.next_cursor.is_none());
-        let summary = s.summary(&Filter::default()).await.unwrap();
+        let all = Filter {
+            since: Some(0),
+            ..Filter::default()
+        };
+        let summary = s.summary(&all, crate::time::now_unix_ms()).await.unwrap();
         assert_eq!(summary.total, 50);
         assert_eq!(summary.groups.len(), 2);
         assert_eq!(s.purge(&a).await.unwrap(), 25);

@@ -5,9 +5,11 @@
 //! sets. No label ever holds a path, a key or a credential.
 
 mod concurrency;
+mod samples;
 mod series;
 
 pub(crate) use concurrency::{ConcurrencySeries, ScopeSeries};
+pub(crate) use samples::Sample;
 pub(crate) use series::{LimitMetrics, LimitResult};
 
 use prometheus::core::Collector;

@@ -143,8 +143,11 @@ fn read_to_commit(
                 // As a successful body failing before its commit point: nothing was forwarded.
                 Err(cause) => return (Err(AttemptError::Reset(cause)), crate::time::now()),
             };
-            let signal = provider_error::classify(parts.status, &parts.headers, &body.held_prefix(n));
+            let (signal, message) = provider_error::read(parts.status, &parts.headers, &body.held_prefix(n));
             parts.extensions.insert(signal);
+            if let Some(message) = message {
+                parts.extensions.insert(message);
+            }
         }
         (Ok(Response::from_parts(parts, body)), received)
     }

@@ -239,6 +239,10 @@ impl Delivery {
             reason,
             error_class: self.error_class(),
             final_status: self.status(),
+            error_message: self.result.as_ref().ok().and_then(|r| {
+                let m = r.extensions().get::<crate::retry::provider_error::ProviderMessage>()?;
+                Some(&*m.0)
+            }),
             attempts: tokens::with_usage(&self.attempts, &self.tokens.ledger),
             job_id: parts.extensions.get::<jobs::JobRun>().map(|j| j.0.as_str().to_owned()),
         };

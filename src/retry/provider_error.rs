@@ -112,12 +112,35 @@ impl ErrorSignal {
 /// truncated: a body that does not parse is classified by its status and headers); a longer
 /// slice is not read at all. Meant for error statuses; any other status falls back to
 /// [`ErrorClass::Permanent`] unless the body says otherwise.
+#[cfg_attr(not(test), allow(dead_code))] // the pipeline calls `read`
 pub(crate) fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> ErrorSignal {
+    read(status, headers, body).0
+}
+
+/// [`classify`], and the provider's own message in the body (`error.message`, Bedrock's
+/// `message`, an `error` that is a string), as it came: for dead letters, which keep it redacted.
+pub(crate) fn read(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> (ErrorSignal, Option<ProviderMessage>) {
     let json = parse_body(body);
     let json = json.as_ref();
-    bedrock(headers, json)
+    let signal = bedrock(headers, json)
         .or_else(|| json.and_then(|object| from_body(object, headers, status)))
-        .unwrap_or_else(|| by_status(status))
+        .unwrap_or_else(|| by_status(status));
+    (signal, json.and_then(message_of))
+}
+
+/// A provider's error message, as its error body gave it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ProviderMessage(pub(crate) std::sync::Arc<str>);
+
+fn message_of(object: &Map<String, Value>) -> Option<ProviderMessage> {
+    let text = match object.get("error") {
+        Some(Value::Object(e)) => str_field(e, "message"),
+        Some(Value::String(e)) => Some(e.as_str()),
+        _ => None,
+    }
+    .or_else(|| str_field(object, "message").or_else(|| str_field(object, "Message")))?;
+    let text = text.trim();
+    (!text.is_empty()).then(|| ProviderMessage(text.into()))
 }
 
 /// The class a status stands for when nothing else says more.

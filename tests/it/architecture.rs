@@ -173,8 +173,8 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "I/O edges",
-        &["redis", "upstream", "traces", "cloud"],
-        "the Redis connection, the upstream pools, the trace exporter, the cloud credentials",
+        &["redis", "upstream", "traces", "cloud", "journal"],
+        "the Redis connection, the upstream pools, the trace exporter, the cloud credentials, the journal of what the metrics' series show",
     ),
     (
         "features",
@@ -184,8 +184,8 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ("pipeline", &["proxy"], "a request's path, top-down"),
     (
         "process",
-        &["shutdown", "reload", "admin", "server", "cli", "fuzzing", "hooks"],
-        "listeners, the drain, reloads, the admin API, the command line, the entry points of fuzz targets, tests and benchmarks",
+        &["shutdown", "reload", "admin", "console", "server", "cli", "fuzzing", "hooks"],
+        "listeners, the drain, reloads, the admin API, the operator's console, the command line, the entry points of fuzz targets, tests and benchmarks",
     ),
 ];
 
@@ -226,6 +226,11 @@ const SAME_LAYER: &[(&str, &str, &str)] = &[
         "a dead letter's body is sealed at rest as a job's credentials are",
     ),
     ("server", "admin", "the server starts the admin listener"),
+    (
+        "admin",
+        "console",
+        "the admin listener serves the console and its views",
+    ),
     ("server", "reload", "the server starts the reload watcher"),
     ("server", "shutdown", "client connections watch the drain signal"),
 ];

@@ -341,11 +341,17 @@ async fn the_cli_prints_readable_tables() {
     );
     assert!(lines[1].contains("POST /fake/v1/chat/completions"), "{list}");
     let summary = run(&["summary"]).await;
-    assert!(summary.lines().next().unwrap().starts_with("COUNT"), "{summary}");
+    let head = summary.lines().next().unwrap();
+    assert!(
+        head.starts_with("GROUP  ") && head.contains("COUNT") && head.contains("VERDICT"),
+        "{summary}"
+    );
     assert!(
         summary.contains("2  ") && summary.contains("retries_exhausted") && summary.contains("total: 2"),
         "{summary}"
     );
+    // Each group's analysis under the table.
+    assert!(summary.contains("2 × fake answered 503"), "{summary}");
     let json: serde_json::Value = serde_json::from_str(&run(&["list", "--json", "--route", "fake"]).await).unwrap();
     assert_eq!(json["items"].as_array().unwrap().len(), 2);
     let none = run(&["list", "--route", "other"]).await;

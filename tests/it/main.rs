@@ -16,6 +16,7 @@ mod cloud_azure;
 mod cloud_gcp;
 mod concurrency;
 mod config_files;
+mod console;
 mod continuation;
 mod credentials;
 mod cut_streams;

@@ -330,7 +330,12 @@ fn cause(g: &Group) -> String {
         _ => format!("{} answered {}", g.upstream, g.final_status),
     };
     let message = g.message.as_deref().map(|m| format!(" ({m})")).unwrap_or_default();
-    format!("{} × {what}{message}, {}", g.count, g.reason.replace('_', " "))
+    // Not sent at all: the class said why; else why rebound stopped trying.
+    let stopped = match g.error_class.as_str() {
+        "circuit_open" | "cooldown" => String::new(),
+        _ => format!(", {}", g.reason.replace('_', " ")),
+    };
+    format!("{} × {what}{message}{stopped}", g.count)
 }
 
 /// Why `g`'s cause has not cleared at `now_ms`, if it has not.

@@ -12,8 +12,9 @@
 //!   (the **ceiling**: where the provider pushed back) `step` is 1, the classic additive increase
 //!   that keeps the sawtooth near the capacity small; one round past the ceiling without a signal
 //!   says the capacity grew, and from then `step` doubles after each clean round (at most half the
-//!   limit), so a limit far below a capacity that came back finds it in a few rounds (as CUBIC
-//!   probes slowly near its last maximum and fast beyond it).
+//!   limit; past a ceiling it starts at a quarter of the limit), so a limit far below a capacity
+//!   that came back finds it in a few rounds (as CUBIC probes slowly near its last maximum and fast
+//!   beyond it).
 //! - The **floor** of the time to first byte is the least smoothed value ([`ALPHA`]) seen over the
 //!   last one to two [`FLOOR_WINDOW`]s: a time above [`SLOW_RATIO`] times it (and at least
 //!   [`SLOW_MARGIN`] above it) is a provider queueing the request, not a long prompt: one long
@@ -234,8 +235,12 @@ impl Aimd {
             match self.ceiling {
                 // Below where the provider pushed back: probe by one.
                 Some(c) if self.limit < c => {}
-                // A whole round past it, no signal: the capacity grew; find it fast.
-                Some(_) => self.ceiling = None,
+                // A whole round past it, no signal: the capacity grew (a brownout ended); find
+                // it fast: a quarter of the limit a round at once, then doubling.
+                Some(_) => {
+                    self.ceiling = None;
+                    self.step = (self.limit / 4.0).max(self.step);
+                }
                 None => self.step = (self.step * 2.0).min((self.limit / 2.0).max(1.0)),
             }
         }
@@ -355,10 +360,11 @@ mod tests {
             }
             rounds.push(a.limit());
         }
-        // 20 to 28 by one a round, a round past it, then doubling again: +2, +3, +7.
+        // 20 to 28 by one a round; a round past it says the capacity grew: a quarter of the limit
+        // a round at once (+7), then doubling up to half the limit (+12, +19, +27).
         assert_eq!(
             rounds,
-            vec![21, 22, 23, 24, 25, 26, 27, 28, 29, 31, 34, 41],
+            vec![21, 22, 23, 24, 25, 26, 27, 28, 34, 46, 65, 92],
             "{rounds:?}"
         );
     }

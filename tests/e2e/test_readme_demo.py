@@ -60,6 +60,7 @@ def masked(text: str) -> list[str]:
     text = re.sub(r"retry-after: \d+", "retry-after: <s>", text)
     text = re.sub(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", "<time>", text)
     text = re.sub(r"\b\d{13}-\d+\b", "<id>", text)
+    text = re.sub(r"\b\d\d:\d\d:\d\d\b", "<hms>", text)  # the journal's event times
     return [line.rstrip() for line in text.strip("\n").splitlines()]
 
 

@@ -12,7 +12,8 @@
 //!   (the **ceiling**: where the provider pushed back) `step` is 1, the classic additive increase
 //!   that keeps the sawtooth near the capacity small; one round past the ceiling without a signal
 //!   says the capacity grew, and from then `step` doubles after each clean round (at most half the
-//!   limit; past a ceiling it starts at a quarter of the limit), so a limit far below a capacity
+//!   limit; past a ceiling with the provider queueing nothing it starts at a quarter of the
+//!   limit), so a limit far below a capacity
 //!   that came back finds it in a few rounds (as CUBIC probes slowly near its last maximum and fast
 //!   beyond it).
 //! - The **floor** of the time to first byte is the least smoothed value ([`ALPHA`]) seen over the
@@ -53,6 +54,9 @@ pub(crate) const QUEUE_MARGIN: Duration = Duration::from_millis(50);
 pub(crate) const QUEUE_RUN: u32 = 3;
 /// ...and the limit is multiplied by this (once per round, as any decrease).
 pub(crate) const GENTLE_DECREASE: f64 = 0.9;
+/// A smoothed time to first byte within this many times its floor: the provider queues nothing
+/// (a limit past its ceiling then jumps; see [`Aimd::success`]).
+pub(crate) const CLEAR_RATIO: f64 = 1.2;
 /// A 429 whose reset is at most this is a provider out of capacity (a longer one is a quota's
 /// window: the cooldown's business).
 pub(crate) const SHORT_RESET: Duration = Duration::from_secs(2);
@@ -235,11 +239,14 @@ impl Aimd {
             match self.ceiling {
                 // Below where the provider pushed back: probe by one.
                 Some(c) if self.limit < c => {}
-                // A whole round past it, no signal: the capacity grew (a brownout ended); find
-                // it fast: a quarter of the limit a round at once, then doubling.
+                // A whole round past it, no signal: the capacity grew. If the provider queues
+                // nothing at all (a brownout ended), find it fast: a quarter of the limit a round
+                // at once, then doubling; else from 1, doubling.
                 Some(_) => {
                     self.ceiling = None;
-                    self.step = (self.limit / 4.0).max(self.step);
+                    if floor.is_none_or(|f| smoothed <= f * CLEAR_RATIO) {
+                        self.step = (self.limit / 4.0).max(self.step);
+                    }
                 }
                 None => self.step = (self.step * 2.0).min((self.limit / 2.0).max(1.0)),
             }
@@ -367,6 +374,37 @@ mod tests {
             vec![21, 22, 23, 24, 25, 26, 27, 28, 34, 46, 65, 92],
             "{rounds:?}"
         );
+    }
+
+    #[test]
+    fn past_its_ceiling_it_jumps_only_when_the_provider_queues_nothing() {
+        let climb = |first_byte_ms: u64| {
+            let mut a = Aimd::new(20, 1, 1000);
+            let mut n = 0u64;
+            // A floor of 100 ms, then a decrease from 20 (the ceiling) to 15.
+            for _ in 0..20 {
+                n += 1;
+                a.success(ok(at(n), 100), at(n));
+            }
+            a.overload(Signal::Overloaded, at(n), at(n + 1));
+            n += 2;
+            let mut limits = Vec::new();
+            for _ in 0..8 {
+                for _ in 0..a.limit() {
+                    n += 1;
+                    a.success(ok(at(n), first_byte_ms), at(n));
+                }
+                limits.push(a.limit());
+            }
+            limits
+        };
+        // At the floor: past 20 it jumps by a quarter of the limit.
+        let clear = climb(100);
+        // 1.3 times the floor (a queue of a few at the provider, under the gentle decrease's
+        // threshold): past 20 it grows from +1, doubling.
+        let queueing = climb(130);
+        assert!(clear[7] > queueing[7] + 5, "{clear:?} {queueing:?}");
+        assert_eq!(&clear[..5], &queueing[..5], "the same up to the ceiling");
     }
 
     #[test]

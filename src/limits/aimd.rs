@@ -236,19 +236,24 @@ impl Aimd {
         if self.round >= self.round_len.floor() {
             self.round = 0.0;
             self.round_len = self.limit;
+            // The provider queues nothing at all: room to find fast.
+            let clear = floor.is_none_or(|f| smoothed <= f * CLEAR_RATIO);
             match self.ceiling {
                 // Below where the provider pushed back: probe by one.
                 Some(c) if self.limit < c => {}
                 // A whole round past it, no signal: the capacity grew. If the provider queues
-                // nothing at all (a brownout ended), find it fast: a quarter of the limit a round
-                // at once, then doubling; else from 1, doubling.
+                // nothing (a brownout ended), find it fast: a quarter of the limit a round at
+                // once, then doubling; else from 1, doubling.
                 Some(_) => {
                     self.ceiling = None;
-                    if floor.is_none_or(|f| smoothed <= f * CLEAR_RATIO) {
+                    if clear {
                         self.step = (self.limit / 4.0).max(self.step);
                     }
                 }
-                None => self.step = (self.step * 2.0).min((self.limit / 2.0).max(1.0)),
+                // Doubling while the provider queues nothing; back to one a round once it
+                // starts to (the capacity is near: probe it slowly, as below a ceiling).
+                None if clear => self.step = (self.step * 2.0).min((self.limit / 2.0).max(1.0)),
+                None => self.step = 1.0,
             }
         }
         (self.limit.floor() > before.floor()).then_some(Adjusted::Up(self.limit))
@@ -405,6 +410,33 @@ mod tests {
         let queueing = climb(130);
         assert!(clear[7] > queueing[7] + 5, "{clear:?} {queueing:?}");
         assert_eq!(&clear[..5], &queueing[..5], "the same up to the ceiling");
+    }
+
+    #[test]
+    fn the_step_stops_doubling_once_the_provider_queues() {
+        let rounds = |first_byte_ms: u64| {
+            let mut a = Aimd::new(20, 1, 1000);
+            let mut n = 0u64;
+            for _ in 0..20 {
+                n += 1;
+                a.success(ok(at(n), 100), at(n));
+            }
+            let mut limits = Vec::new();
+            for _ in 0..5 {
+                for _ in 0..a.limit() {
+                    n += 1;
+                    a.success(ok(at(n), first_byte_ms), at(n));
+                }
+                limits.push(a.limit());
+            }
+            limits
+        };
+        // At its floor the step doubles each round; 1.3 times it (a few queued at the provider,
+        // under the gentle decrease) it stays at one a round.
+        let clear = rounds(100);
+        let queueing = rounds(130);
+        assert_eq!(queueing, vec![22, 23, 24, 25, 26], "{queueing:?}");
+        assert!(clear[4] > queueing[4] + 10, "{clear:?}");
     }
 
     #[test]

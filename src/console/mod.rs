@@ -87,29 +87,16 @@ pub(crate) async fn replay_plan(dead_letters: &DeadLetters, filter: &Filter) -> 
     let mut requests: BTreeMap<(String, String, String), u64> = BTreeMap::new();
     let (mut count, mut replayable, mut with_key) = (0u64, 0u64, 0u64);
     let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
-    let mut cursor: Option<String> = None;
-    loop {
-        let page = dead_letters.list(filter, 200, cursor.as_deref()).await?;
-        for e in &page.items {
-            count += 1;
-            if !e.replayable() {
-                let why = e
-                    .body_missing
-                    .clone()
-                    .unwrap_or_else(|| "the request body was not kept".into());
-                *skipped.entry(why).or_default() += 1;
-                continue;
-            }
-            replayable += 1;
-            with_key += u64::from(e.idempotency_key.is_some());
-            *requests
-                .entry((e.route.clone(), e.method.clone(), e.path.clone()))
-                .or_default() += 1;
+    for e in dead_letters.matching(filter).await? {
+        count += 1;
+        if !e.replayable() {
+            let why = e.body_missing.unwrap_or_else(|| "the request body was not kept".into());
+            *skipped.entry(why).or_default() += 1;
+            continue;
         }
-        match page.next_cursor {
-            Some(c) => cursor = Some(c),
-            None => break,
-        }
+        replayable += 1;
+        with_key += u64::from(e.idempotency_key.is_some());
+        *requests.entry((e.route, e.method, e.path)).or_default() += 1;
     }
     let requests: Vec<Value> = requests
         .into_iter()

@@ -167,10 +167,7 @@ pub(crate) fn group_key(e: &DeadLetter) -> String {
     }
     h.update(e.final_status.to_be_bytes());
     h.update(masked.as_bytes());
-    h.finalize()[..8].iter().fold(String::with_capacity(16), |mut s, b| {
-        let _ = write!(s, "{b:02x}");
-        s
-    })
+    hex::encode(&h.finalize()[..8])
 }
 
 /// The span a summary's timelines cover, in `buckets` equal parts.

@@ -176,6 +176,14 @@ const SUMMARY_MAX_ENTRIES: usize = 20_000;
 const SUMMARY_MAX_TIME: std::time::Duration = std::time::Duration::from_secs(2);
 /// The window a summary covers when the filter sets no `since`.
 pub(crate) const SUMMARY_DEFAULT_WINDOW_MS: u64 = 24 * 3600 * 1000;
+/// Where a read of the store stops (see `DeadLetters::read_matching`).
+#[derive(Clone, Copy)]
+struct Bound {
+    since: u64,
+    entries: usize,
+    time: std::time::Duration,
+}
+
 /// The parts of a summary's timelines.
 const TIMELINE_BUCKETS: u64 = 48;
 
@@ -565,32 +573,12 @@ impl DeadLetters {
     /// (`truncated` says the read stopped there). Without analysis: the caller has the journal.
     pub async fn summary(&self, filter: &Filter, now_ms: u64) -> Result<Summary, DeadLetterError> {
         let since = filter.since.unwrap_or(now_ms.saturating_sub(SUMMARY_DEFAULT_WINDOW_MS));
-        let started = crate::time::now();
-        let mut entries = Vec::new();
-        let mut cursor: Option<String> = None;
-        let mut truncated = false;
-        'read: loop {
-            let batch = self.scan_back(cursor.as_deref(), SCAN_BATCH).await?;
-            let done = batch.len() < SCAN_BATCH;
-            cursor = batch.last().map(|e| e.id.clone());
-            for e in batch {
-                if e.time_ms < since {
-                    break 'read;
-                }
-                if filter.matches(&e) {
-                    entries.push(e);
-                }
-            }
-            if done || cursor.is_none() {
-                break;
-            }
-            if entries.len() >= SUMMARY_MAX_ENTRIES
-                || crate::time::now().saturating_duration_since(started) >= SUMMARY_MAX_TIME
-            {
-                truncated = true;
-                break;
-            }
-        }
+        let bound = Bound {
+            since,
+            entries: SUMMARY_MAX_ENTRIES,
+            time: SUMMARY_MAX_TIME,
+        };
+        let (entries, truncated) = self.read_matching(filter, Some(bound)).await?;
         let window = analysis::Window::new(since, now_ms.max(since), TIMELINE_BUCKETS);
         Ok(Summary {
             total: entries.len() as u64,
@@ -669,16 +657,40 @@ impl DeadLetters {
     }
 
     /// Every entry matching `filter`, newest first (at most the cap: the store is bounded).
-    async fn matching(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+    pub(crate) async fn matching(&self, filter: &Filter) -> Result<Vec<DeadLetter>, DeadLetterError> {
+        Ok(self.read_matching(filter, None).await?.0)
+    }
+
+    /// The entries matching `filter`, newest first; within `bound` when given (the read stops at
+    /// the first entry older than its `since`, and once it holds `entries` or has taken `time`:
+    /// `true` then, the older entries unread).
+    async fn read_matching(
+        &self,
+        filter: &Filter,
+        bound: Option<Bound>,
+    ) -> Result<(Vec<DeadLetter>, bool), DeadLetterError> {
+        let started = crate::time::now();
         let mut out = Vec::new();
         let mut cursor: Option<String> = None;
         loop {
             let batch = self.scan_back(cursor.as_deref(), SCAN_BATCH).await?;
             let done = batch.len() < SCAN_BATCH;
             cursor = batch.last().map(|e| e.id.clone());
-            out.extend(batch.into_iter().filter(|e| filter.matches(e)));
+            for e in batch {
+                if bound.is_some_and(|b| e.time_ms < b.since) {
+                    return Ok((out, false));
+                }
+                if filter.matches(&e) {
+                    out.push(e);
+                }
+            }
             if done || cursor.is_none() {
-                return Ok(out);
+                return Ok((out, false));
+            }
+            if bound.is_some_and(|b| {
+                out.len() >= b.entries || crate::time::now().saturating_duration_since(started) >= b.time
+            }) {
+                return Ok((out, true));
             }
         }
     }

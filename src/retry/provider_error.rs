@@ -82,7 +82,7 @@ pub(crate) enum ErrorClass {
     Permanent,
 }
 
-/// What [`classify`] read from an error response.
+/// What [`classify`] and [`read`] read from an error response.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct ErrorSignal {
     pub(crate) class: ErrorClass,
@@ -108,17 +108,12 @@ impl ErrorSignal {
     }
 }
 
-/// Classifies an error response. `body` is its first bytes, at most [`MAX_ERROR_BODY`] (possibly
-/// truncated: a body that does not parse is classified by its status and headers); a longer
-/// slice is not read at all. Meant for error statuses; any other status falls back to
+/// Classifies an error response, and gives the provider's own message in the body
+/// (`error.message`, Bedrock's `message`, an `error` that is a string) as it came: for dead
+/// letters, which keep it redacted. `body` is its first bytes, at most [`MAX_ERROR_BODY`]
+/// (possibly truncated: a body that does not parse is classified by its status and headers); a
+/// longer slice is not read at all. Meant for error statuses; any other status falls back to
 /// [`ErrorClass::Permanent`] unless the body says otherwise.
-#[cfg_attr(not(test), allow(dead_code))] // the pipeline calls `read`
-pub(crate) fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> ErrorSignal {
-    read(status, headers, body).0
-}
-
-/// [`classify`], and the provider's own message in the body (`error.message`, Bedrock's
-/// `message`, an `error` that is a string), as it came: for dead letters, which keep it redacted.
 pub(crate) fn read(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> (ErrorSignal, Option<ProviderMessage>) {
     let json = parse_body(body);
     let json = json.as_ref();
@@ -126,6 +121,11 @@ pub(crate) fn read(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> (Err
         .or_else(|| json.and_then(|object| from_body(object, headers, status)))
         .unwrap_or_else(|| by_status(status));
     (signal, json.and_then(message_of))
+}
+
+/// [`read`]'s class alone (an in-band error's, which carries no message worth keeping).
+pub(crate) fn classify(status: StatusCode, headers: &HeaderMap, body: &[u8]) -> ErrorSignal {
+    read(status, headers, body).0
 }
 
 /// A provider's error message, as its error body gave it.

@@ -38,6 +38,7 @@ pub(crate) mod traces;
 pub(crate) mod upstream;
 pub(crate) mod wire;
 pub(crate) mod words;
+pub mod workers;
 
 /// Entry points for the cargo-fuzz targets under `fuzz/` (decoders that are private otherwise).
 #[doc(hidden)]
@@ -49,4 +50,5 @@ pub mod hooks;
 mod testing;
 
 pub use config::Config;
-pub use server::{start, Exit, Server};
+pub use server::{start, start_on, Exit, Server};
+pub use workers::Workers;

@@ -232,19 +232,19 @@ fn serve(path: PathBuf) -> ExitCode {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n as usize,
     };
-    // One thread (a sidecar limited to one CPU): the single-threaded runtime does the same work
-    // without cross-thread wake-ups.
-    let mut builder = if threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(threads);
-        b
-    };
-    let runtime = match builder.enable_all().build() {
+    // One single-threaded runtime per core (`rebound::workers`): this thread's accepts and runs
+    // the background tasks, and each serves its own connections with no cross-thread hop.
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("rebound: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let workers = match rebound::Workers::spawn(threads.saturating_sub(1)) {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("rebound: cannot start the worker threads: {e}");
             return ExitCode::FAILURE;
         }
     };
@@ -254,7 +254,7 @@ fn serve(path: PathBuf) -> ExitCode {
         // a reload), never the default action, which kills the process.
         let mut stop = StopSignals::watch();
         let mut hup = hangups();
-        let server = match rebound::start(config).await {
+        let server = match rebound::start_on(config, workers).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::error!(error = %e, "cannot start");

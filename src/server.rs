@@ -29,6 +29,7 @@ use crate::redis::RedisHandle;
 use crate::reload::{ReloadError, Reloader};
 use crate::shutdown::ShutdownSignal;
 use crate::traces::Traces;
+use crate::workers::Workers;
 use arc_swap::ArcSwap;
 
 /// How long startup waits for Redis before serving without it.
@@ -110,22 +111,31 @@ fn start_journal(
     )
 }
 
-/// Binds the listeners and starts serving.
+/// A listener on `addr` (`key` names it in the error), and the address it is bound to (port 0
+/// works: tests read the bound addresses).
+async fn bind(key: &'static str, addr: SocketAddr) -> Result<(TcpListener, SocketAddr), StartError> {
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { key, addr, source })?;
+    let bound = listener.local_addr().unwrap_or(addr);
+    Ok((listener, bound))
+}
+
+/// Binds the listeners and starts serving, every connection on the caller's runtime.
 pub async fn start(config: Config) -> Result<Server, StartError> {
+    start_on(config, Workers::none()).await
+}
+
+/// Binds the listeners and starts serving: the caller's runtime accepts and runs the background
+/// tasks, and each client connection is served by the least busy of `workers`.
+pub async fn start_on(config: Config, mut workers: Workers) -> Result<Server, StartError> {
     let metrics = Arc::new(Metrics::new()?);
     let tasks = TaskTracker::new();
     let hard_stop = CancellationToken::new();
 
-    let bind = |key, addr| async move {
-        TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Bind { key, addr, source })
-    };
-    let proxy_listener = bind("server.listen", config.server.listen).await?;
-    let admin_listener = bind("admin.listen", config.admin.listen).await?;
-    let bound = |l: &TcpListener, fallback| l.local_addr().unwrap_or(fallback);
-    let proxy_addr = bound(&proxy_listener, config.server.listen);
-    let admin_addr = bound(&admin_listener, config.admin.listen);
+    let (proxy_listener, proxy_addr) = bind("server.listen", config.server.listen).await?;
+    let (admin_listener, admin_addr) = bind("admin.listen", config.admin.listen).await?;
+    workers.count_in(&metrics.client_connections);
 
     // Background tasks live as long as the process, not as one configuration.
     let background = TaskTracker::new();
@@ -200,7 +210,11 @@ pub async fn start(config: Config) -> Result<Server, StartError> {
     let done = crate::tasks::spawn("proxy listener", {
         let shutdown = shutdown.clone();
         async move {
-            let exit = serve(proxy_listener, proxy, shutdown, drain, limits, &admin_state).await;
+            let listening = Listening {
+                listener: proxy_listener,
+                workers,
+            };
+            let exit = serve(listening, proxy, shutdown, drain, limits, &admin_state).await;
             traces.shutdown(Duration::from_secs(2)).await;
             background_stop.cancel();
             background.close();
@@ -263,15 +277,22 @@ struct Drain {
     grace: Duration,
 }
 
+/// Where client connections come from and the threads that serve them (which end with the drain).
+struct Listening {
+    listener: TcpListener,
+    workers: Workers,
+}
+
 /// The proxy listener's life: accept until shutdown, then drain.
 async fn serve(
-    listener: TcpListener,
+    listening: Listening,
     proxy: Arc<ArcSwap<Proxy>>,
     shutdown: CancellationToken,
     drain: Drain,
     limits: ClientLimits,
     admin: &AdminState,
 ) -> Exit {
+    let Listening { listener, workers } = listening;
     let signal = ShutdownSignal::new();
     let builders = Arc::new(builders(&limits));
     let serving = Serving {
@@ -279,6 +300,7 @@ async fn serve(
         limits: &limits,
         builders: &builders,
         signal: &signal,
+        workers: &workers,
     };
     accept_until_shutdown(&listener, &proxy, &shutdown, serving).await;
     drop(listener);
@@ -339,6 +361,7 @@ struct Serving<'a> {
     limits: &'a ClientLimits,
     builders: &'a Arc<Builders>,
     signal: &'a ShutdownSignal,
+    workers: &'a Workers,
 }
 
 /// Accepts connections until `shutdown`, each on a slot of `max_connections` (past it, new
@@ -354,6 +377,7 @@ async fn accept_until_shutdown(
         limits,
         builders,
         signal,
+        workers,
     } = serving;
     let slots = Arc::new(tokio::sync::Semaphore::new(limits.max_connections as usize));
     loop {
@@ -381,7 +405,7 @@ async fn accept_until_shutdown(
         let proxy = proxy.clone();
         let (builders, signal, shutdown) = (builders.clone(), signal.clone(), shutdown.clone());
         let first_byte = limits.header_read_timeout;
-        tasks.spawn(async move {
+        workers.serve(tasks, tcp, move |tcp| async move {
             let _slot = slot;
             // A client that connects and sends nothing is closed after header_read_timeout
             // (hyper times HTTP/1 heads and idle kept-alive connections from there on).

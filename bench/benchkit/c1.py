@@ -25,6 +25,9 @@ def c1_metrics(name, w, ph):
         "c1_p50_ms": w["p50_us"] / 1000.0,
         "c1_p99_ms": w["p99_us"] / 1000.0,
         "c1_cpu_us_per_req": per(ph["cpu_s"], n),
+        # the proxy's context switches per request, all its threads (None for direct)
+        "c1_vol_switches_per_req": per(ph.get("vol_switches"), n, scale=1),
+        "c1_invol_switches_per_req": per(ph.get("invol_switches"), n, scale=1),
         "lost": wrk_lost(w),
         "other_cpu_pct": ph["other_cpu_pct"],
     }
@@ -62,14 +65,23 @@ def c1_run(args, procs, tmp, run, names):
     return results
 
 
+def switches(a):
+    """A target's context switches per request, "vol + invol", or "-"."""
+    vol, invol = a.get("c1_vol_switches_per_req"), a.get("c1_invol_switches_per_req")
+    if vol is None or invol is None:
+        return "-"
+    return f"{vol:.2f} + {invol:.2f}"
+
+
 def c1_table(agg, names):
-    rows = [["target", "requests", "p50 (ms)", "p99 (ms)", "added p50 (ms)", "added p99 (ms)", "CPU/req (us)", "lost"]]
+    rows = [["target", "requests", "p50 (ms)", "p99 (ms)", "added p50 (ms)", "added p99 (ms)", "CPU/req (us)",
+             "switches/req vol + invol", "lost"]]
     for n in names:
         a = agg[n]
         f = lambda k, fmt: "-" if a.get(k) is None else fmt.format(a[k])  # noqa: E731
         rows.append([n, f("c1_requests", "{:.0f}"), f("c1_p50_ms", "{:.3f}"), f("c1_p99_ms", "{:.3f}"),
                      f("c1_added_p50_ms", "{:.3f}"), f("c1_added_p99_ms", "{:.3f}"), f("c1_cpu_us_per_req", "{:.1f}"),
-                     f("lost", "{:.0f}")])
+                     switches(a), f("lost", "{:.0f}")])
     return format_table(rows)
 
 

@@ -12,7 +12,8 @@ from .common import (
 from .brownout_provider import parse_phases
 from .targets import BODY_TARGETS, C1_TARGETS
 
-MODES = ["forward", "idempotency", "follow", "policy", "scale", "cache", "c1", "body", "fleet", "limits", "brownout"]
+MODES = ["forward", "idempotency", "follow", "policy", "scale", "cache", "c1", "spread", "body", "fleet", "limits",
+         "brownout"]
 
 
 def build_parser(description=None):
@@ -23,6 +24,10 @@ def build_parser(description=None):
     ap.add_argument("--c1-targets", default="direct,hyper-floor,rebound,hyper-floor-unpinned,rebound-unpinned",
                     help="c1 mode: from direct,hyper-floor,nginx,rebound,rebound-1-thread,hyper-floor-unpinned,"
                          "rebound-unpinned (direct is the baseline)")
+    ap.add_argument("--spread-targets", default="hyper-floor-unpinned,rebound-unpinned",
+                    help="spread mode: from the c1 targets (default hyper-floor-unpinned,rebound-unpinned)")
+    ap.add_argument("--spread-connections", default="64,4",
+                    help="spread mode: wrk's connections, one phase each (default 64,4)")
     ap.add_argument("--body-targets", default=",".join(BODY_TARGETS),
                     help=f"body mode: from {','.join(BODY_TARGETS)} (direct is the baseline)")
     ap.add_argument("--body-shape", choices=["string", "chat"], default="string",
@@ -128,6 +133,12 @@ def mode_targets(ap, args, targets_given):
             ap.error(f"--c1-targets: from {','.join(C1_TARGETS)}, direct included (the baseline)")
         args.targets = ",".join({"rebound-1-thread": "rebound", "rebound-unpinned": "rebound",
                                  "hyper-floor-unpinned": "hyper-floor"}.get(t, t) for t in args.c1_targets)
+    if args.mode == "spread":
+        args.spread_targets = split_list(args.spread_targets)
+        if set(args.spread_targets) - set(C1_TARGETS) or "direct" in args.spread_targets:
+            ap.error(f"--spread-targets: from {','.join(t for t in C1_TARGETS if t != 'direct')}")
+        args.targets = ",".join({"rebound-1-thread": "rebound", "rebound-unpinned": "rebound",
+                                 "hyper-floor-unpinned": "hyper-floor"}.get(t, t) for t in args.spread_targets)
     if args.mode == "scale":
         if not targets_given:
             args.targets = "rebound,nginx"

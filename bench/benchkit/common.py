@@ -28,7 +28,8 @@ DEFAULT_TARGETS = ["direct", "nginx", "rebound"]
 # cargo's target dir: CARGO_TARGET_DIR when set (relative to the repository, where cargo runs)
 TARGET_DIR = ROOT / os.environ.get("CARGO_TARGET_DIR", "target")
 FAKE_PROVIDER = TARGET_DIR / "release/examples/fake-provider"
-REBOUND_BIN = TARGET_DIR / "release/rebound"
+# REBOUND_BIN in the environment: another rebound binary (one built at an earlier commit, to compare)
+REBOUND_BIN = Path(os.environ.get("REBOUND_BIN") or TARGET_DIR / "release/rebound")
 HYPER_FLOOR = TARGET_DIR / "release/examples/hyper-floor"
 REBOUND_CONFIG = BENCH / "rebound.bench.toml"
 REBOUND_IDEM_CONFIG = BENCH / "rebound.idempotency.bench.toml"

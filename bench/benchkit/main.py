@@ -27,10 +27,11 @@ from .policy import policy_main
 from .procs import Procs
 from .results import RunInfo, git_info, machine_info, new_run_id, tools_info
 from .scale import scale_main
+from .spread import spread_main
 from .tools import build, ensure_tools
 
 MODES = {"forward": forward_main, "idempotency": idem_main, "follow": follow_main, "policy": policy_main,
-         "scale": scale_main, "cache": cache_main, "c1": c1_main, "body": body_main, "fleet": fleet_main,
+         "scale": scale_main, "cache": cache_main, "c1": c1_main, "spread": spread_main, "body": body_main, "fleet": fleet_main,
          "limits": limits_main, "brownout": brownout_main}
 
 

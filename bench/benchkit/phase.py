@@ -46,6 +46,9 @@ def phase_delta(a, b):
         d["cpu_s"] = b["proxy"][0] - a["proxy"][0]
         d["sched_s"] = b["proxy"][1] - a["proxy"][1]
         proxy = d["cpu_s"]
+    if a.get("switches") is not None and b.get("switches") is not None:
+        d["vol_switches"] = b["switches"][0] - a["switches"][0]
+        d["invol_switches"] = b["switches"][1] - a["switches"][1]
     busy = {k: b["stat"][k][0] - a["stat"][k][0] for k in b["stat"] if k in a["stat"]}
     steal = b["stat"]["cpu"][1] - a["stat"]["cpu"][1]
     ours = proxy + (b["upstream"] - a["upstream"]) + (b["tools"] - a["tools"])
@@ -74,6 +77,7 @@ class Phase:
         return {
             "t": time.monotonic(),
             "proxy": self.target.cpu_s(),
+            "switches": self.target.switches(),
             "upstream": proc_cpu_s(self.upstream_pid),
             "tools": children.children_user + children.children_system
             + sum(proc_cpu_s(p) for p in self.running_tools if os.path.exists(f"/proc/{p}"))

@@ -11,7 +11,7 @@ from .common import (
 )
 from .net import chat_ok, http_request
 from .procs import tail, wait_until
-from .procstat import child_pids, proc_cpu_s, proc_pss_kib, proc_sched_s, proc_status_kib
+from .procstat import child_pids, proc_cpu_s, proc_pss_kib, proc_sched_s, proc_status_kib, proc_switches
 from .tools import find_tool
 
 
@@ -39,6 +39,14 @@ class Target:
         if not pids:
             return None
         return sum(proc_cpu_s(p) for p in pids), sum(proc_sched_s(p) for p in pids)
+
+    def switches(self):
+        """(voluntary, involuntary) context switches of the proxy's threads, or None."""
+        pids = self.pids()
+        if not pids:
+            return None
+        counts = [proc_switches(p) for p in pids]
+        return sum(c[0] for c in counts), sum(c[1] for c in counts)
 
     def mem(self, key):
         pids = self.pids()

@@ -71,7 +71,7 @@ def test_errors(argv, message, capsys):
 def test_help_has_the_description_and_every_mode():
     text = build_parser("bench/run: usage text").format_help()
     assert "bench/run: usage text" in text
-    assert "{forward,idempotency,follow,policy,scale,cache,c1,body,fleet,limits,brownout}" in text
+    assert "{forward,idempotency,follow,policy,scale,cache,c1,spread,body,fleet,limits,brownout}" in text
     assert "than 10% of a core" in text  # %% in the help string
 
 
@@ -92,3 +92,9 @@ def test_run_params():
     assert (c["hit_ratio"], c["cache_store"], c["cache_hot"]) == (0.5, "memory", 16)
     s = run_params(parse_args(["--mode", "scale"]))
     assert (s["idle_connections"], s["scale_streams"]) == (10000, 2000)
+
+
+def test_spread_mode_names_its_targets():
+    a = parse_args(["--mode", "spread"])
+    assert a.spread_targets == ["hyper-floor-unpinned", "rebound-unpinned"]
+    assert a.targets == ["rebound", "hyper-floor"]

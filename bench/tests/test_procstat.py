@@ -3,7 +3,7 @@
 import pytest
 
 from benchkit.phase import phase_delta
-from benchkit.procstat import parse_cpu_stat, stat_cpu_s, stat_fields, status_kib
+from benchkit.procstat import parse_cpu_stat, stat_cpu_s, stat_fields, status_kib, status_switches
 
 # /proc/PID/stat of a process whose name holds a space and a parenthesis
 STAT = ("4242 (rebound (x) y) S 4100 4242 4100 0 -1 4194560 2050 0 0 0 1234 567 0 0 20 0 2 0 889123 "
@@ -73,3 +73,18 @@ def test_phase_delta_without_a_proxy_never_goes_below_zero():
     d = phase_delta(a, b)
     assert d["cpu_s"] is None and d["sched_s"] is None
     assert d["other_cpu_pct"] == 0.0  # 6.5 s busy, 7 s accounted for: tick rounding
+
+
+def test_status_switches():
+    lines = (STATUS + "voluntary_ctxt_switches:\t1520\nnonvoluntary_ctxt_switches:\t37\n").splitlines(keepends=True)
+    assert status_switches(lines) == (1520, 37)
+    assert status_switches(STATUS.splitlines(keepends=True)) == (0, 0)
+
+
+def test_a_phase_counts_the_switches_between_its_snapshots():
+    def snap(t, switches):
+        return {"t": t, "proxy": (1.0, 1.0), "switches": switches, "upstream": 0.0, "tools": 0.0,
+                "stat": {"cpu": (0, 0), "cpu0": (0, 0), "cpu1": (0, 0)}}
+    d = phase_delta(snap(0.0, (100, 10)), snap(2.0, (400, 25)))
+    assert (d["vol_switches"], d["invol_switches"]) == (300, 15)
+    assert "vol_switches" not in phase_delta(snap(0.0, None), snap(2.0, None))

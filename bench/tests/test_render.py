@@ -75,12 +75,13 @@ def test_idem_table_ratio_is_full_over_empty():
 def test_c1_table():
     agg = {"direct": {"c1_requests": 750485, "c1_p50_ms": 0.01, "c1_p99_ms": 0.034, "lost": 0},
            "rebound": {"c1_requests": 44993, "c1_p50_ms": 0.175, "c1_p99_ms": 0.325, "c1_added_p50_ms": 0.165,
-                       "c1_added_p99_ms": 0.291, "c1_cpu_us_per_req": 78.0121, "lost": 0}}
+                       "c1_added_p99_ms": 0.291, "c1_cpu_us_per_req": 78.0121, "c1_vol_switches_per_req": 1.96,
+                       "c1_invol_switches_per_req": 0.041, "lost": 0}}
     assert c1_table(agg, ["direct", "rebound"]).splitlines() == [
-        "target   requests  p50 (ms)  p99 (ms)  added p50 (ms)  added p99 (ms)  CPU/req (us)  lost",
-        "-------  --------  --------  --------  --------------  --------------  ------------  ----",
-        "direct     750485     0.010     0.034               -               -             -     0",
-        "rebound     44993     0.175     0.325           0.165           0.291          78.0     0",
+        "target   requests  p50 (ms)  p99 (ms)  added p50 (ms)  added p99 (ms)  CPU/req (us)  switches/req vol + invol  lost",
+        "-------  --------  --------  --------  --------------  --------------  ------------  ------------------------  ----",
+        "direct     750485     0.010     0.034               -               -             -                         -     0",
+        "rebound     44993     0.175     0.325           0.165           0.291          78.0               1.96 + 0.04     0",
     ]
 
 
@@ -104,3 +105,10 @@ def test_noise_warning_and_header():
                                    "measured phase: the machine was not quiet, treat these numbers as noisy.")
     assert noise_warning(40, quiet_clause=False).endswith("measured phase: treat these numbers as noisy.")
     assert metric_header(1) == "metric" and metric_header(3) == "metric (median of 3)"
+
+
+def test_spread_busiest_share():
+    from benchkit.spread import busiest_share
+    assert busiest_share({"1": 1.0, "2": 1.0}, {"1": 2.0, "2": 2.0}) == 0.5
+    assert busiest_share({"1": 1.0}, {"1": 4.0, "2": 1.0}) == 0.75  # a thread born in the phase counts whole
+    assert busiest_share({"1": 1.0}, {"1": 1.0}) is None

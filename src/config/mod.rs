@@ -93,8 +93,9 @@ pub struct TelemetryConfig {
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
-    /// Runtime threads; 0: one per CPU the process may use (cgroup quota and affinity included).
-    /// With one, rebound runs on a single-threaded runtime (no cross-thread wake-ups).
+    /// Worker threads, each a single-threaded runtime serving its own client connections
+    /// (src/workers.rs); 0: one per CPU the process may use (cgroup quota and affinity
+    /// included).
     pub worker_threads: u32,
     pub max_request_body: u64,
     /// The request line and headers, at most (larger: 431 `request_head_too_large`).

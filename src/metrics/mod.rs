@@ -77,6 +77,8 @@ pub struct Metrics {
     pub(crate) request_duration_seconds: HistogramVec,
     /// Requests whose response has not ended yet (streams included).
     pub(crate) inflight_requests: IntGauge,
+    /// Client connections open, by the worker serving them (src/workers.rs).
+    pub(crate) client_connections: IntGaugeVec,
     /// Upstream attempts by route, upstream and outcome (`ok`, `status_4xx`, `status_429`,
     /// `status_5xx`, `connect_failure`, `reset`, `timeout`, `stream_error`).
     pub(crate) upstream_attempts_total: IntCounterVec,
@@ -240,6 +242,13 @@ impl Metrics {
             inflight_requests: reg(
                 r,
                 IntGauge::new("inflight_requests", "Requests whose response has not ended yet.")?,
+            )?,
+            client_connections: reg(
+                r,
+                IntGaugeVec::new(
+                    Opts::new("client_connections", "Client connections open, by the worker serving them."),
+                    &["worker"],
+                )?,
             )?,
             upstream_attempts_total: counter(
                 "upstream_attempts_total",

@@ -7,11 +7,14 @@
 //! forward path (`bench/`), this is about a third of rebound's user CPU per request.
 //!
 //! - HTTP/1.1 connections are exclusive: idle ones wait in a LIFO stack (the most recently used
-//!   first, the warmest), at most [`MAX_IDLE`], and those idle longer than [`IDLE_TIMEOUT`] are
+//!   first, the warmest), at most [`MAX_IDLE`] per worker, and those idle longer than [`IDLE_TIMEOUT`] are
 //!   dropped when the stack is next touched. An idle connection the upstream closes ends on its
 //!   own (its task reads the EOF).
-//! - HTTP/2 (negotiated by ALPN) is shared: one connection multiplexes every request until it
-//!   closes; then the next request opens another.
+//! - HTTP/2 (negotiated by ALPN) is shared: one connection per worker multiplexes every request
+//!   until it closes; then the next request opens another.
+//! - Each worker (src/workers.rs) has its own idle stack and HTTP/2 connection: a connection's
+//!   task runs on the worker that opened it, and a request sent on it from another thread would
+//!   wake that thread twice.
 //! - A request that could not be written because a reused connection had closed in the meantime
 //!   is sent again on another connection (hyper hands it back unsent, so this is safe for every
 //!   method). It is invisible to the retry engine, like hyper-util's own "canceled" replay.
@@ -54,10 +57,18 @@ pub(crate) struct Pool {
     origin: Uri,
     /// The `host` header of HTTP/1.1 requests: the authority, without a default port.
     host: HeaderValue,
-    idle: Mutex<Vec<Idle>>,
-    h2: Mutex<Option<H2>>,
+    /// One per worker (src/workers.rs): a connection's task runs on the worker that opened
+    /// it, and only that worker sends on it.
+    shards: Box<[Shard]>,
     /// HTTP/2 PING interval and ack timeout (the upstream's `keepalive`).
     keepalive: Option<Duration>,
+}
+
+/// The connections one worker sends on.
+#[derive(Default)]
+struct Shard {
+    idle: Mutex<Vec<Idle>>,
+    h2: Mutex<Option<H2>>,
 }
 
 struct Idle {
@@ -81,8 +92,7 @@ impl Pool {
             connector,
             origin,
             host,
-            idle: Mutex::new(Vec::new()),
-            h2: Mutex::new(None),
+            shards: (0..crate::workers::count()).map(|_| Shard::default()).collect(),
             keepalive,
         }
     }
@@ -97,12 +107,13 @@ impl Pool {
         mut req: Request<ReqBody>,
     ) -> impl std::future::Future<Output = Result<Response<UpstreamBody>, AttemptError>> + Send + '_ {
         async move {
+            let shard = crate::workers::current() % self.shards.len().max(1);
             loop {
-                let (sender, reused) = match self.checkout().await {
+                let (sender, reused) = match self.checkout(shard).await {
                     Some(s) => (s, true),
                     // Boxed: the connect future (TLS, HTTP/2 handshake) is large and rare; inline,
                     // every request's future would carry it and be copied around with it.
-                    None => (Box::pin(self.connect()).await?, false),
+                    None => (Box::pin(self.connect(shard)).await?, false),
                 };
                 let sent = match sender {
                     Sender::H2(mut h2) => {
@@ -113,7 +124,9 @@ impl Pool {
                         let sent = h2.try_send_request(req).await;
                         if sent.as_ref().is_err_and(|e| e.message().is_some()) {
                             // The shared connection is going away: the next request opens another.
-                            self.h2.lock().take();
+                            if let Some(s) = self.shards.get(shard) {
+                                s.h2.lock().take();
+                            }
                         }
                         sent.map(|resp| resp.map(|body| UpstreamBody::new(body, None)))
                     }
@@ -121,7 +134,7 @@ impl Pool {
                         // HTTP/1.1 takes the origin form and a `host` header.
                         req.headers_mut().insert(http::header::HOST, self.host.clone());
                         let sent = h1.try_send_request(req).await;
-                        sent.map(|resp| resp.map(|body| UpstreamBody::new(body, Some((self.clone(), h1)))))
+                        sent.map(|resp| resp.map(|body| UpstreamBody::new(body, Some((self.clone(), shard, h1)))))
                     }
                 };
                 match sent {
@@ -161,9 +174,10 @@ impl Pool {
     }
 
     /// A reusable connection: the shared HTTP/2 one, else the most recently idle HTTP/1.1 one.
-    async fn checkout(&self) -> Option<Sender> {
+    async fn checkout(&self, shard: usize) -> Option<Sender> {
+        let shard = self.shards.get(shard)?;
         {
-            let mut h2 = self.h2.lock();
+            let mut h2 = shard.h2.lock();
             match h2.as_ref() {
                 Some(s) if !s.is_closed() => return Some(Sender::H2(s.clone())),
                 Some(_) => *h2 = None,
@@ -171,7 +185,7 @@ impl Pool {
             }
         }
         loop {
-            let Idle { mut sender, since } = self.idle.lock().pop()?;
+            let Idle { mut sender, since } = shard.idle.lock().pop()?;
             if since.elapsed() >= IDLE_TIMEOUT {
                 continue;
             }
@@ -184,12 +198,13 @@ impl Pool {
     }
 
     /// Puts an HTTP/1.1 connection back after its response ended.
-    fn checkin(&self, sender: H1) {
+    fn checkin(&self, shard: usize, sender: H1) {
+        let Some(shard) = self.shards.get(shard) else { return };
         if sender.is_closed() {
             return;
         }
         let now = crate::time::now();
-        let mut idle = self.idle.lock();
+        let mut idle = shard.idle.lock();
         // The bottom of the stack is the longest idle: expire from there.
         let expired = idle
             .iter()
@@ -202,7 +217,7 @@ impl Pool {
     }
 
     /// Opens a connection (TCP, TLS with ALPN), and speaks HTTP/2 on it if the upstream chose it.
-    async fn connect(&self) -> Result<Sender, AttemptError> {
+    async fn connect(&self, shard: usize) -> Result<Sender, AttemptError> {
         let io = self
             .connector
             .clone()
@@ -228,7 +243,9 @@ impl Pool {
                 .await
                 .map_err(|e| AttemptError::Connect(Box::new(e)))?;
             crate::tasks::spawn("upstream h2 connection", conn.map(ended));
-            *self.h2.lock() = Some(sender.clone());
+            if let Some(s) = self.shards.get(shard) {
+                *s.h2.lock() = Some(sender.clone());
+            }
             Ok(Sender::H2(sender))
         } else {
             let (sender, conn) = http1::Builder::new()
@@ -257,7 +274,8 @@ fn ended(result: hyper::Result<()>) {
 /// as Anthropic's SSE is re-framed as it is read ([`UpstreamBody::reframe`]).
 pub(crate) struct UpstreamBody {
     inner: Incoming,
-    give_back: Option<(Arc<Pool>, H1)>,
+    /// The pool, and the shard, an HTTP/1.1 connection goes back to.
+    give_back: Option<(Arc<Pool>, usize, H1)>,
     /// Boxed: rare, and every request in flight holds this body. With the buffer the re-framed
     /// bytes are written in and go out from (its room reclaimed once the frames before are
     /// written and dropped: no allocation per frame).
@@ -268,7 +286,7 @@ pub(crate) struct UpstreamBody {
 }
 
 impl UpstreamBody {
-    fn new(inner: Incoming, give_back: Option<(Arc<Pool>, H1)>) -> UpstreamBody {
+    fn new(inner: Incoming, give_back: Option<(Arc<Pool>, usize, H1)>) -> UpstreamBody {
         let mut body = UpstreamBody {
             inner,
             give_back,
@@ -289,8 +307,8 @@ impl UpstreamBody {
 
     fn done(&mut self) {
         self.held = None;
-        if let Some((pool, sender)) = self.give_back.take() {
-            pool.checkin(sender);
+        if let Some((pool, shard, sender)) = self.give_back.take() {
+            pool.checkin(shard, sender);
         }
     }
 

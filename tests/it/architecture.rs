@@ -158,8 +158,8 @@ const LAYERS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "leaves",
-        &["time", "tasks", "testing", "credentials", "config", "metrics"],
-        "the clock, the one way to start a task, unit-test helpers, the credential forms, the typed configuration, every metric",
+        &["time", "tasks", "workers", "testing", "credentials", "config", "metrics"],
+        "the clock, the one way to start a task, the threads that serve connections, unit-test helpers, the credential forms, the typed configuration, every metric",
     ),
     (
         "vocabulary",

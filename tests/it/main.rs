@@ -54,3 +54,4 @@ mod tidy;
 mod tls;
 mod tokens;
 mod traces;
+mod workers;

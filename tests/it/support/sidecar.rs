@@ -29,7 +29,12 @@ impl Rebound {
     }
 
     pub async fn start_config(config: Config) -> Rebound {
-        let server = rebound::start(config).await.expect("rebound starts");
+        Self::start_on(config, rebound::Workers::none()).await
+    }
+
+    /// Serving client connections on `workers` besides the test's runtime.
+    pub async fn start_on(config: Config, workers: rebound::Workers) -> Rebound {
+        let server = rebound::start_on(config, workers).await.expect("rebound starts");
         let url = format!("http://{}", server.proxy_addr);
         let admin = format!("http://{}", server.admin_addr);
         Rebound {

@@ -49,6 +49,6 @@ pub mod hooks;
 #[cfg(test)]
 mod testing;
 
-pub use config::Config;
+pub use config::{Config, Runtime};
 pub use server::{start, start_on, Exit, Server};
 pub use workers::Workers;

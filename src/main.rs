@@ -4,7 +4,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use rebound::{cli, telemetry, Config, Exit};
+use rebound::{cli, telemetry, Config, Exit, Runtime};
 
 /// Exit code for an invalid configuration at startup (EX_USAGE).
 const EXIT_CONFIG: u8 = 64;
@@ -232,21 +232,8 @@ fn serve(path: PathBuf) -> ExitCode {
         0 => std::thread::available_parallelism().map_or(1, usize::from),
         n => n as usize,
     };
-    // One single-threaded runtime per core (`rebound::workers`): this thread's accepts and runs
-    // the background tasks, and each serves its own connections with no cross-thread hop.
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("rebound: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let workers = match rebound::Workers::spawn(threads.saturating_sub(1)) {
-        Ok(w) => w,
-        Err(e) => {
-            eprintln!("rebound: cannot start the worker threads: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some((runtime, workers)) = runtime(config.server.runtime, threads) else {
+        return ExitCode::FAILURE;
     };
     runtime.block_on(async move {
         let source = config.source.display().to_string();
@@ -286,6 +273,34 @@ fn serve(path: PathBuf) -> ExitCode {
             Exit::GraceExpired { .. } => ExitCode::from(EXIT_GRACE_EXPIRED),
         }
     })
+}
+
+/// The runtime `threads` workers share as `shape` says, and the workers beside its thread; `None`
+/// (said on stderr) when a thread or a runtime cannot be made.
+///
+/// Per core (the default): this thread's single-threaded runtime accepts and runs the background
+/// tasks, and each further worker is one more single-threaded runtime serving its own
+/// connections with no cross-thread hop (`rebound::workers`). Work stealing: tokio's
+/// multi-threaded runtime, every connection on it.
+fn runtime(shape: Runtime, threads: usize) -> Option<(tokio::runtime::Runtime, rebound::Workers)> {
+    let built = match shape {
+        Runtime::WorkStealing if threads > 1 => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build(),
+        _ => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+    };
+    let runtime = built
+        .map_err(|e| eprintln!("rebound: cannot start the runtime: {e}"))
+        .ok()?;
+    let more = match shape {
+        Runtime::PerCore => threads.saturating_sub(1),
+        Runtime::WorkStealing => 0,
+    };
+    let workers = rebound::Workers::spawn(more)
+        .map_err(|e| eprintln!("rebound: cannot start the worker threads: {e}"))
+        .ok()?;
+    Some((runtime, workers))
 }
 
 /// Raises the soft limit on open files to the hard limit, as Go's runtime and nginx's

@@ -4,8 +4,9 @@
 //! started with. An invalid file is refused with its precise errors, counted in
 //! `rebound_config_reloads_total{result="failure"}`, and the running configuration stays.
 //!
-//! What a reload cannot change without a restart: the listen addresses, `[redis]`, `[log]` and `[jobs]`
-//! (a reload that changes them applies everything else and says so in a warning).
+//! What a reload cannot change without a restart: the listen addresses, the worker threads,
+//! `[redis]`, `[log]` and `[jobs]` (a reload that changes them applies everything else and says
+//! so in a warning).
 
 use parking_lot::Mutex;
 use std::net::SocketAddr;
@@ -47,6 +48,8 @@ pub(crate) struct Reloader {
 struct Fixed {
     listen: SocketAddr,
     admin: SocketAddr,
+    /// `worker_threads` and `runtime`: the threads are made once, at the start.
+    threads: (u32, crate::config::Runtime),
     /// A digest of `[redis]` (its password included).
     redis: Option<String>,
     log: (String, String),
@@ -59,6 +62,7 @@ impl Fixed {
         Fixed {
             listen: c.server.listen,
             admin: c.admin.listen,
+            threads: (c.server.worker_threads, c.server.runtime),
             redis: c.redis.as_ref().map(|r| {
                 digest(&[
                     format!("{r:?}").as_bytes(),
@@ -115,7 +119,7 @@ impl Reloader {
         let config = Config::load(&self.path)?;
         if Fixed::of(&config) != self.fixed {
             tracing::warn!(
-                "listen addresses, [redis], [log] and [jobs] changes take effect only after a restart; the rest of the new configuration is applied"
+                "listen addresses, worker_threads, runtime, [redis], [log] and [jobs] changes take effect only after a restart; the rest of the new configuration is applied"
             );
         }
         let proxy = Proxy::new(&config, &self.shared)?;

@@ -71,14 +71,14 @@ impl Workers {
     }
 
     /// `more` threads beside the caller's, each with its own single-threaded runtime (named
-    /// `rebound-worker-N`). Fails when a thread or a runtime cannot be made.
+    /// `rebound-wN`: a thread name keeps 15 bytes). Fails when a thread or a runtime cannot be made.
     pub fn spawn(more: usize) -> std::io::Result<Workers> {
         let mut others = Vec::with_capacity(more);
         for index in 1..=more {
             let (ready_tx, ready_rx) = std::sync::mpsc::sync_channel(1);
             let (stop_tx, stop_rx) = oneshot::channel::<()>();
             std::thread::Builder::new()
-                .name(format!("rebound-worker-{index}"))
+                .name(format!("rebound-w{index}"))
                 .spawn(move || run(index, ready_tx, stop_rx))?;
             let handle = ready_rx
                 .recv()

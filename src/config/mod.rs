@@ -90,6 +90,18 @@ pub struct TelemetryConfig {
     pub(crate) service_name: String,
 }
 
+/// How the worker threads share the work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Runtime {
+    /// One single-threaded runtime per worker, each serving its own connections (src/workers.rs):
+    /// no cross-thread hop on a request's path.
+    PerCore,
+    /// tokio's multi-threaded runtime: any worker runs any task, and an idle one steals work.
+    /// More context switches and CPU per request; serves more where a few connections at their
+    /// limit bound the load and cores are idle.
+    WorkStealing,
+}
+
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
@@ -97,6 +109,8 @@ pub struct ServerConfig {
     /// (src/workers.rs); 0: one per CPU the process may use (cgroup quota and affinity
     /// included).
     pub worker_threads: u32,
+    /// How the worker threads share the work (`runtime`).
+    pub runtime: Runtime,
     pub max_request_body: u64,
     /// The request line and headers, at most (larger: 431 `request_head_too_large`).
     pub max_request_head: u64,

@@ -78,6 +78,7 @@ pub struct RawTelemetry {
 pub struct RawServer {
     pub listen: Option<String>,
     pub worker_threads: Option<i64>,
+    pub runtime: Option<String>,
     pub max_request_body: Option<String>,
     pub max_request_head: Option<String>,
     pub max_connections: Option<i64>,

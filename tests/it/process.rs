@@ -336,3 +336,55 @@ async fn the_open_file_limit_is_raised_to_the_hard_limit_and_a_low_one_is_named(
     assert!(text.contains("needed=400"), "{text}");
     assert!(!text.contains('\x1b'), "colour codes in a piped log: {text:?}");
 }
+
+/// The names of a process's threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("comm")).ok())
+        .map(|n| n.trim().to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test]
+async fn the_runtime_is_one_thread_per_worker_or_work_stealing_as_configured() {
+    let provider = FakeProvider::start().await;
+    let base = TestConfig::new(&provider.url()).toml();
+    assert!(base.contains("[server]\n"), "{base}");
+    for runtime in ["per_core", "work_stealing"] {
+        let toml = base.replacen(
+            "[server]\n",
+            &format!("[server]\nworker_threads = 2\nruntime = \"{runtime}\"\n"),
+            1,
+        );
+        let rebound = ReboundProcess::start(&toml, &[]).await;
+        for _ in 0..4 {
+            let resp = post_json(&format!("{}/fake/v1/chat/completions", rebound.proxy), "{}").await;
+            assert_eq!(resp.status, 200, "{runtime}: {}", resp.text());
+        }
+        let names = thread_names(rebound.child.id().unwrap());
+        let named = |name: &str| names.iter().filter(|n| *n == name).count();
+        match runtime {
+            // The process's own thread and one more single-threaded runtime.
+            "per_core" => assert_eq!(named("rebound-w1"), 1, "{names:?}"),
+            // tokio's two workers (and no per-core worker).
+            _ => assert!(named("tokio-rt-worker") >= 2 && named("rebound-w1") == 0, "{names:?}"),
+        }
+    }
+    let e = errors_of(&base.replacen("[server]\n", "[server]\nruntime = \"threads\"\n", 1));
+    assert!(
+        e.contains(r#"server.runtime: expected one of "per_core", "work_stealing", found "threads""#),
+        "{e}"
+    );
+}
+
+/// `rebound check`'s errors on a config file of `toml`.
+fn errors_of(toml: &str) -> String {
+    match rebound::Config::parse(toml, std::path::Path::new("t.toml"), &|_| None) {
+        Ok(_) => String::new(),
+        Err(e) => e.to_string(),
+    }
+}

@@ -318,6 +318,12 @@ impl Validator<'_> {
         ServerConfig {
             listen: self.addr("server.listen", &server.listen, "127.0.0.1:8080"),
             worker_threads: self.int("server.worker_threads", server.worker_threads, 0, 0, 256),
+            runtime: self.choice(
+                "server.runtime",
+                &server.runtime,
+                Runtime::PerCore,
+                &[("per_core", Runtime::PerCore), ("work_stealing", Runtime::WorkStealing)],
+            ),
             max_request_body: self.size("server.max_request_body", &server.max_request_body, 8 << 20),
             max_request_head: self.bounded_size(
                 "server.max_request_head",

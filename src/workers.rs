@@ -95,13 +95,8 @@ impl Workers {
     }
 
     /// How many workers serve connections (the caller's included).
-    pub fn len(&self) -> usize {
+    fn len(&self) -> usize {
         self.open.len()
-    }
-
-    /// Always false: the caller's runtime is a worker.
-    pub fn is_empty(&self) -> bool {
-        false
     }
 
     /// Exports each worker's open connections (`rebound_client_connections`).

@@ -7,9 +7,9 @@
 //! forward path (`bench/`), this is about a third of rebound's user CPU per request.
 //!
 //! - HTTP/1.1 connections are exclusive: idle ones wait in a LIFO stack (the most recently used
-//!   first, the warmest), at most [`MAX_IDLE`] per worker, and those idle longer than [`IDLE_TIMEOUT`] are
-//!   dropped when the stack is next touched. An idle connection the upstream closes ends on its
-//!   own (its task reads the EOF).
+//!   first, the warmest), at most [`MAX_IDLE`] per worker, and those idle longer than
+//!   [`IDLE_TIMEOUT`] are dropped when the stack is next touched. An idle connection the upstream
+//!   closes ends on its own (its task reads the EOF).
 //! - HTTP/2 (negotiated by ALPN) is shared: one connection per worker multiplexes every request
 //!   until it closes; then the next request opens another.
 //! - Each worker (src/workers.rs) has its own idle stack and HTTP/2 connection: a connection's
@@ -57,8 +57,8 @@ pub(crate) struct Pool {
     origin: Uri,
     /// The `host` header of HTTP/1.1 requests: the authority, without a default port.
     host: HeaderValue,
-    /// One per worker (src/workers.rs): a connection's task runs on the worker that opened
-    /// it, and only that worker sends on it.
+    /// One per worker (src/workers.rs), never none: a connection's task runs on the worker that
+    /// opened it, and only that worker sends on it.
     shards: Box<[Shard]>,
     /// HTTP/2 PING interval and ack timeout (the upstream's `keepalive`).
     keepalive: Option<Duration>,
@@ -92,7 +92,7 @@ impl Pool {
             connector,
             origin,
             host,
-            shards: (0..crate::workers::count()).map(|_| Shard::default()).collect(),
+            shards: (0..crate::workers::count().max(1)).map(|_| Shard::default()).collect(),
             keepalive,
         }
     }
@@ -107,7 +107,8 @@ impl Pool {
         mut req: Request<ReqBody>,
     ) -> impl std::future::Future<Output = Result<Response<UpstreamBody>, AttemptError>> + Send + '_ {
         async move {
-            let shard = crate::workers::current() % self.shards.len().max(1);
+            let index = crate::workers::current() % self.shards.len();
+            let shard = &self.shards[index];
             loop {
                 let (sender, reused) = match self.checkout(shard).await {
                     Some(s) => (s, true),
@@ -124,9 +125,7 @@ impl Pool {
                         let sent = h2.try_send_request(req).await;
                         if sent.as_ref().is_err_and(|e| e.message().is_some()) {
                             // The shared connection is going away: the next request opens another.
-                            if let Some(s) = self.shards.get(shard) {
-                                s.h2.lock().take();
-                            }
+                            shard.h2.lock().take();
                         }
                         sent.map(|resp| resp.map(|body| UpstreamBody::new(body, None)))
                     }
@@ -134,7 +133,7 @@ impl Pool {
                         // HTTP/1.1 takes the origin form and a `host` header.
                         req.headers_mut().insert(http::header::HOST, self.host.clone());
                         let sent = h1.try_send_request(req).await;
-                        sent.map(|resp| resp.map(|body| UpstreamBody::new(body, Some((self.clone(), shard, h1)))))
+                        sent.map(|resp| resp.map(|body| UpstreamBody::new(body, Some((self.clone(), index, h1)))))
                     }
                 };
                 match sent {
@@ -174,8 +173,7 @@ impl Pool {
     }
 
     /// A reusable connection: the shared HTTP/2 one, else the most recently idle HTTP/1.1 one.
-    async fn checkout(&self, shard: usize) -> Option<Sender> {
-        let shard = self.shards.get(shard)?;
+    async fn checkout(&self, shard: &Shard) -> Option<Sender> {
         {
             let mut h2 = shard.h2.lock();
             match h2.as_ref() {
@@ -198,8 +196,8 @@ impl Pool {
     }
 
     /// Puts an HTTP/1.1 connection back after its response ended.
-    fn checkin(&self, shard: usize, sender: H1) {
-        let Some(shard) = self.shards.get(shard) else { return };
+    fn checkin(&self, index: usize, sender: H1) {
+        let Some(shard) = self.shards.get(index) else { return };
         if sender.is_closed() {
             return;
         }
@@ -217,7 +215,7 @@ impl Pool {
     }
 
     /// Opens a connection (TCP, TLS with ALPN), and speaks HTTP/2 on it if the upstream chose it.
-    async fn connect(&self, shard: usize) -> Result<Sender, AttemptError> {
+    async fn connect(&self, shard: &Shard) -> Result<Sender, AttemptError> {
         let io = self
             .connector
             .clone()
@@ -243,9 +241,7 @@ impl Pool {
                 .await
                 .map_err(|e| AttemptError::Connect(Box::new(e)))?;
             crate::tasks::spawn("upstream h2 connection", conn.map(ended));
-            if let Some(s) = self.shards.get(shard) {
-                *s.h2.lock() = Some(sender.clone());
-            }
+            *shard.h2.lock() = Some(sender.clone());
             Ok(Sender::H2(sender))
         } else {
             let (sender, conn) = http1::Builder::new()
@@ -274,7 +270,7 @@ fn ended(result: hyper::Result<()>) {
 /// as Anthropic's SSE is re-framed as it is read ([`UpstreamBody::reframe`]).
 pub(crate) struct UpstreamBody {
     inner: Incoming,
-    /// The pool, and the shard, an HTTP/1.1 connection goes back to.
+    /// The pool, and the index of the shard, an HTTP/1.1 connection goes back to.
     give_back: Option<(Arc<Pool>, usize, H1)>,
     /// Boxed: rare, and every request in flight holds this body. With the buffer the re-framed
     /// bytes are written in and go out from (its room reclaimed once the frames before are
